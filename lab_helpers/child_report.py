@@ -1,0 +1,114 @@
+"""What a training process reports back to the runner that launched it.
+
+The runner cannot see inside the training process: peak allocated / reserved CUDA memory must be read there
+(``torch.cuda.max_memory_allocated`` is per process), and so must the time spent inside the training loop.
+Every training entry point (the litgpt wrapper, the Lightning script for the multi-GPU section) writes one
+small JSON file per rank into the directory named by ``$LAB_REPORT_DIR``; the runner turns them into records.
+Each file is written to a temporary name and renamed, so the runner never reads half a report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from pathlib import Path
+from typing import Any
+
+REPORT_DIR_ENV = "LAB_REPORT_DIR"
+
+# Fields a report may carry (all optional except status):
+#   status: "ok" | "oom" | "error" | "interrupted"
+#   error: str | None                 -- the allocator's OOM message or the tail of the traceback
+#   rank: int | None, world_size: int
+#   peak_alloc_gib, peak_reserved_gib: float | None   (None on a CPU, never 0)
+#   train_s: float                     -- inside the training loop, validation excluded
+#   tokens, tokens_padded: int         -- training tokens without / with padding, all ranks of this process
+#   samples: int, iterations: int      -- micro-batches seen by this process
+#   device_name: str | None
+#   strategy_used: str | None          -- e.g. "fsdp2 (ModelParallelStrategy)" when a fallback ran
+REPORT_FIELDS = (
+    "status",
+    "error",
+    "rank",
+    "world_size",
+    "peak_alloc_gib",
+    "peak_reserved_gib",
+    "train_s",
+    "tokens",
+    "tokens_padded",
+    "samples",
+    "iterations",
+    "device_name",
+    "strategy_used",
+)
+
+GIB = 2**30
+_ERROR_TAIL_CHARS = 4000
+
+
+def report_dir() -> Path | None:
+    value = os.environ.get(REPORT_DIR_ENV)
+    return Path(value) if value else None
+
+
+def write_report(fields: dict[str, Any], *, rank: int | None = None, directory: Path | None = None) -> Path | None:
+    """Write this process's report; a no-op (returning None) when not launched by the runner."""
+    directory = directory or report_dir()
+    if directory is None:
+        return None
+    unknown = set(fields) - set(REPORT_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown report fields: {sorted(unknown)}")
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"rank{rank if rank is not None else 0}.json"
+    tmp = target.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"rank": rank, **fields}, default=str))
+    os.replace(tmp, target)
+    return target
+
+
+def read_reports(directory: Path) -> dict[int, dict[str, Any]]:
+    """All reports in ``directory`` keyed by rank file number (0 for a single process)."""
+    reports: dict[int, dict[str, Any]] = {}
+    for path in sorted(directory.glob("rank*.json")):
+        try:
+            reports[int(path.stem[4:])] = json.loads(path.read_text())
+        except (ValueError, OSError):
+            continue  # a report that cannot be read is the same as none: the runner falls back to exit codes
+    return reports
+
+
+def cuda_peaks_gib() -> tuple[float | None, float | None]:
+    """(peak allocated, peak reserved) in GiB for this process, or (None, None) without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None, None
+    return torch.cuda.max_memory_allocated() / GIB, torch.cuda.max_memory_reserved() / GIB
+
+
+def reset_cuda_peaks() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for CUDA OOMs however they surface (torch's own type, or a RuntimeError from a kernel or NCCL)."""
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+def status_for_exception(exc: BaseException) -> tuple[str, str]:
+    """(status, error text) to report for an exception that ended training."""
+    if is_out_of_memory(exc):
+        return "oom", str(exc)[:_ERROR_TAIL_CHARS]
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted", "interrupted"
+    text = "".join(traceback.format_exception(exc))
+    return "error", text[-_ERROR_TAIL_CHARS:]

@@ -1,0 +1,322 @@
+"""The experiment matrix: which recipe and overrides make each experiment, and checks before anything runs.
+
+An experiment is data (configs/experiments/*.yaml): a model size, a method and overrides. Resolving it for
+a profile picks the recipe configs/<profile>/<model folder>/<method>.yaml, applies the overrides and checks
+the result the way litgpt would, so that a typo or an impossible batch size costs the student one clear line,
+not a process start and a traceback.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import importlib
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lab_helpers.paths import checkpoints_dir, configs_dir, lab_home
+
+PROFILES = ("ci", "gpu")
+SECTIONS = ("single", "multi")
+METHODS = ("full", "lora", "qlora")
+PRECISIONS = ("32-true", "bf16-true", "bf16-mixed", "16-true", "16-mixed", "transformer-engine")
+
+
+class LabConfigError(ValueError):
+    """Bad input found before any process starts; the message is one line naming the problem and the fix."""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One row of LAB.md's matrix, as stored in configs/experiments/<section>.yaml."""
+
+    id: str
+    section: str
+    model: str
+    method: str
+    teaches: str = ""
+    expect: str = ""
+    set: Mapping[str, Any] = field(default_factory=dict)
+    set_by_profile: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    needs: tuple[str, ...] = ()
+    # How it runs: "litgpt" (the litgpt CLI, single process) or "lightning" (lab_helpers.distributed).
+    kind: str = "litgpt"
+    strategy: str = "single"  # single | ddp | fsdp | deepspeed-zero3 (lightning experiments)
+    devices: int | str = 1  # an int, or "all" for every GPU on the node (2 processes on a CPU)
+    num_nodes: int = 1
+    options: Mapping[str, Any] = field(default_factory=dict)  # kind-specific settings, e.g. offload
+
+
+@dataclass
+class ResolvedRun:
+    """An experiment made concrete for one profile: the exact recipe the training process will get."""
+
+    experiment: Experiment
+    profile: str
+    recipe_path: Path
+    recipe: dict[str, Any]
+    overrides: dict[str, Any]
+    litgpt_command: str  # finetune_full | finetune_lora
+    devices: int
+    skip_reason: str | None = None
+
+
+# ----------------------------------------------------------------------------------------------- loading
+
+
+def load_profiles() -> dict[str, dict[str, Any]]:
+    return _read_yaml(configs_dir() / "profiles.yaml")
+
+
+def load_experiments(section: str | None = None) -> dict[str, Experiment]:
+    """All experiments (of one section), in the order the notebooks run them."""
+    if section is not None and section not in SECTIONS:
+        raise LabConfigError(f"unknown section {section!r}: choose one of {', '.join(SECTIONS)}")
+    experiments: dict[str, Experiment] = {}
+    for name in SECTIONS if section is None else (section,):
+        path = configs_dir() / "experiments" / f"{name}.yaml"
+        if not path.exists():
+            continue
+        for exp_id, spec in (_read_yaml(path) or {}).items():
+            spec = dict(spec)
+            spec["needs"] = tuple(spec.get("needs", ()))
+            experiments[exp_id] = Experiment(id=exp_id, section=name, **spec)
+    return experiments
+
+
+def get_experiment(exp_id: str) -> Experiment:
+    experiments = load_experiments()
+    if exp_id not in experiments:
+        raise LabConfigError(f"unknown experiment {exp_id!r}{_did_you_mean(exp_id, experiments)}")
+    return experiments[exp_id]
+
+
+def check_profile(profile: str) -> dict[str, Any]:
+    profiles = load_profiles()
+    if profile not in profiles:
+        raise LabConfigError(f"unknown profile {profile!r}: choose one of {', '.join(profiles)}")
+    return profiles[profile]
+
+
+def _read_yaml(path: Path) -> Any:
+    with open(path) as fh:
+        return yaml.safe_load(fh)
+
+
+def _did_you_mean(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else f"; known: {', '.join(sorted(choices))}"
+
+
+# ----------------------------------------------------------------------------------------------- overrides
+
+
+def parse_set_args(pairs: list[str] | None) -> dict[str, Any]:
+    """``["train.micro_batch_size=4", "precision=bf16-true"]`` -> a dict; values are read as YAML scalars."""
+    overrides: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise LabConfigError(f"--set {pair!r} is not key=value (e.g. --set train.micro_batch_size=4)")
+        overrides[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+    return overrides
+
+
+def apply_overrides(recipe: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``recipe`` with dotted-key overrides applied; ``data.X`` means ``data.init_args.X`` as in litgpt."""
+    out = copy.deepcopy(recipe)
+    for dotted, value in overrides.items():
+        parts = dotted.split(".")
+        if parts[0] in ("data", "optimizer") and len(parts) == 2 and parts[1] not in ("class_path", "init_args"):
+            if parts[0] == "optimizer" and isinstance(out.get("optimizer"), str):
+                out["optimizer"] = {"class_path": _optimizer_class_path(out["optimizer"]), "init_args": {}}
+            parts = [parts[0], "init_args", parts[1]]
+        node = out
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[parts[-1]] = value
+    return out
+
+
+def _optimizer_class_path(name: str) -> str:
+    return name if "." in name else f"torch.optim.{name}"
+
+
+# ----------------------------------------------------------------------------------------------- validation
+
+
+def _setup_function(command: str):
+    module = importlib.import_module("litgpt.finetune.full" if command == "finetune_full" else "litgpt.finetune.lora")
+    return module.setup
+
+
+def check_recipe_keys(recipe: Mapping[str, Any], command: str) -> None:
+    """Reject keys litgpt's ``setup`` would reject, naming the key and the closest valid one."""
+    from litgpt.args import EvalArgs, LogArgs, TrainArgs
+
+    params = inspect.signature(_setup_function(command)).parameters
+    for key, value in recipe.items():
+        if key not in params:
+            raise LabConfigError(f"unknown recipe key {key!r} for litgpt {command}{_did_you_mean(key, params)}")
+        nested = {"train": TrainArgs, "eval": EvalArgs, "log": LogArgs}.get(key)
+        if nested is not None and isinstance(value, Mapping):
+            names = [f.name for f in dataclasses.fields(nested)]
+            for sub in value:
+                if sub not in names:
+                    raise LabConfigError(f"unknown recipe key '{key}.{sub}'{_did_you_mean(sub, names)}")
+    data = recipe.get("data")
+    if isinstance(data, Mapping) and data.get("class_path"):
+        cls = _import_class(data["class_path"], "data.class_path")
+        names = [f.name for f in dataclasses.fields(cls) if f.init]
+        for sub in data.get("init_args") or {}:
+            if sub not in names:
+                raise LabConfigError(
+                    f"unknown recipe key 'data.{sub}' for {data['class_path']}{_did_you_mean(sub, names)}"
+                )
+
+
+def _import_class(class_path: str, key: str):
+    module_name, _, name = class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError):
+        raise LabConfigError(f"{key}: cannot import {class_path!r}") from None
+
+
+def check_batch_and_precision(recipe: Mapping[str, Any], *, devices: int, num_nodes: int = 1) -> None:
+    """The checks litgpt makes late (or as an assertion) made early, each with its fix."""
+    precision = recipe.get("precision")
+    if precision is not None and precision not in PRECISIONS:
+        raise LabConfigError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    train = recipe.get("train") or {}
+    micro, global_ = train.get("micro_batch_size"), train.get("global_batch_size")
+    for name, value in (("micro_batch_size", micro), ("global_batch_size", global_)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise LabConfigError(f"train.{name} must be a whole number >= 1; got {value!r}")
+    if micro > global_:
+        raise LabConfigError(
+            f"train.micro_batch_size ({micro}) is larger than train.global_batch_size ({global_}): "
+            f"lower the micro batch or raise the global batch to a multiple of {micro}"
+        )
+    ranks = devices * num_nodes
+    if global_ % (micro * ranks):
+        raise LabConfigError(
+            f"train.global_batch_size ({global_}) is not divisible by micro_batch_size x devices "
+            f"({micro} x {ranks} = {micro * ranks}): use a global batch that is a multiple of {micro * ranks}"
+        )
+
+
+def model_block_size(checkpoint_dir: Path) -> int:
+    from litgpt import Config
+
+    return Config.from_file(checkpoint_dir / "model_config.yaml").block_size
+
+
+def check_seq_length(recipe: Mapping[str, Any], checkpoint_dir: Path) -> None:
+    max_len = (recipe.get("train") or {}).get("max_seq_length")
+    if max_len is None:
+        return
+    block = model_block_size(checkpoint_dir)
+    if max_len > block:
+        raise LabConfigError(
+            f"train.max_seq_length ({max_len}) exceeds the model's block size ({block}): "
+            f"set train.max_seq_length to at most {block}"
+        )
+
+
+def resolve_path(value: str | Path) -> Path:
+    """Recipe paths are relative to the lab's folder (the checkout), wherever the notebook runs from."""
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return path
+    if path.parts and path.parts[0] == "checkpoints":
+        return checkpoints_dir().joinpath(*path.parts[1:])
+    return lab_home() / path
+
+
+def check_checkpoint(checkpoint_dir: Path, profile: str, model_key: str) -> None:
+    if (checkpoint_dir / "model_config.yaml").is_file() and (checkpoint_dir / "lit_model.pth").is_file():
+        return
+    if profile == "ci":
+        fix = "python -m lab_helpers prepare --profile ci"
+    else:
+        repo_id = (check_profile(profile).get("downloads") or {}).get(model_key, "<org>/<model>")
+        fix = f"litgpt download {repo_id} --checkpoint_dir {checkpoints_dir()} (or: python -m lab_helpers prepare --profile gpu)"
+    raise LabConfigError(f"no checkpoint at {checkpoint_dir}: run `{fix}`")
+
+
+# ----------------------------------------------------------------------------------------------- resolving
+
+
+def recipe_path_for(experiment: Experiment, profile: str) -> Path:
+    models = check_profile(profile)["models"]
+    if experiment.model not in models:
+        raise LabConfigError(f"experiment {experiment.id!r}: model {experiment.model!r} is not in profile {profile!r}")
+    return configs_dir() / profile / models[experiment.model] / f"{experiment.method}.yaml"
+
+
+def count_devices(devices: int | str) -> int:
+    """'all' means every GPU here, or 2 gloo processes on a CPU (enough to show what distribution does)."""
+    if devices != "all":
+        return int(devices)
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+def resolve(
+    exp_id: str,
+    profile: str,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    check_files: bool = True,
+) -> ResolvedRun:
+    """Turn (experiment, profile, overrides) into the exact recipe to run, or raise LabConfigError."""
+    experiment = get_experiment(exp_id)
+    check_profile(profile)
+    recipe_path = recipe_path_for(experiment, profile)
+    merged = {**experiment.set, **(experiment.set_by_profile.get(profile) or {}), **(overrides or {})}
+    recipe = apply_overrides(_read_yaml(recipe_path), merged)
+    command = "finetune_lora" if experiment.method in ("lora", "qlora") else "finetune_full"
+    check_recipe_keys(recipe, command)
+    devices = count_devices(experiment.devices)
+    check_batch_and_precision(recipe, devices=devices, num_nodes=experiment.num_nodes)
+    run = ResolvedRun(experiment, profile, recipe_path, recipe, dict(overrides or {}), command, devices)
+    run.skip_reason = hardware_skip_reason(experiment, recipe)
+    if check_files and run.skip_reason is None:
+        checkpoint_dir = resolve_path(recipe["checkpoint_dir"])
+        check_checkpoint(checkpoint_dir, profile, experiment.model)
+        check_seq_length(recipe, checkpoint_dir)
+        data_args = (recipe.get("data") or {}).get("init_args") or {}
+        if data_args.get("json_path") and not resolve_path(data_args["json_path"]).exists():
+            raise LabConfigError(
+                f"no data set at {resolve_path(data_args['json_path'])}: run `python -m lab_helpers prepare --profile {profile}`"
+            )
+    return run
+
+
+def hardware_skip_reason(experiment: Experiment, recipe: Mapping[str, Any]) -> str | None:
+    """Why this machine cannot run the experiment at all (recorded as `skipped`), or None."""
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    if "cuda" in experiment.needs and not has_cuda:
+        what = "bitsandbytes QLoRA" if experiment.method == "qlora" else "this experiment"
+        return f"needs CUDA: {what} cannot run on a CPU"
+    if has_cuda and str(recipe.get("precision", "")).startswith("bf16"):
+        major, minor = torch.cuda.get_device_capability()
+        if (major, minor) < (8, 0):
+            return f"needs bf16: compute capability {major}.{minor} < 8.0 (e.g. V100); try precision=16-mixed"
+    if has_cuda and experiment.kind == "lightning":
+        wanted = count_devices(experiment.devices) * experiment.num_nodes
+        if experiment.num_nodes == 1 and wanted > torch.cuda.device_count():
+            return f"needs {wanted} GPUs; this node has {torch.cuda.device_count()}"
+    return None

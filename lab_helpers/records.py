@@ -1,0 +1,129 @@
+"""The lab's results file: one JSON line per run (and per rank), appended, never rewritten.
+
+Why JSON lines with one ``write`` per record: a student's lease is expensive, so a crash, a ``kill -9`` or a
+full disk must never damage records that are already there. Each record is written by a single append
+under an exclusive lock and fsynced; a write that fails half-way is cut back to where it started; and a
+damaged trailing line (a kill in the middle of that one write) is skipped by the reader with a warning and
+fenced off with a newline before the next append, so it can never swallow a later record.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from lab_helpers.paths import results_dir
+
+RESULTS_FILENAME = "runs.jsonl"
+
+STATUSES = ("ok", "oom", "error", "interrupted", "skipped")
+
+
+class RecordWriteError(OSError):
+    """A record could not be stored; the file is left exactly as it was before the attempt."""
+
+
+def results_path(path: Path | str | None = None) -> Path:
+    """The results file: ``path`` if given, else ``<results_dir>/runs.jsonl``."""
+    return Path(path) if path is not None else results_dir() / RESULTS_FILENAME
+
+
+def _json_safe(value: Any) -> Any:
+    """Make a value JSON-clean: NaN and infinities become null (JSON has no NaN), paths become strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def append_record(record: Mapping[str, Any], *, path: Path | str | None = None) -> Path:
+    """Append one record durably and return the file it went to.
+
+    Refuses a record without ``experiment`` or with an unknown ``status`` so that nothing malformed is ever
+    stored (a bad record would be there forever: the file is never rewritten).
+    """
+    if not record.get("experiment"):
+        raise ValueError("a record needs an 'experiment'")
+    if record.get("status") not in STATUSES:
+        raise ValueError(f"status must be one of {', '.join(STATUSES)}; got {record.get('status')!r}")
+    line = (json.dumps(_json_safe(record), sort_keys=True, allow_nan=False) + "\n").encode()
+    target = results_path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # ranks of one run append at the same moment
+        size_before = os.fstat(fd).st_size
+        try:
+            if size_before and _last_byte(target, size_before) != b"\n":
+                line = b"\n" + line  # fence off a damaged tail left by an earlier crash
+            _write_all(fd, line)
+            os.fsync(fd)
+        except OSError as exc:
+            os.ftruncate(fd, size_before)  # a half-written record is worse than none
+            raise RecordWriteError(exc.errno, f"could not store the record in {target}: {exc.strerror}") from exc
+    finally:
+        os.close(fd)  # also releases the lock
+    return target
+
+
+def _last_byte(path: Path, size: int) -> bytes:
+    with open(path, "rb") as fh:
+        fh.seek(size - 1)
+        return fh.read(1)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def iter_records(path: Path | str | None = None) -> Iterator[dict[str, Any]]:
+    """Yield the stored records in order, skipping (with a warning) any line that is not a whole record."""
+    target = results_path(path)
+    if not target.exists():
+        return
+    with open(target, "rb") as fh:
+        lines = fh.read().split(b"\n")
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+            if not isinstance(record, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            where = "trailing line" if number >= len(lines) - 1 else f"line {number}"
+            warnings.warn(f"{target}: skipping damaged {where} (an interrupted write)", stacklevel=2)
+            continue
+        yield record
+
+
+def read_records(path: Path | str | None = None) -> list[dict[str, Any]]:
+    return list(iter_records(path))
+
+
+def load_results(path: Path | str | None = None):
+    """All records as a pandas DataFrame, one row per record (per rank for distributed runs)."""
+    import pandas as pd  # keeps `python -m lab_helpers run` from paying pandas' import time
+
+    records = read_records(path)
+    if not records:
+        return pd.DataFrame(columns=["experiment", "profile", "status", "rank"])
+    frame = pd.json_normalize(records, max_level=0)
+    for column in ("experiment", "profile", "status", "rank"):
+        if column not in frame:
+            frame[column] = None
+    return frame
