@@ -1,0 +1,124 @@
+"""``python -m lab_helpers doctor``: what this node has and which lab sections it can run, before a lease burns.
+
+Why: a student who finds out after an hour that the node has one V100 and no bitsandbytes has lost money and
+the hour. The doctor reads the node (lab_helpers.node), prints a GPU table and a checklist with what to do
+about each missing piece, or the raw facts as JSON (``--json``) for scripts and bug reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from lab_helpers.node import describe_node, sections_runnable
+
+OK, NOT_OK = "✔", "✘"
+
+
+def format_report(node: dict[str, Any]) -> str:
+    """A readable report: environment, a table of GPUs, then each lab section with ✔/✘ and what to do."""
+    packages = node.get("packages") or {}
+    host = node.get("host") or {}
+    lines = [f"Lab node check: {node.get('hostname') or '?'}", ""]
+
+    lines.append("Software")
+    lines.append(f"  python {node.get('python') or '?'}")
+    for name, version in packages.items():
+        lines.append(f"  {name:<13} {version or 'not installed'}")
+    lines.append(f"  NVIDIA driver {_or_dash(node.get('driver_version'))}")
+    lines.append(
+        f"  CUDA          driver supports {_or_dash(node.get('cuda_driver_version'))}, "
+        f"torch built with {_or_dash(node.get('torch_cuda'))}"
+    )
+    lines.append("")
+
+    lines.append("Host")
+    lines.append(
+        f"  RAM {_gib(host.get('ram_total_gib'))} total, {_gib(host.get('ram_available_gib'))} available; "
+        f"{host.get('cpu_count') or '?'} CPUs; {_gib(node.get('disk_free_gib'))} free disk at {node.get('lab_home')}"
+    )
+    lines.append("")
+
+    gpus = node.get("gpus") or []
+    lines.append(f"GPUs ({len(gpus)})")
+    if gpus:
+        lines.extend("  " + row for row in _gpu_table(gpus))
+        lines.append(f"  interconnect: {node.get('interconnect') or 'unknown'}")
+        if node.get("topology"):
+            lines.append("  nvidia-smi topo -m:")
+            lines.extend("    " + row for row in str(node["topology"]).splitlines())
+    else:
+        why = node.get("nvml_error")
+        lines.append("  none found" + (f" ({why})" if why else ""))
+        lines.append("  no GPU: use LAB_PROFILE=ci (every experiment runs small on the CPU), or load the reference")
+        lines.append("  results shipped with the lab (lab_helpers.compare.load_reference()) to compare real GPU runs")
+    lines.append("")
+
+    lines.append("Lab sections on this node")
+    for section, (ok, reason) in sections_runnable(node).items():
+        mark = OK if ok else ("i" if section == "multi-node" else NOT_OK)
+        lines.append(f"  {mark} {section:<18} {reason}")
+    return "\n".join(lines)
+
+
+def _gpu_table(gpus: list[dict[str, Any]]) -> list[str]:
+    header = ("#", "name", "memory", "capability", "bf16", "NVLink links")
+    rows = [
+        (
+            str(gpu.get("index")),
+            str(gpu.get("name")),
+            _gib(gpu.get("memory_total_gib")),
+            _or_dash(gpu.get("compute_capability")),
+            {True: "native", False: "no"}.get(gpu.get("bf16_native"), "-"),
+            _or_dash(gpu.get("nvlink_links_active")),
+        )
+        for gpu in gpus
+    ]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in (header, *rows)
+    ]
+
+
+def _gib(value: Any) -> str:
+    return f"{value:.1f} GiB" if isinstance(value, (int, float)) else "?"
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The doctor's options, for the ``doctor`` subcommand of ``python -m lab_helpers``."""
+    parser.add_argument("--json", action="store_true", help="print the raw facts as JSON instead of the report")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the report (or JSON). Returns 0: a node that cannot run a section is a finding, not a failure."""
+    node = describe_node()
+    if getattr(args, "json", False):
+        payload = {
+            **node,
+            "sections": {k: {"ok": ok, "reason": why} for k, (ok, why) in sections_runnable(node).items()},
+        }
+        print(json.dumps(payload, indent=2, sort_keys=True))
+    else:
+        print(format_report(node))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lab_helpers doctor", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
