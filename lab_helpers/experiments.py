@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from lab_helpers.paths import checkpoints_dir, configs_dir, lab_home
+from lab_helpers.paths import checkpoints_dir, configs_dir, data_dir, lab_home
 
 PROFILES = ("ci", "gpu")
 SECTIONS = ("single", "multi")
@@ -239,6 +239,8 @@ def resolve_path(value: str | Path) -> Path:
         return path
     if path.parts and path.parts[0] == "checkpoints":
         return checkpoints_dir().joinpath(*path.parts[1:])
+    if path.parts and path.parts[0] == "data":
+        return data_dir().joinpath(*path.parts[1:])
     return lab_home() / path
 
 
@@ -285,6 +287,7 @@ def resolve(
     recipe_path = recipe_path_for(experiment, profile)
     merged = {**experiment.set, **(experiment.set_by_profile.get(profile) or {}), **(overrides or {})}
     recipe = apply_overrides(_read_yaml(recipe_path), merged)
+    recipe = _generated_data_for_random_weights(recipe)
     command = "finetune_lora" if experiment.method in ("lora", "qlora") else "finetune_full"
     check_recipe_keys(recipe, command)
     devices = count_devices(experiment.devices)
@@ -301,6 +304,24 @@ def resolve(
                 f"no data set at {resolve_path(data_args['json_path'])}: run `python -m lab_helpers prepare --profile {profile}`"
             )
     return run
+
+
+GENERATED_ALPACA2K = "data/gpu/alpaca2k_like.json"  # `prepare --profile gpu --random-weights` writes it
+
+
+def _generated_data_for_random_weights(recipe: dict[str, Any]) -> dict[str, Any]:
+    """Random-weight checkpoints mean a node without hub access: train on generated Alpaca2k-like data.
+
+    Time and memory depend on the sequence lengths, not on the words, so the measurements stay valid.
+    """
+    data = recipe.get("data") or {}
+    checkpoint = recipe.get("checkpoint_dir")
+    if data.get("class_path") != "litgpt.data.Alpaca2k" or not checkpoint:
+        return recipe
+    if not (resolve_path(checkpoint) / "RANDOM_WEIGHTS").exists():
+        return recipe
+    init_args = {k: v for k, v in (data.get("init_args") or {}).items() if k != "download_dir"}
+    return {**recipe, "data": {"class_path": "litgpt.data.JSON", "init_args": {**init_args, "json_path": GENERATED_ALPACA2K}}}
 
 
 def hardware_skip_reason(experiment: Experiment, recipe: Mapping[str, Any]) -> str | None:

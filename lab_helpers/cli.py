@@ -1,0 +1,168 @@
+"""``python -m lab_helpers``: the command line over the same API the notebooks call.
+
+    prepare  --profile ci|gpu [--random-weights]   build (ci) or download/check (gpu) what a profile needs
+    run      ID --profile P [--set key=value ...]    run one experiment and record it
+    run-all  --section single|multi --profile P     every experiment of a section, then the comparison
+    results  [--format json|csv]                    every record
+    plan     RECIPE.yaml [...]                      predict memory before a run
+    doctor   [--json]                               what this node can run
+    compare  [--out DIR]                            the comparison table and figure files
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Sequence
+
+from lab_helpers.experiments import PROFILES, SECTIONS, LabConfigError
+
+
+def _add_profile(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--profile",
+        choices=PROFILES,
+        default=None,
+        help="hardware profile (default: $LAB_PROFILE, else gpu with CUDA, ci without)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m lab_helpers", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    prepare = sub.add_parser("prepare", help="build (ci) or download and check (gpu) the models and data")
+    _add_profile(prepare)
+    prepare.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="gpu profile without hub access: random-weight checkpoints of the real architectures and generated data",
+    )
+    prepare.add_argument("--force", action="store_true", help="rebuild even if already built")
+
+    run = sub.add_parser("run", help="run one experiment and record it")
+    run.add_argument("experiment", metavar="ID")
+    _add_profile(run)
+    run.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", help="override a recipe key")
+    run.add_argument("--quiet", action="store_true", help="progress bar and result only, no training output")
+
+    run_all = sub.add_parser("run-all", help="run every experiment of a section, then write the comparison")
+    run_all.add_argument("--section", choices=SECTIONS, default="single")
+    _add_profile(run_all)
+    run_all.add_argument("--quiet", action="store_true")
+
+    results = sub.add_parser("results", help="print every record")
+    results.add_argument("--format", choices=("json", "csv"), default="json")
+
+    compare = sub.add_parser("compare", help="write the comparison table and plots")
+    compare.add_argument("--out", default=None, help="folder for the figure files (default: results/figures)")
+
+    plan = sub.add_parser("plan", help="predict peak memory of a litgpt recipe before running it")
+    try:
+        from lab_helpers.planner.cli import add_arguments as add_plan_arguments
+
+        add_plan_arguments(plan)
+    except ImportError:  # the planner is optional at import time; the subcommand then says so
+        pass
+
+    doctor = sub.add_parser("doctor", help="what this node has and which lab sections it can run")
+    from lab_helpers.doctor import add_arguments as add_doctor_arguments
+
+    add_doctor_arguments(doctor)
+    return parser
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    from lab_helpers.lab import default_profile
+    from lab_helpers.prepare import prepare
+
+    prepare(args.profile or default_profile(), random_weights=args.random_weights, force=args.force)
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from lab_helpers.lab import run_experiment
+
+    records = run_experiment(args.experiment, profile=args.profile, overrides=args.overrides or [], echo=not args.quiet)
+    return 0 if all(r["status"] in ("ok", "skipped", "oom") for r in records) else 1
+
+
+def _cmd_run_all(args: argparse.Namespace) -> int:
+    from lab_helpers.lab import run_all
+
+    records = run_all(section=args.section, profile=args.profile, echo=not args.quiet)
+    _print_comparison(None)
+    failed = [r["experiment"] for r in records if r["status"] in ("error", "interrupted")]
+    if failed:
+        print(f"failed: {', '.join(sorted(set(failed)))}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _print_comparison(out_dir: str | None) -> None:
+    from lab_helpers import compare
+    from lab_helpers.experiments import load_experiments
+    from lab_helpers.records import load_results
+
+    frame = load_results()
+    table = compare.comparison_table(compare.latest_runs(frame), order=list(load_experiments()))
+    print(table.to_string(index=False) if len(table) else "no runs recorded yet")
+    for path in compare.save_all(frame, out_dir):
+        print(f"wrote {path}")
+
+
+def _cmd_results(args: argparse.Namespace) -> int:
+    import json
+
+    from lab_helpers.records import load_results, read_records
+
+    if args.format == "json":
+        print(json.dumps(read_records(), indent=1))
+    else:
+        load_results().to_csv(sys.stdout, index=False)
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    _print_comparison(args.out)
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from lab_helpers.planner.cli import run as run_plan
+
+    return run_plan(args)
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from lab_helpers.doctor import run as run_doctor
+
+    return run_doctor(args)
+
+
+COMMANDS = {
+    "prepare": _cmd_prepare,
+    "run": _cmd_run,
+    "run-all": _cmd_run_all,
+    "results": _cmd_results,
+    "compare": _cmd_compare,
+    "plan": _cmd_plan,
+    "doctor": _cmd_doctor,
+}
+
+
+def _sigterm_as_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # `kill` of the CLI still ends and records the run
+    try:
+        return COMMANDS[args.command](args)
+    except LabConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:
+        print(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,353 @@
+"""Run an experiment of the lab and record it: the one call each notebook cell makes.
+
+    from lab_helpers.lab import run_experiment
+    records = run_experiment("grad-accum", profile="ci")
+
+Order of work, each step its own module: resolve and check the recipe (experiments), predict memory
+(planner), launch and watch the training process (runner), then turn what it reported into one record per
+rank and append it to the results file (records). Bad input fails before any process starts.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import math
+import os
+import sys
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lab_helpers.experiments import (
+    LabConfigError,
+    ResolvedRun,
+    load_experiments,
+    parse_set_args,
+    resolve,
+    resolve_path,
+)
+from lab_helpers.paths import lab_home, results_dir
+from lab_helpers.records import append_record
+from lab_helpers.runner import ProcessOutcome, run_command
+from lab_helpers.secrets import redact_mapping
+
+__all__ = ["default_profile", "run_experiment", "run_all", "LabConfigError"]
+
+PROFILE_ENV = "LAB_PROFILE"
+
+
+def default_profile() -> str:
+    """``$LAB_PROFILE``, else ``gpu`` where CUDA is present and ``ci`` where it is not."""
+    if value := os.environ.get(PROFILE_ENV):
+        return value
+    import torch
+
+    return "gpu" if torch.cuda.is_available() else "ci"
+
+
+# ----------------------------------------------------------------------------------------------- running
+
+
+def run_experiment(
+    exp_id: str,
+    *,
+    profile: str | None = None,
+    overrides: Mapping[str, Any] | list[str] | None = None,
+    results_path: Path | None = None,
+    echo: bool = True,
+) -> list[dict[str, Any]]:
+    """Run one experiment and append its record(s); returns them (one per rank for distributed runs).
+
+    Raises LabConfigError for bad input before anything starts, and KeyboardInterrupt after recording
+    ``interrupted`` when the student interrupts. A failed or OOM run is a result, not an exception.
+    """
+    profile = profile or default_profile()
+    if isinstance(overrides, list):
+        overrides = parse_set_args(overrides)
+    run = resolve(exp_id, profile, overrides)
+    base = _base_record(run)
+    if run.skip_reason:
+        record = {**base, "status": "skipped", "reason": run.skip_reason}
+        append_record(record, path=results_path)
+        if echo:
+            print(f"{exp_id}: skipped ({run.skip_reason})")
+        return [record]
+
+    base.update(_prediction_fields(run))
+    run_dir = results_dir() / "runs" / base["run_id"]
+    command = _command_for(run, run_dir)
+    outcome = run_command(
+        command,
+        run_dir=run_dir,
+        cwd=lab_home(),
+        total_iters=_total_iterations(run),
+        label=exp_id,
+        echo=echo,
+    )
+    records = _records_from(run, base, outcome, run_dir)
+    for record in records:
+        append_record(record, path=results_path)
+    if echo:
+        for record in records:
+            print(_one_line(record))
+    if outcome.interrupted:
+        raise KeyboardInterrupt(f"{exp_id} interrupted; recorded as 'interrupted'")
+    return records
+
+
+def run_all(
+    *,
+    section: str = "single",
+    profile: str | None = None,
+    results_path: Path | None = None,
+    only: Iterable[str] | None = None,
+    echo: bool = True,
+) -> list[dict[str, Any]]:
+    """Every experiment of a section in order; a failing experiment is recorded and the next one runs."""
+    chosen = set(only) if only else None
+    records: list[dict[str, Any]] = []
+    for exp_id in load_experiments(section):
+        if chosen is None or exp_id in chosen:
+            records.extend(run_experiment(exp_id, profile=profile, results_path=results_path, echo=echo))
+    return records
+
+
+# ----------------------------------------------------------------------------------------------- pieces
+
+
+def _base_record(run: ResolvedRun) -> dict[str, Any]:
+    from lab_helpers.node import environment_summary
+
+    stamp = dt.datetime.now(dt.UTC)
+    return {
+        "run_id": f"{stamp:%Y%m%d-%H%M%S}-{run.experiment.id}-{uuid.uuid4().hex[:6]}",
+        "experiment": run.experiment.id,
+        "section": run.experiment.section,
+        "profile": run.profile,
+        "started_at": stamp.isoformat(timespec="seconds"),
+        "rank": None,
+        "world_size": run.devices * run.experiment.num_nodes,
+        "method": run.experiment.method,
+        "strategy": run.experiment.strategy,
+        "recipe_path": str(run.recipe_path.relative_to(lab_home()) if run.recipe_path.is_relative_to(lab_home()) else run.recipe_path),
+        "overrides": redact_mapping(dict(run.overrides)),
+        "config": redact_mapping(run.recipe),
+        "environment": environment_summary(),
+        "random_weights": _random_weights(run),
+    }
+
+
+def _random_weights(run: ResolvedRun) -> bool | None:
+    checkpoint = run.recipe.get("checkpoint_dir")
+    if not checkpoint:
+        return None
+    path = resolve_path(checkpoint)
+    return (path / "RANDOM_WEIGHTS").exists() if path.exists() else None
+
+
+def _prediction_fields(run: ResolvedRun) -> dict[str, Any]:
+    """The planner's prediction, stored with the run so plots show predicted beside measured."""
+    try:
+        from lab_helpers.planner import plan_recipe
+
+        plan = plan_recipe(
+            _recipe_with_absolute_paths(run.recipe),
+            devices=run.devices * run.experiment.num_nodes,
+            strategy=run.experiment.strategy,
+            offload_optimizer=bool(run.experiment.options.get("offload_optimizer", False)),
+            gpu_memory_gib=_gpu_memory_gib(),
+        )
+    except Exception as exc:  # a prediction is advice: never let it stop a paid-for run
+        return {"predicted_peak_alloc_gib": None, "predicted": None, "prediction_error": f"{type(exc).__name__}: {exc}"}
+    return {"predicted_peak_alloc_gib": plan.peak_alloc_gib, "predicted": plan.to_dict()}
+
+
+def _gpu_memory_gib() -> float | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(0).total_memory / 2**30
+
+
+def _recipe_with_absolute_paths(recipe: Mapping[str, Any], out_dir: Path | None = None) -> dict[str, Any]:
+    """The child runs from the lab folder, but the notebook may not: pin every path the recipe names."""
+    resolved = dict(recipe)
+    resolved["checkpoint_dir"] = str(resolve_path(recipe["checkpoint_dir"]))
+    if out_dir is not None:
+        resolved["out_dir"] = str(out_dir)
+    data = recipe.get("data")
+    if isinstance(data, Mapping) and (data.get("init_args") or {}).get("json_path"):
+        resolved["data"] = {**data, "init_args": {**data["init_args"]}}
+        resolved["data"]["init_args"]["json_path"] = str(resolve_path(data["init_args"]["json_path"]))
+    return resolved
+
+
+def _command_for(run: ResolvedRun, run_dir: Path) -> list[str]:
+    if run.experiment.kind == "lightning":
+        from lab_helpers.distributed import build_command
+
+        return build_command(run, run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    recipe_file = run_dir / "recipe.yaml"
+    recipe_file.write_text(yaml.safe_dump(_recipe_with_absolute_paths(run.recipe, run_dir / "out"), sort_keys=False))
+    return [sys.executable, "-m", "lab_helpers.child_litgpt", run.litgpt_command, "--config", str(recipe_file)]
+
+
+def _total_iterations(run: ResolvedRun) -> int | None:
+    if run.experiment.kind == "lightning":
+        from lab_helpers.distributed import total_iterations
+
+        return total_iterations(run)
+    train = run.recipe.get("train") or {}
+    if not train.get("max_steps"):
+        return None
+    accumulation = train["global_batch_size"] // (train["micro_batch_size"] * run.devices)
+    return train["max_steps"] * accumulation
+
+
+# ----------------------------------------------------------------------------------------------- records
+
+
+def _records_from(run: ResolvedRun, base: dict, outcome: ProcessOutcome, run_dir: Path) -> list[dict[str, Any]]:
+    ranks = sorted(outcome.reports) or [0]
+    distributed = run.experiment.kind == "lightning"
+    per_iteration = _per_iteration(run_dir)
+    records = []
+    for rank in ranks:
+        report = outcome.reports.get(rank, {})
+        status, reason, error = _status(report, outcome)
+        train_s = report.get("train_s")
+        tokens, tokens_padded = report.get("tokens"), report.get("tokens_padded")
+        iterations = report.get("iterations") or (len(per_iteration) or None)
+        record = {
+            **base,
+            "rank": rank if distributed else None,
+            "status": status,
+            "reason": reason,
+            "error": error,
+            "returncode": outcome.returncode,
+            "peak_alloc_gib": report.get("peak_alloc_gib"),
+            "peak_reserved_gib": report.get("peak_reserved_gib"),
+            "gpu_used_peak_gib": outcome.timeline.gpu_used_peak_for(rank),
+            "gpu_used_peak_gib_per_gpu": {str(k): v for k, v in outcome.timeline.gpu_used_peak_gib.items()} or None,
+            "host_rss_peak_gib": outcome.timeline.host_rss_peak_gib,
+            "train_s": train_s,
+            "wall_s": outcome.wall_s,
+            "tokens": tokens,
+            "tokens_padded": tokens_padded,
+            "iterations": iterations,
+            "tokens_per_s": _rate(tokens, train_s),
+            "tokens_per_s_padded": _rate(tokens_padded, train_s),
+            "mfu": _mfu(run, report, iterations, train_s),
+            "device_name": report.get("device_name"),
+            "strategy_used": report.get("strategy_used"),
+            "per_iteration": per_iteration or None,
+            "timeline_path": _relative(outcome.timeline.path),
+            "log_path": _relative(outcome.log_path),
+        }
+        records.append(record)
+    return records
+
+
+def _status(report: Mapping[str, Any], outcome: ProcessOutcome) -> tuple[str, str | None, str | None]:
+    """(status, reason, error) from the rank's own report, the exit code and the log, in that order of trust."""
+    if outcome.interrupted:
+        return "interrupted", "interrupted by the user; every process of the run was ended", None
+    if report.get("status") in ("oom", "error", "interrupted"):
+        return report["status"], _first_line(report.get("error")), report.get("error")
+    oom_lines = [line for line in outcome.tail if "out of memory" in line.lower()]
+    if oom_lines:
+        return "oom", oom_lines[-1][:300], "\n".join(oom_lines)
+    if outcome.returncode != 0:
+        why = f"exit code {outcome.returncode}" + ("" if report else "; the process wrote no report")
+        return "error", why, "\n".join(outcome.tail[-20:])
+    if report.get("status") == "ok":
+        return "ok", None, None
+    return "error", "the training process exited without a report", "\n".join(outcome.tail[-20:])
+
+
+def _first_line(text: str | None) -> str | None:
+    return text.strip().splitlines()[-1][:300] if text and text.strip() else None
+
+
+def _rate(count: float | None, seconds: float | None) -> float | None:
+    if not count or not seconds or seconds <= 0:
+        return None
+    return count / seconds
+
+
+def _mfu(run: ResolvedRun, report: Mapping[str, Any], iterations: int | None, train_s: float | None) -> float | None:
+    """Model FLOPs utilisation; None on a CPU or an unknown GPU (there is no honest peak to divide by)."""
+    device = report.get("device_name")
+    if not device or not iterations or not train_s or not report.get("tokens_padded"):
+        return None
+    try:
+        from litgpt import Config
+
+        from lab_helpers.flops import train_flops_per_step
+        from lab_helpers.gpu_peaks import mfu
+
+        train = run.recipe["train"]
+        micro = train["micro_batch_size"]
+        seq_len = max(1, round(report["tokens_padded"] / (iterations * micro)))  # mean padded length
+        config = Config.from_file(resolve_path(run.recipe["checkpoint_dir"]) / "model_config.yaml")
+        lora = {k[5:]: v for k, v in run.recipe.items() if k.startswith("lora_")}
+        flops = train_flops_per_step(config, method=run.experiment.method, lora=lora, micro_batch_size=micro, seq_len=seq_len)
+        return mfu(flops_per_step=flops, steps=iterations, train_s=train_s, gpu_name=device, precision=run.recipe.get("precision") or "")
+    except Exception:
+        return None
+
+
+def _per_iteration(run_dir: Path) -> list[dict[str, float]]:
+    """litgpt's CSV log, one row per logged iteration: iter, loss, iter_time_s, tokens."""
+    rows: list[dict[str, float]] = []
+    for path in sorted(run_dir.glob("out/logs/**/metrics.csv")):
+        with open(path, newline="") as fh:
+            for row in csv.DictReader(fh):
+                if not row.get("iter"):
+                    continue
+                rows.append(
+                    {
+                        "iter": int(float(row["iter"])),
+                        "loss": _float(row.get("loss")),
+                        "iter_time_s": _float(row.get("iter_time")),
+                        "tokens": _float(row.get("tokens")),
+                    }
+                )
+    return rows
+
+
+def _float(text: str | None) -> float | None:
+    try:
+        value = float(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _relative(path: Path) -> str:
+    try:
+        return str(path.relative_to(results_dir()))
+    except ValueError:
+        return str(path)
+
+
+def _one_line(record: Mapping[str, Any]) -> str:
+    def fmt(value, unit=""):
+        return "n/a" if value is None else f"{value:.3g}{unit}"
+
+    rank = "" if record.get("rank") is None else f" rank {record['rank']}"
+    parts = [
+        f"{record['experiment']}{rank}: {record['status']}",
+        f"peak alloc {fmt(record.get('peak_alloc_gib'), ' GiB')} (predicted {fmt(record.get('predicted_peak_alloc_gib'), ' GiB')})",
+        f"train {fmt(record.get('train_s'), ' s')}",
+        f"{fmt(record.get('tokens_per_s'))} tok/s",
+    ]
+    if record.get("reason"):
+        parts.append(str(record["reason"]))
+    return " | ".join(parts)
