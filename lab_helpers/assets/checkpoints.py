@@ -1,0 +1,335 @@
+"""Random-weight litgpt checkpoints: tiny ``ci`` models, and the real architectures for dry runs.
+
+Time and memory of fine-tuning do not depend on the weights' values, so a checkpoint with random weights
+measures them as well as the real one does (never the loss). Such checkpoints can be built anywhere with no
+model hub: the ``ci`` profile uses four tiny Llama-architecture models, and an instructor can write the real
+TinyLlama / OpenLLaMA shapes where ``litgpt download`` would have put them.
+
+Every checkpoint carries a ``RANDOM_WEIGHTS`` marker (JSON) so that records and people can tell; the marker
+is written last and the folder is renamed into place only when complete, so the marker also means "built".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import hashlib
+import importlib.metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..paths import checkpoints_dir
+from ._atomic import atomic_dir, read_json, sha256_json, write_json
+from .tokenizer import (
+    DEFAULT_VOCAB_SIZE,
+    copy_tokenizer_files,
+    tokenizer_fingerprint,
+    tokenizer_recipe,
+    tokenizer_size,
+    train_tokenizer,
+    write_tokenizer_files,
+)
+
+if TYPE_CHECKING:
+    import litgpt
+
+MARKER = "RANDOM_WEIGHTS"
+CKPT_FORMAT = "lab-random-checkpoint-v1"
+
+CI_ORG = "lab-ci"
+"""``checkpoints_dir() / CI_ORG / <name>`` holds the ci models, as ``<org>/<name>`` does for downloads."""
+
+CI_BASE_CONFIG = "tiny-llama-1.1b"
+"""The ci models are this litgpt config (RMSNorm, SwiGLU ``LLaMAMLP``, full rotary, grouped-query
+attention, no biases) with the sizes below."""
+
+CI_MODELS: dict[str, dict[str, Any]] = {
+    # name: overrides on top of CI_BASE_CONFIG.  Parameter counts (vocab 4096): ~0.47M, ~1.97M, ~6.5M, ~14.5M.
+    # The largest takes ~0.6 s for a full AdamW step on 8x128 tokens on 2 CPU cores (fp32).
+    "ci-llama-xs": {"n_layer": 3, "n_head": 4, "n_query_groups": 2, "n_embd": 48, "intermediate_size": 128},
+    "ci-llama-s": {"n_layer": 5, "n_head": 4, "n_query_groups": 2, "n_embd": 128, "intermediate_size": 344},
+    "ci-llama-m": {"n_layer": 6, "n_head": 8, "n_query_groups": 4, "n_embd": 256, "intermediate_size": 688},
+    "ci-llama-l": {"n_layer": 7, "n_head": 8, "n_query_groups": 4, "n_embd": 384, "intermediate_size": 1024},
+}
+_CI_COMMON = {"block_size": 512, "vocab_size": DEFAULT_VOCAB_SIZE, "padding_multiple": 64}
+
+CI_MODEL_FOR: dict[str, str] = {"1b": "ci-llama-xs", "3b": "ci-llama-s", "7b": "ci-llama-m", "13b": "ci-llama-l"}
+"""Which ci model stands in for which real size (1.1B TinyLlama, OpenLLaMA 3B / 7B / 13B)."""
+
+REAL_CONFIG_FOR: dict[str, str] = {
+    "1b": "tiny-llama-1.1b",
+    "3b": "open_llama_3b",
+    "7b": "open_llama_7b",
+    "13b": "open_llama_13b",
+}
+
+
+def ci_config(name: str) -> litgpt.Config:
+    """The full litgpt ``Config`` of a ci model: the base config with the sizes in ``CI_MODELS[name]``."""
+    from litgpt import Config
+
+    if name not in CI_MODELS:
+        raise KeyError(f"{name!r} is not a ci model; choose from {sorted(CI_MODELS)}")
+    base = dataclasses.asdict(Config.from_name(CI_BASE_CONFIG))
+    base.update(_CI_COMMON, **CI_MODELS[name])
+    # derived in __post_init__ from the new sizes
+    base.update(name=name, hf_config={"org": CI_ORG, "name": name}, head_size=None, padded_vocab_size=None)
+    return Config(**base)
+
+
+def resolve_config(config: litgpt.Config | str) -> litgpt.Config:
+    """A ``Config`` from a ci model name, any litgpt config name (or ``org/name``), or a ``Config``."""
+    if not isinstance(config, str):
+        return config
+    if config in CI_MODELS:
+        return ci_config(config)
+    from litgpt import Config
+
+    return Config.from_name(config)
+
+
+def _dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    aliases = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "32": "float32", "16": "float16"}
+    value = getattr(torch, aliases.get(str(dtype), str(dtype)).removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"not a torch dtype: {dtype!r}")
+    return value
+
+
+def _tensor_seed(seed: int, key: str) -> int:
+    """A seed per tensor, so each tensor's values depend only on (seed, name) and not on build order."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{key}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+def _init_tensor(module: torch.nn.Module, attr: str, shape: torch.Size, dtype: torch.dtype, seed: int, key: str):
+    """Materialise one tensor as litgpt's own initialisation would: N(0, 0.02) weights, zero biases, unit norms."""
+    t = torch.empty(shape, dtype=dtype)
+    cls = type(module).__name__.lower()
+    if attr == "bias" or attr.endswith("_bias"):
+        return t.zero_()
+    if "norm" in cls and attr == "weight":
+        return t.fill_(1.0)
+    if not t.is_floating_point():
+        return t.zero_()
+    g = torch.Generator().manual_seed(_tensor_seed(seed, key))
+    return t.normal_(0.0, 0.02, generator=g)
+
+
+def random_state_dict(config: litgpt.Config, *, dtype: torch.dtype = torch.float32, seed: int = 0) -> dict:
+    """A state dict for ``litgpt.GPT(config)`` with random values, holding the model in memory only once.
+
+    The model is built on the meta device (shapes only, no memory) and each tensor is created and filled on
+    its own, so a 13B model in bf16 needs ~26 GB and not twice that. Tied tensors stay tied.
+    """
+    from litgpt import GPT
+
+    with torch.device("meta"):
+        model = GPT(config)
+    made: dict[int, torch.Tensor] = {}
+    state: dict[str, torch.Tensor] = {}
+    for key, meta in model.state_dict(keep_vars=True).items():
+        if id(meta) not in made:
+            module_name, _, attr = key.rpartition(".")
+            module = model.get_submodule(module_name)
+            made[id(meta)] = _init_tensor(module, attr, meta.shape, dtype, seed, key)
+        state[key] = made[id(meta)]
+    return state
+
+
+def _spec(config: litgpt.Config | str, *, dtype: torch.dtype, seed: int, tokenizer_dir: Path | None) -> dict[str, Any]:
+    """What a cache check compares. Cheap for names: no litgpt import, which takes seconds."""
+    if tokenizer_dir is None:
+        tok = {"recipe": tokenizer_recipe(DEFAULT_VOCAB_SIZE)}
+    else:
+        tok = {"sha256": tokenizer_fingerprint(tokenizer_dir)}
+    spec: dict[str, Any] = {"format": CKPT_FORMAT, "dtype": str(dtype).removeprefix("torch."), "seed": seed}
+    spec["tokenizer"] = tok
+    if isinstance(config, str):
+        # a name means the same config for a given litgpt version (and, for ci models, our overrides)
+        spec["request"] = {
+            "name": config,
+            "litgpt": importlib.metadata.version("litgpt"),
+            "ci": {**_CI_COMMON, **CI_MODELS[config], "base": CI_BASE_CONFIG} if config in CI_MODELS else None,
+        }
+    else:
+        spec["config"] = dataclasses.asdict(config)
+    return spec
+
+
+def _spec_keys(spec: dict[str, Any]) -> dict[str, str]:
+    keys = {"common": sha256_json({k: spec[k] for k in ("format", "dtype", "seed", "tokenizer")})}
+    if "request" in spec:
+        keys["request"] = sha256_json(spec["request"])
+    if "config" in spec:
+        keys["config"] = sha256_json(spec["config"])
+    return keys
+
+
+def checkpoint_is_built(
+    dest: Path,
+    config: litgpt.Config | str,
+    *,
+    dtype: torch.dtype | str = torch.float32,
+    seed: int = 0,
+    tokenizer_dir: Path | None = None,
+) -> bool:
+    """True if ``dest`` holds a finished random-weight checkpoint of exactly this spec (files intact)."""
+    dest = Path(dest)
+    marker = read_json(dest / MARKER)
+    if not isinstance(marker, dict) or not isinstance(marker.get("spec_keys"), dict):
+        return False
+    want = _spec_keys(_spec(config, dtype=_dtype(dtype), seed=seed, tokenizer_dir=tokenizer_dir))
+    have = marker["spec_keys"]
+    if have.get("common") != want["common"]:
+        return False
+    if not any(k in want and have.get(k) == want[k] for k in ("request", "config")):
+        return False
+    files = marker.get("files")
+    if not isinstance(files, dict) or "lit_model.pth" not in files:
+        return False
+    for name, size in files.items():
+        p = dest / name
+        if not p.is_file() or p.stat().st_size != size:
+            return False
+    return True
+
+
+def _check_replaceable(dest: Path, force: bool) -> None:
+    """Refuse to overwrite a folder that is not one of ours (e.g. a real downloaded checkpoint)."""
+    if force or not dest.exists():
+        return
+    if not dest.is_dir():
+        raise FileExistsError(f"{dest} exists and is not a folder")
+    if (dest / MARKER).is_file() or not any(dest.iterdir()):
+        return
+    raise FileExistsError(
+        f"{dest} exists, is not empty and has no {MARKER} marker: it may hold real weights. "
+        "Remove it, choose another folder, or pass force=True to replace it."
+    )
+
+
+def build_checkpoint(
+    config: litgpt.Config | str,
+    dest: Path,
+    *,
+    dtype: torch.dtype | str = torch.float32,
+    seed: int = 0,
+    tokenizer_dir: Path | None = None,
+    force: bool = False,
+) -> Path:
+    """Write (once) a random-weight litgpt checkpoint to ``dest`` and return ``dest``.
+
+    ``config`` is a ci model name (``CI_MODELS``), any litgpt config name (``"tiny-llama-1.1b"``,
+    ``"open_llama_7b"``, or ``org/name``) or a ``litgpt.Config``. ``dest`` gets ``lit_model.pth`` (a plain
+    ``torch.save`` of the state dict), ``model_config.yaml`` (written by litgpt's ``save_config``), the
+    tokenizer files (copied from ``tokenizer_dir``, else the lab's own tokenizer is trained) and the
+    ``RANDOM_WEIGHTS`` marker, so ``litgpt finetune_full|finetune_lora --checkpoint_dir dest`` loads it.
+
+    Why this way: the model is built on the meta device and materialised tensor by tensor, so the real 7B
+    and 13B sizes need the model in memory once, not twice; the folder is built under a hidden temporary
+    name and renamed into place, so an interrupted build never looks complete; and a folder that already
+    holds this exact spec is left alone (the check reads only small files), so calling it again is cheap.
+    A non-empty ``dest`` without our marker (e.g. real downloaded weights) is never replaced unless ``force``.
+    Use ``dtype=torch.bfloat16`` for the real architectures (what ``litgpt download`` gives, half the size).
+    """
+    dest = Path(dest)
+    dtype = _dtype(dtype)
+    if not force and checkpoint_is_built(dest, config, dtype=dtype, seed=seed, tokenizer_dir=tokenizer_dir):
+        return dest
+    _check_replaceable(dest, force)
+
+    from litgpt.utils import save_config
+
+    cfg = resolve_config(config)
+    spec = _spec(config, dtype=dtype, seed=seed, tokenizer_dir=tokenizer_dir)
+    keys = _spec_keys(spec)
+    keys["config"] = sha256_json(dataclasses.asdict(cfg))  # a Config equal to the named one matches too
+    with atomic_dir(dest) as tmp:
+        if tokenizer_dir is None:
+            write_tokenizer_files(tmp)
+        else:
+            copy_tokenizer_files(tokenizer_dir, tmp)
+        n_tokens = tokenizer_size(tmp)
+        if n_tokens > cfg.vocab_size:
+            raise ValueError(f"the tokenizer has {n_tokens} ids but {cfg.name} only {cfg.vocab_size} embeddings")
+        save_config(cfg, tmp)
+        state = random_state_dict(cfg, dtype=dtype, seed=seed)
+        n_params = sum(t.numel() for t in {id(t): t for t in state.values()}.values())
+        torch.save(state, tmp / "lit_model.pth")
+        del state
+        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        write_json(
+            tmp / MARKER,
+            {
+                "random_weights": True,
+                "config": cfg.name,
+                "seed": seed,
+                "dtype": spec["dtype"],
+                "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+                "n_params": n_params,
+                "hf_config": cfg.hf_config,
+                "litgpt_version": importlib.metadata.version("litgpt"),
+                "torch_version": torch.__version__,
+                "tokenizer": spec["tokenizer"],
+                "files": files,
+                "spec_keys": keys,
+                "note": "Random weights (N(0, 0.02)), built offline by lab_helpers.assets: valid for time and "
+                "memory measurements, never for loss or quality.",
+            },
+            atomic=False,
+        )
+    return dest
+
+
+def is_random_checkpoint(checkpoint_dir: Path) -> dict[str, Any] | None:
+    """The ``RANDOM_WEIGHTS`` marker of a checkpoint folder, or None for real weights (for run records)."""
+    marker = read_json(Path(checkpoint_dir) / MARKER)
+    return marker if isinstance(marker, dict) else None
+
+
+def download_path(config_name: str, root: Path | None = None) -> Path:
+    """Where ``litgpt download <org>/<name>`` puts this config's checkpoint: ``root / org / name``."""
+    root = checkpoints_dir() if root is None else Path(root)
+    if config_name in CI_MODELS:
+        return root / CI_ORG / config_name
+    hf = resolve_config(config_name).hf_config
+    return root / hf["org"] / hf["name"]
+
+
+def prepare_random_weights(
+    config_names: list[str],
+    *,
+    root: Path | None = None,
+    dtype: torch.dtype | str = torch.bfloat16,
+    seed: int = 0,
+    tokenizer_dir: Path | None = None,
+    force: bool = False,
+    progress=print,
+) -> dict[str, Path]:
+    """Random-weight checkpoints of real architectures where ``litgpt download`` would put the real ones.
+
+    For an instructor's dry run on a GPU node with no hub access: the lab's recipes then find e.g.
+    ``checkpoints/openlm-research/open_llama_7b`` and run unchanged, with time and memory as with the real
+    weights (the ``RANDOM_WEIGHTS`` marker says they are not). ``root`` defaults to ``checkpoints_dir()``
+    (read at call time, so ``LAB_CHECKPOINTS`` is honoured). The tokenizer is the lab's own (ids < 4096,
+    valid for a 32000 vocabulary), kept in ``root / "lab-ci" / "tokenizer"``, unless ``tokenizer_dir`` is
+    given. An existing folder with real weights is refused unless ``force``. Pair with generated data of
+    Alpaca2k-like lengths (``make_alpaca_json(..., lengths="alpaca2k")``).
+    """
+    root = checkpoints_dir() if root is None else Path(root)
+    if tokenizer_dir is None:
+        tokenizer_dir = train_tokenizer(root / CI_ORG / "tokenizer")
+    out: dict[str, Path] = {}
+    for name in config_names:
+        dest = download_path(name, root)
+        if not force and checkpoint_is_built(dest, name, dtype=dtype, seed=seed, tokenizer_dir=tokenizer_dir):
+            progress(f"{name}: already built at {dest}")
+        else:
+            progress(f"{name}: building random weights ({_dtype(dtype)}) at {dest} ...")
+            build_checkpoint(name, dest, dtype=dtype, seed=seed, tokenizer_dir=tokenizer_dir, force=force)
+        out[name] = dest
+    return out

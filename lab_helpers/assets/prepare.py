@@ -1,0 +1,76 @@
+"""``prepare_ci``: every offline asset the ``ci`` profile needs, built once and cached."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..paths import checkpoints_dir, data_dir
+from .checkpoints import CI_MODELS, CI_ORG, build_checkpoint, checkpoint_is_built
+from .data import alpaca_is_built, make_alpaca_json
+from .tokenizer import tokenizer_is_built, train_tokenizer
+
+CI_DATASETS: dict[str, dict] = {
+    "alpaca_short": {"file": "alpaca_short.json", "n_samples": 400, "lengths": "short"},
+    "alpaca2k_like": {"file": "alpaca2k_like.json", "n_samples": 2000, "lengths": "alpaca2k"},
+}
+"""The generated data sets, in ``data_dir() / "ci"``: short samples for fast CI steps, and Alpaca2k-like
+lengths for measurements whose padding and truncation should match the real set."""
+
+
+def ci_paths() -> dict[str, Path]:
+    """Where :func:`prepare_ci` puts each asset (read at call time, so ``LAB_CHECKPOINTS``/``LAB_DATA`` apply)."""
+    ck = checkpoints_dir() / CI_ORG
+    paths = {"tokenizer": ck / "tokenizer"}
+    paths.update({name: ck / name for name in CI_MODELS})
+    paths.update({key: data_dir() / "ci" / spec["file"] for key, spec in CI_DATASETS.items()})
+    return paths
+
+
+def prepare_ci(*, force: bool = False, progress: Callable[[str], None] = print) -> dict[str, Path]:
+    """Build the ``ci`` profile's tokenizer, four checkpoints and two data sets; return their paths.
+
+    Keys: ``"tokenizer"``, the ``CI_MODELS`` names, ``"alpaca_short"`` and ``"alpaca2k_like"``.
+    Why: the lab must run on any machine with no model or data hub. Each asset is built into a temporary
+    name and renamed into place, so an interrupted run leaves nothing that looks complete, and each is
+    checked against its recorded spec before building, so a second call only reads a few small files and
+    reports "already built". ``force=True`` rebuilds everything.
+    """
+    t0 = time.perf_counter()
+    paths = ci_paths()
+    built = 0
+
+    def step(key: str, is_built: Callable[[], bool], build: Callable[[], object]) -> None:
+        nonlocal built
+        if not force and is_built():
+            progress(f"{key}: already built at {paths[key]}")
+            return
+        t = time.perf_counter()
+        progress(f"{key}: building at {paths[key]} ...")
+        build()
+        built += 1
+        progress(f"{key}: built in {time.perf_counter() - t:.1f} s")
+
+    tok = paths["tokenizer"]
+    step("tokenizer", lambda: tokenizer_is_built(tok), lambda: train_tokenizer(tok, force=force))
+    for name in CI_MODELS:
+        dest = paths[name]
+        step(
+            name,
+            lambda dest=dest, name=name: checkpoint_is_built(dest, name, tokenizer_dir=tok),
+            lambda dest=dest, name=name: build_checkpoint(name, dest, tokenizer_dir=tok, force=force),
+        )
+    for key, spec in CI_DATASETS.items():
+        kw = {"n_samples": spec["n_samples"], "lengths": spec["lengths"]}
+        step(
+            key,
+            lambda key=key, kw=kw: alpaca_is_built(paths[key], **kw),
+            lambda key=key, kw=kw: make_alpaca_json(paths[key], force=force, **kw),
+        )
+    dt = time.perf_counter() - t0
+    if built:
+        progress(f"ci assets ready ({built} built) in {dt:.1f} s")
+    else:
+        progress(f"ci assets: all already built ({dt:.2f} s)")
+    return paths
