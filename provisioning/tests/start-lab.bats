@@ -1,0 +1,122 @@
+#!/usr/bin/env bats
+# start-lab.sh against a stub docker: image build, container flags, token handling, idempotency.
+
+load helpers
+
+setup() {
+    setup_stubs
+    export LAB_TOKEN_FILE=$BATS_TEST_TMPDIR/config/jupyter-token
+    export LAB_WAIT_SECONDS=4
+    LAB=$BATS_TEST_TMPDIR/lab
+    mkdir -p "$LAB"
+    SCRIPT=$PROVISIONING_DIR/start-lab.sh
+}
+
+@test "first start: builds the image, runs JupyterLab on 127.0.0.1 only, prints tunnel and URL" {
+    run "$SCRIPT" --lab-dir "$LAB" --ssh-host node1.example.org
+    echo "$output"
+    [ "$status" -eq 0 ]
+    called "^docker build -f $PROVISIONING_DIR/Dockerfile -t lab-helpers:latest $LAB\$"
+    run_line=$(grep '^docker run -d' "$STUB_LOG")
+    [[ $run_line == *"--gpus all"* ]]
+    [[ $run_line == *"--ipc host"* ]]
+    [[ $run_line == *"--network host"* ]]
+    [[ $run_line == *"--ip=127.0.0.1"* ]]
+    [[ $run_line == *"-v $LAB:/home/jovyan/lab"* ]]
+    [[ $run_line == *"-e JUPYTER_TOKEN "* ]]
+    [[ $run_line == *"--restart unless-stopped"* ]]
+    # Never published, never on a public interface.
+    [[ $run_line != *" -p "* && $run_line != *"--publish"* && $run_line != *"0.0.0.0"* ]]
+    token=$(cat "$LAB_TOKEN_FILE")
+    [ "${#token}" -eq 48 ]
+    [ "$(stat -c %a "$LAB_TOKEN_FILE")" = 600 ]
+    # The token is in the printed URL but was never on a command line.
+    [[ $output == *"ssh -N -L 8888:127.0.0.1:8888 "*"@node1.example.org"* ]]
+    [[ $output == *"http://127.0.0.1:8888/lab?token=$token"* ]]
+    not_called "$token"
+    called '^curl -fsS -o /dev/null http://127.0.0.1:8888/api$'
+}
+
+@test "second start: nothing is rebuilt or restarted, same URL" {
+    run "$SCRIPT" --lab-dir "$LAB"
+    first_token=$(cat "$LAB_TOKEN_FILE")
+    : >"$STUB_LOG"
+    run "$SCRIPT" --lab-dir "$LAB"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [[ $output == *"Summary: nothing changed."* ]]
+    [[ $output == *"token=$first_token"* ]]
+    not_called '^docker (build|run|start)'
+}
+
+@test "a stopped lab container is started again, not recreated" {
+    run "$SCRIPT" --lab-dir "$LAB"
+    echo false >"$STUB_STATE/container"
+    : >"$STUB_LOG"
+    run "$SCRIPT" --lab-dir "$LAB"
+    [ "$status" -eq 0 ]
+    called '^docker start lab$'
+    not_called '^docker (build|run)'
+}
+
+@test "--build rebuilds an existing image; --port and --name are honoured" {
+    touch "$STUB_STATE/image"
+    run "$SCRIPT" --lab-dir "$LAB" --build --port 9999 --name lab2
+    [ "$status" -eq 0 ]
+    called '^docker build '
+    called '^docker run -d --name lab2 .*--port=9999'
+    [[ $output == *"ssh -N -L 9999:127.0.0.1:9999"* ]]
+}
+
+@test "HF_TOKEN goes into the container by name; its value is never printed" {
+    HF_TOKEN=hf_secret_value run "$SCRIPT" --lab-dir "$LAB"
+    [ "$status" -eq 0 ]
+    called '^docker run -d .* -e HF_TOKEN '
+    not_called hf_secret_value
+    [[ $output != *hf_secret_value* ]]
+}
+
+@test "dry run: prints the build and run commands, runs neither, writes no token" {
+    run "$SCRIPT" --lab-dir "$LAB" --dry-run
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [[ $output == *"would run: docker build"* ]]
+    [[ $output == *"would run: docker run -d --name lab"* ]]
+    not_called '^docker (build|run|start)'
+    [ ! -e "$LAB_TOKEN_FILE" ]
+}
+
+@test "just added to the docker group: re-runs itself through sg docker" {
+    touch "$STUB_STATE/groups/student-docker"
+    STUB_DOCKER_DENIED=1 run "$SCRIPT" --lab-dir "$LAB"
+    [ "$status" -eq 0 ]
+    called "^sg docker -c .*start-lab.sh --lab-dir $LAB"
+    not_called '^docker (build|run)'
+}
+
+@test "no access to Docker: says to provision the node first" {
+    STUB_DOCKER_DENIED=1 run "$SCRIPT" --lab-dir "$LAB"
+    [ "$status" -eq 1 ]
+    [[ $output == *"cannot talk to Docker"* ]]
+    [[ $output == *"provision-node.sh"* ]]
+}
+
+@test "JupyterLab that never answers: an error pointing at docker logs" {
+    STUB_CURL_FAIL=1 run "$SCRIPT" --lab-dir "$LAB"
+    [ "$status" -eq 1 ]
+    [[ $output == *"did not answer on 127.0.0.1:8888"* ]]
+    [[ $output == *"docker logs lab"* ]]
+}
+
+@test "unknown flag and bad values: clear errors, exit 2" {
+    run "$SCRIPT" --public
+    [ "$status" -eq 2 ]
+    [[ $output == *"unknown argument: --public"* ]]
+    run "$SCRIPT" --port http
+    [ "$status" -eq 2 ]
+    [[ $output == *"--port needs a number"* ]]
+    run "$SCRIPT" --image
+    [ "$status" -eq 2 ]
+    [[ $output == *"--image needs a value"* ]]
+    [ ! -s "$STUB_LOG" ]
+}
