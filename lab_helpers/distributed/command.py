@@ -1,0 +1,99 @@
+"""From a resolved experiment to the command line that runs it: what lab.py calls for ``kind: lightning``.
+
+Everything the training processes need goes into the run's folder (the resolved recipe, the DeepSpeed
+config) so the command is short, can be read and re-run by hand, and Lightning can re-run the same command
+for every local rank.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lab_helpers.distributed.deepspeed_config import deepspeed_config, gradient_accumulation_steps
+from lab_helpers.experiments import ResolvedRun
+
+RECIPE_FILENAME = "recipe.yaml"
+DEEPSPEED_FILENAME = "deepspeed.json"
+
+
+def world_size(run: ResolvedRun) -> int:
+    return run.devices * run.experiment.num_nodes
+
+
+def total_iterations(run: ResolvedRun) -> int:
+    """Micro-batches rank 0 will run: max_steps x gradient accumulation (the progress bar's total)."""
+    train = run.recipe.get("train") or {}
+    return int(train.get("max_steps") or 1) * gradient_accumulation_steps(run.recipe, world_size=world_size(run))
+
+
+def options(run: ResolvedRun) -> dict[str, Any]:
+    """The experiment's options with the lab's defaults (wrap per block, FSDP implementation by hardware)."""
+    opts = {"wrap": "block", "fsdp_impl": "auto", "offload_optimizer": True, "pin_memory": True}
+    opts.update(run.experiment.options or {})
+    return opts
+
+
+def run_recipe(run: ResolvedRun, run_dir: Path) -> dict[str, Any]:
+    """The recipe as the training process gets it: out_dir is the run's own folder."""
+    recipe = dict(run.recipe)
+    recipe["out_dir"] = str(run_dir / "out")
+    recipe["devices"] = run.devices
+    recipe["num_nodes"] = run.experiment.num_nodes
+    return recipe
+
+
+def build_command(run: ResolvedRun, run_dir: Path) -> list[str]:
+    """Write run_dir/recipe.yaml (and deepspeed.json) and return the argv that trains this experiment.
+
+    Several nodes (``num_nodes`` > 1) are launched by ``lab_helpers.distributed.nodes``, which starts one
+    training command per node on this machine over loopback -- the lab's stand-in for real nodes (on a GPU
+    node each "node" gets its own GPUs; docs/multi_node.md shows the launch on real nodes).
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    opts = options(run)
+    recipe = run_recipe(run, run_dir)
+    recipe_path = run_dir / RECIPE_FILENAME
+    recipe_path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    num_nodes = run.experiment.num_nodes
+    strategy = run.experiment.strategy
+    argv = [
+        sys.executable,
+        "-m",
+        "lab_helpers.distributed.train",
+        "--recipe",
+        str(recipe_path),
+        "--strategy",
+        strategy,
+        "--devices",
+        str(devices_per_node(run)),
+        "--num-nodes",
+        str(num_nodes),
+        "--out-dir",
+        str(run_dir / "out"),
+    ]
+    if strategy == "fsdp":
+        argv += ["--wrap", str(opts["wrap"]), "--fsdp-impl", str(opts["fsdp_impl"])]
+    if strategy == "deepspeed-zero3":
+        config = deepspeed_config(
+            recipe,
+            world_size=world_size(run),
+            offload_optimizer=bool(opts["offload_optimizer"]),
+            pin_memory=bool(opts["pin_memory"]),
+        )
+        ds_path = run_dir / DEEPSPEED_FILENAME
+        ds_path.write_text(json.dumps(config, indent=2))
+        argv += ["--deepspeed-config", str(ds_path)]
+    if num_nodes > 1:
+        argv = [sys.executable, "-m", "lab_helpers.distributed.nodes", "--nodes", str(num_nodes), "--", *argv]
+    return argv
+
+
+def devices_per_node(run: ResolvedRun) -> int:
+    """Processes (GPUs) per node: the experiment's ``devices``; the world is devices x num_nodes."""
+    return run.devices

@@ -1,0 +1,90 @@
+"""The DeepSpeed configuration the lab generates for ZeRO-3 with the optimizer offloaded to the CPU.
+
+One function builds it from the recipe, so the JSON a student can read in the run folder, the object the
+training process hands to Lightning's ``DeepSpeedStrategy`` and the unit tests all see the same thing.
+Why these settings: stage 3 shards parameters, gradients and optimizer states across ranks; offloading the
+optimizer moves the 12 bytes/param of fp32 master weights and Adam moments to host RAM, where
+``DeepSpeedCPUAdam`` (a vectorised C++ Adam) steps them while the GPU waits: the idle gap in the timeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# DeepSpeed's optimizer for offloaded states; the training script instantiates it (see optimizer_kwargs).
+CPU_ADAM_CLASS = "deepspeed.ops.adam.DeepSpeedCPUAdam"
+
+
+def gradient_accumulation_steps(recipe: Mapping[str, Any], *, world_size: int) -> int:
+    """Micro-batches per optimizer step on each rank: global batch / (micro batch x ranks), as litgpt computes it."""
+    train = recipe.get("train") or {}
+    micro, global_ = int(train["micro_batch_size"]), int(train["global_batch_size"])
+    return max(1, global_ // (micro * world_size))
+
+
+def deepspeed_config(
+    recipe: Mapping[str, Any],
+    *,
+    world_size: int,
+    offload_optimizer: bool = True,
+    pin_memory: bool = True,
+) -> dict[str, Any]:
+    """ZeRO-3 config for ``recipe`` on ``world_size`` ranks (JSON-ready; Lightning's ``DeepSpeedStrategy(config=...)``).
+
+    The optimizer itself is not in the config: Lightning passes the ``DeepSpeedCPUAdam`` built by the
+    module's ``configure_optimizers`` to ``deepspeed.initialize`` (``zero_allow_untested_optimizer`` lets
+    DeepSpeed accept it); ``optimizer_class_path`` says which optimizer goes with the config.
+    """
+    precision = str(recipe.get("precision") or "32-true")
+    train = recipe.get("train") or {}
+    zero: dict[str, Any] = {
+        "stage": 3,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        # gather / release parameters per module; these are DeepSpeed's defaults written out for the student
+        "stage3_prefetch_bucket_size": 50_000_000,
+        "stage3_param_persistence_threshold": 100_000,
+    }
+    if offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin_memory}
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": int(train["micro_batch_size"]),
+        "gradient_accumulation_steps": gradient_accumulation_steps(recipe, world_size=world_size),
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": precision.startswith("bf16")},
+        "fp16": {"enabled": precision.startswith("16")},
+        "wall_clock_breakdown": False,
+    }
+    max_norm = train.get("max_norm")
+    if max_norm:
+        config["gradient_clipping"] = float(max_norm)
+    return config
+
+
+def optimizer_class_path(recipe: Mapping[str, Any], *, strategy: str, offload_optimizer: bool) -> str:
+    """The optimizer class the training process builds: DeepSpeedCPUAdam whenever the optimizer is offloaded.
+
+    A torch optimizer cannot step states that ZeRO keeps in host memory efficiently; DeepSpeed requires its
+    CPU Adam there. Otherwise the recipe's own optimizer (``torch.optim.AdamW`` in the lab's recipes).
+    """
+    if strategy == "deepspeed-zero3" and offload_optimizer:
+        return CPU_ADAM_CLASS
+    optimizer = recipe.get("optimizer") or "AdamW"
+    path = optimizer if isinstance(optimizer, str) else optimizer.get("class_path", "torch.optim.AdamW")
+    return path if "." in path else f"torch.optim.{path}"
+
+
+def cpu_adam_kwargs(recipe: Mapping[str, Any]) -> dict[str, Any]:
+    """DeepSpeedCPUAdam arguments taken from the recipe's AdamW (lr, betas, weight decay); AdamW mode kept."""
+    optimizer = recipe.get("optimizer") or {}
+    init_args = dict(optimizer.get("init_args") or {}) if isinstance(optimizer, Mapping) else {}
+    kwargs: dict[str, Any] = {"lr": float(init_args.get("lr", 1e-3)), "adamw_mode": True}
+    if "betas" in init_args:
+        kwargs["betas"] = tuple(float(b) for b in init_args["betas"])
+    if "weight_decay" in init_args:
+        kwargs["weight_decay"] = float(init_args["weight_decay"])
+    if "eps" in init_args:
+        kwargs["eps"] = float(init_args["eps"])
+    return kwargs

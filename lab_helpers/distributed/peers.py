@@ -1,0 +1,83 @@
+"""No stray ranks: each rank watches the processes it depends on and ends itself when one of them dies.
+
+Lightning's launcher re-runs this module for local ranks 1..N-1 as children of rank 0 and starts an observer
+thread, but it only looks every 5 s and SIGKILLs rank 0 without letting it report. A rank blocked in a
+collective on a dead peer can also wait up to the collective timeout. So:
+
+* rank 0 polls its rank children twice a second; when one exits non-zero it writes its own report
+  (``error``: which rank died, with which code), kills the other children and exits;
+* every other rank polls its parent (rank 0, or the launcher that started it) and exits, after reporting,
+  when the parent is gone -- the case where rank 0 itself was killed.
+
+The runner still kills the whole process group on an interrupt; this covers a rank dying on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+POLL_S = 0.5
+EXIT_CODE_PEER_FAILED = 70
+
+
+def watch_children(
+    procs: Sequence[subprocess.Popen], on_failure: Callable[[str], None], *, poll_s: float = POLL_S
+) -> threading.Thread:
+    """Rank 0: when any child rank exits non-zero, report, kill the rest, exit (from this thread)."""
+
+    def run() -> None:
+        while True:
+            time.sleep(poll_s)
+            codes = [p.poll() for p in procs]
+            failed = [(i + 1, p, c) for i, (p, c) in enumerate(zip(procs, codes, strict=True)) if c not in (None, 0)]
+            if failed:
+                local_rank, proc, code = failed[0]
+                _end(f"local rank {local_rank} (pid {proc.pid}) exited with code {code}; stopping every rank", on_failure)
+                for other in procs:
+                    if other.poll() is None:
+                        other.kill()
+                os._exit(EXIT_CODE_PEER_FAILED)
+            if all(c == 0 for c in codes):
+                return
+
+    thread = threading.Thread(target=run, name="lab-peer-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def watch_parent(on_failure: Callable[[str], None], *, poll_s: float = POLL_S) -> threading.Thread:
+    """Ranks > 0: when the parent that launched this rank is gone, report and exit."""
+    parent = os.getppid()
+
+    def run() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                _end(f"the launching process (pid {parent}, rank 0 or the node launcher) is gone; stopping", on_failure)
+                os._exit(EXIT_CODE_PEER_FAILED)
+
+    thread = threading.Thread(target=run, name="lab-parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def _end(message: str, on_failure: Callable[[str], None]) -> None:
+    print(f"[lab] {message}", flush=True)
+    try:
+        on_failure(message)
+    except Exception as exc:  # the report is best effort here; exiting is what matters
+        print(f"[lab] could not write the report: {exc}", flush=True)
+
+
+def sigterm_as_interrupt() -> None:
+    """Turn SIGTERM into KeyboardInterrupt so a terminated rank reports ``interrupted`` before it exits."""
+
+    def handler(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)

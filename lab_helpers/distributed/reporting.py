@@ -1,0 +1,119 @@
+"""Per-rank progress lines, training-loop timing, token counts and the rank's report to the runner.
+
+A Lightning callback, because the Trainer owns the loop: ``on_train_start``/``on_train_end`` bracket exactly
+the training loop (model load and setup excluded), ``on_train_batch_end`` sees every micro-batch, and
+``on_exception`` runs on the failing rank before Lightning tears anything down -- the last moment a report
+can still be written.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import lightning as L
+import torch
+
+from lab_helpers import child_report
+
+
+class RankReport:
+    """The one report this rank writes; written at most once (the first outcome wins)."""
+
+    def __init__(self, *, rank: int, world_size: int, strategy_used: str) -> None:
+        self.rank = rank
+        self.fields: dict[str, Any] = {
+            "world_size": world_size,
+            "strategy_used": strategy_used,
+            "iterations": 0,
+            "samples": 0,
+            "tokens": 0,
+            "tokens_padded": 0,
+            "train_s": None,
+            "device_name": None,
+        }
+        self._written = False
+        self._lock = threading.Lock()
+
+    def write(self, status: str, error: str | None = None) -> None:
+        with self._lock:
+            if self._written:
+                return
+            self._written = True
+            alloc, reserved = child_report.cuda_peaks_gib()
+            child_report.write_report(
+                {**self.fields, "status": status, "error": error, "peak_alloc_gib": alloc, "peak_reserved_gib": reserved},
+                rank=self.rank,
+            )
+
+    def write_exception(self, exc: BaseException) -> None:
+        status, text = child_report.status_for_exception(exc)
+        self.write(status, text)
+
+    @property
+    def written(self) -> bool:
+        return self._written
+
+
+class ReportCallback(L.Callback):
+    """Times the loop, counts tokens of this rank, prints litgpt-style progress on rank 0, writes the report."""
+
+    def __init__(self, report: RankReport, *, total_iterations: int) -> None:
+        self.report = report
+        self.total_iterations = total_iterations
+        self._train_t0: float | None = None
+        self._iter_t0 = 0.0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.report.rank = trainer.global_rank
+        self.report.fields["device_name"] = _device_name(pl_module.device)
+        child_report.reset_cuda_peaks()  # peaks over the training loop, not the model load
+        self._train_t0 = time.perf_counter()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        self._iter_t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        fields = self.report.fields
+        fields["iterations"] += 1
+        fields["samples"] += int(batch["input_ids"].shape[0])
+        fields["tokens"] += _tokens_without_padding(batch)
+        fields["tokens_padded"] += int(batch["input_ids"].numel())
+        fields["train_s"] = time.perf_counter() - (self._train_t0 or self._iter_t0)
+        if trainer.is_global_zero:
+            loss = outputs["loss"].item() if isinstance(outputs, dict) and "loss" in outputs else float("nan")
+            accum = trainer.accumulate_grad_batches
+            step_done = fields["iterations"] % accum == 0
+            print(
+                f"Epoch {trainer.current_epoch + 1} | iter {fields['iterations']} step {fields['iterations'] // accum} |"
+                f" loss train: {loss:.3f} | iter time: {(time.perf_counter() - self._iter_t0) * 1000:.2f} ms"
+                f"{' (step)' if step_done else ''} | of {self.total_iterations}",
+                flush=True,
+            )
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self._train_t0 is not None:
+            self.report.fields["train_s"] = time.perf_counter() - self._train_t0
+        self.report.write("ok")
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self.report.write_exception(exception)
+
+
+def _tokens_without_padding(batch: dict[str, Any]) -> int:
+    """Prompt + response tokens, padding excluded (litgpt's ``raw_plus_prompt_template`` count)."""
+    counts = batch.get("token_counts") or {}
+    value = counts.get("raw_plus_prompt_template")
+    if isinstance(value, torch.Tensor):
+        # a sample longer than max_seq_length was truncated by the collate function
+        return int(value.clamp(max=batch["input_ids"].shape[1]).sum().item())
+    return int((batch["labels"] != -100).sum().item())
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return f"cpu ({platform.processor() or platform.machine()})"

@@ -1,0 +1,114 @@
+"""Which Lightning strategy object runs each of the lab's strategy names, on a GPU and on a CPU.
+
+The lab names four strategies (single, ddp, fsdp, deepspeed-zero3); Lightning has one class per way of
+running them and some of those refuse a CPU. This module is the one place that maps a name and the hardware
+to a strategy object, and to the words recorded as ``strategy_used`` so a result always says what really ran
+(FSDP1 through ``FSDPStrategy`` on CUDA, FSDP2 through ``ModelParallelStrategy`` on a CPU).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+STRATEGIES = ("single", "ddp", "fsdp", "deepspeed-zero3")
+FSDP_IMPLS = ("auto", "fsdp1", "fsdp2")
+WRAP_POLICIES = ("block", "none")
+
+# How long a rank waits in a collective for a peer before giving up; a dead peer on gloo is usually noticed
+# at once (closed socket), this bounds the rest. Override with $LAB_DIST_TIMEOUT_S.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600
+
+
+@dataclass
+class StrategyChoice:
+    """A Lightning strategy object (or "auto") and how the record names it."""
+
+    strategy: Any
+    label: str
+    fsdp_impl: str | None = None  # "fsdp1" | "fsdp2" for fsdp, else None
+    wrap: str | None = None  # "block" | "none" for fsdp
+
+
+def collective_timeout() -> timedelta:
+    return timedelta(seconds=float(os.environ.get("LAB_DIST_TIMEOUT_S", DEFAULT_COLLECTIVE_TIMEOUT_S)))
+
+
+def resolve_fsdp_impl(requested: str, *, on_cuda: bool) -> str:
+    """fsdp1 (``FSDPStrategy``) on CUDA; fsdp2 (``ModelParallelStrategy`` + ``fully_shard``) on a CPU.
+
+    Lightning's ``FSDPStrategy`` refuses a CPU accelerator, so asking for fsdp1 there is an error, not a
+    silent switch.
+    """
+    if requested not in FSDP_IMPLS:
+        raise ValueError(f"fsdp_impl {requested!r} is not one of {', '.join(FSDP_IMPLS)}")
+    if requested == "auto":
+        return "fsdp1" if on_cuda else "fsdp2"
+    if requested == "fsdp1" and not on_cuda:
+        raise ValueError("fsdp_impl 'fsdp1' needs CUDA (Lightning's FSDPStrategy refuses a CPU); use 'fsdp2' or 'auto'")
+    return requested
+
+
+def make_strategy(
+    name: str,
+    *,
+    on_cuda: bool,
+    world_size: int,
+    wrap: str = "block",
+    fsdp_impl: str = "auto",
+    deepspeed_config: dict[str, Any] | None = None,
+) -> StrategyChoice:
+    """The strategy object for ``name`` on this hardware (imports are local: each pulls in heavy modules)."""
+    if name not in STRATEGIES:
+        raise ValueError(f"strategy {name!r} is not one of {', '.join(STRATEGIES)}")
+    backend = "nccl" if on_cuda else "gloo"
+    where = "CUDA" if on_cuda else "CPU"
+    if name == "single":
+        return StrategyChoice("auto", f"single device ({where})")
+    if name == "ddp":
+        from lightning.pytorch.strategies import DDPStrategy
+
+        strategy = DDPStrategy(process_group_backend=backend, timeout=collective_timeout())
+        return StrategyChoice(strategy, f"ddp (DDPStrategy, {backend}, {where})")
+    if name == "fsdp":
+        if wrap not in WRAP_POLICIES:
+            raise ValueError(f"wrap {wrap!r} is not one of {', '.join(WRAP_POLICIES)}")
+        impl = resolve_fsdp_impl(fsdp_impl, on_cuda=on_cuda)
+        wrap_words = "wrap per transformer block" if wrap == "block" else "one unit, no per-block wrap"
+        if impl == "fsdp1":
+            from lightning.pytorch.strategies import FSDPStrategy
+            from litgpt.model import Block
+
+            strategy = FSDPStrategy(
+                sharding_strategy="FULL_SHARD",
+                auto_wrap_policy={Block} if wrap == "block" else None,
+                process_group_backend=backend,
+                timeout=collective_timeout(),
+            )
+            return StrategyChoice(strategy, f"fsdp1 (FSDPStrategy, full shard, {wrap_words}, {where})", impl, wrap)
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        # pure data parallel over every rank; the module's configure_model applies fully_shard (FSDP2)
+        strategy = ModelParallelStrategy(
+            data_parallel_size=world_size,
+            tensor_parallel_size=1,
+            process_group_backend=backend,
+            timeout=collective_timeout(),
+        )
+        return StrategyChoice(strategy, f"fsdp2 (ModelParallelStrategy, fully_shard, {wrap_words}, {where})", impl, wrap)
+    # deepspeed-zero3
+    if deepspeed_config is None:
+        raise ValueError("deepspeed-zero3 needs the DeepSpeed config (lab_helpers.distributed.deepspeed_config)")
+    offload = "offload_optimizer" in deepspeed_config.get("zero_optimization", {})
+    words = "deepspeed zero3 + cpu offload" if offload else "deepspeed zero3"
+    if on_cuda:
+        from lightning.pytorch.strategies import DeepSpeedStrategy
+
+        strategy = DeepSpeedStrategy(config=deepspeed_config, process_group_backend=backend, timeout=collective_timeout())
+        return StrategyChoice(strategy, f"{words} (DeepSpeedStrategy, CUDA)")
+    from lab_helpers.distributed.deepspeed_cpu import CPUDeepSpeedStrategy
+
+    strategy = CPUDeepSpeedStrategy(config=deepspeed_config, process_group_backend="gloo", timeout=collective_timeout())
+    return StrategyChoice(strategy, f"{words} (DeepSpeedStrategy on CPU, DS_ACCELERATOR=cpu, gloo)")

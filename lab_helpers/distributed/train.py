@@ -1,0 +1,183 @@
+"""The multi-GPU section's training process: a litgpt recipe run by the Lightning Trainer with one strategy.
+
+Launched by the lab's runner as ``python -m lab_helpers.distributed.train --recipe R --strategy S ...`` (see
+``command.build_command``). For DDP, FSDP and DeepSpeed on one node Lightning re-runs this same module for
+local ranks 1..N-1 (its subprocess launcher), so everything the script needs is in its arguments. Across
+nodes it is started once per node (``lab_helpers.distributed.nodes``, or torchrun; docs/multi_node.md).
+
+Each rank writes one report (``lab_helpers.child_report``) whatever happens: ``ok`` after the loop, the
+status of the exception that stopped it, or ``error`` naming the peer whose death stopped it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lab_helpers.distributed.deepspeed_config import gradient_accumulation_steps
+from lab_helpers.distributed.strategies import FSDP_IMPLS, STRATEGIES, WRAP_POLICIES
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", type=Path, required=True, help="litgpt-format recipe (YAML), already resolved")
+    parser.add_argument("--strategy", choices=STRATEGIES, required=True)
+    parser.add_argument("--devices", type=int, default=1, help="processes (GPUs) per node")
+    parser.add_argument("--num-nodes", type=int, default=1)
+    parser.add_argument("--accelerator", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--wrap", choices=WRAP_POLICIES, default="block", help="FSDP unit: each Block, or the whole model")
+    parser.add_argument("--fsdp-impl", choices=FSDP_IMPLS, default="auto")
+    parser.add_argument("--deepspeed-config", type=Path, help="DeepSpeed JSON written by build_command")
+    parser.add_argument("--out-dir", type=Path, help="where Lightning may write (default: the recipe's out_dir)")
+    return parser.parse_args(argv)
+
+
+def env_global_rank(devices: int) -> int:
+    """This process's global rank from the launcher's environment (before Lightning has set anything up)."""
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"])
+    return int(os.environ.get("NODE_RANK", 0)) * devices + int(os.environ.get("LOCAL_RANK", 0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    on_cuda = _wants_cuda(args.accelerator)
+    if args.strategy == "deepspeed-zero3" and not on_cuda:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before anything imports deepspeed
+
+    from lab_helpers.distributed import peers
+    from lab_helpers.distributed.reporting import RankReport
+
+    world_size = args.devices * args.num_nodes
+    report = RankReport(rank=env_global_rank(args.devices), world_size=world_size, strategy_used=None)
+    peers.sigterm_as_interrupt()
+    if "LOCAL_RANK" in os.environ or os.environ.get("LAB_WATCH_PARENT") == "1":
+        peers.watch_parent(lambda message: report.write("error", message))
+    try:
+        run(args, report, on_cuda=on_cuda)
+    except BaseException as exc:  # noqa: BLE001 -- every outcome is reported, then the exception goes on
+        if not isinstance(exc, SystemExit):
+            report.write_exception(exc)
+        raise
+    if not report.written:
+        report.write("error", "training ended without reaching the end of the loop")
+        return 1
+    return 0
+
+
+def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
+    import lightning as L
+
+    from lab_helpers.distributed import peers
+    from lab_helpers.distributed.module import LitGPTFinetune
+    from lab_helpers.distributed.reporting import ReportCallback
+    from lab_helpers.distributed.strategies import make_strategy
+    from lab_helpers.experiments import resolve_path
+
+    recipe: dict[str, Any] = yaml.safe_load(args.recipe.read_text())
+    train = recipe.get("train") or {}
+    world_size = args.devices * args.num_nodes
+    accum = gradient_accumulation_steps(recipe, world_size=world_size)
+    max_steps = int(train.get("max_steps") or 1)
+
+    ds_config = None
+    offload = False
+    if args.strategy == "deepspeed-zero3":
+        ds_config = json.loads(args.deepspeed_config.read_text())
+        # Lightning sets this from accumulate_grad_batches and refuses it in the config; the value is the same
+        accum = int(ds_config.pop("gradient_accumulation_steps", accum))
+        offload = "offload_optimizer" in ds_config.get("zero_optimization", {})
+    choice = make_strategy(
+        args.strategy,
+        on_cuda=on_cuda,
+        world_size=world_size,
+        wrap=args.wrap,
+        fsdp_impl=args.fsdp_impl,
+        deepspeed_config=ds_config,
+    )
+    report.fields["strategy_used"] = choice.label
+
+    L.seed_everything(int(recipe.get("seed") or 1337), verbose=False)
+    checkpoint_dir = resolve_path(recipe["checkpoint_dir"])
+    module = LitGPTFinetune(
+        recipe,
+        checkpoint_dir=checkpoint_dir,
+        strategy=args.strategy,
+        fsdp_impl=choice.fsdp_impl,
+        wrap=choice.wrap,
+        offload_optimizer=offload,
+    )
+    data = build_data(recipe, checkpoint_dir)
+    out_dir = args.out_dir or resolve_path(recipe.get("out_dir") or "out/multi")
+
+    class WatchChildren(L.Callback):
+        """After Lightning has started the other local ranks, rank 0 watches them (see peers)."""
+
+        def setup(self, trainer, pl_module, stage):
+            procs = getattr(trainer.strategy.launcher, "procs", None) or []
+            if procs and trainer.local_rank == 0:
+                peers.watch_children(procs, lambda message: report.write("error", message))
+
+    trainer = L.Trainer(
+        accelerator="cuda" if on_cuda else "cpu",
+        devices=args.devices,
+        num_nodes=args.num_nodes,
+        strategy=choice.strategy,
+        precision=str(recipe.get("precision") or "32-true"),
+        max_steps=max_steps,
+        max_epochs=-1,  # the lab measures a fixed number of optimizer steps, however small the data set
+        accumulate_grad_batches=accum,
+        gradient_clip_val=train.get("max_norm"),
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=out_dir,
+        callbacks=[ReportCallback(report, total_iterations=max_steps * accum), WatchChildren()],
+    )
+    trainer.fit(module, datamodule=data)
+
+
+def build_data(recipe: dict[str, Any], checkpoint_dir: Path):
+    """The recipe's litgpt data module (a LightningDataModule), connected to the model's tokenizer."""
+    import importlib
+
+    from litgpt.tokenizer import Tokenizer
+
+    from lab_helpers.experiments import resolve_path
+
+    spec = recipe.get("data") or {"class_path": "litgpt.data.Alpaca2k", "init_args": {}}
+    module_name, _, name = spec["class_path"].rpartition(".")
+    cls = getattr(importlib.import_module(module_name), name)
+    init_args = dict(spec.get("init_args") or {})
+    for key in ("json_path", "download_dir"):
+        if init_args.get(key):
+            init_args[key] = resolve_path(init_args[key])
+    data = cls(**init_args)
+    train = recipe.get("train") or {}
+    data.connect(
+        tokenizer=Tokenizer(checkpoint_dir),
+        batch_size=int(train["micro_batch_size"]),
+        max_seq_length=int(train.get("max_seq_length") or -1),
+    )
+    return data
+
+
+def _wants_cuda(accelerator: str) -> bool:
+    if accelerator != "auto":
+        return accelerator == "cuda"
+    import torch
+
+    return torch.cuda.is_available()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
