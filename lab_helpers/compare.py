@@ -1,0 +1,575 @@
+"""The comparison table and plots the notebooks show after a section: measured beside predicted, per experiment.
+
+Why its own module: it only presents data, so it reads records (lab_helpers.records) and never runs anything;
+a student without a GPU can point it at the reference results shipped with the lab and see the same table and
+plots a GPU node would give. Missing values stay NaN (an OOM'd run has no training time; it did not take 0 s),
+and runs that did not finish are drawn as their status text, not as an empty bar.
+
+Plots use ``matplotlib.figure.Figure`` directly rather than pyplot: no GUI backend is needed (PNG files are
+written with Agg on a machine with no display), no global figure state leaks between calls, and a returned
+figure still displays inline in Jupyter.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from lab_helpers.paths import lab_home, results_dir
+from lab_helpers.records import load_results
+
+NO_RUNS = "no runs recorded yet"
+BREAKDOWN_PARTS = (
+    "parameters",
+    "gradients",
+    "optimizer_states",
+    "activations",
+    "temporaries",
+    "communication_buffers",
+    "cuda_context",
+)
+MEMORY_COLUMNS = ("peak_alloc_gib", "peak_reserved_gib", "gpu_used_peak_gib", "host_rss_peak_gib")
+RANK0_COLUMNS = ("train_s", "wall_s", "tokens_per_s", "tokens_per_s_padded", "mfu", "predicted_peak_alloc_gib")
+TABLE_COLUMNS = (
+    "experiment",
+    "status",
+    "peak_alloc_gib",
+    "predicted_peak_alloc_gib",
+    "prediction_error_pct",
+    "peak_reserved_gib",
+    "gpu_used_peak_gib",
+    "host_rss_peak_gib",
+    "train_s",
+    "tokens_per_s",
+    "mfu",
+    "reason",
+)
+ROUNDING = {
+    "peak_alloc_gib": 2,
+    "predicted_peak_alloc_gib": 2,
+    "prediction_error_pct": 1,
+    "peak_reserved_gib": 2,
+    "gpu_used_peak_gib": 2,
+    "host_rss_peak_gib": 2,
+    "train_s": 1,
+    "tokens_per_s": 1,
+    "mfu": 3,
+}
+# When ranks of one run disagree, the table shows the worst outcome (an OOM on rank 3 is the run's story).
+STATUS_SEVERITY = {"oom": 0, "error": 1, "interrupted": 2, "skipped": 3, "ok": 4}
+STATUS_LABEL = {"oom": "OOM", "error": "error", "interrupted": "interrupted", "skipped": "skipped"}
+REFERENCE_DIRNAME = "reference_results"
+
+
+# ------------------------------------------------------------------------------------------------ selecting
+
+
+def latest_runs(df: pd.DataFrame, *, profile: str | None = None, order: Sequence[str] | None = None) -> pd.DataFrame:
+    """The latest record per (experiment, rank), sorted by the lab's experiment order (then rank).
+
+    "Latest" is by ``started_at`` (ISO time); records without one count by their position in the file, so a
+    rerun of an experiment replaces the earlier run in every table and plot while the file keeps both.
+    ``order`` defaults to the order of configs/experiments/*.yaml; experiments not in it follow, as recorded.
+    """
+    if df is None or len(df) == 0:
+        return _empty_frame()
+    frame = df.copy()
+    for column in ("experiment", "rank", "profile", "started_at", "status"):
+        if column not in frame:
+            frame[column] = None
+    if profile is not None:
+        frame = frame[frame["profile"] == profile]
+    frame = frame[frame["experiment"].notna()]
+    if frame.empty:
+        return _empty_frame()
+    frame["_position"] = range(len(frame))
+    frame["_rank"] = pd.to_numeric(frame["rank"], errors="coerce").fillna(0).astype(int)
+    frame["_started"] = pd.to_datetime(frame["started_at"], errors="coerce", utc=True, format="ISO8601")
+    frame = frame.sort_values(["_started", "_position"], na_position="first", kind="stable")
+    frame = frame.groupby(["experiment", "_rank"], sort=False, dropna=False).tail(1)
+    rank_of = _order_index(frame["experiment"], order)
+    frame["_order"] = frame["experiment"].map(rank_of)
+    frame = frame.sort_values(["_order", "_rank"], kind="stable")
+    return (
+        frame.drop(columns=["_position", "_started", "_order"])
+        .rename(columns={"_rank": "rank_n"})
+        .reset_index(drop=True)
+    )
+
+
+def _order_index(experiments: pd.Series, order: Sequence[str] | None) -> dict[str, int]:
+    wanted = list(order) if order is not None else _lab_order()
+    index = {name: i for i, name in enumerate(dict.fromkeys(wanted))}
+    for name in experiments:
+        index.setdefault(name, len(index))
+    return index
+
+
+def _lab_order() -> list[str]:
+    """The notebooks' order (configs/experiments/<section>.yaml); empty when the configs are not at hand."""
+    try:
+        from lab_helpers.experiments import load_experiments
+
+        return list(load_experiments())
+    except Exception:
+        return []
+
+
+def _empty_frame() -> pd.DataFrame:
+    return pd.DataFrame(columns=["experiment", "profile", "status", "rank", "rank_n"])
+
+
+# ------------------------------------------------------------------------------------------------ the table
+
+
+def comparison_table(
+    df: pd.DataFrame, *, order: Sequence[str] | None = None, profile: str | None = None
+) -> pd.DataFrame:
+    """One row per experiment: status, measured and predicted peak memory, prediction error, time, throughput.
+
+    Distributed runs have one record per rank: memory is the maximum over ranks (the rank that runs out first
+    decides whether it fits), time, throughput and MFU come from rank 0. ``prediction_error_pct`` is
+    (measured - predicted) / predicted x 100 on ``peak_alloc_gib``: positive means the planner under-predicted.
+    Missing values are NaN, never 0.
+    """
+    latest = latest_runs(df, profile=profile, order=order)
+    if latest.empty:
+        return pd.DataFrame({column: pd.Series(dtype=_dtype(column)) for column in TABLE_COLUMNS})
+    for column in (*MEMORY_COLUMNS, *RANK0_COLUMNS, "reason", "predicted"):
+        if column not in latest:
+            latest[column] = None
+    latest["predicted_peak_alloc_gib"] = [
+        _number(row.get("predicted_peak_alloc_gib"))
+        if _number(row.get("predicted_peak_alloc_gib")) is not None
+        else _number(_mapping(row.get("predicted")).get("peak_alloc_gib"))
+        for row in latest.to_dict("records")
+    ]
+    rows = []
+    for experiment, ranks in latest.groupby("experiment", sort=False):
+        first = ranks.sort_values("rank_n").iloc[0]
+        worst = ranks.assign(_sev=ranks["status"].map(STATUS_SEVERITY).fillna(-1)).sort_values("_sev").iloc[0]
+        row: dict[str, Any] = {"experiment": experiment, "status": worst["status"]}
+        for column in MEMORY_COLUMNS:
+            row[column] = pd.to_numeric(ranks[column], errors="coerce").max()  # NaN when every rank lacks it
+        for column in RANK0_COLUMNS:
+            row[column] = _number(first[column])
+        row["reason"] = worst["reason"] if isinstance(worst["reason"], str) and worst["reason"] else None
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    measured = pd.to_numeric(table["peak_alloc_gib"], errors="coerce")
+    predicted = pd.to_numeric(table["predicted_peak_alloc_gib"], errors="coerce")
+    table["prediction_error_pct"] = (measured - predicted) / predicted.where(predicted > 0) * 100
+    table = table[list(TABLE_COLUMNS)]
+    for column, digits in ROUNDING.items():
+        table[column] = pd.to_numeric(table[column], errors="coerce").astype(float).round(digits)
+    return table.reset_index(drop=True)
+
+
+def _dtype(column: str) -> str:
+    return "float64" if column in ROUNDING else "object"
+
+
+def _number(value: Any) -> float | None:
+    """A finite float, or None for missing / NaN / non-numeric values (never 0)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+# ------------------------------------------------------------------------------------------------ reference
+
+
+def reference_dir() -> Path:
+    """Reference results shipped with the lab: ``<lab home>/reference_results/<gpu-name>.jsonl``."""
+    return lab_home() / REFERENCE_DIRNAME
+
+
+def load_reference(name: str | None = None) -> pd.DataFrame:
+    """Results recorded on a real GPU node, for students without one; ``name`` picks one file (e.g. "H100").
+
+    With no ``name`` all shipped files are concatenated, each row tagged with its file in a ``reference``
+    column. Returns an empty frame, with a warning that says why, when nothing is shipped (yet).
+    """
+    folder = reference_dir()
+    if name is not None:
+        stem = Path(name).name.removesuffix(".jsonl")
+        files = [folder / f"{stem}.jsonl"]
+        if not files[0].exists():
+            shipped = sorted(p.stem for p in folder.glob("*.jsonl")) if folder.is_dir() else []
+            warnings.warn(
+                f"no reference results named {stem!r} in {folder}"
+                + (f"; shipped: {', '.join(shipped)}" if shipped else "; none are shipped yet"),
+                stacklevel=2,
+            )
+            return _empty_frame().drop(columns="rank_n")
+    else:
+        files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
+        if not files:
+            warnings.warn(
+                f"no reference results are shipped yet (looked for {folder}/<gpu-name>.jsonl); "
+                "run the experiments on a GPU node, or ask the instructor for the reference files",
+                stacklevel=2,
+            )
+            return _empty_frame().drop(columns="rank_n")
+    frames = []
+    for path in files:
+        frame = load_results(path)
+        if len(frame):
+            frames.append(frame.assign(reference=path.stem))
+    if not frames:
+        warnings.warn(f"the reference files in {folder} hold no records", stacklevel=2)
+        return _empty_frame().drop(columns="rank_n")
+    return pd.concat(frames, ignore_index=True)
+
+
+# ------------------------------------------------------------------------------------------------ plots
+
+
+def _figures_dir(out_dir: Path | str | None) -> Path:
+    folder = Path(out_dir) if out_dir is not None else results_dir() / "figures"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _new_figure(width: float, height: float, rows: int = 1, cols: int = 1, **kwargs: Any):
+    from matplotlib.figure import Figure  # no pyplot: no backend, no global state (see the module docstring)
+
+    figure = Figure(figsize=(width, height), layout="constrained")
+    axes = figure.subplots(rows, cols, **kwargs)
+    return figure, axes
+
+
+def _save(figure: Any, out_dir: Path | str | None, filename: str) -> Any:
+    path = _figures_dir(out_dir) / filename
+    figure.savefig(path, dpi=110)
+    figure.lab_path = path  # where it went, for save_all and for the notebook to show
+    return figure
+
+
+def _empty_plot(out_dir: Path | str | None, filename: str, title: str) -> Any:
+    figure, ax = _new_figure(6, 2.5)
+    ax.set_axis_off()
+    ax.set_title(title)
+    ax.text(0.5, 0.5, NO_RUNS, ha="center", va="center", fontsize=14, transform=ax.transAxes)
+    return _save(figure, out_dir, filename)
+
+
+def _gpu_measured(table: pd.DataFrame) -> bool:
+    return bool(table["peak_alloc_gib"].notna().any()) if len(table) else False
+
+
+def plot_memory(
+    df: pd.DataFrame,
+    *,
+    out_dir: Path | str | None = None,
+    order: Sequence[str] | None = None,
+    profile: str | None = None,
+) -> Any:
+    """Per experiment: the measured peak beside a stacked bar of the planner's predicted breakdown.
+
+    Runs that ended in OOM / error / skipped show their status as text where the measured bar would be. With
+    CPU runs only (no GPU memory recorded) the measured bar is the host RSS peak, and the title says so.
+    """
+    table = comparison_table(df, order=order, profile=profile)
+    if table.empty:
+        return _empty_plot(out_dir, "memory.png", "Peak memory: measured vs predicted")
+    latest = latest_runs(df, profile=profile, order=order)
+    on_gpu = _gpu_measured(table)
+    measured_column = "peak_alloc_gib" if on_gpu else "host_rss_peak_gib"
+    measured_label = "measured peak allocated (max over ranks)" if on_gpu else "measured host RSS peak (CPU run)"
+    figure, ax = _new_figure(max(6.0, 1.1 * len(table) + 2), 4.8)
+    x = range(len(table))
+    width = 0.38
+    colors = _breakdown_colors()
+    drawn_parts: set[str] = set()
+    top = 0.0
+    for i, row in enumerate(table.to_dict("records")):
+        measured = _number(row[measured_column])
+        if measured is not None:
+            ax.bar(i - width / 2, measured, width, color="#333333", label=None if i else measured_label)
+            top = max(top, measured)
+        status = row["status"]
+        if status != "ok":
+            label = STATUS_LABEL.get(status, str(status))
+            y = measured if measured is not None else 0.0
+            ax.text(i - width / 2, y, label, ha="center", va="bottom", rotation=90, color="#b00020", fontsize=9)
+        breakdown = _breakdown_for(latest, row["experiment"])
+        bottom = 0.0
+        if breakdown:
+            for part in BREAKDOWN_PARTS:
+                value = _number(breakdown.get(part))
+                if not value:
+                    continue
+                ax.bar(
+                    i + width / 2,
+                    value,
+                    width,
+                    bottom=bottom,
+                    color=colors[part],
+                    label=part.replace("_", " ") if part not in drawn_parts else None,
+                )
+                drawn_parts.add(part)
+                bottom += value
+        predicted = _number(row["predicted_peak_alloc_gib"])
+        if predicted is not None and not breakdown:
+            ax.bar(
+                i + width / 2, predicted, width, color="#9ecae1", label=None if "total" in drawn_parts else "predicted"
+            )
+            drawn_parts.add("total")
+            bottom = predicted
+        if bottom == 0.0 and predicted is None:
+            ax.text(
+                i + width / 2, 0.0, "no prediction", ha="center", va="bottom", rotation=90, fontsize=8, color="#777"
+            )
+        top = max(top, bottom)
+    ax.set_xticks(list(x), table["experiment"], rotation=30, ha="right")
+    ax.set_ylabel("GiB (2^30 bytes)")
+    ax.set_ylim(0, top * 1.25 if top > 0 else 1.0)
+    title = "Peak memory: measured (left) vs predicted breakdown (right)"
+    if not on_gpu:
+        title += "\nCPU runs: no GPU memory recorded; measured bar is host RSS, beside the GPU prediction"
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper left")
+    return _save(figure, out_dir, "memory.png")
+
+
+def _breakdown_for(latest: pd.DataFrame, experiment: str) -> Mapping[str, Any]:
+    """The predicted breakdown (GiB per part) of the rank-0 record of one experiment."""
+    if "predicted" not in latest:
+        return {}
+    rows = latest[latest["experiment"] == experiment].sort_values("rank_n")
+    for value in rows["predicted"]:
+        breakdown = _mapping(_mapping(value).get("breakdown_gib"))
+        if breakdown:
+            return breakdown
+    return {}
+
+
+def _breakdown_colors() -> dict[str, str]:
+    palette = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#7f7f7f")
+    return dict(zip(BREAKDOWN_PARTS, palette, strict=True))
+
+
+def plot_time(
+    df: pd.DataFrame,
+    *,
+    out_dir: Path | str | None = None,
+    order: Sequence[str] | None = None,
+    profile: str | None = None,
+) -> Any:
+    """Two panels per experiment: training time (s, inside the loop) and training tokens per second."""
+    table = comparison_table(df, order=order, profile=profile)
+    if table.empty:
+        return _empty_plot(out_dir, "time.png", "Training time and throughput")
+    figure, (left, right) = _new_figure(max(8.0, 1.6 * len(table) + 3), 4.4, 1, 2)
+    for ax, column, ylabel, title in (
+        (left, "train_s", "seconds", "Training time (rank 0, inside the loop)"),
+        (right, "tokens_per_s", "tokens / s", "Training throughput (rank 0)"),
+    ):
+        values = pd.to_numeric(table[column], errors="coerce")
+        ax.bar(range(len(table)), values.fillna(0.0), color="#4c72b0")  # missing: no bar, a label instead
+        for i, (value, status) in enumerate(zip(values, table["status"], strict=True)):
+            if pd.isna(value):
+                label = STATUS_LABEL.get(status, "no data") if status != "ok" else "no data"
+                ax.text(i, 0, label, ha="center", va="bottom", rotation=90, color="#b00020", fontsize=9)
+        ax.set_xticks(range(len(table)), table["experiment"], rotation=30, ha="right")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        top = values.max()
+        ax.set_ylim(0, top * 1.2 if pd.notna(top) and top > 0 else 1.0)
+    return _save(figure, out_dir, "time.png")
+
+
+def plot_memory_vs_time(
+    df: pd.DataFrame,
+    *,
+    out_dir: Path | str | None = None,
+    order: Sequence[str] | None = None,
+    profile: str | None = None,
+) -> Any:
+    """Scatter of peak memory against training time, one labelled point per experiment that has both."""
+    table = comparison_table(df, order=order, profile=profile)
+    if table.empty:
+        return _empty_plot(out_dir, "memory_vs_time.png", "Peak memory vs training time")
+    on_gpu = _gpu_measured(table)
+    column = "peak_alloc_gib" if on_gpu else "host_rss_peak_gib"
+    points = table[table[column].notna() & table["train_s"].notna()]
+    figure, ax = _new_figure(6.5, 4.8)
+    ax.scatter(points["train_s"], points[column], color="#4c72b0")
+    for row in points.to_dict("records"):
+        ax.annotate(
+            row["experiment"], (row["train_s"], row[column]), textcoords="offset points", xytext=(4, 4), fontsize=8
+        )
+    missing = table.loc[~table.index.isin(points.index), "experiment"].tolist()
+    ax.set_xlabel("training time (s)")
+    ax.set_ylabel(("peak allocated" if on_gpu else "host RSS peak (CPU runs)") + ", GiB")
+    title = "Peak memory vs training time"
+    if missing:
+        title += f"\nnot shown (no measurement): {', '.join(missing)}"
+    ax.set_title(title, fontsize=10)
+    if points.empty:
+        ax.text(0.5, 0.5, "no run has both memory and time", ha="center", va="center", transform=ax.transAxes)
+    return _save(figure, out_dir, "memory_vs_time.png")
+
+
+# ------------------------------------------------------------------------------------------------ timeline
+
+
+def read_timeline(path: Path | str) -> pd.DataFrame:
+    """A timeline CSV with every expected column present (missing ones are NaN) and numbers as floats."""
+    frame = pd.read_csv(path)
+    for column in ("t_s", "gpu", "util_pct", "mem_used_gib", "power_w", "host_cpu_pct", "host_ram_gib"):
+        if column not in frame:
+            frame[column] = float("nan")
+        frame[column] = pd.to_numeric(frame[column], errors="coerce")
+    return frame.sort_values("t_s", kind="stable").reset_index(drop=True)
+
+
+def _timeline_path(record_or_path: Any) -> tuple[Path | None, str]:
+    """The CSV of a record (dict / DataFrame row) or a path; relative paths are tried under results and refs."""
+    if isinstance(record_or_path, (str, Path)):
+        raw, name = record_or_path, Path(record_or_path).stem
+    else:
+        record = record_or_path.to_dict() if hasattr(record_or_path, "to_dict") else dict(record_or_path)
+        raw = record.get("timeline_path")
+        name = str(record.get("run_id") or record.get("experiment") or "run")
+        if record.get("rank") not in (None, 0) and _number(record.get("rank")) is not None:
+            name += f"-rank{int(_number(record.get('rank')))}"
+    if not isinstance(raw, (str, Path)) or not str(raw):
+        return None, name
+    path = Path(raw)
+    candidates = (
+        [path] if path.is_absolute() else [results_dir() / path, reference_dir() / path, lab_home() / path, path]
+    )
+    for candidate in candidates:
+        if candidate.exists():
+            return candidate, name
+    return None, name
+
+
+def plot_timeline(record_or_path: Any, *, out_dir: Path | str | None = None) -> Any:
+    """One run over time: per GPU utilisation %, memory used and power, then host CPU % and RAM.
+
+    Stretches where every GPU is below 5 % utilisation are shaded, so idle gaps (model loading, a CPU optimizer
+    step under DeepSpeed offload, validation) stand out; samples more than 3 sampling intervals apart are not
+    joined by a line, so a gap in the recording is visible too.
+    """
+    path, name = _timeline_path(record_or_path)
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    filename = f"timeline_{safe}.png"
+    if path is None:
+        figure, ax = _new_figure(6, 2.5)
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, f"no timeline recorded for {name}", ha="center", va="center", transform=ax.transAxes)
+        return _save(figure, out_dir, filename)
+    frame = read_timeline(path)
+    gpu_rows = frame[frame["gpu"].notna()]
+    host_rows = frame[frame["gpu"].isna()]
+    panels = [("util_pct", "GPU util %"), ("mem_used_gib", "GPU memory used, GiB"), ("power_w", "GPU power, W")]
+    panels = [p for p in panels if gpu_rows[p[0]].notna().any()]
+    host_panels = [
+        p
+        for p in (("host_cpu_pct", "host CPU %"), ("host_ram_gib", "host RAM (run), GiB"))
+        if host_rows[p[0]].notna().any()
+    ]
+    all_panels = [("gpu", *p) for p in panels] + [("host", *p) for p in host_panels]
+    if not all_panels:
+        figure, ax = _new_figure(6, 2.5)
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, f"timeline of {name} has no samples", ha="center", va="center", transform=ax.transAxes)
+        return _save(figure, out_dir, filename)
+    figure, axes = _new_figure(9, 1.9 * len(all_panels) + 0.6, len(all_panels), 1, sharex=True, squeeze=False)
+    axes = [row[0] for row in axes]
+    idle_spans = _idle_spans(gpu_rows)
+    for ax, (kind, column, label) in zip(axes, all_panels, strict=True):
+        if kind == "gpu":
+            for gpu, rows in gpu_rows.groupby("gpu"):
+                t, y = _broken_line(rows["t_s"], rows[column])
+                ax.plot(t, y, label=f"GPU {int(gpu)}", linewidth=1)
+            if gpu_rows["gpu"].nunique() > 1:
+                ax.legend(fontsize=7, loc="upper right")
+        else:
+            t, y = _broken_line(host_rows["t_s"], host_rows[column])
+            ax.plot(t, y, color="#555555", linewidth=1)
+        for start, end in idle_spans:
+            ax.axvspan(start, end, color="#f2c14e", alpha=0.25, linewidth=0)
+        ax.set_ylabel(label, fontsize=8)
+    axes[-1].set_xlabel("seconds since launch")
+    title = f"Timeline: {name}"
+    if idle_spans:
+        title += " (shaded: all GPUs < 5 % busy)"
+    axes[0].set_title(title)
+    return _save(figure, out_dir, filename)
+
+
+def _broken_line(t: pd.Series, y: pd.Series) -> tuple[list[float], list[float]]:
+    """Insert NaN where samples are far apart (> 3x the median interval) so the line shows the gap."""
+    t = pd.to_numeric(t, errors="coerce").reset_index(drop=True)
+    y = pd.to_numeric(y, errors="coerce").reset_index(drop=True)
+    steps = t.diff()
+    median = steps.median()
+    out_t: list[float] = []
+    out_y: list[float] = []
+    for i in range(len(t)):
+        if i and pd.notna(median) and median > 0 and steps[i] > 3 * median:
+            out_t.append(float("nan"))
+            out_y.append(float("nan"))
+        out_t.append(float(t[i]))
+        out_y.append(float(y[i]))
+    return out_t, out_y
+
+
+def _idle_spans(gpu_rows: pd.DataFrame, threshold_pct: float = 5.0) -> list[tuple[float, float]]:
+    """Time spans in which every GPU's utilisation is below ``threshold_pct`` (merged, in seconds)."""
+    if gpu_rows.empty or gpu_rows["util_pct"].isna().all():
+        return []
+    busiest = gpu_rows.groupby("t_s")["util_pct"].max().sort_index()
+    spans: list[tuple[float, float]] = []
+    start = None
+    previous_t = None
+    for t_s, util in busiest.items():
+        idle = pd.notna(util) and util < threshold_pct
+        if idle and start is None:
+            start = previous_t if previous_t is not None else t_s
+        if not idle and start is not None:
+            spans.append((start, t_s))
+            start = None
+        previous_t = t_s
+    if start is not None and previous_t is not None and previous_t > start:
+        spans.append((start, previous_t))
+    return spans
+
+
+# ------------------------------------------------------------------------------------------------ all
+
+
+def save_all(
+    df: pd.DataFrame,
+    out_dir: Path | str | None = None,
+    *,
+    order: Sequence[str] | None = None,
+    profile: str | None = None,
+) -> list[Path]:
+    """Write every plot (and a timeline per latest run that recorded one) as PNG; return the files written."""
+    paths: list[Path] = []
+    for plot in (plot_memory, plot_time, plot_memory_vs_time):
+        paths.append(plot(df, out_dir=out_dir, order=order, profile=profile).lab_path)
+    latest = latest_runs(df, profile=profile, order=order)
+    if "timeline_path" in latest:
+        for record in latest.to_dict("records"):
+            if _timeline_path(record)[0] is not None:
+                paths.append(plot_timeline(record, out_dir=out_dir).lab_path)
+    return paths

@@ -1,0 +1,254 @@
+"""The comparison table and plots, on small synthetic record files (this module only presents data)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pandas as pd
+import pytest
+
+from lab_helpers import compare
+from lab_helpers.records import append_record, load_results
+
+BREAKDOWN = {
+    "parameters": 2.0,
+    "gradients": 2.0,
+    "optimizer_states": 4.0,
+    "activations": 3.0,
+    "temporaries": 0.5,
+    "communication_buffers": 0.0,
+    "cuda_context": 0.5,
+}
+
+
+def _predicted(total: float) -> dict:
+    return {"peak_alloc_gib": total, "breakdown_gib": BREAKDOWN, "host_gib": 1.0, "fits": total < 80}
+
+
+def _write(tmp_path, records):
+    path = tmp_path / "runs.jsonl"
+    for record in records:
+        append_record(record, path=path)
+    return load_results(path)
+
+
+def _gpu_records(tmp_path):
+    timeline = tmp_path / "timelines" / "r-small.csv"
+    timeline.parent.mkdir(parents=True)
+    rows = ["t_s,gpu,util_pct,mem_used_gib,power_w,host_cpu_pct,host_ram_gib"]
+    for i in range(40):
+        t = i * 0.2 + (3.0 if i >= 30 else 0.0)  # a 3 s hole in the recording after sample 30
+        util = 0.0 if 10 <= i < 20 else 95.0  # an idle stretch
+        rows.append(f"{t:.1f},0,{util},{10 + i * 0.1:.2f},{300 if util else 80},,")
+        rows.append(f"{t:.1f},,,,,{50 + i % 7},{3.5 + i * 0.01:.2f}")
+    timeline.write_text("\n".join(rows) + "\n")
+    return [
+        # an earlier run of small-batch, replaced by the rerun below
+        {
+            "experiment": "small-batch",
+            "status": "ok",
+            "rank": 0,
+            "started_at": "2025-01-01T10:00:00+00:00",
+            "peak_alloc_gib": 99.0,
+            "train_s": 999.0,
+        },
+        {
+            "experiment": "baseline",
+            "status": "oom",
+            "rank": 0,
+            "started_at": "2025-01-01T09:00:00+00:00",
+            "reason": "CUDA out of memory",
+            "peak_alloc_gib": 78.2,
+            "predicted_peak_alloc_gib": 95.0,
+            "predicted": _predicted(95.0),
+            "train_s": None,
+        },
+        {
+            "experiment": "small-batch",
+            "status": "ok",
+            "rank": 0,
+            "started_at": "2025-01-01T11:00:00+00:00",
+            "run_id": "r-small",
+            "peak_alloc_gib": 11.0,
+            "peak_reserved_gib": 12.5,
+            "gpu_used_peak_gib": 13.1,
+            "host_rss_peak_gib": 3.2,
+            "train_s": 120.04,
+            "tokens_per_s": 2345.67,
+            "mfu": 0.41234,
+            "predicted_peak_alloc_gib": 10.0,
+            "predicted": _predicted(10.0),
+            "timeline_path": "timelines/r-small.csv",
+        },
+        {
+            "experiment": "full-13b",
+            "status": "skipped",
+            "rank": 0,
+            "started_at": "2025-01-01T12:00:00+00:00",
+            "reason": "needs CUDA",
+        },
+        # a distributed run: memory is the max over ranks, time comes from rank 0
+        {
+            "experiment": "fsdp",
+            "status": "ok",
+            "rank": 0,
+            "world_size": 2,
+            "started_at": "2025-01-01T13:00:00+00:00",
+            "peak_alloc_gib": 20.0,
+            "train_s": 50.0,
+            "tokens_per_s": 900.0,
+            "predicted_peak_alloc_gib": 25.0,
+        },
+        {
+            "experiment": "fsdp",
+            "status": "ok",
+            "rank": 1,
+            "world_size": 2,
+            "started_at": "2025-01-01T13:00:01+00:00",
+            "peak_alloc_gib": 22.5,
+            "train_s": 51.0,
+            "tokens_per_s": 880.0,
+        },
+    ]
+
+
+ORDER = ["baseline", "small-batch", "full-13b", "fsdp"]
+
+
+def test_latest_runs_keeps_the_rerun_and_the_lab_order(tmp_path):
+    df = _write(tmp_path, _gpu_records(tmp_path))
+    latest = compare.latest_runs(df, order=ORDER)
+    assert list(zip(latest["experiment"], latest["rank_n"], strict=True)) == [
+        ("baseline", 0),
+        ("small-batch", 0),
+        ("full-13b", 0),
+        ("fsdp", 0),
+        ("fsdp", 1),
+    ]
+    assert latest.loc[latest["experiment"] == "small-batch", "peak_alloc_gib"].item() == 11.0
+
+
+def test_comparison_table_values_and_nan_not_zero(tmp_path):
+    df = _write(tmp_path, _gpu_records(tmp_path))
+    table = compare.comparison_table(df, order=ORDER).set_index("experiment")
+    assert list(table.index) == ORDER
+    assert list(table.reset_index().columns) == list(compare.TABLE_COLUMNS)
+    small = table.loc["small-batch"]
+    assert small["prediction_error_pct"] == pytest.approx(10.0)  # (11 - 10) / 10
+    assert small["train_s"] == 120.0 and small["tokens_per_s"] == 2345.7 and small["mfu"] == 0.412
+    baseline = table.loc["baseline"]
+    assert baseline["status"] == "oom" and baseline["reason"] == "CUDA out of memory"
+    assert math.isnan(baseline["train_s"])  # did not train: NaN, not 0 s
+    assert baseline["predicted_peak_alloc_gib"] == 95.0
+    skipped = table.loc["full-13b"]
+    assert skipped["status"] == "skipped" and skipped["reason"] == "needs CUDA"
+    for column in ("peak_alloc_gib", "predicted_peak_alloc_gib", "prediction_error_pct", "train_s", "mfu"):
+        assert math.isnan(skipped[column])
+    fsdp = table.loc["fsdp"]
+    assert fsdp["peak_alloc_gib"] == 22.5 and fsdp["train_s"] == 50.0 and fsdp["tokens_per_s"] == 900.0
+    assert fsdp["prediction_error_pct"] == pytest.approx(-10.0)
+    assert not (table["mfu"] == 0).any() and not (table["train_s"] == 0).any()
+
+
+def test_prediction_falls_back_to_the_predicted_dict(tmp_path):
+    df = _write(
+        tmp_path, [{"experiment": "bf16-true", "status": "ok", "peak_alloc_gib": 9.0, "predicted": _predicted(12.0)}]
+    )
+    row = compare.comparison_table(df).iloc[0]
+    assert row["predicted_peak_alloc_gib"] == 12.0 and row["prediction_error_pct"] == pytest.approx(-25.0)
+
+
+def test_worst_rank_status_wins(tmp_path):
+    df = _write(
+        tmp_path,
+        [
+            {"experiment": "ddp", "status": "ok", "rank": 0, "peak_alloc_gib": 30.0, "train_s": 10.0},
+            {"experiment": "ddp", "status": "oom", "rank": 1, "reason": "rank 1 OOM"},
+        ],
+    )
+    row = compare.comparison_table(df).iloc[0]
+    assert row["status"] == "oom" and row["reason"] == "rank 1 OOM" and row["peak_alloc_gib"] == 30.0
+
+
+def test_plots_are_written(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path))  # timeline_path is relative to the results folder
+    df = _write(tmp_path, _gpu_records(tmp_path))
+    out = tmp_path / "figures"
+    paths = compare.save_all(df, out, order=ORDER)
+    names = sorted(p.name for p in paths)
+    assert names == ["memory.png", "memory_vs_time.png", "time.png", "timeline_r-small.png"]
+    assert all(p.exists() and p.stat().st_size > 5000 for p in paths)
+    figure = compare.plot_memory(df, out_dir=out, order=ORDER)
+    texts = [t.get_text() for t in figure.axes[0].texts]
+    assert "OOM" in texts and "skipped" in texts
+    assert "CPU" not in figure.axes[0].get_title()
+
+
+def test_timeline_reader_tolerates_missing_columns_and_shows_idle(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("t_s,gpu,util_pct\n0,0,90\n0.2,0,1\n0.4,0,2\n0.6,0,95\n")
+    frame = compare.read_timeline(path)
+    assert {"mem_used_gib", "power_w", "host_cpu_pct", "host_ram_gib"} <= set(frame.columns)
+    assert compare._idle_spans(frame[frame["gpu"].notna()]) == [(0.0, 0.6)]
+    figure = compare.plot_timeline(path, out_dir=tmp_path)
+    assert (tmp_path / "timeline_t.png").exists() and "shaded" in figure.axes[0].get_title()
+    missing = compare.plot_timeline({"experiment": "x", "timeline_path": "nowhere.csv"}, out_dir=tmp_path)
+    assert "no timeline" in missing.axes[0].texts[0].get_text()
+
+
+def test_empty_frame(tmp_path):
+    df = load_results(tmp_path / "none.jsonl")
+    assert compare.latest_runs(df).empty
+    table = compare.comparison_table(df)
+    assert table.empty and list(table.columns) == list(compare.TABLE_COLUMNS)
+    paths = compare.save_all(df, tmp_path / "figs")
+    assert len(paths) == 3 and all(p.exists() for p in paths)
+    figure = compare.plot_memory(df, out_dir=tmp_path / "figs")
+    assert compare.NO_RUNS in [t.get_text() for t in figure.axes[0].texts]
+
+
+def test_cpu_only_runs_show_host_rss_and_say_so(tmp_path):
+    df = _write(
+        tmp_path,
+        [
+            {
+                "experiment": "baseline",
+                "profile": "ci",
+                "status": "ok",
+                "peak_alloc_gib": None,
+                "host_rss_peak_gib": 1.8,
+                "train_s": 12.0,
+                "tokens_per_s": 80.0,
+                "mfu": None,
+                "predicted_peak_alloc_gib": 2.5,
+                "predicted": _predicted(2.5),
+            },
+            {"experiment": "bf16-true", "profile": "ci", "status": "ok", "host_rss_peak_gib": 1.2, "train_s": 9.0},
+        ],
+    )
+    table = compare.comparison_table(df, profile="ci")
+    assert table["peak_alloc_gib"].isna().all() and table["mfu"].isna().all()
+    assert table["host_rss_peak_gib"].tolist() == [1.8, 1.2]
+    figure = compare.plot_memory(df, out_dir=tmp_path, profile="ci")
+    assert "host RSS" in figure.axes[0].get_title()
+    assert compare.plot_memory_vs_time(df, out_dir=tmp_path).axes[0].collections[0].get_offsets().shape[0] == 2
+    assert compare.comparison_table(df, profile="gpu").empty
+
+
+def test_load_reference(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_HOME", str(tmp_path))
+    with pytest.warns(UserWarning, match="no reference results are shipped yet"):
+        assert compare.load_reference().empty
+    folder = tmp_path / "reference_results"
+    append_record({"experiment": "baseline", "status": "oom", "rank": 0}, path=folder / "NVIDIA-H100-80GB-HBM3.jsonl")
+    append_record({"experiment": "lora-7b", "status": "ok", "peak_alloc_gib": 18.0}, path=folder / "NVIDIA-A100.jsonl")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        both = compare.load_reference()
+        one = compare.load_reference("NVIDIA-A100")
+    assert sorted(both["reference"]) == ["NVIDIA-A100", "NVIDIA-H100-80GB-HBM3"]
+    assert one["experiment"].tolist() == ["lora-7b"]
+    with pytest.warns(UserWarning, match="shipped: NVIDIA-A100"):
+        assert compare.load_reference("V100").empty
+    assert isinstance(compare.comparison_table(both), pd.DataFrame)
