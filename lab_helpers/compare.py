@@ -163,7 +163,9 @@ def comparison_table(
     table = pd.DataFrame(rows)
     measured = pd.to_numeric(table["peak_alloc_gib"], errors="coerce")
     predicted = pd.to_numeric(table["predicted_peak_alloc_gib"], errors="coerce")
-    table["prediction_error_pct"] = (measured - predicted) / predicted.where(predicted > 0) * 100
+    # only a finished run has a true peak: an OOM'd run stopped at whatever it reached before failing
+    finished = table["status"] == "ok"
+    table["prediction_error_pct"] = ((measured - predicted) / predicted.where(predicted > 0) * 100).where(finished)
     table = table[list(TABLE_COLUMNS)]
     for column, digits in ROUNDING.items():
         table[column] = pd.to_numeric(table[column], errors="coerce").astype(float).round(digits)
@@ -290,7 +292,7 @@ def plot_memory(
     on_gpu = _gpu_measured(table)
     measured_column = "peak_alloc_gib" if on_gpu else "host_rss_peak_gib"
     measured_label = "measured peak allocated (max over ranks)" if on_gpu else "measured host RSS peak (CPU run)"
-    figure, ax = _new_figure(max(6.0, 1.1 * len(table) + 2), 4.8)
+    figure, ax = _new_figure(max(7.5, 1.1 * len(table) + 4), 4.8)
     x = range(len(table))
     width = 0.38
     colors = _breakdown_colors()
@@ -305,7 +307,7 @@ def plot_memory(
         if status != "ok":
             label = STATUS_LABEL.get(status, str(status))
             y = measured if measured is not None else 0.0
-            ax.text(i - width / 2, y, label, ha="center", va="bottom", rotation=90, color="#b00020", fontsize=9)
+            ax.text(i - width / 2, y, label, ha="center", va="bottom", color="#b00020", fontsize=9, weight="bold")
         breakdown = _breakdown_for(latest, row["experiment"])
         bottom = 0.0
         if breakdown:
@@ -324,6 +326,18 @@ def plot_memory(
                 drawn_parts.add(part)
                 bottom += value
         predicted = _number(row["predicted_peak_alloc_gib"])
+        if predicted is not None and breakdown:  # the predicted peak need not be the sum of the parts
+            ax.hlines(
+                predicted,
+                i,
+                i + width,
+                colors="black",
+                linestyles="dashed",
+                linewidth=1.2,
+                label=None if "peak" in drawn_parts else "predicted peak",
+            )
+            drawn_parts.add("peak")
+            top = max(top, predicted)
         if predicted is not None and not breakdown:
             ax.bar(
                 i + width / 2, predicted, width, color="#9ecae1", label=None if "total" in drawn_parts else "predicted"
@@ -342,7 +356,7 @@ def plot_memory(
     if not on_gpu:
         title += "\nCPU runs: no GPU memory recorded; measured bar is host RSS, beside the GPU prediction"
     ax.set_title(title)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(figure, out_dir, "memory.png")
 
 

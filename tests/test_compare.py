@@ -141,6 +141,7 @@ def test_comparison_table_values_and_nan_not_zero(tmp_path):
     assert baseline["status"] == "oom" and baseline["reason"] == "CUDA out of memory"
     assert math.isnan(baseline["train_s"])  # did not train: NaN, not 0 s
     assert baseline["predicted_peak_alloc_gib"] == 95.0
+    assert math.isnan(baseline["prediction_error_pct"])  # an OOM stopped before its true peak: no error figure
     skipped = table.loc["full-13b"]
     assert skipped["status"] == "skipped" and skipped["reason"] == "needs CUDA"
     for column in ("peak_alloc_gib", "predicted_peak_alloc_gib", "prediction_error_pct", "train_s", "mfu"):
