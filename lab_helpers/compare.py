@@ -354,7 +354,7 @@ def plot_memory(
     ax.set_ylim(0, top * 1.25 if top > 0 else 1.0)
     title = "Peak memory: measured (left) vs predicted breakdown (right)"
     if not on_gpu:
-        title += "\nCPU runs: no GPU memory recorded; measured bar is host RSS, beside the GPU prediction"
+        title += "\nCPU runs, no GPU memory recorded: measured bar is host RSS"
     ax.set_title(title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(figure, out_dir, "memory.png")
