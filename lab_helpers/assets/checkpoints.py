@@ -25,8 +25,7 @@ from ._atomic import atomic_dir, read_json, sha256_json, write_json
 from .tokenizer import (
     DEFAULT_VOCAB_SIZE,
     copy_tokenizer_files,
-    tokenizer_fingerprint,
-    tokenizer_recipe,
+    tokenizer_identity,
     tokenizer_size,
     train_tokenizer,
     write_tokenizer_files,
@@ -142,10 +141,7 @@ def random_state_dict(config: litgpt.Config, *, dtype: torch.dtype = torch.float
 
 def _spec(config: litgpt.Config | str, *, dtype: torch.dtype, seed: int, tokenizer_dir: Path | None) -> dict[str, Any]:
     """What a cache check compares. Cheap for names: no litgpt import, which takes seconds."""
-    if tokenizer_dir is None:
-        tok = {"recipe": tokenizer_recipe(DEFAULT_VOCAB_SIZE)}
-    else:
-        tok = {"sha256": tokenizer_fingerprint(tokenizer_dir)}
+    tok = tokenizer_identity(tokenizer_dir)
     spec: dict[str, Any] = {"format": CKPT_FORMAT, "dtype": str(dtype).removeprefix("torch."), "seed": seed}
     spec["tokenizer"] = tok
     if isinstance(config, str):

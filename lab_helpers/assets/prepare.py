@@ -62,7 +62,7 @@ def prepare_ci(*, force: bool = False, progress: Callable[[str], None] = print) 
             lambda dest=dest, name=name: build_checkpoint(name, dest, tokenizer_dir=tok, force=force),
         )
     for key, spec in CI_DATASETS.items():
-        kw = {"n_samples": spec["n_samples"], "lengths": spec["lengths"]}
+        kw = {"n_samples": spec["n_samples"], "lengths": spec["lengths"], "tokenizer_dir": tok}
         step(
             key,
             lambda key=key, kw=kw: alpaca_is_built(paths[key], **kw),

@@ -10,6 +10,7 @@ architectures too (their vocabulary is 32000).
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.metadata
 import random
 import shutil
 from pathlib import Path
@@ -42,8 +43,13 @@ _ALPACA_TEMPLATE = (
 
 
 def tokenizer_recipe(vocab_size: int = DEFAULT_VOCAB_SIZE) -> str:
-    """A name for everything that determines the tokenizer's bytes; caches compare it."""
-    return f"lab-bpe-bytelevel-v1/{_text.TEXT_RECIPE}/vocab{vocab_size}/corpus{_CORPUS_SEED}x{_CORPUS_LINES}"
+    """A name for everything that determines the tokenizer's bytes (the ``tokenizers`` version included, in
+    case its training changes); caches compare it."""
+    version = importlib.metadata.version("tokenizers")
+    return (
+        f"lab-bpe-bytelevel-v1/{_text.TEXT_RECIPE}/vocab{vocab_size}/corpus{_CORPUS_SEED}x{_CORPUS_LINES}"
+        f"/tokenizers-{version}"
+    )
 
 
 def tokenizer_is_built(dest: Path, *, vocab_size: int = DEFAULT_VOCAB_SIZE) -> bool:
@@ -54,16 +60,12 @@ def tokenizer_is_built(dest: Path, *, vocab_size: int = DEFAULT_VOCAB_SIZE) -> b
     return all((Path(dest) / name).is_file() for name in TOKENIZER_FILES)
 
 
-def write_tokenizer_files(dest: Path, *, vocab_size: int = DEFAULT_VOCAB_SIZE) -> dict:
-    """Train the tokenizer and write its files into the existing folder ``dest`` (not atomic: the callers are).
-
-    Returns the info record (also written to ``lab_tokenizer.json``).
-    """
+def train_in_memory(vocab_size: int = DEFAULT_VOCAB_SIZE):
+    """Train the lab's tokenizer and return it as a ``tokenizers.Tokenizer`` (about a second, deterministic)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if vocab_size < 512:
         raise ValueError(f"vocab_size={vocab_size} is too small for a byte-level BPE (256 bytes + merges)")
-    dest = Path(dest)
     rng = random.Random(_CORPUS_SEED)
     lines = _text.corpus(rng, _CORPUS_LINES)
     for template in _ALPACA_TEMPLATE:
@@ -83,6 +85,29 @@ def write_tokenizer_files(dest: Path, *, vocab_size: int = DEFAULT_VOCAB_SIZE) -
     actual = tok.get_vocab_size(with_added_tokens=True)
     if actual != vocab_size:
         raise RuntimeError(f"trained {actual} tokens, wanted {vocab_size}: the corpus is too small for that vocab")
+    return tok
+
+
+def tokenizer_identity(src: Path | None) -> dict[str, str]:
+    """What identifies a tokenizer for caches: the recipe for the lab's own (also when read from a folder whose
+    files still match their recorded hashes), else the sha256 of its files. ``None`` means the lab's default."""
+    if src is None:
+        return {"recipe": tokenizer_recipe(DEFAULT_VOCAB_SIZE)}
+    src = Path(src)
+    fingerprint = tokenizer_fingerprint(src)
+    info = read_json(src / INFO_FILE)
+    if isinstance(info, dict) and info.get("recipe") and info.get("sha256") == fingerprint:
+        return {"recipe": info["recipe"]}
+    return {"sha256": fingerprint.get("tokenizer.json") or fingerprint.get("tokenizer.model", "")}
+
+
+def write_tokenizer_files(dest: Path, *, vocab_size: int = DEFAULT_VOCAB_SIZE) -> dict:
+    """Train the tokenizer and write its files into the existing folder ``dest`` (not atomic: the callers are).
+
+    Returns the info record (also written to ``lab_tokenizer.json``).
+    """
+    dest = Path(dest)
+    tok = train_in_memory(vocab_size)
     ids = {t: tok.token_to_id(t) for t in (UNK, BOS, EOS)}
     assert ids == {UNK: 0, BOS: 1, EOS: 2}, ids
     tok.save(str(dest / "tokenizer.json"), pretty=False)
