@@ -96,7 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         litgpt_main()
     except SystemExit as exc:  # jsonargparse rejecting an argument, or an explicit exit
         if exc.code not in (0, None):
-            status, error, code = "error", f"litgpt exited with {exc.code}", exc.code if isinstance(exc.code, int) else 1
+            status, error, code = (
+                "error",
+                f"litgpt exited with {exc.code}",
+                exc.code if isinstance(exc.code, int) else 1,
+            )
     except BaseException as exc:  # noqa: BLE001 - every ending must leave a report
         status, error = status_for_exception(exc)
         code = {"oom": 3, "interrupted": 130}.get(status, 1)

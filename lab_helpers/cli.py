@@ -1,12 +1,12 @@
 """``python -m lab_helpers``: the command line over the same API the notebooks call.
 
-    prepare  --profile ci|gpu [--random-weights]   build (ci) or download/check (gpu) what a profile needs
-    run      ID --profile P [--set key=value ...]    run one experiment and record it
-    run-all  --section single|multi --profile P     every experiment of a section, then the comparison
-    results  [--format json|csv]                    every record
-    plan     RECIPE.yaml [...]                      predict memory before a run
-    doctor   [--json]                               what this node can run
-    compare  [--out DIR]                            the comparison table and figure files
+prepare  --profile ci|gpu [--random-weights]   build (ci) or download/check (gpu) what a profile needs
+run      ID --profile P [--set key=value ...]    run one experiment and record it
+run-all  --section single|multi --profile P     every experiment of a section, then the comparison
+results  [--format json|csv]                    every record
+plan     RECIPE.yaml [...]                      predict memory before a run
+doctor   [--json]                               what this node can run
+compare  [--out DIR]                            the comparison table and figure files
 """
 
 from __future__ import annotations

@@ -206,6 +206,12 @@ def check_batch_and_precision(recipe: Mapping[str, Any], *, devices: int, num_no
             f"train.micro_batch_size ({micro}) is larger than train.global_batch_size ({global_}): "
             f"lower the micro batch or raise the global batch to a multiple of {micro}"
         )
+    max_steps, warmup = train.get("max_steps"), train.get("lr_warmup_steps") or 0
+    if max_steps is not None and max_steps <= warmup:
+        raise LabConfigError(  # litgpt's cosine schedule divides by (max_steps - warmup) and crashes mid-run
+            f"train.max_steps ({max_steps}) must be larger than train.lr_warmup_steps ({warmup}): "
+            f"raise max_steps or set train.lr_warmup_steps={max(0, max_steps - 1)}"
+        )
     ranks = devices * num_nodes
     if global_ % (micro * ranks):
         raise LabConfigError(
@@ -321,7 +327,10 @@ def _generated_data_for_random_weights(recipe: dict[str, Any]) -> dict[str, Any]
     if not (resolve_path(checkpoint) / "RANDOM_WEIGHTS").exists():
         return recipe
     init_args = {k: v for k, v in (data.get("init_args") or {}).items() if k != "download_dir"}
-    return {**recipe, "data": {"class_path": "litgpt.data.JSON", "init_args": {**init_args, "json_path": GENERATED_ALPACA2K}}}
+    return {
+        **recipe,
+        "data": {"class_path": "litgpt.data.JSON", "init_args": {**init_args, "json_path": GENERATED_ALPACA2K}},
+    }
 
 
 def hardware_skip_reason(experiment: Experiment, recipe: Mapping[str, Any]) -> str | None:

@@ -59,8 +59,11 @@ def run_experiment(
     overrides: Mapping[str, Any] | list[str] | None = None,
     results_path: Path | None = None,
     echo: bool = True,
+    summary: bool = True,
 ) -> list[dict[str, Any]]:
     """Run one experiment and append its record(s); returns them (one per rank for distributed runs).
+
+    ``echo`` shows the training output live; ``summary`` prints one result line per record.
 
     Raises LabConfigError for bad input before anything starts, and KeyboardInterrupt after recording
     ``interrupted`` when the student interrupts. A failed or OOM run is a result, not an exception.
@@ -73,7 +76,7 @@ def run_experiment(
     if run.skip_reason:
         record = {**base, "status": "skipped", "reason": run.skip_reason}
         append_record(record, path=results_path)
-        if echo:
+        if summary:
             print(f"{exp_id}: skipped ({run.skip_reason})")
         return [record]
 
@@ -91,7 +94,7 @@ def run_experiment(
     records = _records_from(run, base, outcome, run_dir)
     for record in records:
         append_record(record, path=results_path)
-    if echo:
+    if summary:
         for record in records:
             print(_one_line(record))
     if outcome.interrupted:
@@ -133,7 +136,9 @@ def _base_record(run: ResolvedRun) -> dict[str, Any]:
         "world_size": run.devices * run.experiment.num_nodes,
         "method": run.experiment.method,
         "strategy": run.experiment.strategy,
-        "recipe_path": str(run.recipe_path.relative_to(lab_home()) if run.recipe_path.is_relative_to(lab_home()) else run.recipe_path),
+        "recipe_path": str(
+            run.recipe_path.relative_to(lab_home()) if run.recipe_path.is_relative_to(lab_home()) else run.recipe_path
+        ),
         "overrides": redact_mapping(dict(run.overrides)),
         "config": redact_mapping(run.recipe),
         "environment": environment_summary(),
@@ -194,7 +199,8 @@ def _command_for(run: ResolvedRun, run_dir: Path) -> list[str]:
         return build_command(run, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe_file = run_dir / "recipe.yaml"
-    recipe_file.write_text(yaml.safe_dump(_recipe_with_absolute_paths(run.recipe, run_dir / "out"), sort_keys=False))
+    recipe = redact_mapping(_recipe_with_absolute_paths(run.recipe, run_dir / "out"))  # no token on disk
+    recipe_file.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return [sys.executable, "-m", "lab_helpers.child_litgpt", run.litgpt_command, "--config", str(recipe_file)]
 
 
@@ -297,8 +303,16 @@ def _mfu(run: ResolvedRun, report: Mapping[str, Any], iterations: int | None, tr
         seq_len = max(1, round(report["tokens_padded"] / (iterations * micro)))  # mean padded length
         config = Config.from_file(resolve_path(run.recipe["checkpoint_dir"]) / "model_config.yaml")
         lora = {k[5:]: v for k, v in run.recipe.items() if k.startswith("lora_")}
-        flops = train_flops_per_step(config, method=run.experiment.method, lora=lora, micro_batch_size=micro, seq_len=seq_len)
-        return mfu(flops_per_step=flops, steps=iterations, train_s=train_s, gpu_name=device, precision=run.recipe.get("precision") or "")
+        flops = train_flops_per_step(
+            config, method=run.experiment.method, lora=lora, micro_batch_size=micro, seq_len=seq_len
+        )
+        return mfu(
+            flops_per_step=flops,
+            steps=iterations,
+            train_s=train_s,
+            gpu_name=device,
+            precision=run.recipe.get("precision") or "",
+        )
     except Exception:
         return None
 

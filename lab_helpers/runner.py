@@ -42,7 +42,8 @@ class ProcessOutcome:
 
 
 def _progress_bar(total: int | None, label: str, enabled: bool):
-    if not enabled:
+    """A bar in Jupyter or a terminal; none in a piped log (CI), where the printed iter lines are the progress."""
+    if not enabled or not (sys.stdout.isatty() or "ipykernel" in sys.modules):
         return None
     from tqdm.auto import tqdm  # a widget in Jupyter, a text bar in a terminal
 

@@ -1,0 +1,36 @@
+"""Shared fixtures: the ci profile's offline assets (built once, cached) and a private results folder per test."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def ci_assets() -> dict[str, Path]:
+    """Random-weight tiny llamas, tokenizer and data under the lab's own folders (idempotent, seconds)."""
+    from lab_helpers.assets import prepare_ci
+
+    return prepare_ci(progress=lambda *_: None)
+
+
+@pytest.fixture
+def results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test records into its own results folder (the env var reaches child processes too)."""
+    folder = tmp_path / "results"
+    monkeypatch.setenv("LAB_RESULTS", str(folder))
+    monkeypatch.delenv("LAB_PROFILE", raising=False)
+    return folder
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "lab_helpers", *args]
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    return {**os.environ, **extra}

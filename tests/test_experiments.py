@@ -1,0 +1,90 @@
+"""Bad input is caught before any process starts, with one line that names the problem and the fix."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from conftest import cli
+
+from lab_helpers.experiments import LabConfigError, load_experiments, resolve
+
+SHARED_LAB_SINGLE = [
+    "baseline", "small-batch", "grad-accum", "bf16-true", "bf16-mixed", "full-3b", "full-7b", "full-13b",
+    "full-13b-sgd", "lora-1b", "lora-3b", "lora-7b", "lora-13b", "qlora-7b",
+]  # fmt: skip
+
+
+def test_single_section_is_lab_md_matrix_in_order():
+    assert list(load_experiments("single")) == SHARED_LAB_SINGLE
+
+
+@pytest.mark.parametrize("profile", ["ci", "gpu"])
+def test_every_experiment_resolves_to_a_valid_recipe(profile):
+    for exp_id in load_experiments("single"):
+        run = resolve(exp_id, profile, check_files=False)
+        assert run.recipe_path.is_file()
+        assert run.litgpt_command == ("finetune_lora" if "lora" in exp_id else "finetune_full")
+
+
+def test_overrides_reach_the_recipe_and_experiment_settings_win_over_the_recipe():
+    run = resolve("grad-accum", "ci", {"train.max_steps": 7, "data.num_workers": 0}, check_files=False)
+    assert run.recipe["train"]["micro_batch_size"] == 8 and run.recipe["train"]["global_batch_size"] == 32
+    assert run.recipe["train"]["max_steps"] == 7
+    assert run.recipe["data"]["init_args"]["num_workers"] == 0
+    sgd = resolve("full-13b-sgd", "gpu", check_files=False)
+    assert sgd.recipe["optimizer"] == "SGD" and sgd.recipe["train"]["max_steps"] == 25
+
+
+@pytest.mark.parametrize(
+    ("exp_id", "profile", "overrides", "message"),
+    [
+        ("grad-acum", "ci", {}, "unknown experiment 'grad-acum' (did you mean 'grad-accum'?)"),
+        ("grad-accum", "cpu", {}, "unknown profile 'cpu'"),
+        ("grad-accum", "ci", {"train.micro_batchsize": 2}, "unknown recipe key 'train.micro_batchsize' (did you mean 'micro_batch_size'?)"),
+        ("grad-accum", "ci", {"learning_rate": 1}, "unknown recipe key 'learning_rate'"),
+        ("grad-accum", "ci", {"data.jsonpath": "x"}, "unknown recipe key 'data.jsonpath' for litgpt.data.JSON (did you mean 'json_path'?)"),
+        ("grad-accum", "ci", {"train.micro_batch_size": 64}, "train.micro_batch_size (64) is larger than train.global_batch_size (32)"),
+        ("grad-accum", "ci", {"train.global_batch_size": 12}, "train.global_batch_size (12) is not divisible by micro_batch_size x devices (8 x 1 = 8)"),
+        ("grad-accum", "ci", {"precision": "bf17"}, "precision 'bf17' is not one of"),
+        ("grad-accum", "ci", {"train.max_steps": 1}, "train.max_steps (1) must be larger than train.lr_warmup_steps (1)"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_clear_line(exp_id, profile, overrides, message):
+    with pytest.raises(LabConfigError) as info:
+        resolve(exp_id, profile, overrides, check_files=False)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_sequence_longer_than_the_block_size_is_refused(ci_assets):
+    with pytest.raises(LabConfigError, match=r"train.max_seq_length \(4096\) exceeds the model's block size \(\d+\)"):
+        resolve("grad-accum", "ci", {"train.max_seq_length": 4096})
+
+
+def test_missing_checkpoint_names_the_command_to_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_CHECKPOINTS", str(tmp_path))
+    with pytest.raises(LabConfigError, match=r"run `python -m lab_helpers prepare --profile ci`"):
+        resolve("grad-accum", "ci")
+    with pytest.raises(LabConfigError, match=r"litgpt download TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T"):
+        resolve("grad-accum", "gpu")
+
+
+def test_cli_bad_input_exits_2_with_one_line_and_starts_nothing(results):
+    out = subprocess.run(
+        cli("run", "grad-accum", "--profile", "ci", "--set", "train.micro_batch_size=64"),
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip().startswith("error: train.micro_batch_size (64) is larger")
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert not results.exists()  # no run folder, no record: nothing started
+
+
+def test_qlora_is_skipped_with_the_reason_on_a_cpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert resolve("qlora-7b", "ci").skip_reason == "needs CUDA: bitsandbytes QLoRA cannot run on a CPU"

@@ -1,0 +1,155 @@
+"""Real litgpt fine-tuning runs on tiny random-weight models through the runner: statuses, records, faults."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import cli
+
+from lab_helpers.lab import run_experiment
+from lab_helpers.records import read_records
+
+pytestmark = pytest.mark.slow
+SHORT = {"train.max_steps": 2}
+FAKE_TOKEN = "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1234"
+
+
+def _processes_mentioning(text: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(text in part for part in proc.info["cmdline"] or []):
+            found.append(proc)
+    return found
+
+
+def test_a_run_records_every_field_the_cpu_provides(ci_assets, results):
+    [record] = run_experiment("grad-accum", profile="ci", overrides=SHORT, echo=False)
+    assert record["status"] == "ok" and record["rank"] is None
+    assert record["experiment"] == "grad-accum" and record["profile"] == "ci"
+    for gpu_field in ("peak_alloc_gib", "peak_reserved_gib", "gpu_used_peak_gib", "mfu"):
+        assert record[gpu_field] is None  # a CPU has none: null, never 0
+    assert record["train_s"] > 0 and record["wall_s"] > record["train_s"]
+    assert record["tokens_padded"] >= record["tokens"] > 0
+    assert record["tokens_per_s_padded"] >= record["tokens_per_s"] > 0
+    assert record["host_rss_peak_gib"] > 0.05
+    assert record["iterations"] == 8 and len(record["per_iteration"]) == 8  # 2 steps x 32/8 accumulation
+    assert record["config"]["train"]["micro_batch_size"] == 8
+    assert record["environment"]["litgpt"] == "0.5.13"
+    run_dir = results / "runs" / record["run_id"]
+    assert (run_dir / "output.log").read_text().count("iter ") >= 4
+    assert (results / record["timeline_path"]).read_text().startswith("t_s,gpu,util_pct")
+    assert read_records(results / "runs.jsonl") == [record]
+
+
+def test_skipped_experiment_is_recorded_with_its_reason(results):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    [record] = run_experiment("qlora-7b", profile="ci", echo=False)
+    assert record["status"] == "skipped" and "needs CUDA" in record["reason"]
+    assert read_records(results / "runs.jsonl")[0]["status"] == "skipped"
+
+
+def test_cuda_oom_in_the_child_is_recorded_as_oom_with_the_allocator_message(ci_assets, results, tmp_path, monkeypatch):
+    """A CUDA OOM cannot happen on a CPU: this fixture makes the model's forward raise the allocator's real
+    error type with a recorded message, inside the real training process."""
+    message = (
+        "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which "
+        "1.25 GiB is free. Including non-PyTorch memory, this process has 77.84 GiB memory in use."
+    )
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        textwrap.dedent(
+            f"""
+            import torch, litgpt.model
+            def forward(self, *args, **kwargs):
+                raise torch.OutOfMemoryError({message!r})
+            litgpt.model.GPT.forward = forward
+            """
+        )
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    run_experiment("small-batch", profile="ci", overrides=SHORT, echo=False)  # an earlier record ...
+    [record] = run_experiment("baseline", profile="ci", overrides=SHORT, echo=False)
+    assert record["status"] == "oom"
+    assert message in record["error"] and "Tried to allocate 20.00 GiB" in record["reason"]
+    assert record["returncode"] == 3
+    statuses = [r["status"] for r in read_records(results / "runs.jsonl")]
+    assert statuses == ["oom", "oom"]  # ... stays intact beside the new one (both hit the fixture)
+    assert not _processes_mentioning(record["run_id"])  # the child (and its GPU memory) is gone
+
+
+def _start_cli_run(results: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        cli("run", "grad-accum", "--profile", "ci", "--set", "train.max_steps=10000", *extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _wait_for_training(results: Path, timeout_s: float = 60) -> Path:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for log in results.glob("runs/*/output.log"):
+            if "iter 2 " in log.read_text():
+                return log.parent
+        time.sleep(0.2)
+    raise AssertionError("training did not start")
+
+
+def test_ctrl_c_ends_the_whole_process_tree_and_records_interrupted(ci_assets, results):
+    proc = _start_cli_run(results)
+    run_dir = _wait_for_training(results)
+    assert _processes_mentioning(run_dir.name)  # the training process is running
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal or "interrupt kernel" in Jupyter sends
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out.decode()[-2000:]
+    [record] = read_records(results / "runs.jsonl")
+    assert record["status"] == "interrupted" and record["run_id"] == run_dir.name
+    assert not _processes_mentioning(run_dir.name)  # no stray process survives
+
+
+def test_killed_launcher_leaves_no_training_process_behind(ci_assets, results):
+    """A kernel restart kills the launcher with SIGKILL: the training process notices and ends itself."""
+    proc = _start_cli_run(results)
+    run_dir = _wait_for_training(results)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 20
+    while _processes_mentioning(run_dir.name) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _processes_mentioning(run_dir.name)
+
+
+def test_a_hugging_face_token_never_reaches_a_stored_log_or_record(ci_assets, results, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    [record] = run_experiment("grad-accum", profile="ci", overrides={**SHORT, "access_token": FAKE_TOKEN}, echo=False)
+    assert record["status"] == "ok"
+    stored = [p for p in results.rglob("*") if p.is_file()]
+    assert any(p.name == "output.log" for p in stored) and any(p.name == "recipe.yaml" for p in stored)
+    for path in stored:
+        assert FAKE_TOKEN not in path.read_text(errors="replace"), path
+
+
+def test_cli_run_and_results(ci_assets, results):
+    out = subprocess.run(
+        cli("run", "lora-1b", "--profile", "ci", "--set", "train.max_steps=2", "--quiet"),
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "lora-1b: ok" in out.stdout
+    as_json = subprocess.run(cli("results", "--format", "json"), capture_output=True, text=True, check=True).stdout
+    assert '"experiment": "lora-1b"' in as_json
+    as_csv = subprocess.run(cli("results", "--format", "csv"), capture_output=True, text=True, check=True).stdout
+    assert as_csv.splitlines()[0].count(",") > 10 and "lora-1b" in as_csv
