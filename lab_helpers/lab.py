@@ -35,7 +35,7 @@ from lab_helpers.records import append_record
 from lab_helpers.runner import ProcessOutcome, run_command
 from lab_helpers.secrets import redact_mapping
 
-__all__ = ["default_profile", "run_experiment", "run_all", "LabConfigError"]
+__all__ = ["default_profile", "run_experiment", "run_all", "predict_experiment", "oom_demo_overrides", "LabConfigError"]
 
 PROFILE_ENV = "LAB_PROFILE"
 
@@ -154,18 +154,67 @@ def _random_weights(run: ResolvedRun) -> bool | None:
     return (path / "RANDOM_WEIGHTS").exists() if path.exists() else None
 
 
+def predict_experiment(
+    exp_id: str,
+    *,
+    profile: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    gpu_memory_gib: float | None = None,
+):
+    """The planner's MemoryPlan for an experiment as it would run here (``.summary()`` prints the verdict)."""
+    run = resolve(exp_id, profile or default_profile(), overrides, check_files=False)
+    return _plan(run, gpu_memory_gib if gpu_memory_gib is not None else _gpu_memory_gib())
+
+
+def _plan(run: ResolvedRun, gpu_memory_gib: float | None):
+    from lab_helpers.planner import plan_recipe
+
+    return plan_recipe(
+        _recipe_with_absolute_paths(run.recipe),
+        devices=run.devices * run.experiment.num_nodes,
+        strategy=run.experiment.strategy,
+        offload_optimizer=bool(run.experiment.options.get("offload_optimizer", False)),
+        gpu_memory_gib=gpu_memory_gib,
+    )
+
+
+def oom_demo_overrides(
+    exp_id: str, *, profile: str | None = None, max_doublings: int = 6
+) -> tuple[dict[str, Any], str]:
+    """Overrides that make an OOM demonstration OOM on *this* GPU, and a sentence saying what was chosen.
+
+    LAB.md's OOM experiments assume an 80 GB GPU; on a larger one they would fit and teach nothing. The
+    planner is asked, and the micro (and global) batch doubled until the prediction no longer fits.
+    """
+    profile = profile or default_profile()
+    gpu_gib = _gpu_memory_gib()
+    if gpu_gib is None:
+        return {}, "no GPU here: the experiment runs as defined (an OOM needs a GPU)"
+    run = resolve(exp_id, profile, check_files=False)
+    train = dict(run.recipe["train"])
+    overrides: dict[str, Any] = {}
+    for _ in range(max_doublings + 1):
+        plan = _plan(resolve(exp_id, profile, overrides, check_files=False), gpu_gib)
+        if plan.fits is False:
+            if not overrides:
+                return {}, f"as defined: {plan.summary()}"
+            return (
+                overrides,
+                f"micro batch raised to {overrides['train.micro_batch_size']} so that it will not fit: {plan.summary()}",
+            )
+        train["micro_batch_size"] *= 2
+        train["global_batch_size"] = max(train["global_batch_size"], train["micro_batch_size"])
+        overrides = {
+            "train.micro_batch_size": train["micro_batch_size"],
+            "train.global_batch_size": train["global_batch_size"],
+        }
+    return {}, f"the planner predicts it fits even at micro batch {train['micro_batch_size']}: runs as defined"
+
+
 def _prediction_fields(run: ResolvedRun) -> dict[str, Any]:
     """The planner's prediction, stored with the run so plots show predicted beside measured."""
     try:
-        from lab_helpers.planner import plan_recipe
-
-        plan = plan_recipe(
-            _recipe_with_absolute_paths(run.recipe),
-            devices=run.devices * run.experiment.num_nodes,
-            strategy=run.experiment.strategy,
-            offload_optimizer=bool(run.experiment.options.get("offload_optimizer", False)),
-            gpu_memory_gib=_gpu_memory_gib(),
-        )
+        plan = _plan(run, _gpu_memory_gib())
     except Exception as exc:  # a prediction is advice: never let it stop a paid-for run
         return {"predicted_peak_alloc_gib": None, "predicted": None, "prediction_error": f"{type(exc).__name__}: {exc}"}
     return {"predicted_peak_alloc_gib": plan.peak_alloc_gib, "predicted": plan.to_dict()}
