@@ -4,11 +4,14 @@ Lightning refuses a non-CUDA accelerator in ``setup_environment`` and checks CUD
 ``setup_distributed``; DeepSpeed itself runs on a CPU (``DS_ACCELERATOR=cpu``, gloo, its ``cpu_adam`` op built
 with g++ on first use). Everything else -- ``deepspeed.zero.Init`` around ``configure_model``,
 ``deepspeed.initialize``, the engine's backward and step -- is Lightning's and DeepSpeed's own code, so
-what CI runs is what a GPU runs minus the device. The two checks skipped are only about device placement.
+what CI runs is what a GPU runs minus the device. What changes is only about device placement: the two
+checks are skipped and DeepSpeed's engine is given the local rank as its device rank (a CPU device has no
+index, which DeepSpeed cannot compare).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 
 # must be set before deepspeed is first imported (its accelerator is chosen once, at import)
@@ -32,3 +35,18 @@ class CPUDeepSpeedStrategy(DeepSpeedStrategy):
         reset_seed()
         self.set_world_ranks()
         self._init_deepspeed_distributed()
+
+    def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):
+        # DeepSpeedStrategy._setup_model_and_optimizer with device_rank=local_rank instead of the CPU's None
+        import deepspeed
+
+        deepspeed_engine, deepspeed_optimizer, _, _ = deepspeed.initialize(
+            args=argparse.Namespace(device_rank=self.local_rank),
+            config=self.config,
+            model=model,
+            model_parameters=filter(lambda p: p.requires_grad, model.parameters()),
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            dist_init_required=False,
+        )
+        return deepspeed_engine, deepspeed_optimizer

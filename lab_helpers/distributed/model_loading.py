@@ -26,7 +26,12 @@ def load_config(checkpoint_dir: Path):
     return Config.from_file(Path(checkpoint_dir) / "model_config.yaml")
 
 
-def _state_dict(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
+def mapped_state_dict(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors, memory-mapped: nothing is read until a tensor is used.
+
+    Must be called outside ``deepspeed.zero.Init``: that context patches tensor constructors, and the
+    tensors ``torch.load`` rebuilds inside it come out wrong (NaN weights).
+    """
     state = torch.load(Path(checkpoint_dir) / "lit_model.pth", map_location="cpu", mmap=True, weights_only=True)
     return state.get("model", state)
 
@@ -38,7 +43,7 @@ def load_gpt(checkpoint_dir: Path, *, precision: str, max_seq_length: int | None
     config = load_config(checkpoint_dir)
     with torch.device("meta"):
         model = GPT(config)
-    model.load_state_dict(_state_dict(checkpoint_dir), strict=True, assign=True)
+    model.load_state_dict(mapped_state_dict(checkpoint_dir), strict=True, assign=True)
     # the rope cache is a non-persistent buffer: not in the checkpoint, so rebuild it on the CPU
     model.cos, model.sin = model.rope_cache(device=torch.device("cpu"))
     model.max_seq_length = min(max_seq_length or config.block_size, config.block_size)
@@ -49,10 +54,11 @@ def load_gpt(checkpoint_dir: Path, *, precision: str, max_seq_length: int | None
     return model
 
 
-def build_gpt_zero3(checkpoint_dir: Path, *, max_seq_length: int | None):
-    """The GPT built inside ``deepspeed.zero.Init`` (the caller's context) and filled from the checkpoint.
+def build_gpt_zero3(checkpoint_dir: Path, state: dict[str, torch.Tensor], *, max_seq_length: int | None):
+    """The GPT built inside ``deepspeed.zero.Init`` (the caller's context) and filled from ``state``.
 
-    Every rank takes part in each gather; only rank 0 reads the file, so host RAM holds one mapped copy.
+    ``state`` comes from :func:`mapped_state_dict`, called before the context. Every rank takes part in
+    each gather; only rank 0 reads from the mapped file, so host RAM holds one copy of the weights.
     """
     import deepspeed
     import torch.distributed as dist
@@ -61,14 +67,14 @@ def build_gpt_zero3(checkpoint_dir: Path, *, max_seq_length: int | None):
     config = load_config(checkpoint_dir)
     model = GPT(config)
     model.max_seq_length = min(max_seq_length or config.block_size, config.block_size)
-    state = _state_dict(checkpoint_dir) if dist.get_rank() == 0 else None
+    source = state if dist.get_rank() == 0 else None
     for module_name, module in model.named_modules():
         params = list(module.named_parameters(recurse=False))
         if not params:
             continue
         with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=0):
-            if state is not None:
+            if source is not None:
                 for name, param in params:
                     key = f"{module_name}.{name}" if module_name else name
-                    param.data.copy_(state[key].to(param.dtype))
+                    param.data.copy_(source[key].to(param.dtype))
     return model

@@ -16,7 +16,7 @@ import lightning as L
 import torch
 
 from lab_helpers.distributed.deepspeed_config import CPU_ADAM_CLASS, cpu_adam_kwargs, optimizer_class_path
-from lab_helpers.distributed.model_loading import build_gpt_zero3, load_gpt, param_dtype
+from lab_helpers.distributed.model_loading import build_gpt_zero3, load_gpt, mapped_state_dict, param_dtype
 
 
 class LitGPTFinetune(L.LightningModule):
@@ -39,6 +39,11 @@ class LitGPTFinetune(L.LightningModule):
         self.offload_optimizer = offload_optimizer
         self.model: torch.nn.Module | None = None
         self.train_args = recipe.get("train") or {}
+        # ZeRO-3 builds the model inside deepspeed.zero.Init, which patches tensor constructors: import litgpt
+        # (its import builds tensors) and map the checkpoint now, outside it
+        if strategy == "deepspeed-zero3":
+            import litgpt.model  # noqa: F401
+        self._zero3_state = mapped_state_dict(self.checkpoint_dir) if strategy == "deepspeed-zero3" else None
 
     # ------------------------------------------------------------------------------------------- model
     def configure_model(self) -> None:
@@ -47,7 +52,8 @@ class LitGPTFinetune(L.LightningModule):
         max_len = self.train_args.get("max_seq_length")
         precision = str(self.recipe.get("precision") or "32-true")
         if self.strategy_name == "deepspeed-zero3":
-            self.model = build_gpt_zero3(self.checkpoint_dir, max_seq_length=max_len)
+            self.model = build_gpt_zero3(self.checkpoint_dir, self._zero3_state, max_seq_length=max_len)
+            self._zero3_state = None
             return
         model = load_gpt(self.checkpoint_dir, precision=precision, max_seq_length=max_len)
         if self.fsdp_impl == "fsdp2":

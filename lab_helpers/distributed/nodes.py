@@ -35,7 +35,9 @@ def free_port() -> int:
 def node_env(node_rank: int, *, port: int, gpus_per_node: int | None) -> dict[str, str]:
     """Environment of one node's command: loopback rendezvous, its node rank, its GPUs."""
     env = dict(os.environ)
-    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": str(node_rank), "LAB_WATCH_PARENT": "1"})
+    env.update(
+        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": str(node_rank), "LAB_WATCH_PARENT": "1"}
+    )
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE"):  # set per process by Lightning / torchrun, not here
         env.pop(key, None)
     if gpus_per_node:
@@ -93,7 +95,9 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
-        raise SystemExit("usage: python -m lab_helpers.distributed.nodes --nodes N [--launcher lightning|torchrun] -- COMMAND")
+        raise SystemExit(
+            "usage: python -m lab_helpers.distributed.nodes --nodes N [--launcher lightning|torchrun] -- COMMAND"
+        )
     split = argv.index("--")
     parser = argparse.ArgumentParser(description="one training command per node, on loopback")
     parser.add_argument("--nodes", type=int, required=True)
@@ -117,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         cmd = command
         if args.launcher == "torchrun":
             cmd = torchrun_command(command, node_rank=node_rank, nodes=args.nodes, port=port)
-        print(f"[lab] node {node_rank}/{args.nodes}: MASTER_ADDR=127.0.0.1 MASTER_PORT={port} NODE_RANK={node_rank}", flush=True)
+        print(
+            f"[lab] node {node_rank}/{args.nodes}: MASTER_ADDR=127.0.0.1 MASTER_PORT={port} NODE_RANK={node_rank}",
+            flush=True,
+        )
         procs.append(subprocess.Popen(cmd, env=node_env(node_rank, port=port, gpus_per_node=gpus_per_node)))
     return supervise(procs)
 

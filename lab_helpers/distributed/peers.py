@@ -37,7 +37,9 @@ def watch_children(
             failed = [(i + 1, p, c) for i, (p, c) in enumerate(zip(procs, codes, strict=True)) if c not in (None, 0)]
             if failed:
                 local_rank, proc, code = failed[0]
-                _end(f"local rank {local_rank} (pid {proc.pid}) exited with code {code}; stopping every rank", on_failure)
+                _end(
+                    f"local rank {local_rank} (pid {proc.pid}) exited with code {code}; stopping every rank", on_failure
+                )
                 for other in procs:
                     if other.poll() is None:
                         other.kill()

@@ -43,7 +43,13 @@ class RankReport:
             self._written = True
             alloc, reserved = child_report.cuda_peaks_gib()
             child_report.write_report(
-                {**self.fields, "status": status, "error": error, "peak_alloc_gib": alloc, "peak_reserved_gib": reserved},
+                {
+                    **self.fields,
+                    "status": status,
+                    "error": error,
+                    "peak_alloc_gib": alloc,
+                    "peak_reserved_gib": reserved,
+                },
                 rank=self.rank,
             )
 
@@ -82,8 +88,9 @@ class ReportCallback(L.Callback):
         fields["tokens_padded"] += int(batch["input_ids"].numel())
         fields["train_s"] = time.perf_counter() - (self._train_t0 or self._iter_t0)
         if trainer.is_global_zero:
-            loss = outputs["loss"].item() if isinstance(outputs, dict) and "loss" in outputs else float("nan")
             accum = trainer.accumulate_grad_batches
+            # Lightning hands back the loss divided by the accumulation; print it as litgpt does, undivided
+            loss = outputs["loss"].item() * accum if isinstance(outputs, dict) and "loss" in outputs else float("nan")
             step_done = fields["iterations"] % accum == 0
             print(
                 f"Epoch {trainer.current_epoch + 1} | iter {fields['iterations']} step {fields['iterations'] // accum} |"

@@ -97,7 +97,9 @@ def make_strategy(
             process_group_backend=backend,
             timeout=collective_timeout(),
         )
-        return StrategyChoice(strategy, f"fsdp2 (ModelParallelStrategy, fully_shard, {wrap_words}, {where})", impl, wrap)
+        return StrategyChoice(
+            strategy, f"fsdp2 (ModelParallelStrategy, fully_shard, {wrap_words}, {where})", impl, wrap
+        )
     # deepspeed-zero3
     if deepspeed_config is None:
         raise ValueError("deepspeed-zero3 needs the DeepSpeed config (lab_helpers.distributed.deepspeed_config)")
@@ -106,7 +108,9 @@ def make_strategy(
     if on_cuda:
         from lightning.pytorch.strategies import DeepSpeedStrategy
 
-        strategy = DeepSpeedStrategy(config=deepspeed_config, process_group_backend=backend, timeout=collective_timeout())
+        strategy = DeepSpeedStrategy(
+            config=deepspeed_config, process_group_backend=backend, timeout=collective_timeout()
+        )
         return StrategyChoice(strategy, f"{words} (DeepSpeedStrategy, CUDA)")
     from lab_helpers.distributed.deepspeed_cpu import CPUDeepSpeedStrategy
 

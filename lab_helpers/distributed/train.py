@@ -31,7 +31,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--devices", type=int, default=1, help="processes (GPUs) per node")
     parser.add_argument("--num-nodes", type=int, default=1)
     parser.add_argument("--accelerator", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--wrap", choices=WRAP_POLICIES, default="block", help="FSDP unit: each Block, or the whole model")
+    parser.add_argument(
+        "--wrap", choices=WRAP_POLICIES, default="block", help="FSDP unit: each Block, or the whole model"
+    )
     parser.add_argument("--fsdp-impl", choices=FSDP_IMPLS, default="auto")
     parser.add_argument("--deepspeed-config", type=Path, help="DeepSpeed JSON written by build_command")
     parser.add_argument("--out-dir", type=Path, help="where Lightning may write (default: the recipe's out_dir)")
