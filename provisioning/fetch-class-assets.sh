@@ -93,7 +93,8 @@ parse_args() {
     done
 }
 
-is_downloaded() { [[ -s $CHECKPOINT_DIR/$1/lit_model.pth ]]; }
+# Finished = converted: the same test as `python -m lab_helpers prepare --profile gpu`.
+is_downloaded() { [[ -s $CHECKPOINT_DIR/$1/lit_model.pth && -f $CHECKPOINT_DIR/$1/model_config.yaml ]]; }
 
 # free_mb DIR: free space on the disk that holds DIR (or its nearest existing parent).
 free_mb() {
