@@ -5,7 +5,8 @@ thread, but it only looks every 5 s and SIGKILLs rank 0 without letting it repor
 collective on a dead peer can also wait up to the collective timeout. So:
 
 * rank 0 polls its rank children twice a second; when one exits non-zero it writes its own report
-  (``error``: which rank died, with which code), kills the other children and exits;
+  (``error``: which rank died, with which code) and, if the dead rank could not write one (SIGKILL, a
+  segfault), that rank's report too; then it kills the other children and exits;
 * every other rank polls its parent (rank 0, or the launcher that started it) and exits, after reporting,
   when the parent is gone -- the case where rank 0 itself was killed.
 
@@ -25,10 +26,27 @@ POLL_S = 0.5
 EXIT_CODE_PEER_FAILED = 70
 
 
+def describe_exit(code: int) -> str:
+    """ "exited with code 1" or "was killed by SIGKILL" (Popen reports a signal as a negative code)."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
 def watch_children(
-    procs: Sequence[subprocess.Popen], on_failure: Callable[[str], None], *, poll_s: float = POLL_S
+    procs: Sequence[subprocess.Popen],
+    on_failure: Callable[[str], None],
+    *,
+    on_dead_child: Callable[[int, str], None] | None = None,
+    poll_s: float = POLL_S,
 ) -> threading.Thread:
-    """Rank 0: when any child rank exits non-zero, report, kill the rest, exit (from this thread)."""
+    """Rank 0: when any child rank exits non-zero, report (for it too), kill the rest, exit (from this thread).
+
+    ``on_dead_child(local_rank, message)`` lets the caller write the dead rank's report if it left none.
+    """
 
     def run() -> None:
         while True:
@@ -37,9 +55,15 @@ def watch_children(
             failed = [(i + 1, p, c) for i, (p, c) in enumerate(zip(procs, codes, strict=True)) if c not in (None, 0)]
             if failed:
                 local_rank, proc, code = failed[0]
-                _end(
-                    f"local rank {local_rank} (pid {proc.pid}) exited with code {code}; stopping every rank", on_failure
-                )
+                message = f"local rank {local_rank} (pid {proc.pid}) {describe_exit(code)}; stopping every rank"
+                if on_dead_child is not None:
+                    for dead_rank, dead_proc, dead_code in failed:
+                        _end(
+                            f"local rank {dead_rank} (pid {dead_proc.pid}) {describe_exit(dead_code)}",
+                            lambda text, r=dead_rank: on_dead_child(r, text),
+                            quiet=True,
+                        )
+                _end(message, on_failure)
                 for other in procs:
                     if other.poll() is None:
                         other.kill()
@@ -50,6 +74,23 @@ def watch_children(
     thread = threading.Thread(target=run, name="lab-peer-watch", daemon=True)
     thread.start()
     return thread
+
+
+def dead_children(procs: Sequence[subprocess.Popen], *, wait_s: float = 0.0) -> list[tuple[int, str]]:
+    """(local rank, what happened) for each child rank that exited non-zero, waiting up to ``wait_s`` for one.
+
+    Used when a collective has just failed: the peer's death may take a moment to be visible as an exit.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        dead = [
+            (i + 1, f"local rank {i + 1} (pid {p.pid}) {describe_exit(p.returncode)}")
+            for i, p in enumerate(procs)
+            if p.poll() not in (None, 0)
+        ]
+        if dead or time.monotonic() >= deadline or not procs:
+            return dead
+        time.sleep(0.1)
 
 
 def watch_parent(on_failure: Callable[[str], None], *, poll_s: float = POLL_S) -> threading.Thread:
@@ -68,8 +109,9 @@ def watch_parent(on_failure: Callable[[str], None], *, poll_s: float = POLL_S) -
     return thread
 
 
-def _end(message: str, on_failure: Callable[[str], None]) -> None:
-    print(f"[lab] {message}", flush=True)
+def _end(message: str, on_failure: Callable[[str], None], *, quiet: bool = False) -> None:
+    if not quiet:
+        print(f"[lab] {message}", flush=True)
     try:
         on_failure(message)
     except Exception as exc:  # the report is best effort here; exiting is what matters

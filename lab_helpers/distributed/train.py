@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
     import lightning as L
 
+    from lab_helpers import child_report
     from lab_helpers.distributed import peers
     from lab_helpers.distributed.module import LitGPTFinetune
     from lab_helpers.distributed.reporting import ReportCallback
@@ -119,12 +120,33 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
     out_dir = args.out_dir or resolve_path(recipe.get("out_dir") or "out/multi")
 
     class WatchChildren(L.Callback):
-        """After Lightning has started the other local ranks, rank 0 watches them (see peers)."""
+        """After Lightning has started the other local ranks, rank 0 watches them (see peers).
+
+        Often rank 0 learns of a dead peer first from its own collective failing (gloo: "Connection reset
+        by peer"); then ``on_exception`` names the dead rank in rank 0's report and writes the dead rank's.
+        """
+
+        procs: list = []
 
         def setup(self, trainer, pl_module, stage):
-            procs = getattr(trainer.strategy.launcher, "procs", None) or []
-            if procs and trainer.local_rank == 0:
-                peers.watch_children(procs, lambda message: report.write("error", message))
+            self.procs = getattr(trainer.strategy.launcher, "procs", None) or []
+            self.first_rank = trainer.node_rank * args.devices
+            if self.procs and trainer.local_rank == 0:
+                peers.watch_children(
+                    self.procs,
+                    lambda message: report.write("error", message),
+                    on_dead_child=lambda local_rank, message: report_for_dead_rank(
+                        self.first_rank + local_rank, message, report.fields
+                    ),
+                )
+
+        def on_exception(self, trainer, pl_module, exception):
+            dead = peers.dead_children(self.procs, wait_s=2.0)
+            for local_rank, message in dead:
+                report_for_dead_rank(self.first_rank + local_rank, message, report.fields)
+            if dead:
+                _, text = child_report.status_for_exception(exception)
+                report.write("error", f"{dead[0][1]}; this rank then failed:\n{text[-1500:]}")
 
     trainer = L.Trainer(
         accelerator="cuda" if on_cuda else "cpu",
@@ -143,9 +165,27 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=out_dir,
-        callbacks=[ReportCallback(report, total_iterations=max_steps * accum), WatchChildren()],
+        callbacks=[WatchChildren(), ReportCallback(report, total_iterations=max_steps * accum)],
     )
     trainer.fit(module, datamodule=data)
+
+
+def report_for_dead_rank(rank: int, message: str, fields: dict[str, Any]) -> None:
+    """Write the report of a rank that died without writing its own (killed, crashed), if it has none."""
+    from lab_helpers import child_report
+
+    directory = child_report.report_dir()
+    if directory is None or (directory / f"rank{rank}.json").exists():
+        return
+    child_report.write_report(
+        {
+            "status": "error",
+            "error": f"{message} (reported by rank 0: this rank left no report)",
+            "world_size": fields.get("world_size"),
+            "strategy_used": fields.get("strategy_used"),
+        },
+        rank=rank,
+    )
 
 
 def build_data(recipe: dict[str, Any], checkpoint_dir: Path):
