@@ -146,7 +146,8 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
                 report_for_dead_rank(self.first_rank + local_rank, message, report.fields)
             if dead:
                 _, text = child_report.status_for_exception(exception)
-                report.write("error", f"{dead[0][1]}; this rank then failed:\n{text[-1500:]}")
+                # the dead peer last: the record's one-line reason is the error's last line
+                report.write("error", f"{text[-1500:]}\nthis rank failed because {dead[0][1]}")
 
     trainer = L.Trainer(
         accelerator="cuda" if on_cuda else "cpu",

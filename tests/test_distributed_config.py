@@ -1,0 +1,201 @@
+"""The multi-GPU section's configuration, without starting any training process (fast)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lab_helpers.distributed import build_command, deepspeed_config, total_iterations
+from lab_helpers.distributed.command import DEEPSPEED_FILENAME, RECIPE_FILENAME
+from lab_helpers.distributed.deepspeed_config import (
+    CPU_ADAM_CLASS,
+    cpu_adam_kwargs,
+    gradient_accumulation_steps,
+    optimizer_class_path,
+)
+from lab_helpers.distributed.nodes import node_env, torchrun_command
+from lab_helpers.distributed.peers import describe_exit
+from lab_helpers.distributed.strategies import make_strategy, resolve_fsdp_impl
+from lab_helpers.experiments import load_experiments, resolve
+
+MULTI = ("one-gpu", "ddp", "fsdp", "fsdp-bs8", "deepspeed-offload", "multi-node")
+
+
+def _recipe(precision: str = "bf16-true", micro: int = 4, global_: int = 64) -> dict:
+    return {
+        "precision": precision,
+        "train": {"micro_batch_size": micro, "global_batch_size": global_, "max_steps": 3},
+        "optimizer": {
+            "class_path": "torch.optim.AdamW",
+            "init_args": {"lr": 2e-4, "betas": [0.9, 0.95], "weight_decay": 0.0},
+        },
+    }
+
+
+# ------------------------------------------------------------------------------------------- DeepSpeed config
+
+
+def test_deepspeed_config_is_zero3_with_optimizer_offloaded_to_pinned_cpu_memory():
+    config = deepspeed_config(_recipe(), world_size=4)
+    zero = config["zero_optimization"]
+    assert zero["stage"] == 3
+    assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert "offload_param" not in zero  # only the optimizer moves to the host
+    assert config["bf16"] == {"enabled": True}
+    assert config["fp16"] == {"enabled": False}
+    assert config["train_micro_batch_size_per_gpu"] == 4
+    assert config["gradient_accumulation_steps"] == 4  # 64 / (4 x 4): "micro 4, accumulate 4" on 4 GPUs
+    json.dumps(config)  # written as the run's deepspeed.json
+
+
+def test_deepspeed_config_follows_precision_and_world_size():
+    config = deepspeed_config(_recipe(precision="32-true", micro=1, global_=4), world_size=2, pin_memory=False)
+    assert config["bf16"] == {"enabled": False}
+    assert config["gradient_accumulation_steps"] == 2
+    assert config["zero_optimization"]["offload_optimizer"]["pin_memory"] is False
+    assert (
+        "offload_optimizer"
+        not in deepspeed_config(_recipe(), world_size=2, offload_optimizer=False)["zero_optimization"]
+    )
+
+
+def test_offloaded_optimizer_is_deepspeed_cpu_adam_with_the_recipes_hyperparameters():
+    recipe = _recipe()
+    assert optimizer_class_path(recipe, strategy="deepspeed-zero3", offload_optimizer=True) == CPU_ADAM_CLASS
+    assert CPU_ADAM_CLASS == "deepspeed.ops.adam.DeepSpeedCPUAdam"
+    assert optimizer_class_path(recipe, strategy="ddp", offload_optimizer=False) == "torch.optim.AdamW"
+    assert optimizer_class_path({"optimizer": "SGD"}, strategy="fsdp", offload_optimizer=False) == "torch.optim.SGD"
+    assert cpu_adam_kwargs(recipe) == {"lr": 2e-4, "adamw_mode": True, "betas": (0.9, 0.95), "weight_decay": 0.0}
+
+
+def test_gradient_accumulation_matches_litgpt():
+    from litgpt.args import TrainArgs
+
+    for micro, global_, devices, nodes in [(4, 64, 4, 1), (2, 4, 2, 1), (4, 8, 1, 2), (1, 4, 2, 1)]:
+        ours = gradient_accumulation_steps(_recipe(micro=micro, global_=global_), world_size=devices * nodes)
+        theirs = TrainArgs(micro_batch_size=micro, global_batch_size=global_).gradient_accumulation_iters(
+            devices, nodes
+        )
+        assert ours == theirs
+
+
+# ------------------------------------------------------------------------------------------- the experiments
+
+
+@pytest.mark.parametrize("profile", ["ci", "gpu"])
+def test_every_multi_gpu_experiment_resolves(profile):
+    experiments = load_experiments("multi")
+    assert tuple(experiments) == MULTI
+    for exp_id, experiment in experiments.items():
+        assert experiment.kind == "lightning"
+        run = resolve(exp_id, profile, check_files=False)
+        assert run.recipe["precision"] == "bf16-true"
+        assert total_iterations(run) >= 1
+
+
+def test_ci_runs_are_short():
+    for exp_id in MULTI:
+        run = resolve(exp_id, "ci", check_files=False)
+        assert run.recipe["train"]["max_steps"] <= 3
+        assert total_iterations(run) <= 8
+
+
+def test_matrix_matches_lab_md():
+    e = load_experiments("multi")
+    assert (e["one-gpu"].strategy, e["one-gpu"].devices) == ("single", 1)
+    assert (e["ddp"].strategy, e["ddp"].devices) == ("ddp", "all")
+    assert e["fsdp"].strategy == e["fsdp-bs8"].strategy == "fsdp"
+    gpu = {k: resolve(k, "gpu", check_files=False).recipe["train"] for k in MULTI}
+    assert [gpu[k]["micro_batch_size"] for k in MULTI] == [4, 4, 4, 8, 4, 4]
+    assert e["deepspeed-offload"].model == "13b" and e["deepspeed-offload"].options["offload_optimizer"] is True
+    assert e["multi-node"].num_nodes == 2
+
+
+# ------------------------------------------------------------------------------------------- the command
+
+
+def test_build_command_writes_the_recipe_and_returns_a_module_launch(tmp_path):
+    run = resolve("fsdp", "ci", check_files=False)
+    argv = build_command(run, tmp_path)
+    assert argv[:3] == [sys.executable, "-m", "lab_helpers.distributed.train"]
+    assert argv[argv.index("--strategy") + 1] == "fsdp"
+    assert argv[argv.index("--devices") + 1] == "2"
+    assert argv[argv.index("--wrap") + 1] == "block"
+    recipe = yaml.safe_load((tmp_path / RECIPE_FILENAME).read_text())
+    assert recipe["train"] == run.recipe["train"]
+    assert Path(recipe["out_dir"]).is_relative_to(tmp_path)
+    assert not (tmp_path / DEEPSPEED_FILENAME).exists()
+
+
+def test_build_command_for_deepspeed_writes_the_generated_config(tmp_path):
+    run = resolve("deepspeed-offload", "ci", check_files=False)
+    argv = build_command(run, tmp_path)
+    written = json.loads(Path(argv[argv.index("--deepspeed-config") + 1]).read_text())
+    assert written == deepspeed_config(run.recipe, world_size=2)
+    assert written["gradient_accumulation_steps"] * 2 * written["train_micro_batch_size_per_gpu"] == 4
+
+
+def test_build_command_for_several_nodes_goes_through_the_loopback_launcher(tmp_path):
+    run = resolve("multi-node", "ci", check_files=False)
+    argv = build_command(run, tmp_path)
+    assert argv[:3] == [sys.executable, "-m", "lab_helpers.distributed.nodes"]
+    assert argv[argv.index("--nodes") + 1] == "2"
+    train = argv[argv.index("--") + 1 :]
+    assert train[train.index("--num-nodes") + 1] == "2"
+    assert train[train.index("--devices") + 1] == "1"
+    assert total_iterations(run) == 2  # global 4 = micro 2 x 2 ranks: no accumulation, 2 steps
+
+
+def test_torchrun_command_and_node_environment():
+    cmd = [sys.executable, "-m", "lab_helpers.distributed.train", "--devices", "4", "--num-nodes", "2"]
+    out = torchrun_command(cmd, node_rank=1, nodes=2, port=29500)
+    assert out[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--node_rank=1" in out and "--nproc_per_node=4" in out and "--nnodes=2" in out
+    assert out[out.index("-m", 3) + 1] == "lab_helpers.distributed.train"
+    env = node_env(1, port=29500, gpus_per_node=4)
+    assert (env["MASTER_ADDR"], env["NODE_RANK"], env["CUDA_VISIBLE_DEVICES"]) == ("127.0.0.1", "1", "4,5,6,7")
+
+
+# ------------------------------------------------------------------------------------------- strategies
+
+
+def test_strategy_objects_and_labels_on_cpu():
+    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+
+    ddp = make_strategy("ddp", on_cuda=False, world_size=2)
+    assert isinstance(ddp.strategy, DDPStrategy) and "gloo" in ddp.label
+    fsdp = make_strategy("fsdp", on_cuda=False, world_size=2, wrap="none")
+    assert isinstance(fsdp.strategy, ModelParallelStrategy)
+    assert (
+        fsdp.fsdp_impl == "fsdp2"
+        and fsdp.label.startswith("fsdp2 (ModelParallelStrategy")
+        and "no per-block" in fsdp.label
+    )
+    assert make_strategy("single", on_cuda=False, world_size=1).strategy == "auto"
+
+
+def test_fsdp_implementation_by_hardware():
+    assert resolve_fsdp_impl("auto", on_cuda=True) == "fsdp1"
+    assert resolve_fsdp_impl("auto", on_cuda=False) == "fsdp2"
+    with pytest.raises(ValueError, match="needs CUDA"):
+        resolve_fsdp_impl("fsdp1", on_cuda=False)
+
+
+def test_deepspeed_strategy_on_cpu_is_lightnings_own_class():
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    choice = make_strategy(
+        "deepspeed-zero3", on_cuda=False, world_size=2, deepspeed_config=deepspeed_config(_recipe(), world_size=2)
+    )
+    assert isinstance(choice.strategy, DeepSpeedStrategy)
+    assert choice.label.startswith("deepspeed zero3 + cpu offload")
+
+
+def test_exit_descriptions():
+    assert describe_exit(-signal.SIGKILL) == "was killed by SIGKILL"
+    assert describe_exit(3) == "exited with code 3"
