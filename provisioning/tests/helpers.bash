@@ -5,6 +5,8 @@
 PROVISIONING_DIR=$(cd "$BATS_TEST_DIRNAME/.." && pwd)
 
 setup_stubs() {
+    # Settings from the caller's shell would change the scripts' defaults; each test sets what it needs.
+    unset HF_TOKEN SUDO_USER OS_RELEASE_FILE LAB_IMAGE LAB_CHECKPOINTS LAB_DATA LAB_PYTHON LAB_TOKEN_FILE LAB_WAIT_SECONDS
     export STUB_LOG=$BATS_TEST_TMPDIR/calls.log
     export STUB_STATE=$BATS_TEST_TMPDIR/state
     export PROVISION_ROOT=$BATS_TEST_TMPDIR/root

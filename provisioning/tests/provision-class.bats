@@ -9,6 +9,8 @@ setup() {
     SCRIPT=$PROVISIONING_DIR/provision-class.sh
     INVENTORY=$BATS_TEST_TMPDIR/inventory.ini
     printf '[gpu_nodes]\nnode1\n' >"$INVENTORY"
+    export ANSIBLE_LOCAL_TEMP=$BATS_TEST_TMPDIR/ansible-tmp ANSIBLE_REMOTE_TEMP=$BATS_TEST_TMPDIR/ansible-tmp
+    export ANSIBLE_NOCOLOR=1
 }
 
 # stub_ansible: a recording ansible-playbook, for the tests that only check the wrapper.
@@ -44,6 +46,15 @@ STUB
     run "$SCRIPT"
     [ "$status" -eq 2 ]
     [[ $output == *"an inventory is required"* ]]
+    [ ! -s "$STUB_LOG" ]
+}
+
+@test "an inventory without [gpu_nodes]: the playbook says what to list, and touches nothing" {
+    printf '[webservers]\nweb1 ansible_connection=local\n' >"$INVENTORY"
+    run "$SCRIPT" -i "$INVENTORY"
+    echo "$output"
+    [ "$status" -ne 0 ]
+    [[ $output == *"The inventory lists no hosts under [gpu_nodes]"* ]]
     [ ! -s "$STUB_LOG" ]
 }
 
@@ -92,8 +103,6 @@ fake_node() {
     # done-node was provisioned before: Ansible must report it unchanged.
     STUB_LOG=$BATS_TEST_TMPDIR/done-node/calls.log STUB_STATE=$BATS_TEST_TMPDIR/done-node/state \
         PROVISION_ROOT=$BATS_TEST_TMPDIR/done-node/root "$PROVISIONING_DIR/provision-node.sh" --user student
-    export ANSIBLE_LOCAL_TEMP=$BATS_TEST_TMPDIR/ansible-tmp ANSIBLE_REMOTE_TEMP=$BATS_TEST_TMPDIR/ansible-tmp
-    export ANSIBLE_NOCOLOR=1
 
     run "$SCRIPT" -i "$BATS_TEST_TMPDIR/inventory.yml"
     echo "$output"
