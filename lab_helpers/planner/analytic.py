@@ -1,0 +1,180 @@
+"""What tracing one device cannot see: sharding across ranks, DDP buckets, ZeRO-3 and its CPU offload, paged
+optimizer state, the CUDA context and communication libraries.
+
+Every function takes a phase breakdown measured by the tracer (bytes at that phase's peak on one device) and
+returns the per-GPU breakdown under the strategy. Constants are named and explained where they are defined.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .accounting import Phase
+from .spec import TrainingSpec
+from .tracer import TraceResult
+
+GIB = 2**30
+
+# CUDA context + kernels (lazy module loading, torch 2.x): about 0.5 GiB on Hopper, less on Ampere.
+CUDA_CONTEXT_BYTES = int(0.5 * GIB)
+# cuBLAS / cuBLASLt workspaces come from the caching allocator (counted in max_memory_allocated).
+CUBLAS_WORKSPACE_BYTES = 2 * 32 * 2**20
+# NCCL communicators' own buffers (outside the caching allocator), per GPU.
+NCCL_BUFFERS_BYTES = int(0.4 * GIB)
+# Caching-allocator slack: reserved exceeds allocated by fragmentation (typ. 3-8 % in fine-tuning loops).
+RESERVED_OVER_ALLOCATED = 1.05
+# Host memory of one training process (Python, torch, CUDA libraries, data loader) outside offloaded state.
+HOST_PROCESS_BYTES = int(2.5 * GIB)
+
+# DeepSpeed ZeRO-3 knobs as Lightning's DeepSpeedStrategy / DeepSpeed set them by default.
+DS_REDUCE_BUCKET_NUMEL = 200_000_000  # Lightning reduce_bucket_size
+DS_PREFETCH_BUCKET_NUMEL = 50_000_000  # stage3_prefetch_bucket_size
+DS_MAX_LIVE_PARAMETERS = 1_000_000_000  # stage3_max_live_parameters
+
+
+@dataclass
+class DeviceBreakdown:
+    """Per-GPU bytes at one moment, by part (allocator-visible parts only)."""
+
+    parts: dict[str, int]
+    phase: str
+    outside_allocator_bytes: int = 0  # paged optimizer state, NCCL buffers: on the GPU, not in max_memory_allocated
+    host_bytes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(self.parts.values())
+
+
+def _parts(phase: Phase) -> dict[str, int]:
+    c = phase.by_category
+    return {
+        "parameters": c["parameters"],
+        "gradients": c["gradients"],
+        "optimizer_states": c["optimizer_states"],
+        "activations": c["activations"],
+        "temporaries": c["temporaries"] + CUBLAS_WORKSPACE_BYTES,
+        "communication_buffers": 0,
+    }
+
+
+def _max(breakdowns: list[DeviceBreakdown]) -> DeviceBreakdown:
+    return max(breakdowns, key=lambda b: b.allocated_bytes)
+
+
+def single(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
+    best = _max([DeviceBreakdown(_parts(p), p.name) for p in trace.phases])
+    best.outside_allocator_bytes = trace.paged_optimizer_bytes
+    if trace.paged_optimizer_bytes:
+        best.notes.append(
+            f"{trace.paged_optimizer_bytes / GIB:.2f} GiB of paged AdamW state is CUDA managed memory "
+            "(on the GPU, not in max_memory_allocated)"
+        )
+    best.host_bytes = HOST_PROCESS_BYTES
+    return best
+
+
+def ddp(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
+    """Every rank holds everything; DDP's reducer adds flat gradient buckets covering all trainable parameters
+    (gradient_as_bucket_view=False, the default), allocated when the model is wrapped."""
+    grad_bytes = _trainable_grad_bytes(spec, trace)
+    out = []
+    for p in trace.phases:
+        parts = _parts(p)
+        parts["communication_buffers"] = grad_bytes
+        out.append(DeviceBreakdown(parts, p.name))
+    best = _max(out)
+    best.outside_allocator_bytes = NCCL_BUFFERS_BYTES
+    best.host_bytes = HOST_PROCESS_BYTES * spec.devices
+    return best
+
+
+def _trainable_grad_bytes(spec: TrainingSpec, trace: TraceResult) -> int:
+    return trace.trainable_param_bytes
+
+
+def fsdp(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
+    """FULL_SHARD: parameters, gradients and optimizer state are split over N ranks; each rank gathers the unit
+    it computes (one block, with the next one prefetched) plus the root unit (embedding, head), which FSDP keeps
+    unsharded between forward and backward. Without per-block wrapping the whole model is one unit."""
+    n = spec.devices
+    block, root, full = trace.block_param_bytes, trace.root_param_bytes, trace.param_bytes
+    if spec.precision.endswith("-mixed"):  # fp32 shards, bf16 gathered copies
+        block, root, full = block // 2, root // 2, full // 2
+    gathered_fwd = (root + 2 * block) if spec.fsdp_wrap_blocks else full
+    grad_unit = trace.block_param_bytes if spec.fsdp_wrap_blocks else trace.trainable_param_bytes
+    if spec.method != "full":
+        grad_unit = 0 if spec.fsdp_wrap_blocks else trace.trainable_param_bytes
+    unsharded_accumulation = spec.fsdp_unsharded_grad_accumulation and spec.gradient_accumulation_iters > 1
+    out = []
+    for p in trace.phases:
+        parts = _parts(p)
+        parts["parameters"] = p.by_category["parameters"] // n
+        grads = p.by_category["gradients"]
+        parts["gradients"] = grads if (unsharded_accumulation and p.kind in ("fwd", "bwd")) else grads // n
+        parts["optimizer_states"] = p.by_category["optimizer_states"] // n
+        parts["temporaries"] -= p.step_temporaries - p.step_temporaries // n
+        if p.kind in ("fwd", "bwd", "val"):
+            parts["communication_buffers"] = gathered_fwd + (grad_unit if p.kind == "bwd" else 0)
+        out.append(DeviceBreakdown(parts, p.name))
+    best = _max(out)
+    best.outside_allocator_bytes = NCCL_BUFFERS_BYTES
+    best.host_bytes = HOST_PROCESS_BYTES * n
+    if unsharded_accumulation:
+        best.notes.append("gradient accumulation under FSDP no_sync keeps unsharded gradients on every rank")
+    return best
+
+
+def deepspeed_zero3(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
+    """ZeRO-3 with bf16 weights: bf16 parameter and gradient partitions on each GPU; fp32 master weights and
+    Adam moments (12 bytes per trainable parameter) either on the GPU or, offloaded, in host memory together
+    with fp32 gradient partitions (another 4 bytes). Gathered parameters are bounded by DeepSpeed's
+    max-live-parameters and prefetch settings; reduce buckets hold gradients in flight."""
+    n = spec.devices
+    numel = trace.total_param_numel
+    trainable = trace.trainable_param_numel
+    bytes_per = 4 if spec.precision == "32-true" else 2
+    # the module being computed plus the prefetch bucket, capped by max-live-parameters; the root modules
+    # (embedding, head) are gathered while they run
+    live_numel = min(numel, DS_MAX_LIVE_PARAMETERS, trace.block_param_numel + DS_PREFETCH_BUCKET_NUMEL)
+    gathered = live_numel * bytes_per + trace.root_param_bytes
+    buckets = 2 * min(DS_REDUCE_BUCKET_NUMEL, trainable) * bytes_per  # overlap_comm double-buffers
+    master_and_moments = 12 * trainable // n
+    fp32_grads = 4 * trainable // n
+    out = []
+    for p in trace.phases:
+        parts = _parts(p)
+        parts["parameters"] = p.by_category["parameters"] // n
+        # contiguous_gradients: a persistent partition buffer on the GPU, unless offloaded to the host
+        parts["gradients"] = 0 if spec.offload_optimizer else bytes_per * trainable // n
+        parts["optimizer_states"] = 0 if spec.offload_optimizer else master_and_moments
+        if p.kind == "step" and not spec.offload_optimizer:
+            parts["temporaries"] += fp32_grads  # fp32 copy of the gradient partition for the update
+        parts["temporaries"] -= p.step_temporaries
+        if p.kind in ("fwd", "bwd", "val"):
+            parts["communication_buffers"] = gathered + (buckets if p.kind == "bwd" else 0)
+        out.append(DeviceBreakdown(parts, p.name))
+    best = _max(out)
+    best.outside_allocator_bytes = NCCL_BUFFERS_BYTES
+    offloaded = (master_and_moments + fp32_grads) * n if spec.offload_optimizer else 0
+    best.host_bytes = HOST_PROCESS_BYTES * n + offloaded
+    if spec.offload_optimizer:
+        best.notes.append(
+            f"optimizer offload: {offloaded / GIB:.1f} GiB of fp32 master weights, Adam moments and gradients "
+            f"in host memory across {n} ranks"
+        )
+    return best
+
+
+STRATEGY_MODELS = {"single": single, "ddp": ddp, "fsdp": fsdp, "deepspeed-zero3": deepspeed_zero3}
+
+
+def gpu_used_bytes(breakdown: DeviceBreakdown) -> int:
+    """What NVML would show: reserved memory (allocated plus allocator slack), the CUDA context and memory
+    allocated outside PyTorch's allocator."""
+    return (
+        int(breakdown.allocated_bytes * RESERVED_OVER_ALLOCATED)
+        + CUDA_CONTEXT_BYTES
+        + breakdown.outside_allocator_bytes
+    )

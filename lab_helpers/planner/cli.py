@@ -1,0 +1,93 @@
+"""``python -m lab_helpers plan RECIPE.yaml [...]``: print a memory plan, or one clear line on bad input."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import yaml
+
+from .errors import PlanError, PlannerUnavailable
+from .plan import BREAKDOWN_KEYS, plan_recipe
+from .spec import STRATEGIES
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", help="a litgpt finetune_full / finetune_lora recipe (YAML)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe key, dotted for nested ones (train.micro_batch_size=2); repeatable",
+    )
+    parser.add_argument("--devices", type=int, default=None, help="GPUs (default: the recipe's devices)")
+    parser.add_argument("--strategy", choices=STRATEGIES, default=None, help="default: litgpt's own choice")
+    parser.add_argument("--offload-optimizer", action="store_true", help="DeepSpeed ZeRO-3 optimizer offload")
+    parser.add_argument("--gpu-memory-gib", type=float, default=None, help="memory of the GPU to judge 'fits'")
+    parser.add_argument("--data-max-len", type=int, default=None, help="longest sample in the data, in tokens")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _parse_overrides(items: list[str]) -> dict[str, object]:
+    overrides: dict[str, object] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise PlanError(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            overrides[key.strip()] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            overrides[key.strip()] = raw
+    return overrides
+
+
+def _print_table(plan) -> None:
+    print(plan.summary())
+    print(
+        f"  {plan.model_name}: {plan.method}, {plan.precision}, micro-batch {plan.micro_batch_size} x "
+        f"{plan.seq_len} tokens, {plan.strategy} on {plan.devices} GPU(s); peak in {plan.peak_phase}"
+    )
+    for key in BREAKDOWN_KEYS:
+        print(f"  {key:<22} {plan.breakdown_gib[key]:8.2f} GiB")
+    print(f"  {'host memory':<22} {plan.host_gib:8.2f} GiB")
+    for note in plan.notes:
+        print(f"  note: {note}")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.devices is not None and args.devices < 1:
+            raise PlanError(f"--devices must be at least 1, got {args.devices}")
+        strategy = args.strategy
+        if args.offload_optimizer and strategy is None:
+            strategy = "deepspeed-zero3"
+        plan = plan_recipe(
+            args.recipe,
+            overrides=_parse_overrides(args.overrides),
+            devices=args.devices,
+            strategy=strategy,
+            offload_optimizer=args.offload_optimizer,
+            gpu_memory_gib=args.gpu_memory_gib,
+            data_max_len=args.data_max_len,
+        )
+    except (PlanError, PlannerUnavailable) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(plan.to_dict()))
+    else:
+        _print_table(plan)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lab_helpers plan", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""``predict``: trace the step, apply the strategy's analytic terms, and report per-GPU memory."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import analytic
+from .spec import TrainingSpec, spec_from_recipe
+from .tracer import trace
+
+GIB = 2**30
+BREAKDOWN_KEYS = (
+    "parameters",
+    "gradients",
+    "optimizer_states",
+    "activations",
+    "temporaries",
+    "communication_buffers",
+    "cuda_context",
+)
+
+
+@dataclass
+class MemoryPlan:
+    """A prediction. ``peak_alloc_gib`` is comparable with ``torch.cuda.max_memory_allocated`` (per GPU): the
+    breakdown's parts other than ``cuda_context`` sum to it. ``gpu_used_gib`` is comparable with NVML's "used"
+    and is what ``fits`` is judged on."""
+
+    peak_alloc_gib: float
+    breakdown_gib: dict[str, float]
+    host_gib: float
+    fits: bool | None
+    gpu_memory_gib: float | None
+    gpu_used_gib: float = 0.0
+    peak_phase: str = ""
+    method: str = ""
+    strategy: str = "single"
+    devices: int = 1
+    micro_batch_size: int = 1
+    seq_len: int = 0
+    precision: str = ""
+    model_name: str = ""
+    total_params: int = 0
+    trainable_params: int = 0
+    trace_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps(asdict(self)))
+
+    def summary(self) -> str:
+        where = f" per GPU x{self.devices}" if self.devices > 1 else ""
+        if self.gpu_memory_gib is None:
+            verdict = "GPU size unknown"
+            of = ""
+        else:
+            verdict = "fits" if self.fits else "will OOM"
+            of = f" of {self.gpu_memory_gib:.1f} GiB"
+        return (
+            f"predicted peak {self.peak_alloc_gib:.1f} GiB allocated ({self.gpu_used_gib:.1f} GiB used{of})"
+            f"{where}: {verdict}"
+        )
+
+
+def predict(spec: TrainingSpec) -> MemoryPlan:
+    """Predict per-GPU peak memory for ``spec`` without allocating any real weights."""
+    spec.validate()
+    result = trace(spec)
+    breakdown = analytic.STRATEGY_MODELS[spec.strategy](spec, result)
+    parts = {k: breakdown.parts.get(k, 0) / GIB for k in BREAKDOWN_KEYS if k != "cuda_context"}
+    parts["cuda_context"] = analytic.CUDA_CONTEXT_BYTES / GIB
+    used_gib = analytic.gpu_used_bytes(breakdown) / GIB
+    fits = None if spec.gpu_memory_gib is None else used_gib <= spec.gpu_memory_gib
+    return MemoryPlan(
+        peak_alloc_gib=breakdown.allocated_bytes / GIB,
+        breakdown_gib={k: round(v, 4) for k, v in parts.items()},
+        host_gib=breakdown.host_bytes / GIB,
+        fits=fits,
+        gpu_memory_gib=spec.gpu_memory_gib,
+        gpu_used_gib=used_gib,
+        peak_phase=breakdown.phase,
+        method=spec.method,
+        strategy=spec.strategy,
+        devices=spec.devices,
+        micro_batch_size=spec.micro_batch_size,
+        seq_len=spec.seq_len,
+        precision=spec.precision,
+        model_name=str(spec.model_config.name),
+        total_params=result.total_param_numel,
+        trainable_params=result.trainable_param_numel,
+        trace_seconds=result.seconds,
+        notes=[*result.notes, *breakdown.notes],
+    )
+
+
+def plan_recipe(recipe: dict | str | Path, **kwargs) -> MemoryPlan:
+    """``predict(spec_from_recipe(recipe, **kwargs))``."""
+    return predict(spec_from_recipe(recipe, **kwargs))

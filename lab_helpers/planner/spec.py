@@ -1,0 +1,328 @@
+"""What a prediction needs, and how to read it from a litgpt fine-tuning recipe.
+
+``TrainingSpec`` is independent of recipe files so that the runner, notebooks and the Lightning-Trainer
+experiments (which have no litgpt recipe) can describe a run directly. ``spec_from_recipe`` turns any YAML that
+``litgpt finetune_full`` / ``finetune_lora`` accept into a spec, rejecting what litgpt itself would reject.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from .errors import PlanError
+
+Method = Literal["full", "lora", "qlora"]
+Strategy = Literal["single", "ddp", "fsdp", "deepspeed-zero3"]
+
+STRATEGIES: tuple[str, ...] = ("single", "ddp", "fsdp", "deepspeed-zero3")
+PRECISIONS: tuple[str, ...] = ("32-true", "bf16-true", "bf16-mixed", "16-true", "16-mixed")
+# litgpt.finetune.lora.setup's LoRA switches: which layers get adapters.
+LORA_LAYER_KEYS: tuple[str, ...] = (
+    "lora_query",
+    "lora_key",
+    "lora_value",
+    "lora_projection",
+    "lora_mlp",
+    "lora_head",
+)
+# litgpt.finetune.lora.setup defaults, used when a recipe leaves a LoRA key out.
+LORA_DEFAULTS: dict[str, Any] = {
+    "lora_r": 8,
+    "lora_alpha": 16,
+    "lora_dropout": 0.05,
+    "lora_query": True,
+    "lora_key": False,
+    "lora_value": True,
+    "lora_projection": False,
+    "lora_mlp": False,
+    "lora_head": False,
+}
+OPTIMIZERS: tuple[str, ...] = ("AdamW", "Adam", "SGD", "DeepSpeedCPUAdam")
+
+
+@dataclass
+class TrainingSpec:
+    """Everything that decides GPU memory in a litgpt-style fine-tuning step.
+
+    ``seq_len`` is the worst-case padded length of a micro-batch (litgpt pads each batch to its longest sample,
+    so the peak comes from the batch holding the longest sample). Fields after ``gpu_memory_gib`` are extras
+    with defaults matching litgpt 0.5.13 finetune scripts.
+    """
+
+    model_config: Any  # litgpt.Config
+    method: Method
+    precision: str
+    micro_batch_size: int
+    seq_len: int
+    optimizer: str = "AdamW"
+    lora: dict = field(default_factory=dict)
+    quantize: str | None = None
+    devices: int = 1
+    strategy: Strategy = "single"
+    fsdp_wrap_blocks: bool = True
+    offload_optimizer: bool = False
+    activation_checkpointing: bool = False
+    gpu_memory_gib: float | None = None
+    # --- extras ---
+    gradient_accumulation_iters: int = 1
+    optimizer_kwargs: dict = field(default_factory=dict)
+    # bitsandbytes < 0.44 kept each 4-bit layer's input alive for backward; newer releases do not.
+    bnb_saves_input: bool = False
+    # Fabric's FSDP no_backward_sync keeps *unsharded* gradients while accumulating (litgpt full.py uses it).
+    fsdp_unsharded_grad_accumulation: bool = True
+    # Run one validation forward (no grad, unchunked loss) as litgpt does every eval.interval steps.
+    include_validation: bool = True
+
+    def validate(self) -> None:
+        """Reject impossible combinations with one clear line."""
+        if self.method not in ("full", "lora", "qlora"):
+            raise PlanError(f"unknown method {self.method!r}: expected full, lora or qlora")
+        if self.precision not in PRECISIONS:
+            raise PlanError(f"precision {self.precision!r} is not supported; use one of {', '.join(PRECISIONS)}")
+        if not isinstance(self.devices, int) or self.devices < 1:
+            raise PlanError(f"devices must be a positive integer, got {self.devices!r}")
+        if self.strategy not in STRATEGIES:
+            raise PlanError(f"unknown strategy {self.strategy!r}: expected one of {', '.join(STRATEGIES)}")
+        if self.strategy == "single" and self.devices != 1:
+            raise PlanError(f"strategy 'single' runs on one device, but devices={self.devices}")
+        if self.strategy != "single" and self.devices < 2:
+            raise PlanError(f"strategy {self.strategy!r} needs at least 2 devices, but devices={self.devices}")
+        if self.micro_batch_size < 1:
+            raise PlanError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.seq_len < 2:
+            raise PlanError(f"sequence length must be >= 2, got {self.seq_len}")
+        if self.seq_len > self.model_config.block_size:
+            raise PlanError(
+                f"sequence length {self.seq_len} exceeds the model's block size {self.model_config.block_size}"
+            )
+        if self.gradient_accumulation_iters < 1:
+            raise PlanError(f"gradient_accumulation_iters must be >= 1, got {self.gradient_accumulation_iters}")
+        if self.optimizer not in OPTIMIZERS:
+            raise PlanError(f"optimizer {self.optimizer!r} is not modelled; use one of {', '.join(OPTIMIZERS)}")
+        if self.offload_optimizer and self.strategy != "deepspeed-zero3":
+            raise PlanError("optimizer offload is modelled for --strategy deepspeed-zero3 only")
+        if self.optimizer == "DeepSpeedCPUAdam" and not self.offload_optimizer:
+            raise PlanError(
+                "DeepSpeedCPUAdam steps on the CPU: it needs --strategy deepspeed-zero3 --offload-optimizer"
+            )
+        if self.method == "qlora":
+            if not (self.quantize or "").startswith(("bnb.nf4", "bnb.fp4")):
+                raise PlanError(f"QLoRA needs quantize bnb.nf4 / bnb.nf4-dq, got {self.quantize!r}")
+            if "mixed" in self.precision:
+                raise PlanError("litgpt rejects quantization with mixed precision (use bf16-true)")
+            if self.devices > 1:
+                raise PlanError("litgpt does not support quantization on more than one device")
+            if self.optimizer != "AdamW":
+                raise PlanError("litgpt's QLoRA (bitsandbytes) supports only the AdamW optimizer")
+        elif self.quantize:
+            raise PlanError(f"quantize={self.quantize!r} only applies to LoRA recipes (QLoRA)")
+        if self.method != "full" and self.lora.get("lora_r", 1) < 1:
+            raise PlanError(f"lora_r must be >= 1, got {self.lora.get('lora_r')}")
+
+
+def _set_dotted(tree: dict, dotted: str, value: object) -> None:
+    node = tree
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise PlanError(f"cannot set {dotted!r}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def load_recipe(recipe: dict | str | Path) -> dict:
+    """A recipe as a nested dict (a copy); paths are read as YAML."""
+    if isinstance(recipe, dict):
+        return yaml.safe_load(yaml.safe_dump(recipe))  # deep copy of plain data
+    path = Path(recipe)
+    if not path.is_file():
+        raise PlanError(f"recipe file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise PlanError(f"recipe {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"recipe {path} must be a YAML mapping")
+    return data
+
+
+def resolve_model_config(checkpoint_dir: str | Path, lora: dict | None = None):
+    """The litgpt ``Config`` for a checkpoint directory, without any weights.
+
+    A ``model_config.yaml`` in the directory wins (that is what litgpt reads); otherwise the directory's name
+    must be one of litgpt's config names (``checkpoints/meta-llama/Llama-3.2-1B`` -> ``Llama-3.2-1B``).
+    """
+    from litgpt import Config
+
+    kwargs = dict(lora or {})
+    path = Path(checkpoint_dir)
+    config_file = path / "model_config.yaml"
+    if config_file.is_file():
+        cls = Config
+        if kwargs:
+            from litgpt.lora import Config as LoRAConfig
+
+            cls = LoRAConfig
+        try:
+            return cls.from_file(config_file, **kwargs)
+        except Exception as err:  # noqa: BLE001 - any failure here is bad input
+            raise PlanError(f"cannot read {config_file}: {err}") from None
+    name = path.name
+    if not name:
+        raise PlanError("recipe has no checkpoint_dir to name the model")
+    try:
+        if kwargs:
+            from litgpt.lora import Config as LoRAConfig
+
+            return LoRAConfig.from_name(name, **kwargs)
+        return Config.from_name(name)
+    except ValueError:
+        raise PlanError(
+            f"unknown model {name!r}: not a litgpt config name and no model_config.yaml in {path}"
+        ) from None
+
+
+def _optimizer_from_recipe(value: object) -> tuple[str, dict]:
+    if value is None:
+        return "AdamW", {}
+    if isinstance(value, str):
+        return value.rsplit(".", 1)[-1], {}
+    if isinstance(value, dict) and "class_path" in value:
+        return str(value["class_path"]).rsplit(".", 1)[-1], dict(value.get("init_args") or {})
+    raise PlanError(f"optimizer must be a name or a class_path/init_args mapping, got {value!r}")
+
+
+def _int(value: object, what: str) -> int:
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        return int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise PlanError(f"{what} must be an integer, got {value!r}") from None
+
+
+def spec_from_recipe(
+    recipe: dict | str | Path,
+    *,
+    overrides: dict[str, object] | None = None,
+    devices: int | None = 1,
+    strategy: str | None = "single",
+    offload_optimizer: bool = False,
+    gpu_memory_gib: float | None = None,
+    data_max_len: int | None = None,
+) -> TrainingSpec:
+    """Read a litgpt finetune recipe into a :class:`TrainingSpec`.
+
+    ``overrides`` are dotted keys (``"train.micro_batch_size": 2``). ``devices=None`` / ``strategy=None`` take
+    the recipe's ``devices`` and litgpt's own choice (FSDP for full fine-tuning on several devices).
+    The sequence length is ``train.max_seq_length`` capped by the model's block size and by ``data_max_len``.
+    """
+    from litgpt.args import TrainArgs
+    from litgpt.finetune import full as litgpt_full
+    from litgpt.finetune import lora as litgpt_lora
+
+    tree = load_recipe(recipe)
+    for key, value in (overrides or {}).items():
+        _set_dotted(tree, key, value)
+
+    has_lora = any(k.startswith("lora_") for k in tree)
+    quantize = tree.get("quantize")
+    if quantize is not None and not has_lora:
+        raise PlanError("'quantize' is accepted by litgpt finetune_lora only; this recipe has no LoRA keys")
+    script = "finetune_lora" if has_lora else "finetune_full"
+    accepted = set(inspect.signature((litgpt_lora if has_lora else litgpt_full).setup).parameters)
+    unknown = sorted(set(tree) - accepted)
+    if unknown:
+        raise PlanError(f"litgpt {script} does not accept recipe key(s): {', '.join(unknown)}")
+    if "checkpoint_dir" not in tree or not tree["checkpoint_dir"]:
+        raise PlanError("recipe has no checkpoint_dir (it names the model)")
+
+    train_cfg = tree.get("train") or {}
+    if not isinstance(train_cfg, dict):
+        raise PlanError("recipe 'train' must be a mapping")
+    train_fields = {f.name for f in dataclasses.fields(TrainArgs)}
+    bad = sorted(set(train_cfg) - train_fields)
+    if bad:
+        raise PlanError(f"litgpt TrainArgs has no field(s): {', '.join(bad)}")
+    micro = _int(train_cfg.get("micro_batch_size", 1) or 1, "train.micro_batch_size")
+    global_bs = _int(train_cfg.get("global_batch_size", 16) or 16, "train.global_batch_size")
+
+    if devices is None:
+        raw = tree.get("devices", 1)
+        if raw in (-1, "auto"):
+            raise PlanError("recipe says devices: auto; pass --devices N so the plan knows how many GPUs")
+        devices = _int(raw, "devices")
+    devices = _int(devices, "devices")
+    if devices < 1:
+        raise PlanError(f"--devices must be at least 1, got {devices}")
+    num_nodes = _int(tree.get("num_nodes", 1) or 1, "num_nodes")
+    if strategy is None:
+        strategy = "single" if devices * num_nodes == 1 else "fsdp"
+    if strategy not in STRATEGIES:
+        raise PlanError(f"unknown strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    if micro < 1 or global_bs < 1:
+        raise PlanError("train.micro_batch_size and train.global_batch_size must be >= 1")
+    per_rank = global_bs // (devices * num_nodes)
+    accumulation = per_rank // micro
+    if accumulation < 1:
+        raise PlanError(
+            f"global_batch_size {global_bs} is smaller than micro_batch_size {micro} x {devices * num_nodes} devices"
+        )
+
+    lora: dict = {}
+    if has_lora:
+        lora = {k: tree.get(k, v) for k, v in LORA_DEFAULTS.items()}
+        lora["lora_r"] = _int(lora["lora_r"], "lora_r")
+    model_config = resolve_model_config(tree["checkpoint_dir"], lora if has_lora else None)
+
+    max_seq = train_cfg.get("max_seq_length")
+    seq_len = (
+        model_config.block_size
+        if max_seq is None
+        else min(_int(max_seq, "train.max_seq_length"), model_config.block_size)
+    )
+    if data_max_len is not None:
+        seq_len = min(seq_len, int(data_max_len))
+
+    precision = tree.get("precision") or "bf16-mixed"  # litgpt's default on a bf16-capable GPU
+    method: Method = "full"
+    if has_lora:
+        method = "lora"
+        if quantize is not None:
+            if str(quantize).startswith(("bnb.nf4", "bnb.fp4")):
+                method = "qlora"
+            else:
+                raise PlanError(f"quantize={quantize!r} is not modelled (supported: bnb.nf4, bnb.nf4-dq)")
+    optimizer, optimizer_kwargs = _optimizer_from_recipe(tree.get("optimizer"))
+    if offload_optimizer:
+        optimizer = "DeepSpeedCPUAdam"
+
+    spec = TrainingSpec(
+        model_config=model_config,
+        method=method,
+        precision=str(precision),
+        micro_batch_size=micro,
+        seq_len=int(seq_len),
+        optimizer=optimizer,
+        lora=lora,
+        quantize=quantize,
+        devices=devices * num_nodes,
+        strategy=strategy,  # type: ignore[arg-type]
+        offload_optimizer=offload_optimizer,
+        # litgpt finetune_full wraps each Block with FSDP *and* activation checkpointing on several devices.
+        activation_checkpointing=(method == "full" and strategy == "fsdp"),
+        gpu_memory_gib=gpu_memory_gib,
+        gradient_accumulation_iters=accumulation,
+        optimizer_kwargs=optimizer_kwargs,
+    )
+    spec.validate()
+    return spec

@@ -1,0 +1,332 @@
+"""Run litgpt's real model, loss and optimizer for a few micro-batches on fake CPU tensors.
+
+The loop mirrors ``litgpt/finetune/{full,lora}.py`` (litgpt 0.5.13) and Fabric's precision plugins line by line
+where memory is concerned: the logits are converted to fp32 by the precision plugin, the previous micro-batch's
+``logits`` variable stays alive until the next forward returns, optimizer state appears lazily at the first
+step, ``zero_grad`` frees gradients, and validation runs an unchunked loss under ``no_grad``.
+A first window of one micro-batch creates gradients and the (lazy) optimizer state; a second window of
+``min(accumulation, 2)`` micro-batches then shows the steady state, which later micro-batches repeat exactly.
+
+Blocks are identical, so every term is affine in the number of blocks: ``trace`` runs the real code with 2 and 4
+blocks and extrapolates each phase's breakdown to the model's depth, which keeps a 13B prediction to seconds
+(``trace_training`` traces the full depth; tests check the two agree).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ._compat import fake_tensor_mode
+from .accounting import Phase, StorageAccountant, make_dispatch_tracker
+from .errors import PlanError
+from .fake_modules import (
+    CudaAutocastEmulation,
+    NoStateOptimizer,
+    PagedAdamWStandIn,
+    StableEmbedding,
+    quantize_linears,
+    use_cuda_dropout,
+)
+from .spec import TrainingSpec
+
+LORA_LM_HEAD_CHUNK = 128  # litgpt finetune/lora.py: model(input_ids, lm_head_chunk_size=128)
+
+
+@dataclass
+class TraceResult:
+    phases: list[Phase]
+    total_param_numel: int
+    trainable_param_numel: int
+    param_bytes: int  # parameters, buffers and 4-bit storage on the GPU, as traced
+    trainable_param_bytes: int
+    block_param_bytes: int  # one transformer block (FSDP / ZeRO-3 gather unit)
+    block_param_numel: int
+    root_param_bytes: int  # everything outside the blocks (embedding, lm_head, final norm)
+    optimizer_state_bytes: int  # on the CUDA allocator after the last step
+    paged_optimizer_bytes: int  # bnb paged state: GPU memory outside the caching allocator
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    def peak_phase(self) -> Phase:
+        return max(self.phases, key=lambda p: p.peak_bytes)
+
+
+def _param_dtype(precision: str) -> torch.dtype:
+    if precision == "bf16-true":
+        return torch.bfloat16
+    if precision == "16-true":
+        return torch.float16
+    return torch.float32
+
+
+def _precision_contexts(spec: TrainingSpec):
+    """(module-init dtype, forward-context factory, output dtype) as Fabric's plugin would give them."""
+    pdtype = _param_dtype(spec.precision)
+    if spec.precision.endswith("-mixed"):
+        low = torch.bfloat16 if spec.precision.startswith("bf16") else torch.float16
+        return pdtype, lambda: CudaAutocastEmulation(low), low
+    if pdtype != torch.float32:
+        return pdtype, lambda: _default_dtype(pdtype), pdtype
+    return pdtype, contextlib.nullcontext, None
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _to_default_float(data):
+    """Fabric's ``convert_output``: floating outputs become the default dtype (fp32)."""
+    if isinstance(data, torch.Tensor):
+        return data.to(torch.get_default_dtype()) if data.is_floating_point() else data
+    if isinstance(data, list):
+        return [_to_default_float(d) for d in data]
+    return data
+
+
+def _build_model(spec: TrainingSpec, pdtype: torch.dtype):
+    config = copy.deepcopy(spec.model_config)
+    if spec.method == "full":
+        from litgpt.model import GPT
+
+        with _default_dtype(pdtype):
+            model = GPT(config)
+    else:
+        from litgpt.lora import GPT as LoRAGPT
+        from litgpt.lora import Config as LoRAConfig
+        from litgpt.lora import mark_only_lora_as_trainable
+
+        if not isinstance(config, LoRAConfig):
+            fields = {k: v for k, v in vars(config).items() if k in LoRAConfig.__dataclass_fields__}
+            fields.pop("name", None)
+            config = LoRAConfig(name=spec.model_config.name, **{**fields, **spec.lora})
+        with _default_dtype(pdtype):
+            model = LoRAGPT(config)
+        mark_only_lora_as_trainable(model)
+    return model
+
+
+def _make_optimizer(spec: TrainingSpec, model: torch.nn.Module):
+    params = list(model.parameters())
+    kwargs = {k: v for k, v in spec.optimizer_kwargs.items() if k not in ("foreach", "fused", "capturable")}
+    if spec.method == "qlora":
+        return PagedAdamWStandIn(params)
+    if spec.optimizer == "DeepSpeedCPUAdam" or spec.strategy == "deepspeed-zero3":
+        return NoStateOptimizer(params)  # ZeRO-3 optimizer memory is analytic (see analytic.py)
+    cls = getattr(torch.optim, spec.optimizer, None)
+    if cls is None:
+        raise PlanError(f"optimizer {spec.optimizer!r} is not a torch.optim class")
+    if "betas" in kwargs and isinstance(kwargs["betas"], list):
+        kwargs["betas"] = tuple(kwargs["betas"])
+    try:
+        # CUDA picks the foreach implementation by default; fake CPU tensors would fall back to the for-loop one,
+        # whose temporaries differ, so ask for foreach explicitly.
+        return cls(params, foreach=True, **kwargs)
+    except TypeError as err:
+        raise PlanError(f"optimizer {spec.optimizer} rejects its init_args: {err}") from None
+
+
+def _checkpoint_blocks(model: torch.nn.Module) -> None:
+    from torch.utils.checkpoint import checkpoint
+
+    for block in model.transformer.h:
+        inner = block.forward
+
+        def forward(*args, _inner=inner, **kwargs):
+            return checkpoint(_inner, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
+
+        block.forward = forward
+
+
+def _numel(params) -> int:
+    return sum(p.numel() for p in params)
+
+
+def _bytes(tensors) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        seen[id(st)] = st.nbytes()
+    return sum(seen.values())
+
+
+SCALING_DEPTHS = (2, 4)  # even, so layer patterns with period 2 (alternating sliding windows) are kept
+
+
+def trace(spec: TrainingSpec) -> TraceResult:
+    """The trace of ``spec`` at full depth, extrapolated from two shallow traces when the model is deep."""
+    n_layer = spec.model_config.n_layer
+    lo, hi = SCALING_DEPTHS
+    if n_layer <= hi:
+        return trace_training(spec)
+    a = trace_training(spec, n_layer=lo)
+    b = trace_training(spec, n_layer=hi)
+    factor = (n_layer - lo) / (hi - lo)
+
+    def ext(x: float, y: float) -> int:
+        return int(round(x + (y - x) * factor))
+
+    phases = []
+    for pa, pb in zip(a.phases, b.phases, strict=True):
+        phases.append(
+            Phase(
+                pb.name,
+                pb.kind,
+                pb.t_start,
+                pb.t_end,
+                peak_bytes=ext(pa.peak_bytes, pb.peak_bytes),
+                t_peak=pb.t_peak,
+                by_category={k: ext(pa.by_category[k], pb.by_category[k]) for k in pb.by_category},
+                step_temporaries=ext(pa.step_temporaries, pb.step_temporaries),
+            )
+        )
+    scalars = {
+        name: ext(getattr(a, name), getattr(b, name))
+        for name in (
+            "total_param_numel",
+            "trainable_param_numel",
+            "param_bytes",
+            "trainable_param_bytes",
+            "root_param_bytes",
+            "optimizer_state_bytes",
+            "paged_optimizer_bytes",
+        )
+    }
+    return TraceResult(
+        phases=phases,
+        block_param_bytes=b.block_param_bytes,
+        block_param_numel=b.block_param_numel,
+        seconds=a.seconds + b.seconds,
+        notes=[f"traced {lo} and {hi} of {n_layer} blocks and extrapolated (blocks are identical)"],
+        **scalars,
+    )
+
+
+def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResult:
+    """Trace the spec's single-device training step (optionally with fewer blocks): two optimizer windows and
+    a validation pass."""
+    from litgpt.utils import chunked_cross_entropy
+
+    started = time.perf_counter()
+    pdtype, forward_context, _ = _precision_contexts(spec)
+    accumulation = spec.gradient_accumulation_iters
+    micro_batches = min(accumulation, 2)
+    B, T = spec.micro_batch_size, spec.seq_len
+    vocab = spec.model_config.padded_vocab_size
+    acct = StorageAccountant()
+    keep_alive: list = []  # objects litgpt keeps referenced for the whole run
+
+    if n_layer is not None:
+        spec = copy.copy(spec)
+        spec.model_config = copy.deepcopy(spec.model_config)
+        spec.model_config.n_layer = n_layer
+    with fake_tensor_mode():
+        model = _build_model(spec, pdtype)
+        total_numel = _numel(model.parameters())  # before 4-bit layers turn weights into buffers
+        use_cuda_dropout(model)
+        # litgpt builds the optimizer before QLoRA's embedding swap, so the new embedding is never zeroed.
+        optimizer = _make_optimizer(spec, model)
+        if spec.method == "qlora":
+            double_quant = str(spec.quantize).endswith("-dq")
+            quantize_linears(model, double_quant, spec.bnb_saves_input)
+            old = model.transformer.wte
+            model.transformer.wte = StableEmbedding(old.num_embeddings, old.embedding_dim, pdtype, old.weight.device)
+            keep_alive.append(old)  # lora.py keeps `old_embedding` referenced in main()
+        if spec.activation_checkpointing:
+            _checkpoint_blocks(model)
+        model.max_seq_length = T  # fit(): outside any precision context, so the RoPE cache is fp32
+
+        params = list(model.parameters())
+        for t in [*params, *model.buffers()]:
+            acct.track(t, "parameters")
+        for mod in keep_alive:
+            for t in mod.parameters():
+                acct.track(t, "parameters")
+        trainable = [p for p in params if p.requires_grad]
+        hooks = [p.register_post_accumulate_grad_hook(lambda p: acct.mark(p.grad, "gradients")) for p in trainable]
+
+        tracker = make_dispatch_tracker(acct)
+        lora = spec.method != "full"
+
+        def loss_of(logits, targets):
+            if lora:
+                logits[-1] = logits[-1][..., :-1, :]
+                return chunked_cross_entropy(logits, targets[..., 1:])
+            return chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])
+
+        def forward(input_ids):
+            with forward_context():
+                out = model(input_ids, lm_head_chunk_size=LORA_LM_HEAD_CHUNK) if lora else model(input_ids)
+            return _to_default_float(out)
+
+        logits = loss = None
+        with tracker:
+            iteration = 0
+            for window in range(2):
+                for micro in range(1 if window == 0 else micro_batches):
+                    iteration += 1
+                    acct.begin(f"w{window}m{micro}-forward", "fwd")
+                    input_ids = torch.randint(0, vocab, (B, T))
+                    targets = torch.randint(0, vocab, (B, T))
+                    logits = forward(input_ids)
+                    loss = loss_of(logits, targets)
+                    acct.end()
+                    acct.begin(f"w{window}m{micro}-backward", "bwd")
+                    (loss / accumulation).backward()
+                    acct.end()
+                acct.begin(f"w{window}-step", "step")
+                optimizer.step()
+                optimizer.zero_grad()
+                for state in optimizer.state.values():
+                    for value in state.values():
+                        if isinstance(value, torch.Tensor) and value.numel() > 1:
+                            acct.mark(value, "optimizer_states")
+                acct.end()
+            if spec.include_validation:
+                acct.begin("validation", "val")
+                model.eval()
+                with torch.no_grad():
+                    input_ids = torch.randint(0, vocab, (B, T))
+                    targets = torch.randint(0, vocab, (B, T))
+                    with forward_context():
+                        val_logits = model(input_ids)
+                    val_logits = _to_default_float(val_logits)
+                    chunked_cross_entropy(val_logits[..., :-1, :], targets[..., 1:], chunk_size=0)
+                    del val_logits
+                model.train()
+                acct.end()
+        for h in hooks:
+            h.remove()
+
+        acct.summarize()
+        blocks = model.transformer.h
+        block_params = list(blocks[0].parameters()) + list(blocks[0].buffers())
+        block_bytes = _bytes(block_params)
+        all_bytes = _bytes([*params, *model.buffers()])
+        state_bytes = _bytes(
+            v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.numel() > 1
+        )
+        result = TraceResult(
+            phases=acct.phases,
+            total_param_numel=total_numel,
+            trainable_param_numel=_numel(trainable),
+            param_bytes=all_bytes,
+            trainable_param_bytes=_bytes(trainable),
+            block_param_bytes=block_bytes,
+            block_param_numel=_numel(blocks[0].parameters()),
+            root_param_bytes=max(0, all_bytes - block_bytes * len(blocks)),
+            optimizer_state_bytes=state_bytes,
+            paged_optimizer_bytes=getattr(optimizer, "paged_bytes", 0),
+            seconds=time.perf_counter() - started,
+        )
+    return result

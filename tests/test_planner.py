@@ -1,0 +1,269 @@
+"""Planner invariants on tiny real litgpt models (fake tensors, so each prediction takes about a second)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+import pytest
+import torch
+from litgpt import Config
+from litgpt.utils import save_config
+
+from lab_helpers.planner import MemoryPlan, PlanError, TrainingSpec, plan_recipe, predict, spec_from_recipe
+from lab_helpers.planner import cli as planner_cli
+from lab_helpers.planner.tracer import trace, trace_training
+
+LORA_ALL = dict(
+    lora_r=8,
+    lora_alpha=16,
+    lora_dropout=0.05,
+    lora_query=True,
+    lora_key=True,
+    lora_value=True,
+    lora_projection=True,
+    lora_mlp=True,
+    lora_head=False,
+)
+
+
+def tiny_config(n_layer: int = 2, n_embd: int = 64, **kw) -> Config:
+    base = dict(
+        name="tiny-llama-test",
+        block_size=256,
+        vocab_size=512,
+        padded_vocab_size=512,
+        n_layer=n_layer,
+        n_head=4,
+        n_query_groups=2,
+        n_embd=n_embd,
+        intermediate_size=4 * n_embd,
+        parallel_residual=False,
+        bias=False,
+        norm_class_name="RMSNorm",
+        mlp_class_name="LLaMAMLP",
+        rotary_percentage=1.0,
+    )
+    base.update(kw)
+    return Config(**base)
+
+
+@pytest.fixture()
+def checkpoint_dir(tmp_path):
+    path = tmp_path / "checkpoints" / "tiny-llama-test"
+    path.mkdir(parents=True)
+    save_config(tiny_config(), path)
+    return path
+
+
+def recipe(ckpt, **extra) -> dict:
+    out = {
+        "checkpoint_dir": str(ckpt),
+        "precision": "bf16-true",
+        "train": {"global_batch_size": 4, "micro_batch_size": 2, "max_seq_length": 64},
+    }
+    out.update(extra)
+    return out
+
+
+def spec(method="full", precision="bf16-true", mb=2, seq=64, **kw) -> TrainingSpec:
+    cfg = kw.pop("config", None) or tiny_config()
+    lora = LORA_ALL if method != "full" else {}
+    quantize = "bnb.nf4" if method == "qlora" else None
+    return TrainingSpec(cfg, method, precision, mb, seq, lora=lora, quantize=quantize, **kw)
+
+
+def peak(s: TrainingSpec) -> float:
+    return predict(s).peak_alloc_gib
+
+
+def test_bf16_true_below_32_true():
+    assert peak(spec(precision="bf16-true")) < peak(spec(precision="32-true"))
+
+
+def test_bf16_mixed_above_bf16_true():
+    assert peak(spec(precision="bf16-mixed")) > peak(spec(precision="bf16-true"))
+
+
+def test_lora_below_full():
+    assert peak(spec("lora")) < peak(spec("full"))
+
+
+def test_qlora_below_lora_on_a_larger_model():
+    big = tiny_config(n_embd=512, n_head=8, n_query_groups=8)
+    lora, qlora = predict(spec("lora", config=big, mb=1, seq=32)), predict(spec("qlora", config=big, mb=1, seq=32))
+    assert qlora.peak_alloc_gib < lora.peak_alloc_gib
+    assert qlora.breakdown_gib["parameters"] < 0.5 * lora.breakdown_gib["parameters"]
+
+
+def test_nf4_double_quant_smaller():
+    big = tiny_config(n_embd=512, n_head=8, n_query_groups=8)
+    plain = predict(dataclasses.replace(spec("qlora", config=big, mb=1, seq=32), quantize="bnb.nf4"))
+    dq = predict(dataclasses.replace(spec("qlora", config=big, mb=1, seq=32), quantize="bnb.nf4-dq"))
+    assert dq.breakdown_gib["parameters"] < plain.breakdown_gib["parameters"]
+
+
+def test_fsdp_per_gpu_below_ddp():
+    cfg = tiny_config(n_layer=4, n_embd=256)
+    ddp = predict(spec(config=cfg, devices=4, strategy="ddp", mb=1, seq=32))
+    fsdp = predict(spec(config=cfg, devices=4, strategy="fsdp", mb=1, seq=32))
+    assert fsdp.peak_alloc_gib < ddp.peak_alloc_gib
+    assert ddp.breakdown_gib["communication_buffers"] > 0
+
+
+def test_peak_grows_with_micro_batch_and_sequence():
+    assert peak(spec(mb=1)) < peak(spec(mb=2)) < peak(spec(mb=4))
+    assert peak(spec(seq=32)) < peak(spec(seq=64)) < peak(spec(seq=128))
+
+
+def test_gradient_accumulation_keeps_memory():
+    one = predict(spec(mb=2, gradient_accumulation_iters=1))
+    many = predict(spec(mb=2, gradient_accumulation_iters=8))
+    assert many.peak_alloc_gib == pytest.approx(one.peak_alloc_gib, rel=0.35)
+
+
+def test_offload_moves_optimizer_bytes_to_host():
+    cfg = tiny_config(n_layer=4, n_embd=256)
+    on_gpu = predict(spec(config=cfg, devices=2, strategy="deepspeed-zero3", mb=1, seq=32))
+    off = predict(
+        spec(
+            config=cfg,
+            devices=2,
+            strategy="deepspeed-zero3",
+            offload_optimizer=True,
+            optimizer="DeepSpeedCPUAdam",
+            mb=1,
+            seq=32,
+        )
+    )
+    assert on_gpu.breakdown_gib["optimizer_states"] > 0
+    assert off.breakdown_gib["optimizer_states"] == 0
+    assert off.host_gib > on_gpu.host_gib
+    assert off.peak_alloc_gib < on_gpu.peak_alloc_gib
+
+
+def _real_bytes(tensors) -> int:
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
+@pytest.mark.parametrize("precision,dtype", [("32-true", torch.float32), ("bf16-true", torch.bfloat16)])
+@pytest.mark.parametrize("optimizer", ["AdamW", "SGD"])
+def test_traced_bytes_equal_real_objects(precision, dtype, optimizer):
+    """The fake trace's parameter and optimizer-state bytes equal those of real objects after a real step."""
+    from litgpt.model import GPT
+    from litgpt.utils import chunked_cross_entropy
+
+    cfg = tiny_config()
+    kwargs = {"momentum": 0.9} if optimizer == "SGD" else {}
+    s = spec(precision=precision, optimizer=optimizer, optimizer_kwargs=kwargs, mb=1, seq=16)
+    traced = trace_training(s)
+
+    torch.manual_seed(0)
+    model = GPT(cfg).to(dtype)
+    model.max_seq_length = 16
+    opt = getattr(torch.optim, optimizer)(model.parameters(), lr=1e-3, **kwargs)
+    x = torch.randint(0, 512, (1, 16))
+    loss = chunked_cross_entropy(model(x)[..., :-1, :].float(), x[..., 1:])
+    loss.backward()
+    opt.step()
+    states = [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v) and v.numel() > 1]
+    assert traced.param_bytes == _real_bytes([*model.parameters(), *model.buffers()])
+    assert traced.optimizer_state_bytes == _real_bytes(states)
+    assert traced.trainable_param_numel == sum(p.numel() for p in model.parameters())
+
+
+def test_extrapolated_trace_equals_full_trace():
+    s = spec("lora", config=tiny_config(n_layer=6), mb=1, seq=32, gradient_accumulation_iters=2)
+    full, scaled = trace_training(s), trace(s)
+    assert [p.peak_bytes for p in scaled.phases] == [p.peak_bytes for p in full.phases]
+
+
+def test_plan_fields_and_breakdown_sum():
+    plan = predict(spec(gpu_memory_gib=80.0))
+    assert isinstance(plan, MemoryPlan)
+    parts = {k: v for k, v in plan.breakdown_gib.items() if k != "cuda_context"}
+    assert sum(parts.values()) == pytest.approx(plan.peak_alloc_gib, abs=1e-3)
+    assert set(plan.breakdown_gib) >= {
+        "parameters",
+        "gradients",
+        "optimizer_states",
+        "activations",
+        "temporaries",
+        "communication_buffers",
+        "cuda_context",
+    }
+    assert plan.fits is True and "fits" in plan.summary()
+    assert predict(spec(gpu_memory_gib=0.1)).fits is False
+    assert predict(spec()).fits is None
+    json.dumps(plan.to_dict())
+
+
+def test_spec_from_recipe(checkpoint_dir):
+    s = spec_from_recipe(recipe(checkpoint_dir), overrides={"train.micro_batch_size": 1}, data_max_len=40)
+    assert (s.method, s.micro_batch_size, s.seq_len, s.gradient_accumulation_iters) == ("full", 1, 40, 4)
+    s = spec_from_recipe(recipe(checkpoint_dir, lora_r=4, lora_mlp=True))
+    assert s.method == "lora" and s.lora["lora_r"] == 4 and s.lora["lora_mlp"] is True
+    s = spec_from_recipe(recipe(checkpoint_dir, lora_r=4, quantize="bnb.nf4-dq"))
+    assert s.method == "qlora"
+    s = spec_from_recipe(recipe(checkpoint_dir, train={"max_seq_length": 4096}))
+    assert s.seq_len == 256  # capped by the block size
+    s = spec_from_recipe({"checkpoint_dir": "checkpoints/meta-llama/Llama-3.2-1B", "precision": "bf16-true"})
+    assert s.model_config.n_layer == 16
+    assert plan_recipe(recipe(checkpoint_dir)).peak_alloc_gib > 0
+
+
+@pytest.mark.parametrize(
+    "change,kwargs,message",
+    [
+        ({"checkpoint_dir": "checkpoints/nobody/NoSuchModel-7B"}, {}, "unknown model"),
+        ({"learning_rate": 1e-3}, {}, "does not accept"),
+        ({"train": {"micro_batch_size": 2, "lr": 1}}, {}, "TrainArgs"),
+        ({"quantize": "bnb.nf4"}, {}, "finetune_lora"),
+        ({}, {"devices": 0}, "devices"),
+        ({}, {"strategy": "fsdp", "devices": 1}, "at least 2 devices"),
+        ({}, {"strategy": "single", "devices": 2}, "one device"),
+        ({"lora_r": 8, "quantize": "bnb.nf4", "precision": "bf16-mixed"}, {}, "mixed"),
+    ],
+)
+def test_bad_input_is_one_clear_line(checkpoint_dir, change, kwargs, message):
+    with pytest.raises(PlanError) as err:
+        spec_from_recipe(recipe(checkpoint_dir, **change), **kwargs)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_cli_json_and_errors(checkpoint_dir, tmp_path, capsys):
+    import yaml
+
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe(checkpoint_dir)))
+    parser = argparse.ArgumentParser()
+    planner_cli.add_arguments(parser)
+    assert (
+        planner_cli.run(
+            parser.parse_args([str(path), "--json", "--gpu-memory-gib", "80", "--set", "train.micro_batch_size=1"])
+        )
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert {"peak_alloc_gib", "breakdown_gib", "host_gib", "fits"} <= set(out) and out["fits"] is True
+    assert out["micro_batch_size"] == 1
+    assert planner_cli.run(parser.parse_args([str(path), "--devices", "0"])) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err
+    assert planner_cli.run(parser.parse_args([str(path), "--strategy", "ddp", "--devices", "2"])) == 0
+    assert "per GPU" in capsys.readouterr().out
+
+
+def test_torch_upgrade_gives_clear_error(monkeypatch):
+    from lab_helpers.planner import _compat
+    from lab_helpers.planner.errors import PlannerUnavailable
+
+    _compat.check_tracing_supported.cache_clear()
+    monkeypatch.setattr(torch, "__version__", "9.1.0")
+    try:
+        with pytest.raises(PlannerUnavailable, match="outside the range"):
+            predict(spec())
+    finally:
+        monkeypatch.undo()
+        _compat.check_tracing_supported.cache_clear()
