@@ -1,0 +1,115 @@
+"""Real distributed runs on a CPU (2 gloo processes, tiny random-weight llamas) through lab.run_experiment.
+
+Each test starts real training processes (20-60 s each on 2 cores). The DeepSpeed test needs DeepSpeed's
+``cpu_adam`` op, which DeepSpeed compiles with g++ on first use (about 1-2 minutes on 2 cores, cached in
+``$TORCH_EXTENSIONS_DIR``, default ~/.cache/torch_extensions): cache that folder in CI. Set
+``LAB_SKIP_DEEPSPEED_BUILD=1`` to skip that test where the op is not built yet and a compile is unwanted
+(the generated DeepSpeed config is still tested in test_distributed_config.py).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from lab_helpers.lab import run_experiment
+from lab_helpers.records import append_record, read_records
+
+pytestmark = pytest.mark.slow
+SMALL = {"checkpoint_dir": "checkpoints/lab-ci/ci-llama-xs"}  # the smallest model: process start dominates
+
+
+def _assert_one_ok_record_per_rank(records: list[dict], world_size: int, strategy_word: str) -> None:
+    assert sorted(r["rank"] for r in records) == list(range(world_size))
+    for record in records:
+        assert record["status"] == "ok", record.get("error")
+        assert record["world_size"] == world_size
+        assert strategy_word in record["strategy_used"]
+        assert record["peak_alloc_gib"] is None  # a CPU has no CUDA peaks: null, never 0
+        assert record["train_s"] > 0 and record["tokens_padded"] >= record["tokens"] > 0
+        assert record["iterations"] == 2
+
+
+def test_fsdp_on_cpu_runs_fsdp2_and_leaves_one_record_per_rank(ci_assets, results):
+    records = run_experiment("fsdp", profile="ci", overrides=SMALL, echo=False)
+    _assert_one_ok_record_per_rank(records, 2, "fsdp2 (ModelParallelStrategy")
+    assert read_records(results / "runs.jsonl") == records
+    assert "iter 2" in (results / "runs" / records[0]["run_id"] / "output.log").read_text()
+
+
+def test_multi_node_runs_as_two_nodes_on_loopback(ci_assets, results):
+    records = run_experiment("multi-node", profile="ci", overrides=SMALL, echo=False)
+    _assert_one_ok_record_per_rank(records, 2, "fsdp")
+
+
+def _kill_rank1_after_first_iteration(results: Path, killed: dict, timeout_s: float = 240) -> None:
+    """Find the run's rank 1 (a child of the training process) once rank 0 printed an iteration; SIGKILL it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        logs = list((results / "runs").glob("*/output.log")) if (results / "runs").exists() else []
+        if logs and "iter 1" in logs[0].read_text():
+            for proc in psutil.process_iter(["cmdline", "environ"]):
+                try:
+                    cmd = " ".join(proc.info["cmdline"] or [])
+                    env = proc.info["environ"] or {}
+                except psutil.Error:
+                    continue
+                if "lab_helpers.distributed.train" in cmd and env.get("LOCAL_RANK") == "1":
+                    if env.get("LAB_RESULTS") == os.environ["LAB_RESULTS"]:
+                        killed["pid"] = proc.pid
+                        killed["at"] = time.monotonic()
+                        proc.kill()
+                        return
+        time.sleep(0.2)
+
+
+def test_killing_one_rank_ends_every_rank_and_records_the_failure(ci_assets, results):
+    earlier = {"run_id": "earlier", "experiment": "ddp", "status": "ok", "rank": 0}
+    append_record(earlier)
+    killed: dict = {}
+    killer = threading.Thread(target=_kill_rank1_after_first_iteration, args=(results, killed), daemon=True)
+    killer.start()
+    records = run_experiment("ddp", profile="ci", overrides={**SMALL, "train.max_steps": 200}, echo=False)
+    ended = time.monotonic()
+    killer.join(timeout=1)
+    assert "pid" in killed, "rank 1 was never found"
+    assert ended - killed["at"] < 30, "the other rank outlived its dead peer"
+    assert not psutil.pid_exists(killed["pid"]) or psutil.Process(killed["pid"]).status() == psutil.STATUS_ZOMBIE
+    leftovers = [
+        p for p in psutil.process_iter(["cmdline", "environ"])
+        if "lab_helpers.distributed.train" in " ".join(p.info["cmdline"] or [])
+        and (p.info["environ"] or {}).get("LAB_RESULTS") == os.environ["LAB_RESULTS"]
+    ]  # fmt: skip
+    assert leftovers == []
+    by_rank = {r["rank"]: r for r in records}
+    assert set(by_rank) == {0, 1}
+    assert all(r["status"] == "error" for r in records)
+    assert "local rank 1" in by_rank[0]["reason"] and "SIGKILL" in by_rank[0]["reason"]
+    assert "SIGKILL" in by_rank[1]["error"]
+    stored = read_records(results / "runs.jsonl")
+    assert stored[0] == earlier and stored[1:] == records
+
+
+def _cpu_adam_built() -> bool:
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    return any(root.glob("*/cpu_adam/cpu_adam.so"))
+
+
+@pytest.mark.skipif(
+    os.environ.get("LAB_SKIP_DEEPSPEED_BUILD") == "1" and not _cpu_adam_built(),
+    reason="DeepSpeed's cpu_adam op is not built and LAB_SKIP_DEEPSPEED_BUILD=1 (the build takes 1-2 minutes)",
+)
+def test_deepspeed_zero3_with_cpu_offload_runs_on_cpu(ci_assets, results):
+    records = run_experiment("deepspeed-offload", profile="ci", overrides=SMALL, echo=False)
+    assert sorted(r["rank"] for r in records) == [0, 1]
+    for record in records:
+        assert record["status"] == "ok", record.get("error")
+        assert record["strategy_used"].startswith("deepspeed zero3 + cpu offload (DeepSpeedStrategy on CPU")
+        assert record["iterations"] == 4  # 2 steps x accumulate 2 (global 4 = micro 1 x 2 ranks x 2)
+    run_dir = results / "runs" / records[0]["run_id"]
+    assert (run_dir / "deepspeed.json").is_file()
