@@ -24,6 +24,18 @@ usage_error() {
     exit 2
 }
 
+# help_or_unknown ARG: the end of every script's flag parsing: --help prints the caller's usage() and exits 0,
+# anything else is an unknown argument.
+help_or_unknown() {
+    case $1 in
+        -h | --help)
+            usage
+            exit 0
+            ;;
+        *) usage_error "unknown argument: $1" ;;
+    esac
+}
+
 # quote ARGS...: the command as one line that can be pasted back into a shell.
 quote() {
     local line

@@ -55,11 +55,7 @@ parse_args() {
                 EXTRA+=("$@")
                 break
                 ;;
-            -h | --help)
-                usage
-                exit 0
-                ;;
-            *) usage_error "unknown argument: $1" ;;
+            *) help_or_unknown "$1" ;;
         esac
         shift
     done

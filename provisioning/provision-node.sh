@@ -57,11 +57,7 @@ parse_args() {
                 CHECK_IMAGE=$2
                 shift
                 ;;
-            -h | --help)
-                usage
-                exit 0
-                ;;
-            *) usage_error "unknown argument: $1" ;;
+            *) help_or_unknown "$1" ;;
         esac
         shift
     done

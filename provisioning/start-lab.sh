@@ -59,11 +59,7 @@ parse_args() {
                 esac
                 shift
                 ;;
-            -h | --help)
-                usage
-                exit 0
-                ;;
-            *) usage_error "unknown argument: $1" ;;
+            *) help_or_unknown "$1" ;;
         esac
         shift
     done
