@@ -361,17 +361,43 @@ def test_interrupted_build_is_not_taken_as_complete(ci, tmp_path):
 
 
 def test_prepare_ci_rebuilds_only_what_is_missing(ci, tmp_path, monkeypatch):
+    import shutil
+
+    # a copy of the finished assets (hard links: nothing here is modified in place, files are replaced)
+    for part in ("checkpoints", "data"):
+        no_locks = shutil.ignore_patterns(".*.lock")
+        shutil.copytree(ci["root"] / part, tmp_path / part, copy_function=os.link, ignore=no_locks)
     monkeypatch.setenv("LAB_CHECKPOINTS", str(tmp_path / "checkpoints"))
     monkeypatch.setenv("LAB_DATA", str(tmp_path / "data"))
-    tok = train_tokenizer(tmp_path / "checkpoints" / "lab-ci" / "tokenizer")
-    for name in CI_MODELS:
-        build_checkpoint(name, tmp_path / "checkpoints" / "lab-ci" / name, tokenizer_dir=tok)
     data = tmp_path / "data" / "ci"
-    make_alpaca_json(data / "alpaca_short.json", n_samples=400, lengths="short", tokenizer_dir=tok)
-    # an interrupted data write leaves a temporary sibling and no spec: not complete
-    (data / f".alpaca2k_like.json.partial-x-{_dead_pid()}-0").write_text("[{")
+    # an interrupted data write: the data set and its spec are gone, a temporary sibling is left
+    (data / "alpaca_short.json").unlink()
+    (data / "alpaca_short.json.spec").unlink()
+    (data / f".alpaca_short.json.partial-x-{_dead_pid()}-0").write_text("[{")
+    # an interrupted checkpoint rebuild: the folder is gone, a half-built temporary sibling is left
+    ck = tmp_path / "checkpoints" / "lab-ci"
+    partial = ck / f".ci-llama-m.partial-x-{_dead_pid()}-0"
+    shutil.move(ck / "ci-llama-m", partial)
+    (partial / MARKER).unlink()
     messages: list[str] = []
     prepare_ci(progress=messages.append)
     built = [m.split(":")[0] for m in messages if m.endswith("...")]
-    assert built == ["alpaca2k_like"], messages
-    assert len(json.loads((data / "alpaca2k_like.json").read_text())) == 2000
+    assert built == ["ci-llama-m", "alpaca_short"], messages
+    assert (data / "alpaca_short.json").read_bytes() == ci["paths"]["alpaca_short"].read_bytes()
+    assert checkpoint_is_built(ck / "ci-llama-m", "ci-llama-m", tokenizer_dir=ck / "tokenizer")
+
+
+def test_concurrent_builds_of_the_same_checkpoint(ci, tmp_path):
+    """Two builders at once (threads here; processes take the same file lock): one builds, both succeed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tok = ci["paths"]["tokenizer"]
+    dest = tmp_path / "ci-llama-s"
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _: build_checkpoint("ci-llama-s", dest, tokenizer_dir=tok), range(2)))
+    assert results == [dest, dest]
+    assert checkpoint_is_built(dest, "ci-llama-s", tokenizer_dir=tok)
+    assert temp_siblings(dest) == []
+    ref = torch.load(ci["paths"]["ci-llama-s"] / "lit_model.pth", weights_only=True)
+    state = torch.load(dest / "lit_model.pth", weights_only=True)
+    assert all(torch.equal(ref[k], state[k]) for k in ref)

@@ -63,6 +63,26 @@ def remove_stale_temps(dest: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
+def build_lock(dest: Path) -> Iterator[None]:
+    """Hold an exclusive lock on building ``dest`` (a hidden ``.NAME.lock`` sibling; waits for another holder).
+
+    Why: several processes (parallel test sessions, two notebooks) may ask for the same asset at once. The
+    callers check "already built?" without the lock (fast path), then take it and check again before
+    building, so the asset is built once and nobody swaps a folder out from under a reader.
+    """
+    import fcntl
+
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / f".{dest.name}.lock", "a+b") as fp:
+        fcntl.flock(fp.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fp.fileno(), fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
 def atomic_dir(dest: Path) -> Iterator[Path]:
     """Yield an empty temporary folder; on success it replaces ``dest`` in one rename.
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..paths import checkpoints_dir
-from ._atomic import atomic_dir, read_json, sha256_json, write_json
+from ._atomic import atomic_dir, build_lock, read_json, sha256_json, write_json
 from .tokenizer import (
     DEFAULT_VOCAB_SIZE,
     copy_tokenizer_files,
@@ -236,8 +236,18 @@ def build_checkpoint(
     dtype = _dtype(dtype)
     if not force and checkpoint_is_built(dest, config, dtype=dtype, seed=seed, tokenizer_dir=tokenizer_dir):
         return dest
-    _check_replaceable(dest, force)
+    with build_lock(dest):
+        # another process may have built it while we waited for the lock
+        if not force and checkpoint_is_built(dest, config, dtype=dtype, seed=seed, tokenizer_dir=tokenizer_dir):
+            return dest
+        _check_replaceable(dest, force)
+        _build_checkpoint(config, dest, dtype=dtype, seed=seed, tokenizer_dir=tokenizer_dir)
+    return dest
 
+
+def _build_checkpoint(
+    config: litgpt.Config | str, dest: Path, *, dtype: torch.dtype, seed: int, tokenizer_dir: Path | None
+) -> None:
     from litgpt.utils import save_config
 
     cfg = resolve_config(config)
@@ -278,7 +288,6 @@ def build_checkpoint(
             },
             atomic=False,
         )
-    return dest
 
 
 def is_random_checkpoint(checkpoint_dir: Path) -> dict[str, Any] | None:

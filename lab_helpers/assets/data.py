@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 from . import _text
-from ._atomic import read_json, write_bytes_atomic, write_json
+from ._atomic import build_lock, read_json, write_bytes_atomic, write_json
 from .tokenizer import tokenizer_identity
 
 Lengths = Literal["alpaca2k", "short"]
@@ -188,13 +188,15 @@ def make_alpaca_json(
     The file is written to a temporary name and renamed, so a reader never sees half a file.
     """
     path = Path(path)
-    if not force and alpaca_is_built(
-        path, n_samples=n_samples, lengths=lengths, seed=seed, tokenizer_dir=tokenizer_dir
-    ):
+    kw = {"n_samples": n_samples, "lengths": lengths, "seed": seed, "tokenizer_dir": tokenizer_dir}
+    if not force and alpaca_is_built(path, **kw):
         return path
-    records = generate_alpaca(n_samples, lengths=lengths, seed=seed, tokenizer_dir=tokenizer_dir)
-    data = (json.dumps(records, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
-    _spec_path(path).unlink(missing_ok=True)  # the data and its spec must never disagree
-    write_bytes_atomic(path, data)
-    write_json(_spec_path(path), {**_spec(n_samples, lengths, seed, tokenizer_dir), "size": len(data)})
+    with build_lock(path):
+        if not force and alpaca_is_built(path, **kw):
+            return path  # built by another process while we waited
+        records = generate_alpaca(n_samples, lengths=lengths, seed=seed, tokenizer_dir=tokenizer_dir)
+        data = (json.dumps(records, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+        _spec_path(path).unlink(missing_ok=True)  # the data and its spec must never disagree
+        write_bytes_atomic(path, data)
+        write_json(_spec_path(path), {**_spec(n_samples, lengths, seed, tokenizer_dir), "size": len(data)})
     return path

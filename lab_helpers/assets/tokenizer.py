@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from . import _text
-from ._atomic import atomic_dir, read_json, sha256_file, write_json
+from ._atomic import atomic_dir, build_lock, read_json, sha256_file, write_json
 
 DEFAULT_VOCAB_SIZE = 4096
 """Small enough that the embedding does not dwarf the tiny ``ci`` models, big enough that common words are
@@ -54,10 +54,13 @@ def tokenizer_recipe(vocab_size: int = DEFAULT_VOCAB_SIZE) -> str:
 
 def tokenizer_is_built(dest: Path, *, vocab_size: int = DEFAULT_VOCAB_SIZE) -> bool:
     """True if ``dest`` holds a finished tokenizer from the current recipe with this vocabulary size."""
-    info = read_json(Path(dest) / INFO_FILE)
+    dest = Path(dest)
+    info = read_json(dest / INFO_FILE)
     if not isinstance(info, dict) or info.get("recipe") != tokenizer_recipe(vocab_size):
         return False
-    return all((Path(dest) / name).is_file() for name in TOKENIZER_FILES)
+    if not all((dest / name).is_file() for name in TOKENIZER_FILES):
+        return False
+    return info.get("sha256") == {name: sha256_file(dest / name) for name in TOKENIZER_FILES}  # intact
 
 
 def train_in_memory(vocab_size: int = DEFAULT_VOCAB_SIZE):
@@ -156,8 +159,10 @@ def train_tokenizer(dest: Path, *, vocab_size: int = DEFAULT_VOCAB_SIZE, force: 
     dest = Path(dest)
     if not force and tokenizer_is_built(dest, vocab_size=vocab_size):
         return dest
-    with atomic_dir(dest) as tmp:
-        write_tokenizer_files(tmp, vocab_size=vocab_size)
+    with build_lock(dest):
+        if force or not tokenizer_is_built(dest, vocab_size=vocab_size):
+            with atomic_dir(dest) as tmp:
+                write_tokenizer_files(tmp, vocab_size=vocab_size)
     return dest
 
 
