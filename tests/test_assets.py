@@ -373,7 +373,8 @@ def test_prepare_ci_rebuilds_only_what_is_missing(ci, tmp_path, monkeypatch):
     # an interrupted data write: the data set and its spec are gone, a temporary sibling is left
     (data / "alpaca_short.json").unlink()
     (data / "alpaca_short.json.spec").unlink()
-    (data / f".alpaca_short.json.partial-x-{_dead_pid()}-0").write_text("[{")
+    host = socket.gethostname().replace("-", "_").replace(".", "_")
+    (data / f".alpaca_short.json.partial-{host}-{_dead_pid()}-0").write_text("[{")
     # an interrupted checkpoint rebuild: the folder is gone, a half-built temporary sibling is left
     ck = tmp_path / "checkpoints" / "lab-ci"
     partial = ck / f".ci-llama-m.partial-x-{_dead_pid()}-0"
@@ -384,6 +385,7 @@ def test_prepare_ci_rebuilds_only_what_is_missing(ci, tmp_path, monkeypatch):
     built = [m.split(":")[0] for m in messages if m.endswith("...")]
     assert built == ["ci-llama-m", "alpaca_short"], messages
     assert (data / "alpaca_short.json").read_bytes() == ci["paths"]["alpaca_short"].read_bytes()
+    assert temp_siblings(data / "alpaca_short.json") == []  # this host's dead leftovers are cleaned up
     assert checkpoint_is_built(ck / "ci-llama-m", "ci-llama-m", tokenizer_dir=ck / "tokenizer")
 
 

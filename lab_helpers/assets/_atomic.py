@@ -115,6 +115,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write a file so that readers see either the old content or the whole new content."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path)
     tmp = _temp_name(path, "partial")
     try:
         with open(tmp, "wb") as fp:
