@@ -1,0 +1,79 @@
+"""What the multi-GPU notebook shows around each run: the planner's prediction and the per-rank result rows.
+
+Kept out of the notebook so its cells stay one or two lines, and so CI tests the same code the students run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+RANK_COLUMNS = (
+    "experiment",
+    "rank",
+    "status",
+    "strategy_used",
+    "peak_alloc_gib",
+    "peak_reserved_gib",
+    "gpu_used_peak_gib",
+    "host_rss_peak_gib",
+    "train_s",
+    "tokens_per_s",
+    "reason",
+)
+
+
+def prediction_text(exp_id: str, *, profile: str) -> str:
+    """The planner's per-GPU and host predictions for ``exp_id`` here, or why there is none (never raises).
+
+    A prediction is advice shown before a run: a planner failure must not stop the student from running it.
+    """
+    from lab_helpers.lab import predict_experiment
+
+    try:
+        plan = predict_experiment(exp_id, profile=profile)
+    except Exception as exc:  # noqa: BLE001
+        return f"{exp_id}: no prediction ({type(exc).__name__}: {exc})"
+    lines = [f"{exp_id}: {plan.summary()}", f"  host RAM predicted: {plan.host_gib:.1f} GiB"]
+    parts = {k: v for k, v in (plan.breakdown_gib or {}).items() if v}
+    if parts:
+        lines.append("  per GPU, GiB: " + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()))
+    return "\n".join(lines)
+
+
+def show_prediction(exp_id: str, *, profile: str) -> None:
+    print(prediction_text(exp_id, profile=profile))
+
+
+def rank_rows(records: Sequence[Mapping[str, Any]]):
+    """One row per rank with the columns that matter for distribution (a pandas DataFrame)."""
+    import pandas as pd
+
+    frame = pd.DataFrame([{c: r.get(c) for c in RANK_COLUMNS} for r in records], columns=list(RANK_COLUMNS))
+    return frame.round(3)
+
+
+def check_records(records: Mapping[str, Sequence[Mapping[str, Any]]], expected: Mapping[str, set[str]]) -> list[str]:
+    """Problems with the notebook's runs: each experiment needs one record per rank with an expected status.
+
+    ``expected`` maps an experiment to the statuses accepted for it (e.g. {"ok"}, or {"ok", "skipped"} where a
+    machine may lack what it needs). A skipped run has a single record with its reason.
+    """
+    problems = []
+    for exp_id, allowed in expected.items():
+        recs = list(records.get(exp_id) or [])
+        if not recs:
+            problems.append(f"{exp_id}: no record")
+            continue
+        statuses = {r.get("status") for r in recs}
+        if not statuses <= set(allowed):
+            problems.append(f"{exp_id}: status {sorted(statuses)} not in {sorted(allowed)}")
+        if statuses == {"skipped"}:
+            if not recs[0].get("reason"):
+                problems.append(f"{exp_id}: skipped without a reason")
+            continue
+        world = recs[0].get("world_size") or 1
+        ranks = sorted(r.get("rank") or 0 for r in recs)
+        if ranks != list(range(world)):
+            problems.append(f"{exp_id}: ranks {ranks}, expected one record per rank of {world}")
+    return problems
