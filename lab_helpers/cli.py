@@ -89,25 +89,31 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_run_all(args: argparse.Namespace) -> int:
-    from lab_helpers.lab import run_all
+    from lab_helpers.lab import default_profile, run_all
 
-    records = run_all(section=args.section, profile=args.profile, echo=not args.quiet)
-    _print_comparison(None)
+    profile = args.profile or default_profile()
+    records = run_all(section=args.section, profile=profile, echo=not args.quiet)
+    _print_comparison(None, profile)
     failed = [r["experiment"] for r in records if r["status"] in ("error", "interrupted")]
     if failed:
         print(f"failed: {', '.join(sorted(set(failed)))}", file=sys.stderr)
     return 1 if failed else 0
 
 
-def _print_comparison(out_dir: str | None) -> None:
+def _print_comparison(out_dir: str | None, profile: str | None = None) -> None:
+    """The comparison table on stdout, the figures (and a CSV of the table) in the figures folder."""
     from lab_helpers import compare
-    from lab_helpers.experiments import load_experiments
     from lab_helpers.records import load_results
 
     frame = load_results()
-    table = compare.comparison_table(compare.latest_runs(frame), order=list(load_experiments()))
+    table = compare.comparison_table(frame, profile=profile)
     print(table.to_string(index=False) if len(table) else "no runs recorded yet")
-    for path in compare.save_all(frame, out_dir):
+    paths = compare.save_all(frame, out_dir, profile=profile)
+    if len(table) and paths:
+        table_path = paths[0].parent / "comparison.csv"
+        table.to_csv(table_path, index=False)
+        paths.insert(0, table_path)
+    for path in paths:
         print(f"wrote {path}")
 
 

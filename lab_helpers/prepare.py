@@ -63,9 +63,8 @@ def _prepare_gpu_download(*, progress: Callable) -> None:
             progress(f"{key}: {repo_id} already in {target}")
             continue
         progress(f"{key}: downloading {repo_id} (resumable; re-run prepare if it stops)")
+        # litgpt reads $HF_TOKEN itself: never put the token on a command line, where `ps` shows it
         command = [_litgpt_executable(), "download", repo_id, "--checkpoint_dir", str(checkpoints_dir())]
-        if os.environ.get("HF_TOKEN"):
-            command += ["--access_token", os.environ["HF_TOKEN"]]
         subprocess.run(command, check=True, cwd=lab_home())
     progress("Alpaca2k: fetching the data set into data/alpaca2k")
     from litgpt.data import Alpaca2k

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The lab's test command (README "Tests", and what .ci/run runs): set up, then run every test and execute
+# every notebook on the ci profile. Needs no GPU and no model hub.
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+
+# System tools for the provisioning tests (Debian/Ubuntu package names); only installed when missing.
+missing=()
+for tool in shellcheck bats; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+if ((${#missing[@]})); then
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+        echo "test: installing ${missing[*]}"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+        echo "test: please install ${missing[*]} (e.g. sudo apt-get install ${missing[*]})" >&2
+        exit 1
+    fi
+fi
+
+EXTRAS=dev source scripts/setup-env.sh
+
+# DeepSpeed JIT-builds its cpu_adam op once (~2 min); keep the build between runs.
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}"
+export LAB_PROFILE=ci
+python -m lab_helpers prepare --profile ci
+
+results="$(mktemp -d)"
+trap 'rm -rf "$results"' EXIT
+export LAB_RESULTS="$results"   # notebooks and tests record into a throw-away folder, never the student's
+python -m pytest tests notebooks --nbval-lax -p no:cacheprovider "$@"
