@@ -206,7 +206,9 @@ def check_batch_and_precision(recipe: Mapping[str, Any], *, devices: int, num_no
             f"train.micro_batch_size ({micro}) is larger than train.global_batch_size ({global_}): "
             f"lower the micro batch or raise the global batch to a multiple of {micro}"
         )
-    max_steps, warmup = train.get("max_steps"), train.get("lr_warmup_steps") or 0
+    max_steps, warmup = train.get("max_steps"), train.get("lr_warmup_steps")
+    if not isinstance(warmup, int) or warmup < 1:  # litgpt's warmup divides by it
+        raise LabConfigError(f"train.lr_warmup_steps must be a whole number >= 1 (litgpt divides by it); got {warmup!r}")
     if max_steps is not None and max_steps <= warmup:
         raise LabConfigError(  # litgpt's cosine schedule divides by (max_steps - warmup) and crashes mid-run
             f"train.max_steps ({max_steps}) must be larger than train.lr_warmup_steps ({warmup}): "

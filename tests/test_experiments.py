@@ -48,6 +48,7 @@ def test_overrides_reach_the_recipe_and_experiment_settings_win_over_the_recipe(
         ("grad-accum", "ci", {"train.global_batch_size": 12}, "train.global_batch_size (12) is not divisible by micro_batch_size x devices (8 x 1 = 8)"),
         ("grad-accum", "ci", {"precision": "bf17"}, "precision 'bf17' is not one of"),
         ("grad-accum", "ci", {"train.max_steps": 1}, "train.max_steps (1) must be larger than train.lr_warmup_steps (1)"),
+        ("grad-accum", "ci", {"train.lr_warmup_steps": 0}, "train.lr_warmup_steps must be a whole number >= 1"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_clear_line(exp_id, profile, overrides, message):
