@@ -1,0 +1,68 @@
+"""The timeline sampler: host rows always; GPU rows through NVML where there is a GPU."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+import time
+import types
+
+import pytest
+
+from lab_helpers.sampler import TimelineSampler
+
+
+def _rows(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_host_rows_and_process_tree_rss_on_a_cpu(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "x = bytearray(200 * 2**20); import time; time.sleep(3)"])
+    try:
+        with TimelineSampler(tmp_path / "t.csv", root_pid=child.pid, interval_s=0.1) as sampler:
+            time.sleep(1.5)
+    finally:
+        child.kill()
+        child.wait()
+    summary = sampler.summary
+    assert summary.samples >= 5
+    assert summary.host_rss_peak_gib > 0.18  # the child's 200 MiB
+    rows = _rows(tmp_path / "t.csv")
+    assert all(row["gpu"] == "" for row in rows)
+    if not summary.gpu_used_peak_gib:  # a CPU machine: no GPU figures at all, never zeros
+        assert summary.gpu_used_peak_for(0) is None
+
+
+def test_gpu_rows_from_nvml(tmp_path, monkeypatch):
+    """NVML readings cannot happen on a CPU: a stand-in pynvml module reports two GPUs whose memory grows."""
+    state = {"calls": 0}
+
+    def memory_info(handle):
+        state["calls"] += 1
+        return types.SimpleNamespace(used=(handle + 1) * 2**30 + state["calls"] * 2**20)
+
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=50 + h),
+        nvmlDeviceGetMemoryInfo=memory_info,
+        nvmlDeviceGetPowerUsage=lambda h: 300_000,
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    with TimelineSampler(tmp_path / "t.csv", root_pid=1, interval_s=0.05) as sampler:
+        time.sleep(0.5)
+    summary = sampler.summary
+    assert set(summary.gpu_used_peak_gib) == {0, 1}
+    assert 1.0 < summary.gpu_used_peak_gib[0] < summary.gpu_used_peak_gib[1] < 2.2
+    gpu_rows = [row for row in _rows(tmp_path / "t.csv") if row["gpu"] != ""]
+    assert {row["gpu"] for row in gpu_rows} == {"0", "1"}
+    assert {row["power_w"] for row in gpu_rows} == {"300.0"}
+
+
+def test_a_nonsense_interval_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="interval_s"):
+        TimelineSampler(tmp_path / "t.csv", root_pid=1, interval_s=0)
