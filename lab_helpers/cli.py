@@ -55,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     results = sub.add_parser("results", help="print every record")
     results.add_argument("--format", choices=("json", "csv"), default="json")
 
+    export = sub.add_parser("export-reference", help="ship the latest records of a profile as reference results")
+    export.add_argument("name", help="e.g. the GPU: H100-80GB")
+    _add_profile(export)
+    export.add_argument("--note", default="", help="how the runs were made (command, GPU, random weights)")
+
     compare = sub.add_parser("compare", help="write the comparison table and plots")
     compare.add_argument("--out", default=None, help="folder for the figure files (default: results/figures)")
 
@@ -134,6 +139,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export_reference(args: argparse.Namespace) -> int:
+    from lab_helpers.lab import default_profile
+    from lab_helpers.reference import export_reference
+
+    print(f"wrote {export_reference(args.name, profile=args.profile or default_profile(), note=args.note)}")
+    return 0
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from lab_helpers.planner.cli import run as run_plan
 
@@ -152,6 +165,7 @@ COMMANDS = {
     "run-all": _cmd_run_all,
     "results": _cmd_results,
     "compare": _cmd_compare,
+    "export-reference": _cmd_export_reference,
     "plan": _cmd_plan,
     "doctor": _cmd_doctor,
 }

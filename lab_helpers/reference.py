@@ -1,0 +1,51 @@
+"""Export recorded runs as the lab's reference results (``reference_results/<name>.jsonl``).
+
+Students without a GPU, or without finished runs, analyse these in 03_compare. They are written from real
+records only -- the latest record per experiment and rank of one profile -- with each run's timeline copied
+beside them, plus the exact command and machine that produced them.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from lab_helpers.compare import latest_runs, reference_dir
+from lab_helpers.experiments import LabConfigError
+from lab_helpers.paths import results_dir
+from lab_helpers.records import append_record, load_results
+
+_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def export_reference(name: str, *, profile: str, note: str = "") -> Path:
+    """Write ``reference_results/<name>.jsonl`` (replacing an earlier export of that name) and return it."""
+    if not _NAME.match(name):
+        raise LabConfigError(f"reference name {name!r}: use letters, digits, '.', '_' and '-' only (e.g. H100-80GB)")
+    latest = latest_runs(load_results(), profile=profile)
+    if latest.empty:
+        raise LabConfigError(f"no records of profile {profile!r} in {results_dir()} to export")
+    folder = reference_dir()
+    target = folder / f"{name}.jsonl"
+    target.unlink(missing_ok=True)
+    for record in latest.to_dict("records"):
+        record = {k: v for k, v in record.items() if not _is_missing(v)}
+        timeline = record.get("timeline_path")
+        if timeline and (results_dir() / timeline).is_file():
+            (folder / timeline).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(results_dir() / timeline, folder / timeline)
+        record["reference_note"] = note or f"exported with: {' '.join(sys.argv) or 'export_reference'}"
+        append_record(record, path=target)
+    return target
+
+
+def _is_missing(value) -> bool:
+    try:
+        return value != value  # NaN from the DataFrame round trip
+    except (TypeError, ValueError):
+        return False
+
+
+__all__ = ["export_reference"]

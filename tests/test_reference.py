@@ -1,0 +1,60 @@
+"""Exporting recorded runs as the lab's reference results, and reading them back for the analysis."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import REPO
+
+from lab_helpers.compare import load_reference
+from lab_helpers.experiments import LabConfigError
+from lab_helpers.records import append_record
+from lab_helpers.reference import export_reference
+
+
+@pytest.fixture
+def lab_home(tmp_path, monkeypatch, results):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "configs").symlink_to(REPO / "configs")
+    monkeypatch.setenv("LAB_HOME", str(home))
+    return home
+
+
+def test_export_keeps_the_latest_record_per_experiment_and_its_timeline(lab_home, results):
+    (results / "runs" / "b").mkdir(parents=True)
+    (results / "runs" / "b" / "timeline.csv").write_text(
+        "t_s,gpu,util_pct,mem_used_gib,power_w,host_cpu_pct,host_ram_gib\n"
+    )
+    append_record(
+        {
+            "experiment": "grad-accum",
+            "profile": "ci",
+            "status": "ok",
+            "started_at": "2026-01-01T00:00:00",
+            "train_s": 9.0,
+        }
+    )
+    append_record(
+        {
+            "experiment": "grad-accum",
+            "profile": "ci",
+            "status": "ok",
+            "started_at": "2026-01-02T00:00:00",
+            "train_s": 1.0,
+            "timeline_path": "runs/b/timeline.csv",
+        }
+    )
+    append_record({"experiment": "bf16-true", "profile": "gpu", "status": "ok", "started_at": "2026-01-02T00:00:00"})
+    path = export_reference("cpu-ci", profile="ci", note="test export")
+    assert path == lab_home / "reference_results" / "cpu-ci.jsonl"
+    assert (lab_home / "reference_results" / "runs" / "b" / "timeline.csv").is_file()
+    frame = load_reference("cpu-ci")
+    assert list(frame["experiment"]) == ["grad-accum"] and list(frame["train_s"]) == [1.0]
+    assert list(frame["reference_note"]) == ["test export"]
+
+
+def test_export_refuses_bad_names_and_empty_profiles(lab_home, results):
+    with pytest.raises(LabConfigError, match="letters, digits"):
+        export_reference("../H100", profile="ci")
+    with pytest.raises(LabConfigError, match="no records of profile 'gpu'"):
+        export_reference("H100", profile="gpu")
