@@ -68,6 +68,11 @@ class NF4Linear(nn.Module):
         if self.bias is not None:
             self.bias.requires_grad_(False)
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The packed 4-bit storage (litgpt only reads its device)."""
+        return self.packed
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = _DequantMatmul.apply(x, self.packed, self.out_features, self.in_features, self.save_input)
         return y if self.bias is None else y + self.bias

@@ -1,0 +1,213 @@
+"""Accuracy of lab_helpers.planner against measured peak memory.
+
+Two sources of truth, printed one row per case with measured, predicted and error:
+
+1. Real GPU runs of the lab's experiments (``torch.cuda.max_memory_allocated``), read from run records when a
+   results file is given (``--records results/runs.jsonl``); rows say which GPU measured them.
+2. Published figures: the single-GPU (1xA10G) rows of litgpt's config-hub benchmark table
+   (Lightning-AI/litgpt, config_hub/finetune/README.md, "Peak memory"). litgpt prints that figure as
+   ``torch.cuda.max_memory_allocated() / 1e9`` (GB = 10^9 bytes, see litgpt.utils.create_finetuning_performance_report),
+   so it is compared with ``peak_alloc_gib * 2^30 / 10^9``. Recipe settings that matter for memory (LoRA rank and
+   layers, micro-batch, precision, quantize) are from the recipe files in config_hub/finetune/*/; the QLoRA rows were
+   measured with bitsandbytes 0.42 (the version litgpt pinned then), which kept each 4-bit layer's input for
+   backward, so those cases set ``bnb_saves_input=True``. Alpaca2k has samples longer than 512 tokens, so the
+   worst-case batch is padded to ``max_seq_length`` = 512.
+
+Usage: python benchmarks/planner_accuracy.py [--records RUNS.jsonl] [--only SUBSTRING]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from litgpt import Config  # noqa: E402
+
+from lab_helpers.planner import TrainingSpec, predict  # noqa: E402
+
+GIB = 2**30
+A10G_USABLE_GIB = 22.0  # 24 GB A10G: 22.35 GiB total as reported by CUDA
+
+
+def lora(r: int, alpha: int = 16, dropout: float = 0.05, all_layers: bool = False, head: bool = False) -> dict:
+    return dict(
+        lora_r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        lora_query=True,
+        lora_key=all_layers,
+        lora_value=True,
+        lora_projection=all_layers,
+        lora_mlp=all_layers,
+        lora_head=head,
+    )
+
+
+QV32 = lora(32)  # falcon-7b, llama-2-7b, llama-3(.1)-8b, mistral-7b(-v0.2), stablelm-3b recipes
+ALL32 = lora(32, all_layers=True, head=True)  # tiny-llama
+ALL8 = lora(8, all_layers=True, head=True)  # phi-2, phi-3
+GEMMA2B = lora(8, dropout=0.1, all_layers=True, head=True)
+GEMMA_Q16 = lora(16, dropout=0.1, all_layers=True, head=True)  # gemma-7b, gemma-2-9b qlora
+
+# (recipe, litgpt model name, method, micro batch, global batch, lora, published peak GB on 1xA10G or "OOM")
+PUBLISHED = [
+    ("falcon-7b/lora", "falcon-7b", "lora", 1, 8, QV32, 16.69),
+    ("falcon-7b/qlora", "falcon-7b", "qlora", 1, 8, QV32, 9.44),
+    ("gemma-2b/lora", "gemma-2b", "lora", 2, 6, GEMMA2B, 12.62),
+    ("gemma-2b/qlora", "gemma-2b", "qlora", 2, 6, GEMMA2B, 11.58),
+    ("gemma-7b/qlora", "gemma-7b", "qlora", 1, 6, GEMMA_Q16, 17.18),
+    ("gemma2-9b/qlora", "gemma-2-9b", "qlora", 1, 6, GEMMA_Q16, 20.92),
+    ("llama-2-7b/lora", "Llama-2-7b-hf", "lora", 2, 8, QV32, 19.77),
+    ("llama-2-7b/qlora", "Llama-2-7b-hf", "qlora", 2, 8, QV32, 13.68),
+    ("llama-3-8b/lora", "Meta-Llama-3-8B", "lora", 1, 8, QV32, 19.73),
+    ("llama-3-8b/qlora", "Meta-Llama-3-8B", "qlora", 2, 8, QV32, 17.41),
+    ("llama-3.1-8b/lora", "Meta-Llama-3.1-8B", "lora", 1, 8, QV32, 19.73),
+    ("llama-3.1-8b/qlora", "Meta-Llama-3.1-8B", "qlora", 2, 8, QV32, 17.41),
+    ("mistral-7b-v0.2/lora", "Mistral-7B-v0.2", "lora", 2, 8, QV32, 20.66),
+    ("mistral-7b-v0.2/qlora", "Mistral-7B-v0.2", "qlora", 2, 8, QV32, 14.29),
+    ("mistral-7b/lora", "Mistral-7B-v0.1", "lora", 2, 8, QV32, 20.66),
+    ("mistral-7b/qlora", "Mistral-7B-v0.1", "qlora", 2, 8, QV32, 14.29),
+    ("phi-2/lora", "phi-2", "lora", 4, 8, ALL8, 13.98),
+    ("phi-2/qlora", "phi-2", "qlora", 4, 8, ALL8, 14.27),
+    ("phi-3/lora", "Phi-3-mini-4k-instruct", "lora", 4, 8, ALL8, 19.75),
+    ("phi-3/qlora", "Phi-3-mini-4k-instruct", "qlora", 4, 8, ALL8, 19.13),
+    ("stablelm-base-alpha-3b/lora", "stablelm-base-alpha-3b", "lora", 1, 8, QV32, 8.58),
+    ("stablelm-base-alpha-3b/qlora", "stablelm-base-alpha-3b", "qlora", 1, 8, QV32, 5.24),
+    ("tiny-llama/full", "tiny-llama-1.1b", "full", 4, 32, {}, 14.10),
+    ("tiny-llama/lora", "tiny-llama-1.1b", "lora", 8, 8, ALL32, 13.50),
+    ("tiny-llama/qlora", "tiny-llama-1.1b", "qlora", 8, 8, ALL32, 16.24),
+    # verdict-only rows: the table reports OOM on one 24 GB A10G
+    ("gemma-7b/lora", "gemma-7b", "lora", 1, 6, GEMMA_Q16, "OOM"),
+    ("gemma2-9b/lora", "gemma-2-9b", "lora", 1, 6, GEMMA_Q16, "OOM"),
+    ("llama-3.1-8b/full", "Meta-Llama-3.1-8B", "full", 4, 64, {}, "OOM"),
+]
+# Left out of the statistics, with the reason printed: a figure no run of that recipe can produce.
+IMPLAUSIBLE = {
+    "phi-3/full": (
+        "Phi-3-mini-4k-instruct",
+        "full",
+        4,
+        8,
+        {},
+        17.01,
+        "3.8B parameters in bf16 with AdamW need >= 28 GiB for weights, gradients and moments alone",
+    ),
+}
+
+
+def spec_for(name: str, method: str, micro: int, global_bs: int, lora_cfg: dict, gpu_gib: float | None):
+    return TrainingSpec(
+        model_config=Config.from_name(name),
+        method=method,  # type: ignore[arg-type]
+        precision="bf16-true",
+        micro_batch_size=micro,
+        seq_len=512,
+        optimizer="AdamW",
+        lora=lora_cfg,
+        quantize="bnb.nf4" if method == "qlora" else None,
+        gradient_accumulation_iters=max(1, global_bs // micro),
+        bnb_saves_input=(method == "qlora"),
+        gpu_memory_gib=gpu_gib,
+    )
+
+
+def published_rows(only: str | None) -> tuple[list[float], int, int]:
+    errors: list[float] = []
+    verdicts_ok = verdicts = 0
+    print("## Published figures: litgpt config-hub table, single A10G (24 GB), litgpt's GB = 1e9 bytes")
+    print(f"{'recipe':<30} {'measured GB':>11} {'predicted GB':>12} {'error':>8} {'pred GiB':>9} {'s':>5}  peak phase")
+    for recipe, name, method, micro, gbs, lcfg, measured in PUBLISHED:
+        if only and only not in recipe:
+            continue
+        t0 = time.perf_counter()
+        plan = predict(spec_for(name, method, micro, gbs, lcfg, A10G_USABLE_GIB))
+        secs = time.perf_counter() - t0
+        predicted_gb = plan.peak_alloc_gib * GIB / 1e9
+        if measured == "OOM":
+            verdicts += 1
+            ok = plan.fits is False
+            verdicts_ok += ok
+            verdict = "will OOM" if plan.fits is False else "fits"
+            print(
+                f"{recipe:<30} {'OOM':>11} {predicted_gb:>12.2f} {'':>8} {plan.peak_alloc_gib:>9.2f} {secs:>5.1f}"
+                f"  verdict on 22 GiB: {verdict} ({'agrees' if ok else 'DISAGREES'})"
+            )
+            continue
+        err = (predicted_gb - measured) / measured
+        errors.append(err)
+        print(
+            f"{recipe:<30} {measured:>11.2f} {predicted_gb:>12.2f} {err:>+8.1%} {plan.peak_alloc_gib:>9.2f}"
+            f" {secs:>5.1f}  {plan.peak_phase}"
+        )
+    for recipe, (name, method, micro, gbs, lcfg, measured, why) in IMPLAUSIBLE.items():
+        if only and only not in recipe:
+            continue
+        plan = predict(spec_for(name, method, micro, gbs, lcfg, None))
+        predicted_gb = plan.peak_alloc_gib * GIB / 1e9
+        print(f"{recipe:<30} {measured:>11.2f} {predicted_gb:>12.2f} {'excluded':>8}  ({why})")
+    return errors, verdicts_ok, verdicts
+
+
+def record_rows(path: Path) -> list[float]:
+    """Rows from the lab's run records: status ok, a measured peak, a stored prediction, and the GPU name."""
+    errors: list[float] = []
+    print(f"\n## Lab runs measured on a GPU ({path})")
+    print(f"{'experiment':<24} {'gpu':<28} {'measured GiB':>12} {'predicted GiB':>13} {'error':>8}")
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        measured, predicted = rec.get("peak_alloc_gib"), rec.get("predicted_peak_alloc_gib")
+        if rec.get("status") != "ok" or not measured or not predicted:
+            continue
+        err = (predicted - measured) / measured
+        errors.append(err)
+        gpu = str(rec.get("gpu_name") or (rec.get("environment") or {}).get("gpu_names") or "?")[:28]
+        print(
+            f"{str(rec.get('experiment', rec.get('id', '?'))):<24} {gpu:<28} {measured:>12.2f} {predicted:>13.2f} {err:>+8.1%}"
+        )
+    return errors
+
+
+def stats(label: str, errors: list[float]) -> None:
+    if not errors:
+        print(f"{label}: no rows")
+        return
+    abs_errors = [abs(e) for e in errors]
+    print(
+        f"{label}: {len(errors)} cases, median |error| {statistics.median(abs_errors):.1%}, "
+        f"worst |error| {max(abs_errors):.1%}, mean signed error {statistics.mean(errors):+.1%}"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=Path, default=None, help="run records (JSON lines) with measured peaks")
+    parser.add_argument("--only", default=None, help="run only recipes containing this text")
+    args = parser.parse_args()
+    print("# lab_helpers.planner accuracy")
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    print(f"# host: {'GPU ' + gpu if gpu else 'no GPU in this session: only published figures are compared'}")
+    print()
+    errors, ok, total = published_rows(args.only)
+    print()
+    stats("published figures", errors)
+    if total:
+        print(f"OOM verdicts: {ok}/{total} agree with the table")
+    if args.records:
+        lab = record_rows(args.records)
+        print()
+        stats("lab GPU runs", lab)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
