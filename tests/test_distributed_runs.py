@@ -118,3 +118,23 @@ def test_deepspeed_zero3_with_cpu_offload_runs_on_cpu_in_bf16(ci_assets, results
     run_dir = results / "runs" / records[0]["run_id"]
     config = json.loads((run_dir / "deepspeed.json").read_text())
     assert config["bf16"]["enabled"] and config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+
+
+def test_two_nodes_through_torchrun_on_loopback(ci_assets, tmp_path):
+    """The launch docs/multi_node.md documents (torchrun per node), played as two nodes on this machine."""
+    import subprocess
+
+    from lab_helpers import child_report
+    from lab_helpers.distributed import build_command
+    from lab_helpers.experiments import resolve
+    from lab_helpers.paths import lab_home
+
+    argv = build_command(resolve("multi-node", "ci", SMALL), tmp_path / "run")
+    argv.insert(argv.index("--"), "--launcher=torchrun")
+    env = {**os.environ, child_report.REPORT_DIR_ENV: str(tmp_path / "reports")}
+    done = subprocess.run(argv, cwd=lab_home(), env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    reports = child_report.read_reports(tmp_path / "reports")
+    assert sorted(reports) == [0, 1]
+    for report in reports.values():
+        assert report["status"] == "ok" and report["world_size"] == 2 and report["iterations"] == 2
