@@ -25,6 +25,14 @@ NCCL_BUFFERS_BYTES = int(0.4 * GIB)
 RESERVED_OVER_ALLOCATED = 1.05
 # Host memory of one training process (Python, torch, CUDA libraries, data loader) outside offloaded state.
 HOST_PROCESS_BYTES = int(2.5 * GIB)
+# The checkpoint is memory-mapped while weights are copied to the GPU: its pages count in host RSS then.
+CHECKPOINT_BYTES_PER_PARAM = 2  # litgpt checkpoints of the lab's models are stored in 16-bit
+
+
+def host_bytes(spec: TrainingSpec, trace: TraceResult, offloaded_bytes: int = 0) -> int:
+    """Process baselines plus the larger of the mapped checkpoint (at load) and offloaded optimizer state."""
+    checkpoint = CHECKPOINT_BYTES_PER_PARAM * trace.total_param_numel
+    return HOST_PROCESS_BYTES * spec.devices + max(checkpoint, offloaded_bytes)
 
 # DeepSpeed ZeRO-3 knobs as Lightning's DeepSpeedStrategy / DeepSpeed set them by default.
 DS_REDUCE_BUCKET_NUMEL = 200_000_000  # Lightning reduce_bucket_size
@@ -71,7 +79,7 @@ def single(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
             f"{trace.paged_optimizer_bytes / GIB:.2f} GiB of paged AdamW state is CUDA managed memory "
             "(on the GPU, not in max_memory_allocated)"
         )
-    best.host_bytes = HOST_PROCESS_BYTES
+    best.host_bytes = host_bytes(spec, trace)
     return best
 
 
@@ -86,7 +94,7 @@ def ddp(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
         out.append(DeviceBreakdown(parts, p.name))
     best = _max(out)
     best.outside_allocator_bytes = NCCL_BUFFERS_BYTES
-    best.host_bytes = HOST_PROCESS_BYTES * spec.devices
+    best.host_bytes = host_bytes(spec, trace)
     return best
 
 
@@ -120,7 +128,7 @@ def fsdp(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
         out.append(DeviceBreakdown(parts, p.name))
     best = _max(out)
     best.outside_allocator_bytes = NCCL_BUFFERS_BYTES
-    best.host_bytes = HOST_PROCESS_BYTES * n
+    best.host_bytes = host_bytes(spec, trace)
     if unsharded_accumulation:
         best.notes.append("gradient accumulation under FSDP no_sync keeps unsharded gradients on every rank")
     return best
@@ -158,7 +166,7 @@ def deepspeed_zero3(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
     best = _max(out)
     best.outside_allocator_bytes = NCCL_BUFFERS_BYTES
     offloaded = (master_and_moments + fp32_grads) * n if spec.offload_optimizer else 0
-    best.host_bytes = HOST_PROCESS_BYTES * n + offloaded
+    best.host_bytes = host_bytes(spec, trace, offloaded)
     if spec.offload_optimizer:
         best.notes.append(
             f"optimizer offload: {offloaded / GIB:.1f} GiB of fp32 master weights, Adam moments and gradients "

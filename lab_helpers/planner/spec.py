@@ -78,6 +78,9 @@ class TrainingSpec:
     fsdp_unsharded_grad_accumulation: bool = True
     # Run one validation forward (no grad, unchunked loss) as litgpt does every eval.interval steps.
     include_validation: bool = True
+    # Which training loop: litgpt's finetune scripts (Fabric: logits converted to fp32, the previous logits alive
+    # during the next forward) or the lab's Lightning-Trainer module (loss inside training_step, bf16 logits).
+    loop: Literal["litgpt", "lightning"] = "litgpt"
 
     def validate(self) -> None:
         """Reject impossible combinations with one clear line."""
@@ -122,6 +125,8 @@ class TrainingSpec:
                 raise PlanError("litgpt's QLoRA (bitsandbytes) supports only the AdamW optimizer")
         elif self.quantize:
             raise PlanError(f"quantize={self.quantize!r} only applies to LoRA recipes (QLoRA)")
+        if self.loop not in ("litgpt", "lightning"):
+            raise PlanError(f"unknown training loop {self.loop!r}: expected litgpt or lightning")
         if self.method != "full" and self.lora.get("lora_r", 1) < 1:
             raise PlanError(f"lora_r must be >= 1, got {self.lora.get('lora_r')}")
 
@@ -219,11 +224,16 @@ def spec_from_recipe(
     offload_optimizer: bool = False,
     gpu_memory_gib: float | None = None,
     data_max_len: int | None = None,
+    fsdp_wrap_blocks: bool = True,
+    activation_checkpointing: bool | None = None,
 ) -> TrainingSpec:
     """Read a litgpt finetune recipe into a :class:`TrainingSpec`.
 
     ``overrides`` are dotted keys (``"train.micro_batch_size": 2``). ``devices=None`` / ``strategy=None`` take
-    the recipe's ``devices`` and litgpt's own choice (FSDP for full fine-tuning on several devices).
+    the recipe's ``devices`` and litgpt's own choice: on several devices ``litgpt finetune_full`` runs FSDP with
+    every Block wrapped and checkpointed, and Fabric keeps unsharded gradients while accumulating. An explicit
+    ``ddp`` / ``fsdp`` / ``deepspeed-zero3`` (which the litgpt CLI cannot run) means the lab's Lightning-Trainer
+    module: no activation checkpointing unless asked, sharded gradient accumulation.
     The sequence length is ``train.max_seq_length`` capped by the model's block size and by ``data_max_len``.
     """
     from litgpt.args import TrainArgs
@@ -265,6 +275,7 @@ def spec_from_recipe(
     if devices < 1:
         raise PlanError(f"--devices must be at least 1, got {devices}")
     num_nodes = _int(tree.get("num_nodes", 1) or 1, "num_nodes")
+    litgpt_loop = strategy is None or strategy == "single"
     if strategy is None:
         strategy = "single" if devices * num_nodes == 1 else "fsdp"
     if strategy not in STRATEGIES:
@@ -318,11 +329,19 @@ def spec_from_recipe(
         devices=devices * num_nodes,
         strategy=strategy,  # type: ignore[arg-type]
         offload_optimizer=offload_optimizer,
+        fsdp_wrap_blocks=fsdp_wrap_blocks,
         # litgpt finetune_full wraps each Block with FSDP *and* activation checkpointing on several devices.
-        activation_checkpointing=(method == "full" and strategy == "fsdp"),
+        activation_checkpointing=(
+            activation_checkpointing
+            if activation_checkpointing is not None
+            else (litgpt_loop and method == "full" and strategy == "fsdp")
+        ),
         gpu_memory_gib=gpu_memory_gib,
         gradient_accumulation_iters=accumulation,
         optimizer_kwargs=optimizer_kwargs,
+        fsdp_unsharded_grad_accumulation=litgpt_loop,
+        include_validation=litgpt_loop,
+        loop="litgpt" if litgpt_loop else "lightning",
     )
     spec.validate()
     return spec

@@ -269,6 +269,14 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
                 out = model(input_ids, lm_head_chunk_size=LORA_LM_HEAD_CHUNK) if lora else model(input_ids)
             return _to_default_float(out)
 
+        def training_step(input_ids, targets):
+            """Lightning Trainer: the loss is computed inside training_step, under the precision context, and
+            the logits die with it."""
+            with forward_context():
+                out = model(input_ids, lm_head_chunk_size=LORA_LM_HEAD_CHUNK) if lora else model(input_ids)
+                return loss_of(out, targets)
+
+        lightning = spec.loop == "lightning"
         logits = loss = None
         with tracker:
             iteration = 0
@@ -278,8 +286,11 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
                     acct.begin(f"w{window}m{micro}-forward", "fwd")
                     input_ids = torch.randint(0, vocab, (B, T))
                     targets = torch.randint(0, vocab, (B, T))
-                    logits = forward(input_ids)
-                    loss = loss_of(logits, targets)
+                    if lightning:
+                        loss = training_step(input_ids, targets)
+                    else:
+                        logits = forward(input_ids)
+                        loss = loss_of(logits, targets)
                     acct.end()
                     acct.begin(f"w{window}m{micro}-backward", "bwd")
                     (loss / accumulation).backward()
