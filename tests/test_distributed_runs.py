@@ -138,3 +138,34 @@ def test_two_nodes_through_torchrun_on_loopback(ci_assets, tmp_path):
     assert sorted(reports) == [0, 1]
     for report in reports.values():
         assert report["status"] == "ok" and report["world_size"] == 2 and report["iterations"] == 2
+
+
+def test_terminating_the_process_group_records_every_rank_as_interrupted(ci_assets, tmp_path):
+    """What the runner does on an interrupt (SIGTERM to the run's process group): every rank reports and ends."""
+    import signal
+    import subprocess
+
+    from lab_helpers import child_report
+    from lab_helpers.distributed import build_command
+    from lab_helpers.experiments import resolve
+    from lab_helpers.paths import lab_home
+
+    argv = build_command(resolve("ddp", "ci", {**SMALL, "train.max_steps": 200}), tmp_path / "run")
+    env = {**os.environ, child_report.REPORT_DIR_ENV: str(tmp_path / "reports"), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        argv, cwd=lab_home(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if b"iter 1" in line:
+            break
+    ranks = psutil.Process(proc.pid).children(recursive=True)
+    os.killpg(proc.pid, signal.SIGTERM)
+    sent = time.monotonic()
+    proc.stdout.read()
+    proc.wait(timeout=60)
+    assert time.monotonic() - sent < 20
+    assert not [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    reports = child_report.read_reports(tmp_path / "reports")
+    assert sorted(reports) == [0, 1]
+    assert {r["status"] for r in reports.values()} == {"interrupted"}

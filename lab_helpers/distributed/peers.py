@@ -93,6 +93,17 @@ def dead_children(procs: Sequence[subprocess.Popen], *, wait_s: float = 0.0) -> 
         time.sleep(0.1)
 
 
+def let_children_finish(procs: Sequence[subprocess.Popen], *, timeout_s: float = 5.0) -> None:
+    """Wait up to ``timeout_s`` for child ranks to exit on their own (after an interrupt they are writing their
+    reports); Lightning SIGKILLs them right after rank 0's exception handling."""
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return
+
+
 def watch_parent(on_failure: Callable[[str], None], *, poll_s: float = POLL_S) -> threading.Thread:
     """Ranks > 0: when the parent that launched this rank is gone, report and exit."""
     parent = os.getppid()
@@ -119,9 +130,14 @@ def _end(message: str, on_failure: Callable[[str], None], *, quiet: bool = False
 
 
 def sigterm_as_interrupt() -> None:
-    """Turn SIGTERM into KeyboardInterrupt so a terminated rank reports ``interrupted`` before it exits."""
+    """Turn the first SIGTERM into KeyboardInterrupt so a terminated rank reports ``interrupted`` and exits.
+
+    Later SIGTERMs are ignored: a rank may get one from the runner (its whole process group) and one from a
+    launcher passing it on, and a second KeyboardInterrupt would cut the report-writing short.
+    """
 
     def handler(signum, frame):  # noqa: ARG001
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, handler)

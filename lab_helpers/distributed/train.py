@@ -141,6 +141,9 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
                 )
 
         def on_exception(self, trainer, pl_module, exception):
+            if isinstance(exception, KeyboardInterrupt):  # every rank was interrupted: let them all report
+                peers.let_children_finish(self.procs)
+                return
             dead = peers.dead_children(self.procs, wait_s=2.0)
             for local_rank, message in dead:
                 report_for_dead_rank(self.first_rank + local_rank, message, report.fields)
