@@ -24,6 +24,12 @@ from collections.abc import Callable, Sequence
 
 POLL_S = 0.5
 EXIT_CODE_PEER_FAILED = 70
+_terminated = threading.Event()
+
+
+def was_terminated() -> bool:
+    """True once this process got SIGTERM (an interrupt from the runner): whatever fails next is the interrupt."""
+    return _terminated.is_set()
 
 
 def describe_exit(code: int) -> str:
@@ -93,15 +99,17 @@ def dead_children(procs: Sequence[subprocess.Popen], *, wait_s: float = 0.0) -> 
         time.sleep(0.1)
 
 
-def let_children_finish(procs: Sequence[subprocess.Popen], *, timeout_s: float = 5.0) -> None:
+def let_children_finish(procs: Sequence[subprocess.Popen], *, timeout_s: float = 5.0) -> list[int]:
     """Wait up to ``timeout_s`` for child ranks to exit on their own (after an interrupt they are writing their
-    reports); Lightning SIGKILLs them right after rank 0's exception handling."""
+    reports; Lightning SIGKILLs them right after rank 0's exception handling). Returns the local ranks still
+    running: those blocked in a collective, which a signal cannot reach until it returns."""
     deadline = time.monotonic() + timeout_s
     for proc in procs:
         try:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            return
+            break
+    return [i + 1 for i, proc in enumerate(procs) if proc.poll() is None]
 
 
 def watch_parent(on_failure: Callable[[str], None], *, poll_s: float = POLL_S) -> threading.Thread:
@@ -138,6 +146,7 @@ def sigterm_as_interrupt() -> None:
 
     def handler(signum, frame):  # noqa: ARG001
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _terminated.set()
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, handler)

@@ -54,7 +54,12 @@ class RankReport:
             )
 
     def write_exception(self, exc: BaseException) -> None:
+        from lab_helpers.distributed import peers
+
         status, text = child_report.status_for_exception(exc)
+        if peers.was_terminated() and status == "error":
+            # after SIGTERM a rank often fails in a collective its interrupted peers left: the interrupt is the cause
+            status, text = "interrupted", f"interrupted (SIGTERM); then:\n{text[-1500:]}"
         self.write(status, text)
 
     @property

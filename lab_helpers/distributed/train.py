@@ -142,7 +142,9 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
 
         def on_exception(self, trainer, pl_module, exception):
             if isinstance(exception, KeyboardInterrupt):  # every rank was interrupted: let them all report
-                peers.let_children_finish(self.procs)
+                for local_rank in peers.let_children_finish(self.procs):
+                    message = f"local rank {local_rank} was interrupted while waiting for its peers"
+                    report_for_dead_rank(self.first_rank + local_rank, message, report.fields, status="interrupted")
                 return
             dead = peers.dead_children(self.procs, wait_s=2.0)
             for local_rank, message in dead:
@@ -174,8 +176,8 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
     trainer.fit(module, datamodule=data)
 
 
-def report_for_dead_rank(rank: int, message: str, fields: dict[str, Any]) -> None:
-    """Write the report of a rank that died without writing its own (killed, crashed), if it has none."""
+def report_for_dead_rank(rank: int, message: str, fields: dict[str, Any], *, status: str = "error") -> None:
+    """Write the report of a rank that cannot write its own (killed, crashed, stuck), if it has none."""
     from lab_helpers import child_report
 
     directory = child_report.report_dir()
@@ -183,7 +185,7 @@ def report_for_dead_rank(rank: int, message: str, fields: dict[str, Any]) -> Non
         return
     child_report.write_report(
         {
-            "status": "error",
+            "status": status,
             "error": f"{message} (reported by rank 0: this rank left no report)",
             "world_size": fields.get("world_size"),
             "strategy_used": fields.get("strategy_used"),
