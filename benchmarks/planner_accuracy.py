@@ -244,9 +244,15 @@ def lab_matrix_rows() -> tuple[int, int]:
             total += 1
             ok = rel(plans[a].peak_alloc_gib, plans[b].peak_alloc_gib)
             agree += ok
+            why = ""
+            if not ok and a == "grad-accum":
+                why = (
+                    " (the planner says accumulation keeps the gradients, "
+                    f"{plans[a].breakdown_gib['gradients']:.2f} GiB, through the next micro-batch)"
+                )
             print(
                 f"  {label:<32} {plans[a].peak_alloc_gib:7.2f} vs {plans[b].peak_alloc_gib:7.2f} GiB: "
-                f"{'agrees' if ok else 'DISAGREES'}"
+                f"{'agrees' if ok else 'DISAGREES'}{why}"
             )
     return agree, total
 
