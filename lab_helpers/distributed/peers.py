@@ -47,11 +47,14 @@ def watch_children(
     on_failure: Callable[[str], None],
     *,
     on_dead_child: Callable[[int, str], None] | None = None,
+    is_interrupt: Callable[[], bool] = lambda: False,
     poll_s: float = POLL_S,
 ) -> threading.Thread:
     """Rank 0: when any child rank exits non-zero, report (for it too), kill the rest, exit (from this thread).
 
     ``on_dead_child(local_rank, message)`` lets the caller write the dead rank's report if it left none.
+    A child that exits because the run was interrupted is not a failure: when ``is_interrupt()`` says so,
+    the watcher stops and leaves the ending to the interrupt handling.
     """
 
     def run() -> None:
@@ -59,6 +62,8 @@ def watch_children(
             time.sleep(poll_s)
             codes = [p.poll() for p in procs]
             failed = [(i + 1, p, c) for i, (p, c) in enumerate(zip(procs, codes, strict=True)) if c not in (None, 0)]
+            if failed and is_interrupt():
+                return
             if failed:
                 local_rank, proc, code = failed[0]
                 message = f"local rank {local_rank} (pid {proc.pid}) {describe_exit(code)}; stopping every rank"

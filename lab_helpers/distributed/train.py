@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -120,13 +121,15 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
     out_dir = args.out_dir or resolve_path(recipe.get("out_dir") or "out/multi")
 
     class WatchChildren(L.Callback):
-        """After Lightning has started the other local ranks, rank 0 watches them (see peers).
+        """After Lightning has started the other local ranks, rank 0 watches them (see peers); every rank keeps
+        the lab's SIGTERM handling.
 
         Often rank 0 learns of a dead peer first from its own collective failing (gloo: "Connection reset
         by peer"); then ``on_exception`` names the dead rank in rank 0's report and writes the dead rank's.
         """
 
         procs: list = []
+        first_rank = 0
 
         def setup(self, trainer, pl_module, stage):
             self.procs = getattr(trainer.strategy.launcher, "procs", None) or []
@@ -138,13 +141,24 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
                     on_dead_child=lambda local_rank, message: report_for_dead_rank(
                         self.first_rank + local_rank, message, report.fields
                     ),
+                    is_interrupt=lambda: peers.was_terminated() or self._peers_interrupted(),
                 )
 
+        def on_train_start(self, trainer, pl_module):
+            # Lightning installed its own SIGTERM handler just before the loop (it signals the children and runs a
+            # broadcast inside the handler, which fails once a peer is gone): put back the lab's, which only
+            # raises KeyboardInterrupt, so that an interrupt is reported as one
+            if not peers.was_terminated():
+                peers.sigterm_as_interrupt()
+
         def on_exception(self, trainer, pl_module, exception):
-            if isinstance(exception, KeyboardInterrupt):  # every rank was interrupted: let them all report
+            if isinstance(exception, KeyboardInterrupt) or peers.was_terminated() or self._peers_interrupted():
+                # every rank was interrupted: let them all report; this rank's failure is the interrupt too
                 for local_rank in peers.let_children_finish(self.procs):
                     message = f"local rank {local_rank} was interrupted while waiting for its peers"
                     report_for_dead_rank(self.first_rank + local_rank, message, report.fields, status="interrupted")
+                _, text = child_report.status_for_exception(exception)
+                report.write("interrupted", f"interrupted; this rank then stopped with:\n{text[-1500:]}")
                 return
             dead = peers.dead_children(self.procs, wait_s=2.0)
             for local_rank, message in dead:
@@ -153,6 +167,17 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
                 _, text = child_report.status_for_exception(exception)
                 # the dead peer last: the record's one-line reason is the error's last line
                 report.write("error", f"{text[-1500:]}\nthis rank failed because {dead[0][1]}")
+
+        def _peers_interrupted(self) -> bool:
+            """A child rank already reported ``interrupted``: the collective this rank failed in was cut by it."""
+            directory = child_report.report_dir()
+            if not self.procs or directory is None:
+                return False
+            time.sleep(0.5)  # a peer that is exiting may still be writing its report
+            reports = child_report.read_reports(directory)
+            return any(
+                reports.get(self.first_rank + i + 1, {}).get("status") == "interrupted" for i in range(len(self.procs))
+            )
 
     trainer = L.Trainer(
         accelerator="cuda" if on_cuda else "cpu",
