@@ -34,6 +34,7 @@ def host_bytes(spec: TrainingSpec, trace: TraceResult, offloaded_bytes: int = 0)
     checkpoint = CHECKPOINT_BYTES_PER_PARAM * trace.total_param_numel
     return HOST_PROCESS_BYTES * spec.devices + max(checkpoint, offloaded_bytes)
 
+
 # DeepSpeed ZeRO-3 knobs as Lightning's DeepSpeedStrategy / DeepSpeed set them by default.
 DS_REDUCE_BUCKET_NUMEL = 200_000_000  # Lightning reduce_bucket_size
 DS_PREFETCH_BUCKET_NUMEL = 50_000_000  # stage3_prefetch_bucket_size

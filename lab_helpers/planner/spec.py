@@ -215,6 +215,28 @@ def _int(value: object, what: str) -> int:
         raise PlanError(f"{what} must be an integer, got {value!r}") from None
 
 
+def _litgpt_validate(module, script: str, train_cfg: dict, eval_cfg: dict) -> None:
+    """Run the finetune script's own ``validate_args`` so the planner rejects what litgpt would reject."""
+    from litgpt.args import EvalArgs
+
+    if not isinstance(eval_cfg, dict):
+        raise PlanError("recipe 'eval' must be a mapping")
+    eval_fields = {f.name for f in dataclasses.fields(EvalArgs)}
+    bad = sorted(set(eval_cfg) - eval_fields)
+    if bad:
+        raise PlanError(f"litgpt EvalArgs has no field(s): {', '.join(bad)}")
+    defaults = inspect.signature(module.setup).parameters
+    train = dataclasses.replace(defaults["train"].default, **train_cfg)
+    evals = dataclasses.replace(defaults["eval"].default, **eval_cfg) if eval_cfg else defaults["eval"].default
+    try:
+        module.validate_args(train, evals)
+    except ValueError as err:
+        first = str(err).splitlines()[0].split(". This is set in")[0]
+        reason = first.split(" doesn't ", 1)[-1] if " doesn't " in first else first.split(" requires ", 1)[-1]
+        verb = "doesn't " if " doesn't " in first else "requires "
+        raise PlanError(f"litgpt {script} rejects this recipe: it {verb}{reason}") from None
+
+
 def spec_from_recipe(
     recipe: dict | str | Path,
     *,
@@ -263,6 +285,8 @@ def spec_from_recipe(
     bad = sorted(set(train_cfg) - train_fields)
     if bad:
         raise PlanError(f"litgpt TrainArgs has no field(s): {', '.join(bad)}")
+    if strategy is None or strategy == "single":  # the lab's Lightning-Trainer runs do not go through litgpt's
+        _litgpt_validate(litgpt_lora if has_lora else litgpt_full, script, train_cfg, tree.get("eval") or {})
     micro = _int(train_cfg.get("micro_batch_size", 1) or 1, "train.micro_batch_size")
     global_bs = _int(train_cfg.get("global_batch_size", 16) or 16, "train.global_batch_size")
 
