@@ -168,10 +168,11 @@ def record_rows(path: Path) -> list[float]:
             continue
         err = (predicted - measured) / measured
         errors.append(err)
-        gpu = str(rec.get("gpu_name") or (rec.get("environment") or {}).get("gpu_names") or "?")[:28]
-        print(
-            f"{str(rec.get('experiment', rec.get('id', '?'))):<24} {gpu:<28} {measured:>12.2f} {predicted:>13.2f} {err:>+8.1%}"
+        gpu = str(rec.get("device_name") or rec.get("gpu_name") or "?")[:28]
+        label = str(rec.get("experiment", "?")) + (
+            f" r{rec.get('rank', 0)}" if (rec.get("world_size") or 1) > 1 else ""
         )
+        print(f"{label:<24} {gpu:<28} {measured:>12.2f} {predicted:>13.2f} {err:>+8.1%}")
     return errors
 
 

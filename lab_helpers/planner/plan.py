@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -64,9 +65,25 @@ class MemoryPlan:
         )
 
 
+_CACHE: dict[str, MemoryPlan] = {}
+_CACHE_SIZE = 64
+
+
 def predict(spec: TrainingSpec) -> MemoryPlan:
-    """Predict per-GPU peak memory for ``spec`` without allocating any real weights."""
+    """Predict per-GPU peak memory for ``spec`` without allocating any real weights.
+
+    Results are memoized per spec (notebooks ask again for the same run, and the OOM demonstrations try a few
+    batch sizes), so a repeated question costs nothing; a copy is returned each time."""
     spec.validate()
+    key = repr(spec)
+    if key not in _CACHE:
+        if len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = _predict(spec)
+    return copy.deepcopy(_CACHE[key])
+
+
+def _predict(spec: TrainingSpec) -> MemoryPlan:
     result = trace(spec)
     breakdown = analytic.STRATEGY_MODELS[spec.strategy](spec, result)
     parts = {k: breakdown.parts.get(k, 0) / GIB for k in BREAKDOWN_KEYS if k != "cuda_context"}
