@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    from lab_helpers.orphan_guard import start_orphan_guard
+
+    start_orphan_guard()  # the runner died (kernel restart): end every node
     for node_rank in range(args.nodes):
         cmd = command
         if args.launcher == "torchrun":

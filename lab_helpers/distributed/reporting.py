@@ -21,7 +21,7 @@ from lab_helpers import child_report
 class RankReport:
     """The one report this rank writes; written at most once (the first outcome wins)."""
 
-    def __init__(self, *, rank: int, world_size: int, strategy_used: str) -> None:
+    def __init__(self, *, rank: int, world_size: int, strategy_used: str | None = None) -> None:
         self.rank = rank
         self.fields: dict[str, Any] = {
             "world_size": world_size,

@@ -58,10 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     from lab_helpers.distributed.reporting import RankReport
 
     world_size = args.devices * args.num_nodes
-    report = RankReport(rank=env_global_rank(args.devices), world_size=world_size, strategy_used=None)
+    report = RankReport(rank=env_global_rank(args.devices), world_size=world_size)
     peers.sigterm_as_interrupt()
     if "LOCAL_RANK" in os.environ or os.environ.get("LAB_WATCH_PARENT") == "1":
         peers.watch_parent(lambda message: report.write("error", message))
+    else:  # the process the runner started: if the runner dies (kernel restart), end the whole run
+        from lab_helpers.orphan_guard import start_orphan_guard
+
+        start_orphan_guard()
     try:
         run(args, report, on_cuda=on_cuda)
     except BaseException as exc:  # noqa: BLE001 -- every outcome is reported, then the exception goes on
