@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import functools
+import json
 import math
 import os
 import sys
@@ -167,13 +169,23 @@ def predict_experiment(
 
 
 def _plan(run: ResolvedRun, gpu_memory_gib: float | None):
+    """The notebook shows the prediction, then runs: the second ask (inside run_experiment) is a cache hit."""
+    recipe_json = json.dumps(_recipe_with_absolute_paths(run.recipe), sort_keys=True, default=str)
+    offload = bool(run.experiment.options.get("offload_optimizer", False))
+    return _cached_plan(
+        recipe_json, run.devices * run.experiment.num_nodes, run.experiment.strategy, offload, gpu_memory_gib
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_plan(recipe_json: str, devices: int, strategy: str, offload_optimizer: bool, gpu_memory_gib: float | None):
     from lab_helpers.planner import plan_recipe
 
     return plan_recipe(
-        _recipe_with_absolute_paths(run.recipe),
-        devices=run.devices * run.experiment.num_nodes,
-        strategy=run.experiment.strategy,
-        offload_optimizer=bool(run.experiment.options.get("offload_optimizer", False)),
+        json.loads(recipe_json),
+        devices=devices,
+        strategy=strategy,
+        offload_optimizer=offload_optimizer,
         gpu_memory_gib=gpu_memory_gib,
     )
 
