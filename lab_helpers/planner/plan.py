@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import analytic
+from .errors import PlanError, PlannerUnavailable
 from .spec import TrainingSpec, spec_from_recipe
 from .tracer import trace
 
@@ -84,7 +85,15 @@ def predict(spec: TrainingSpec) -> MemoryPlan:
 
 
 def _predict(spec: TrainingSpec) -> MemoryPlan:
-    result = trace(spec)
+    try:
+        result = trace(spec)
+    except (PlanError, PlannerUnavailable):
+        raise
+    except Exception as err:  # an architecture or op the fake-tensor trace cannot run: say so in one line
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        raise PlannerUnavailable(
+            f"tracing {spec.model_config.name} ({spec.method}) failed: {type(err).__name__}: {first}"
+        ) from err
     breakdown = analytic.STRATEGY_MODELS[spec.strategy](spec, result)
     parts = {k: breakdown.parts.get(k, 0) / GIB for k in BREAKDOWN_KEYS if k != "cuda_context"}
     parts["cuda_context"] = analytic.CUDA_CONTEXT_BYTES / GIB
