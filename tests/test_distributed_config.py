@@ -179,6 +179,20 @@ def test_strategy_objects_and_labels_on_cpu():
     assert make_strategy("single", on_cuda=False, world_size=1).strategy == "auto"
 
 
+def test_strategy_objects_for_cuda_can_be_built_here():
+    from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
+
+    from lab_helpers.distributed.deepspeed_cpu import CPUDeepSpeedStrategy
+
+    fsdp = make_strategy("fsdp", on_cuda=True, world_size=4)
+    assert isinstance(fsdp.strategy, FSDPStrategy) and fsdp.fsdp_impl == "fsdp1" and "nccl" not in fsdp.label
+    assert fsdp.label.startswith("fsdp1 (FSDPStrategy, full shard, wrap per transformer block")
+    config = deepspeed_config(_recipe(), world_size=4)
+    ds = make_strategy("deepspeed-zero3", on_cuda=True, world_size=4, deepspeed_config=config)
+    assert isinstance(ds.strategy, DeepSpeedStrategy) and not isinstance(ds.strategy, CPUDeepSpeedStrategy)
+    assert ds.label == "deepspeed zero3 + cpu offload (DeepSpeedStrategy, CUDA)"
+
+
 def test_fsdp_implementation_by_hardware():
     assert resolve_fsdp_impl("auto", on_cuda=True) == "fsdp1"
     assert resolve_fsdp_impl("auto", on_cuda=False) == "fsdp2"

@@ -116,6 +116,7 @@ def test_deepspeed_zero3_with_cpu_offload_runs_on_cpu_in_bf16(ci_assets, results
         assert record["strategy_used"].startswith("deepspeed zero3 + cpu offload (DeepSpeedStrategy on CPU")
         assert record["iterations"] == 4  # 2 steps x accumulate 2 (global 4 = micro 1 x 2 ranks x 2)
     run_dir = results / "runs" / records[0]["run_id"]
+    assert "[lab] optimizer: DeepSpeedCPUAdam" in (run_dir / "output.log").read_text()
     config = json.loads((run_dir / "deepspeed.json").read_text())
     assert config["bf16"]["enabled"] and config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
 
@@ -168,4 +169,6 @@ def test_terminating_the_process_group_records_every_rank_as_interrupted(ci_asse
     assert not [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     reports = child_report.read_reports(tmp_path / "reports")
     assert sorted(reports) == [0, 1]
-    assert {r["status"] for r in reports.values()} == {"interrupted"}, [r.get("error", "")[-600:] for r in reports.values()]
+    assert {r["status"] for r in reports.values()} == {"interrupted"}, [
+        r.get("error", "")[-600:] for r in reports.values()
+    ]

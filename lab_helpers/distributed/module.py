@@ -84,6 +84,8 @@ class LitGPTFinetune(L.LightningModule):
         from litgpt.finetune.full import get_lr_scheduler
 
         optimizer = self.build_optimizer(self.parameters())
+        if self.global_rank == 0:  # said once in the log, so a student (and a test) sees which optimizer stepped
+            print(f"[lab] optimizer: {type(optimizer).__name__}", flush=True)
         max_steps = int(self.train_args.get("max_steps") or 1)
         warmup = int(self.train_args.get("lr_warmup_steps") or 0)
         scheduler = get_lr_scheduler(optimizer, warmup_steps=warmup, max_steps=max_steps)
