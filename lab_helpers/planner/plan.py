@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import analytic
+from ._compat import check_tracing_supported
 from .errors import PlanError, PlannerUnavailable
 from .spec import TrainingSpec, spec_from_recipe
 from .tracer import trace
@@ -76,6 +77,7 @@ def predict(spec: TrainingSpec) -> MemoryPlan:
     Results are memoized per spec (notebooks ask again for the same run, and the OOM demonstrations try a few
     batch sizes), so a repeated question costs nothing; a copy is returned each time."""
     spec.validate()
+    check_tracing_supported()  # before the memo: a torch upgrade must fail loudly even for a remembered spec
     key = repr(spec)
     if key not in _CACHE:
         if len(_CACHE) >= _CACHE_SIZE:
