@@ -107,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     command = argv[split + 1 :]
     port = args.master_port or free_port()
     gpus_per_node = int(_flag(command, "--devices", "1")) if _has_cuda() else None
+    if gpus_per_node and gpus_per_node * args.nodes > _gpu_count():
+        raise SystemExit(
+            f"[lab] playing {args.nodes} nodes x {gpus_per_node} GPUs on this machine needs "
+            f"{gpus_per_node * args.nodes} GPUs; it has {_gpu_count()} (on real nodes, see docs/multi_node.md)"
+        )
 
     procs: list[subprocess.Popen] = []
 
@@ -136,6 +141,12 @@ def _has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 if __name__ == "__main__":
