@@ -208,7 +208,9 @@ def check_batch_and_precision(recipe: Mapping[str, Any], *, devices: int, num_no
         )
     max_steps, warmup = train.get("max_steps"), train.get("lr_warmup_steps")
     if not isinstance(warmup, int) or warmup < 1:  # litgpt's warmup divides by it
-        raise LabConfigError(f"train.lr_warmup_steps must be a whole number >= 1 (litgpt divides by it); got {warmup!r}")
+        raise LabConfigError(
+            f"train.lr_warmup_steps must be a whole number >= 1 (litgpt divides by it); got {warmup!r}"
+        )
     if max_steps is not None and max_steps <= warmup:
         raise LabConfigError(  # litgpt's cosine schedule divides by (max_steps - warmup) and crashes mid-run
             f"train.max_steps ({max_steps}) must be larger than train.lr_warmup_steps ({warmup}): "
@@ -348,7 +350,8 @@ def hardware_skip_reason(experiment: Experiment, recipe: Mapping[str, Any]) -> s
         if (major, minor) < (8, 0):
             return f"needs bf16: compute capability {major}.{minor} < 8.0 (e.g. V100); try precision=16-mixed"
     if has_cuda and experiment.kind == "lightning":
+        # the lab plays every node on this machine (loopback), so all of them need GPUs here
         wanted = count_devices(experiment.devices) * experiment.num_nodes
-        if experiment.num_nodes == 1 and wanted > torch.cuda.device_count():
+        if wanted > torch.cuda.device_count():
             return f"needs {wanted} GPUs; this node has {torch.cuda.device_count()}"
     return None

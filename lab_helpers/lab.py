@@ -281,13 +281,14 @@ def _total_iterations(run: ResolvedRun) -> int | None:
 
 
 def _records_from(run: ResolvedRun, base: dict, outcome: ProcessOutcome, run_dir: Path) -> list[dict[str, Any]]:
-    ranks = sorted(outcome.reports) or [0]
     distributed = run.experiment.kind == "lightning"
+    # one record per rank, always: a rank killed before it could report (the OOM killer, SIGKILL) gets one too
+    ranks = sorted(set(outcome.reports) | set(range(base["world_size"] if distributed else 1)))
     per_iteration = _per_iteration(run_dir)
     records = []
     for rank in ranks:
         report = outcome.reports.get(rank, {})
-        status, reason, error = _status(report, outcome)
+        status, reason, error = _status(report, outcome, launched=rank == 0)
         train_s = report.get("train_s")
         tokens, tokens_padded = report.get("tokens"), report.get("tokens_padded")
         iterations = report.get("iterations") or (len(per_iteration) or None)
@@ -321,20 +322,26 @@ def _records_from(run: ResolvedRun, base: dict, outcome: ProcessOutcome, run_dir
     return records
 
 
-def _status(report: Mapping[str, Any], outcome: ProcessOutcome) -> tuple[str, str | None, str | None]:
-    """(status, reason, error) from the rank's own report, the exit code and the log, in that order of trust."""
+def _status(
+    report: Mapping[str, Any], outcome: ProcessOutcome, *, launched: bool
+) -> tuple[str, str | None, str | None]:
+    """(status, reason, error) from the rank's own report, the log and the exit code, in that order of trust.
+
+    The exit code belongs to the launched process (rank 0, or the only process): another rank's own "ok"
+    stands even when rank 0 died afterwards.
+    """
     if outcome.interrupted:
         return "interrupted", "interrupted by the user; every process of the run was ended", None
     if report.get("status") in ("oom", "error", "interrupted"):
         return report["status"], _first_line(report.get("error")), report.get("error")
+    if report.get("status") == "ok" and (not launched or outcome.returncode == 0):
+        return "ok", None, None
     oom_lines = [line for line in outcome.tail if "out of memory" in line.lower()]
     if oom_lines:
         return "oom", oom_lines[-1][:300], "\n".join(oom_lines)
     if outcome.returncode != 0:
         why = f"exit code {outcome.returncode}" + ("" if report else "; the process wrote no report")
         return "error", why, "\n".join(outcome.tail[-20:])
-    if report.get("status") == "ok":
-        return "ok", None, None
     return "error", "the training process exited without a report", "\n".join(outcome.tail[-20:])
 
 
