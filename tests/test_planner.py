@@ -109,7 +109,19 @@ def test_fsdp_per_gpu_below_ddp():
     ddp = predict(spec(config=cfg, devices=4, strategy="ddp", mb=1, seq=32))
     fsdp = predict(spec(config=cfg, devices=4, strategy="fsdp", mb=1, seq=32))
     assert fsdp.peak_alloc_gib < ddp.peak_alloc_gib
-    assert ddp.breakdown_gib["communication_buffers"] > 0
+
+
+def test_ddp_bucket_copy_only_without_gradient_as_bucket_view():
+    cfg = tiny_config(n_layer=4, n_embd=256)
+    views = predict(spec(config=cfg, devices=4, strategy="ddp", mb=1, seq=32))  # the lab's DDPStrategy
+    copies = predict(
+        dataclasses.replace(
+            spec(config=cfg, devices=4, strategy="ddp", mb=1, seq=32), ddp_gradient_as_bucket_view=False
+        )
+    )
+    assert views.breakdown_gib["communication_buffers"] == 0
+    assert copies.breakdown_gib["communication_buffers"] == pytest.approx(copies.breakdown_gib["gradients"], rel=0.05)
+    assert views.peak_alloc_gib < copies.peak_alloc_gib
 
 
 def test_peak_grows_with_micro_batch_and_sequence():

@@ -85,13 +85,17 @@ def single(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
 
 
 def ddp(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
-    """Every rank holds everything; DDP's reducer adds flat gradient buckets covering all trainable parameters
-    (gradient_as_bucket_view=False, the default), allocated when the model is wrapped."""
+    """Every rank holds everything. DDP's reducer allocates flat gradient buckets covering all trainable
+    parameters when the model is wrapped: with torch's default they are a second copy of the gradients; with
+    gradient_as_bucket_view=True the gradients are views into them, held for the whole run."""
     grad_bytes = _trainable_grad_bytes(spec, trace)
     out = []
     for p in trace.phases:
         parts = _parts(p)
-        parts["communication_buffers"] = grad_bytes
+        if spec.ddp_gradient_as_bucket_view:
+            parts["gradients"] = max(parts["gradients"], grad_bytes)
+        else:
+            parts["communication_buffers"] = grad_bytes
         out.append(DeviceBreakdown(parts, p.name))
     best = _max(out)
     best.outside_allocator_bytes = NCCL_BUFFERS_BYTES

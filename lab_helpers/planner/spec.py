@@ -78,6 +78,9 @@ class TrainingSpec:
     fsdp_unsharded_grad_accumulation: bool = True
     # Run one validation forward (no grad, unchunked loss) as litgpt does every eval.interval steps.
     include_validation: bool = True
+    # DDP with gradient_as_bucket_view=True (the lab's DDPStrategy): gradients live in the reducer's buckets
+    # for the whole run instead of beside a second, flat copy of them. False is torch's default.
+    ddp_gradient_as_bucket_view: bool = True
     # Which training loop: litgpt's finetune scripts (Fabric: logits converted to fp32, the previous logits alive
     # during the next forward) or the lab's Lightning-Trainer module (loss inside training_step, bf16 logits).
     loop: Literal["litgpt", "lightning"] = "litgpt"
