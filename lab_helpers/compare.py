@@ -20,19 +20,11 @@ from typing import Any
 
 import pandas as pd
 
+from lab_helpers.breakdown import BREAKDOWN_PARTS
 from lab_helpers.paths import lab_home, results_dir
 from lab_helpers.records import load_results
 
 NO_RUNS = "no runs recorded yet"
-BREAKDOWN_PARTS = (
-    "parameters",
-    "gradients",
-    "optimizer_states",
-    "activations",
-    "temporaries",
-    "communication_buffers",
-    "cuda_context",
-)
 MEMORY_COLUMNS = ("peak_alloc_gib", "peak_reserved_gib", "gpu_used_peak_gib", "host_rss_peak_gib")
 RANK0_COLUMNS = ("train_s", "wall_s", "tokens_per_s", "tokens_per_s_padded", "mfu", "predicted_peak_alloc_gib")
 TABLE_COLUMNS = (

@@ -7,6 +7,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from lab_helpers.breakdown import BREAKDOWN_PARTS
+
 from . import analytic
 from ._compat import check_tracing_supported
 from .errors import PlanError, PlannerUnavailable
@@ -14,15 +16,7 @@ from .spec import TrainingSpec, spec_from_recipe
 from .tracer import trace
 
 GIB = 2**30
-BREAKDOWN_KEYS = (
-    "parameters",
-    "gradients",
-    "optimizer_states",
-    "activations",
-    "temporaries",
-    "communication_buffers",
-    "cuda_context",
-)
+BREAKDOWN_KEYS = BREAKDOWN_PARTS
 
 
 @dataclass
