@@ -360,29 +360,24 @@ def _mfu(run: ResolvedRun, report: Mapping[str, Any], iterations: int | None, tr
     device = report.get("device_name")
     if not device or not iterations or not train_s or not report.get("tokens_padded"):
         return None
-    try:
-        from litgpt import Config
+    from litgpt import Config
 
-        from lab_helpers.flops import train_flops_per_step
-        from lab_helpers.gpu_peaks import mfu
+    from lab_helpers.flops import mfu, train_flops_per_step
 
-        train = run.recipe["train"]
-        micro = train["micro_batch_size"]
-        seq_len = max(1, round(report["tokens_padded"] / (iterations * micro)))  # mean padded length
-        config = Config.from_file(resolve_path(run.recipe["checkpoint_dir"]) / "model_config.yaml")
-        lora = {k[5:]: v for k, v in run.recipe.items() if k.startswith("lora_")}
-        flops = train_flops_per_step(
-            config, method=run.experiment.method, lora=lora, micro_batch_size=micro, seq_len=seq_len
-        )
-        return mfu(
-            flops_per_step=flops,
-            steps=iterations,
-            train_s=train_s,
-            gpu_name=device,
-            precision=run.recipe.get("precision") or "",
-        )
-    except Exception:
-        return None
+    micro = run.recipe["train"]["micro_batch_size"]
+    seq_len = max(1, round(report["tokens_padded"] / (iterations * micro)))  # the mean padded length
+    config = Config.from_file(resolve_path(run.recipe["checkpoint_dir"]) / "model_config.yaml")
+    lora = {k: v for k, v in run.recipe.items() if k.startswith("lora_")}
+    flops = train_flops_per_step(
+        config, method=run.experiment.method, lora=lora, micro_batch_size=micro, seq_len=seq_len
+    )
+    return mfu(
+        flops_per_step=flops,
+        steps=int(iterations),
+        train_s=train_s,
+        gpu_name=device,
+        precision=run.recipe.get("precision") or "",
+    )
 
 
 def _per_iteration(run_dir: Path) -> list[dict[str, float]]:

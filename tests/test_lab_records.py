@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from lab_helpers.experiments import resolve
 from lab_helpers.lab import _base_record, _records_from
 from lab_helpers.runner import ProcessOutcome
@@ -39,3 +41,19 @@ def test_an_oom_line_in_the_log_is_an_oom_even_without_a_report(tmp_path):
     [record] = _records_from(run, _base_record(run), _outcome(tmp_path, returncode=1, reports={}, tail=tail), tmp_path)
     assert record["status"] == "oom" and "Tried to allocate 2.00 GiB" in record["reason"]
     assert record["rank"] is None
+
+
+def test_mfu_is_computed_for_a_known_gpu(ci_assets, tmp_path):
+    """A CUDA device name cannot come from a CPU run: this report stands in for one from an H100."""
+    run = resolve("grad-accum", "ci")
+    report = {"status": "ok", "train_s": 2.0, "tokens": 900, "tokens_padded": 1024, "iterations": 2,
+              "device_name": "NVIDIA H100 80GB HBM3"}  # fmt: skip
+    [record] = _records_from(run, _base_record(run), _outcome(tmp_path, returncode=0, reports={0: report}), tmp_path)
+    from lab_helpers.gpu_peaks import dense_peak_flops
+
+    params = sum(t.numel() for t in torch.load(ci_assets["ci-llama-xs"] / "lit_model.pth").values())
+    rough = 6 * params * 1024 / 2.0 / dense_peak_flops("NVIDIA H100 80GB HBM3", "32-true")  # 6 N D per second
+    assert 0.5 * rough < record["mfu"] < 3 * rough  # attention and the lm head add to 6 N D
+    cpu = {**report, "device_name": None}
+    [record] = _records_from(run, _base_record(run), _outcome(tmp_path, returncode=0, reports={0: cpu}), tmp_path)
+    assert record["mfu"] is None
