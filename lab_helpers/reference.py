@@ -15,7 +15,7 @@ from pathlib import Path
 from lab_helpers.compare import latest_runs, reference_dir
 from lab_helpers.experiments import LabConfigError
 from lab_helpers.paths import results_dir
-from lab_helpers.records import append_record, load_results
+from lab_helpers.records import append_record, load_results, read_records
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -27,11 +27,13 @@ def export_reference(name: str, *, profile: str, note: str = "") -> Path:
     latest = latest_runs(load_results(), profile=profile)
     if latest.empty:
         raise LabConfigError(f"no records of profile {profile!r} in {results_dir()} to export")
+    chosen = {(run_id, _rank(rank)) for run_id, rank in zip(latest["run_id"], latest["rank"], strict=True)}
     folder = reference_dir()
     target = folder / f"{name}.jsonl"
     target.unlink(missing_ok=True)
-    for record in latest.to_dict("records"):
-        record = {k: v for k, v in record.items() if not _is_missing(v)}
+    for record in read_records():  # the stored records themselves, not a DataFrame round trip of them
+        if (record.get("run_id"), _rank(record.get("rank"))) not in chosen:
+            continue
         timeline = record.get("timeline_path")
         if timeline and (results_dir() / timeline).is_file():
             (folder / timeline).parent.mkdir(parents=True, exist_ok=True)
@@ -41,11 +43,9 @@ def export_reference(name: str, *, profile: str, note: str = "") -> Path:
     return target
 
 
-def _is_missing(value) -> bool:
-    try:
-        return value != value  # NaN from the DataFrame round trip
-    except (TypeError, ValueError):
-        return False
+def _rank(value) -> int | None:
+    """Ranks come back from pandas as floats or NaN; records hold ints or None."""
+    return None if value is None or value != value else int(value)
 
 
 __all__ = ["export_reference"]
