@@ -30,6 +30,7 @@ def test_export_keeps_the_latest_record_per_experiment_and_its_timeline(lab_home
             "experiment": "grad-accum",
             "profile": "ci",
             "status": "ok",
+            "run_id": "a",
             "started_at": "2026-01-01T00:00:00",
             "train_s": 9.0,
         }
@@ -39,6 +40,7 @@ def test_export_keeps_the_latest_record_per_experiment_and_its_timeline(lab_home
             "experiment": "grad-accum",
             "profile": "ci",
             "status": "ok",
+            "run_id": "b",
             "started_at": "2026-01-02T00:00:00",
             "train_s": 1.0,
             "timeline_path": "runs/b/timeline.csv",
