@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from lab_helpers.paths import checkpoints_dir, configs_dir, data_dir, lab_home
+from lab_helpers.secrets import redact_mapping
 
 PROFILES = ("ci", "gpu")
 SECTIONS = ("single", "multi")
@@ -252,6 +253,27 @@ def resolve_path(value: str | Path) -> Path:
     if path.parts and path.parts[0] == "data":
         return data_dir().joinpath(*path.parts[1:])
     return lab_home() / path
+
+
+def runnable_recipe(recipe: Mapping[str, Any], *, out_dir: Path | None = None) -> dict[str, Any]:
+    """The recipe a training process is given and its run folder keeps: paths pinned, no secret in it.
+
+    Every path is made absolute the way the lab resolves it (``LAB_CHECKPOINTS`` / ``LAB_DATA`` may have moved
+    the folders, and the notebook may run from anywhere), and tokens are masked before anything is written.
+    """
+    resolved = dict(recipe)
+    resolved["checkpoint_dir"] = str(resolve_path(recipe["checkpoint_dir"]))
+    if out_dir is not None:
+        resolved["out_dir"] = str(out_dir)
+    data = recipe.get("data")
+    if isinstance(data, Mapping):
+        init_args = dict(data.get("init_args") or {})
+        if init_args.get("json_path"):
+            init_args["json_path"] = str(resolve_path(init_args["json_path"]))
+        if data.get("class_path") == "litgpt.data.Alpaca2k":  # where `prepare --profile gpu` put it
+            init_args["download_dir"] = str(resolve_path(init_args.get("download_dir") or "data/alpaca2k"))
+        resolved["data"] = {**data, "init_args": init_args}
+    return redact_mapping(resolved)
 
 
 def check_checkpoint(checkpoint_dir: Path, profile: str, model_key: str) -> None:

@@ -31,6 +31,7 @@ from lab_helpers.experiments import (
     parse_set_args,
     resolve,
     resolve_path,
+    runnable_recipe,
 )
 from lab_helpers.paths import lab_home, results_dir
 from lab_helpers.records import append_record
@@ -170,7 +171,7 @@ def predict_experiment(
 
 def _plan(run: ResolvedRun, gpu_memory_gib: float | None):
     """The notebook shows the prediction, then runs: the second ask (inside run_experiment) is a cache hit."""
-    recipe_json = json.dumps(_recipe_with_absolute_paths(run.recipe), sort_keys=True, default=str)
+    recipe_json = json.dumps(runnable_recipe(run.recipe), sort_keys=True, default=str)
     offload = bool(run.experiment.options.get("offload_optimizer", False))
     return _cached_plan(
         recipe_json, run.devices * run.experiment.num_nodes, run.experiment.strategy, offload, gpu_memory_gib
@@ -240,19 +241,6 @@ def _gpu_memory_gib() -> float | None:
     return torch.cuda.get_device_properties(0).total_memory / 2**30
 
 
-def _recipe_with_absolute_paths(recipe: Mapping[str, Any], out_dir: Path | None = None) -> dict[str, Any]:
-    """The child runs from the lab folder, but the notebook may not: pin every path the recipe names."""
-    resolved = dict(recipe)
-    resolved["checkpoint_dir"] = str(resolve_path(recipe["checkpoint_dir"]))
-    if out_dir is not None:
-        resolved["out_dir"] = str(out_dir)
-    data = recipe.get("data")
-    if isinstance(data, Mapping) and (data.get("init_args") or {}).get("json_path"):
-        resolved["data"] = {**data, "init_args": {**data["init_args"]}}
-        resolved["data"]["init_args"]["json_path"] = str(resolve_path(data["init_args"]["json_path"]))
-    return resolved
-
-
 def _command_for(run: ResolvedRun, run_dir: Path) -> list[str]:
     if run.experiment.kind == "lightning":
         from lab_helpers.distributed import build_command
@@ -260,8 +248,7 @@ def _command_for(run: ResolvedRun, run_dir: Path) -> list[str]:
         return build_command(run, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe_file = run_dir / "recipe.yaml"
-    recipe = redact_mapping(_recipe_with_absolute_paths(run.recipe, run_dir / "out"))  # no token on disk
-    recipe_file.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    recipe_file.write_text(yaml.safe_dump(runnable_recipe(run.recipe, out_dir=run_dir / "out"), sort_keys=False))
     return [sys.executable, "-m", "lab_helpers.child_litgpt", run.litgpt_command, "--config", str(recipe_file)]
 
 

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 from conftest import cli
 
-from lab_helpers.experiments import LabConfigError, load_experiments, resolve
+from lab_helpers.experiments import LabConfigError, load_experiments, resolve, runnable_recipe
 
 SHARED_LAB_SINGLE = [
     "baseline", "small-batch", "grad-accum", "bf16-true", "bf16-mixed", "full-3b", "full-7b", "full-13b",
@@ -89,3 +89,22 @@ def test_qlora_is_skipped_with_the_reason_on_a_cpu():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     assert resolve("qlora-7b", "ci").skip_reason == "needs CUDA: bitsandbytes QLoRA cannot run on a CPU"
+
+
+def test_the_written_recipe_pins_moved_folders_and_masks_tokens(tmp_path, monkeypatch):
+    """Single and multi-GPU runs get the same runnable recipe: absolute paths as the lab resolves them, no token."""
+    import yaml
+
+    from lab_helpers.distributed import build_command
+
+    monkeypatch.setenv("LAB_CHECKPOINTS", str(tmp_path / "ckpt"))
+    monkeypatch.setenv("LAB_DATA", str(tmp_path / "data"))
+    secret = {"access_token": "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1234"}
+    ddp = resolve("ddp", "ci", secret, check_files=False)
+    build_command(ddp, tmp_path / "run")
+    written = yaml.safe_load((tmp_path / "run" / "recipe.yaml").read_text())
+    assert written["checkpoint_dir"] == str(tmp_path / "ckpt" / "lab-ci" / "ci-llama-m")
+    assert written["data"]["init_args"]["json_path"] == str(tmp_path / "data" / "ci" / "alpaca_short.json")
+    assert written["access_token"] == "***"
+    gpu = runnable_recipe(resolve("bf16-true", "gpu", check_files=False).recipe)
+    assert gpu["data"]["init_args"]["download_dir"] == str(tmp_path / "data" / "alpaca2k")

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from lab_helpers.distributed.deepspeed_config import deepspeed_config, gradient_accumulation_steps
-from lab_helpers.experiments import ResolvedRun
+from lab_helpers.experiments import ResolvedRun, runnable_recipe
 
 RECIPE_FILENAME = "recipe.yaml"
 DEEPSPEED_FILENAME = "deepspeed.json"
@@ -39,9 +39,8 @@ def options(run: ResolvedRun) -> dict[str, Any]:
 
 
 def run_recipe(run: ResolvedRun, run_dir: Path) -> dict[str, Any]:
-    """The recipe as the training process gets it: out_dir is the run's own folder."""
-    recipe = dict(run.recipe)
-    recipe["out_dir"] = str(run_dir / "out")
+    """The recipe as the training process gets it: paths pinned, no secrets, out_dir the run's own folder."""
+    recipe = runnable_recipe(run.recipe, out_dir=run_dir / "out")
     recipe["devices"] = run.devices
     recipe["num_nodes"] = run.experiment.num_nodes
     return recipe
