@@ -16,34 +16,50 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
-from lab_helpers.child_report import cuda_peaks_gib, reset_cuda_peaks, status_for_exception, write_report
+from lab_helpers.child_report import (
+    cuda_peaks_gib,
+    device_uuid,
+    reset_cuda_peaks,
+    status_for_exception,
+    write_report,
+)
 from lab_helpers.orphan_guard import start_orphan_guard
+from lab_helpers.quick_mode import quick_from_env
 
 COMMANDS = {"finetune_full": "litgpt.finetune.full", "finetune_lora": "litgpt.finetune.lora"}
 SAVE_ENV = "LAB_SAVE_CHECKPOINT"  # "1" keeps litgpt's final checkpoint; the lab measures, so off by default
 
 
 class _TrainingClock:
-    """Time inside ``fit`` minus time inside validation and example generation."""
+    """Time inside ``fit`` minus validation and example generation, with the first optimizer step timed apart.
+
+    The first optimizer step is warm-up (kernel selection, allocator growth, optimizer states being created):
+    ``train_s`` and the token counts cover the iterations after it, ``warmup_s`` the iterations of it. The
+    clock sees each training batch as litgpt asks for it (``watch_batches``), so it needs nothing from litgpt's
+    loop beyond the batches it draws. A run shorter than two optimizer steps has no steady part: then the
+    whole loop is timed and ``warmup_iterations`` is 0.
+    """
 
     def __init__(self) -> None:
-        self.fit_s: float | None = None
-        self.excluded_s = 0.0
+        self.fit_start: float | None = None
+        self.fit_end: float | None = None
+        self.excluded: list[tuple[float, float]] = []
+        self.batch_starts: list[float] = []  # when each trained batch was asked for
+        self.warmup_iterations = 0  # micro-batches in one optimizer step, from the recipe
+        self.warmup_tokens = [0, 0]  # (tokens, padded tokens) of the warm-up batches
+        self.epochs: int | None = None
         self.token_counts: dict[str, Any] = {}
-
-    @property
-    def train_s(self) -> float | None:
-        return None if self.fit_s is None else self.fit_s - self.excluded_s
 
     def wrap_fit(self, fit):
         def timed_fit(*args, **kwargs):
             reset_cuda_peaks()  # peak over the training run, not over loading the checkpoint
-            start = time.perf_counter()
-            self.excluded_s = 0.0
+            self.fit_start = time.perf_counter()
+            self.excluded.clear()
             result = fit(*args, **kwargs)
-            self.fit_s = time.perf_counter() - start
+            self.fit_end = time.perf_counter()
             self.token_counts = dict(result or {})
             return result
 
@@ -55,18 +71,134 @@ class _TrainingClock:
             try:
                 return function(*args, **kwargs)
             finally:
-                self.excluded_s += time.perf_counter() - start
+                self.excluded.append((start, time.perf_counter()))
 
         return timed
 
+    def watch_batches(self, dataloader, *, accumulation: int, epochs: int | None):
+        self.warmup_iterations, self.epochs = accumulation, epochs
+        return _WatchedBatches(dataloader, self)
 
-def _skip_final_save() -> None:
+    def saw_batch(self, batch: Mapping[str, Any]) -> None:
+        self.batch_starts.append(time.perf_counter())
+        if len(self.batch_starts) <= self.warmup_iterations:  # .item() syncs: only during warm-up
+            self.warmup_tokens[0] += int(batch["token_counts"]["raw_plus_prompt_template"].sum().item())
+            self.warmup_tokens[1] += int(batch["input_ids"].numel())
+
+    @property
+    def steady(self) -> bool:
+        return self.fit_end is not None and len(self.batch_starts) > self.warmup_iterations > 0
+
+    def _excluded_between(self, start: float, end: float) -> float:
+        return sum(max(0.0, min(b, end) - max(a, start)) for a, b in self.excluded)
+
+    def timings(self) -> dict[str, Any]:
+        """train_s, warmup_s, iterations (timed), warmup_iterations and token counts for the report."""
+        tokens = self.token_counts.get("raw_tokens_plus_prompt_template")
+        padded = self.token_counts.get("raw_tokens_plus_prompt_template_and_padding")
+        if self.fit_end is None or self.fit_start is None:
+            return {"train_s": None, "tokens": tokens, "tokens_padded": padded}
+        if not self.steady:
+            return {
+                "train_s": self.fit_end - self.fit_start - self._excluded_between(self.fit_start, self.fit_end),
+                "warmup_iterations": 0,
+                "iterations": len(self.batch_starts) or None,
+                "tokens": tokens,
+                "tokens_padded": padded,
+            }
+        first, steady_start = self.batch_starts[0], self.batch_starts[self.warmup_iterations]
+        return {
+            "train_s": self.fit_end - steady_start - self._excluded_between(steady_start, self.fit_end),
+            "warmup_s": steady_start - first - self._excluded_between(first, steady_start),
+            "warmup_iterations": self.warmup_iterations,
+            "iterations": len(self.batch_starts) - self.warmup_iterations,
+            "tokens": None if tokens is None else tokens - self.warmup_tokens[0],
+            "tokens_padded": None if padded is None else padded - self.warmup_tokens[1],
+        }
+
+
+class _WatchedBatches:
+    """The training dataloader as litgpt sees it, telling the clock about every batch that is trained on.
+
+    litgpt draws one batch past the last epoch and then stops without training on it: batches of a pass
+    beyond ``epochs`` are not counted.
+    """
+
+    def __init__(self, dataloader, clock: _TrainingClock) -> None:
+        self._dataloader = dataloader
+        self._clock = clock
+        self._passes = 0
+
+    def __iter__(self):
+        self._passes += 1
+        trained = self._clock.epochs is None or self._passes <= self._clock.epochs
+        for batch in self._dataloader:
+            if trained:
+                self._clock.saw_batch(batch)
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self._dataloader)
+
+    def __getattr__(self, name: str):
+        return getattr(self._dataloader, name)
+
+
+def _wrap_get_dataloaders(get_dataloaders, clock: _TrainingClock, *, quick: bool):
+    """litgpt's ``get_dataloaders``, with the training batches watched (and, in quick mode, reordered)."""
+
+    def wrapped(fabric, data, tokenizer, train):
+        accumulation = train.gradient_accumulation_iters(fabric.world_size, 1)  # devices x nodes = world size
+        if quick:
+            _put_longest_batch_in_second_step(data, train.micro_batch_size, accumulation)
+        train_loader, val_loader = get_dataloaders(fabric, data, tokenizer, train)
+        return clock.watch_batches(train_loader, accumulation=accumulation, epochs=train.epochs), val_loader
+
+    return wrapped
+
+
+def _put_longest_batch_in_second_step(data, micro_batch_size: int, accumulation: int) -> None:
+    """Quick mode: the data module's training loader puts its longest samples right after the first step."""
+    from torch.utils.data import DataLoader
+
+    from lab_helpers.quick_mode import LongestBatchSecondStepSampler
+
+    original = data.train_dataloader
+
+    def train_dataloader():
+        loader = original()
+        lengths = [len(item["input_ids"]) for item in loader.dataset]
+        print(f"lab: quick mode: the {micro_batch_size} longest samples (up to {max(lengths)} tokens) form micro-batch "
+              f"{accumulation + 1}, the first after the warm-up step")
+        sampler = LongestBatchSecondStepSampler(lengths, batch_size=micro_batch_size, place_at=accumulation)
+        return DataLoader(
+            loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers, collate_fn=loader.collate_fn
+        )
+
+    data.train_dataloader = train_dataloader
+
+
+def _skip_final_save(module) -> None:
+    """Save no weights: the lab measures time and memory, and litgpt's final save costs disk and minutes.
+
+    Full fine-tuning saves through ``Fabric.save``; LoRA saves its adapters (``save_lora_checkpoint``) and then
+    merges them into a complete copy of the model (``merge_lora``: 26 GB for a 13B model, minutes of work, and a
+    full disk half-way turns a finished run into an error). All three are replaced by a line saying so.
+    """
     import lightning as L
 
+    def say(path) -> None:
+        print(f"lab: not saving {path} (the lab measures time and memory; set {SAVE_ENV}=1 to keep weights)")
+
     def save(self, path, state, filter=None):  # noqa: A002 - Fabric.save's own signature
-        self.print(f"lab: not saving {path} (the lab measures time and memory; set {SAVE_ENV}=1 to keep weights)")
+        if self.is_global_zero:
+            say(path)
 
     L.Fabric.save = save
+    if hasattr(module, "save_lora_checkpoint"):
+        module.save_lora_checkpoint = lambda fabric, model, file_path: say(file_path) if fabric.is_global_zero else None
+    if hasattr(module, "merge_lora"):
+        module.merge_lora = lambda checkpoint_dir, **_: say(f"a merged model in {checkpoint_dir}")
 
 
 def _raise_interrupt(signum, frame):
@@ -85,8 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     module.fit = clock.wrap_fit(module.fit)
     module.validate = clock.wrap_excluded(module.validate)
     module.generate_example = clock.wrap_excluded(module.generate_example)
+    module.get_dataloaders = _wrap_get_dataloaders(module.get_dataloaders, clock, quick=quick_from_env())
     if os.environ.get(SAVE_ENV) != "1":
-        _skip_final_save()
+        _skip_final_save(module)
 
     status, error, code = "ok", None, 0
     try:
@@ -117,10 +250,9 @@ def main(argv: list[str] | None = None) -> int:
             "world_size": 1,
             "peak_alloc_gib": peak_alloc_gib,
             "peak_reserved_gib": peak_reserved_gib,
-            "train_s": clock.train_s,
-            "tokens": clock.token_counts.get("raw_tokens_plus_prompt_template"),
-            "tokens_padded": clock.token_counts.get("raw_tokens_plus_prompt_template_and_padding"),
+            **clock.timings(),
             "device_name": _device_name(),
+            "device_uuid": device_uuid(),
         }
     )
     return code

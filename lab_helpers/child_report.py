@@ -22,10 +22,13 @@ REPORT_DIR_ENV = "LAB_REPORT_DIR"
 #   error: str | None                 -- the allocator's OOM message or the tail of the traceback
 #   rank: int | None, world_size: int
 #   peak_alloc_gib, peak_reserved_gib: float | None   (None on a CPU, never 0)
-#   train_s: float                     -- inside the training loop, validation excluded
-#   tokens, tokens_padded: int         -- training tokens without / with padding, all ranks of this process
-#   samples: int, iterations: int      -- micro-batches seen by this process
+#   train_s: float                     -- inside the training loop after the warm-up step, validation excluded
+#   warmup_s: float | None             -- the first optimizer step's iterations (None: not timed apart)
+#   warmup_iterations: int | None      -- micro-batches of warm-up (0: the run was too short to exclude any)
+#   tokens, tokens_padded: int         -- training tokens without / with padding inside train_s
+#   samples: int, iterations: int      -- micro-batches inside train_s
 #   device_name: str | None
+#   device_uuid: str | None            -- the GPU this rank used, as NVML names it ("GPU-..."): maps NVML readings
 #   strategy_used: str | None          -- e.g. "fsdp2 (ModelParallelStrategy)" when a fallback ran
 REPORT_FIELDS = (
     "status",
@@ -35,11 +38,14 @@ REPORT_FIELDS = (
     "peak_alloc_gib",
     "peak_reserved_gib",
     "train_s",
+    "warmup_s",
+    "warmup_iterations",
     "tokens",
     "tokens_padded",
     "samples",
     "iterations",
     "device_name",
+    "device_uuid",
     "strategy_used",
 )
 
@@ -95,13 +101,45 @@ def reset_cuda_peaks() -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
+OOM_MARKERS = ("out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed")
+"""How an allocation failure reads when it does not come from PyTorch's allocator: cuBLAS and cuDNN ask for
+their workspaces themselves and report a failed allocation as an error status, not as torch.OutOfMemoryError."""
+
+
+def is_oom_text(text: str) -> bool:
+    lowered = text.lower()
+    return any(marker in lowered for marker in OOM_MARKERS)
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
-    """True for CUDA OOMs however they surface (torch's own type, or a RuntimeError from a kernel or NCCL)."""
+    """True for CUDA OOMs however they surface (torch's own type, or a RuntimeError from a kernel, cuBLAS or NCCL)."""
     import torch
 
     if isinstance(exc, torch.OutOfMemoryError):
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    return isinstance(exc, RuntimeError) and is_oom_text(str(exc))
+
+
+def device_uuid() -> str | None:
+    """The UUID of this process's current GPU as NVML spells it ("GPU-<uuid>"), or None without CUDA.
+
+    NVML numbers GPUs by PCI bus, CUDA by speed (and through CUDA_VISIBLE_DEVICES): only the UUID names the
+    same GPU in both, so the launcher can pick this rank's row of the NVML timeline.
+    """
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    try:
+        return normalize_gpu_uuid(str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid))
+    except Exception:  # an old driver or a MIG slice without a UUID: the launcher falls back to the rank
+        return None
+
+
+def normalize_gpu_uuid(text: str) -> str:
+    """torch prints a bare UUID, NVML "GPU-<uuid>": one spelling for both."""
+    text = text.strip()
+    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
 
 
 def status_for_exception(exc: BaseException) -> tuple[str, str]:

@@ -46,11 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profile(run)
     run.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", help="override a recipe key")
     run.add_argument("--quiet", action="store_true", help="progress bar and result only, no training output")
+    run.add_argument("--quick", action="store_true", help="only until the peak memory and a steady step time are measured")
 
     run_all = sub.add_parser("run-all", help="run every experiment of a section, then write the comparison")
     run_all.add_argument("--section", choices=SECTIONS, default="single")
     _add_profile(run_all)
     run_all.add_argument("--quiet", action="store_true")
+    run_all.add_argument("--quick", action="store_true", help="each run only until its peak memory and a steady step time")
 
     results = sub.add_parser("results", help="print every record")
     results.add_argument("--format", choices=("json", "csv"), default="json")
@@ -89,7 +91,13 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from lab_helpers.lab import run_experiment
 
-    records = run_experiment(args.experiment, profile=args.profile, overrides=args.overrides or [], echo=not args.quiet)
+    records = run_experiment(
+        args.experiment,
+        profile=args.profile,
+        overrides=args.overrides or [],
+        echo=not args.quiet,
+        quick=True if args.quick else None,
+    )
     return 0 if all(r["status"] in ("ok", "skipped", "oom") for r in records) else 1
 
 
@@ -97,7 +105,7 @@ def _cmd_run_all(args: argparse.Namespace) -> int:
     from lab_helpers.lab import default_profile, run_all
 
     profile = args.profile or default_profile()
-    records = run_all(section=args.section, profile=profile, echo=not args.quiet)
+    records = run_all(section=args.section, profile=profile, echo=not args.quiet, quick=True if args.quick else None)
     _print_comparison(None, profile)
     failed = [r["experiment"] for r in records if r["status"] in ("error", "interrupted")]
     if failed:

@@ -18,11 +18,28 @@ from lab_helpers.node import describe_node, sections_runnable
 OK, NOT_OK = "✔", "✘"
 
 
+def check_node() -> dict[str, Any]:
+    """``describe_node()`` plus what needs an imported torch and a look for nvcc: the doctor's full facts.
+
+    The run records skip these (seconds per run); the doctor, asked once before a lease burns, can afford them.
+    """
+    from lab_helpers.cuda_compat import deepspeed_build_problem, nvcc_version, torch_facts
+
+    node = {**describe_node(), **torch_facts()}
+    if node.get("gpus"):
+        node["nvcc"], node["nvcc_release"] = nvcc_version()
+        node["deepspeed_build_problem"] = deepspeed_build_problem(node.get("torch_cuda"), node["nvcc_release"])
+    return node
+
+
 def format_report(node: dict[str, Any]) -> str:
     """A readable report: environment, a table of GPUs, then each lab section with ✔/✘ and what to do."""
     packages = node.get("packages") or {}
     host = node.get("host") or {}
     lines = [f"Lab node check: {node.get('hostname') or '?'}", ""]
+    problem = sections_runnable(node)["single"][1] if node.get("gpus") else None
+    if problem and not sections_runnable(node)["single"][0]:
+        lines += [f"{NOT_OK} PROBLEM: {problem}", ""]
 
     lines.append("Software")
     lines.append(f"  python {node.get('python') or '?'}")
@@ -32,7 +49,10 @@ def format_report(node: dict[str, Any]) -> str:
     lines.append(
         f"  CUDA          driver supports {_or_dash(node.get('cuda_driver_version'))}, "
         f"torch built with {_or_dash(node.get('torch_cuda'))}"
+        + ("" if "torch_cuda_available" not in node else f", torch sees CUDA: {node['torch_cuda_available']}")
     )
+    if node.get("gpus"):
+        lines.append(f"  nvcc          {_or_dash(node.get('nvcc_release'))} ({node.get('nvcc') or 'not found'})")
     lines.append("")
 
     lines.append("Host")
@@ -102,7 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the report (or JSON). Returns 0: a node that cannot run a section is a finding, not a failure."""
-    node = describe_node()
+    node = check_node()
     if getattr(args, "json", False):
         payload = {
             **node,

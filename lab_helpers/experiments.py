@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import difflib
 import importlib
+import importlib.util
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -367,6 +368,10 @@ def hardware_skip_reason(experiment: Experiment, recipe: Mapping[str, Any]) -> s
     if "cuda" in experiment.needs and not has_cuda:
         what = "bitsandbytes QLoRA" if experiment.method == "qlora" else "this experiment"
         return f"needs CUDA: {what} cannot run on a CPU"
+    if has_cuda and experiment.method == "qlora" and importlib.util.find_spec("bitsandbytes") is None:
+        from lab_helpers.node import bitsandbytes_install_command
+
+        return f"needs bitsandbytes, which is not installed: {bitsandbytes_install_command()}"
     if has_cuda and str(recipe.get("precision", "")).startswith("bf16"):
         major, minor = torch.cuda.get_device_capability()
         if (major, minor) < (8, 0):

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from lab_helpers.child_report import is_oom_text
 from lab_helpers.experiments import (
     LabConfigError,
     ResolvedRun,
@@ -33,7 +34,9 @@ from lab_helpers.experiments import (
     resolve_path,
     runnable_recipe,
 )
+from lab_helpers.host_gate import host_ram_skip_reason
 from lab_helpers.paths import lab_home, results_dir
+from lab_helpers.quick_mode import QUICK_ENV, quick_from_env, quick_overrides
 from lab_helpers.records import append_record
 from lab_helpers.runner import ProcessOutcome, run_command
 from lab_helpers.secrets import redact_mapping
@@ -44,12 +47,31 @@ PROFILE_ENV = "LAB_PROFILE"
 
 
 def default_profile() -> str:
-    """``$LAB_PROFILE``, else ``gpu`` where CUDA is present and ``ci`` where it is not."""
+    """``$LAB_PROFILE``, else ``gpu`` where CUDA is present and ``ci`` where it is not.
+
+    A node whose GPUs torch cannot use (a driver older than torch's CUDA build, a CPU-only torch, a V100 with a
+    build that has no Volta kernels) is not a CPU machine: that stops here with the reason and the fix, instead of
+    quietly training tiny CPU models on a paid GPU node. ``LAB_PROFILE=ci`` still forces the CPU profile.
+    """
     if value := os.environ.get(PROFILE_ENV):
         return value
+    problem = gpu_problem()
+    if problem:
+        raise LabConfigError(f"{problem} (or set LAB_PROFILE=ci to use the CPU profile on purpose)")
     import torch
 
     return "gpu" if torch.cuda.is_available() else "ci"
+
+
+def gpu_problem() -> str | None:
+    """Why torch cannot drive the GPUs NVML sees here, with the fix; None where it can or there are none."""
+    from lab_helpers.cuda_compat import torch_facts, torch_gpu_problem
+    from lab_helpers.node import describe_node
+
+    node = describe_node()
+    if not node.get("gpus"):
+        return None
+    return torch_gpu_problem({**node, **torch_facts()})
 
 
 # ----------------------------------------------------------------------------------------------- running
@@ -63,10 +85,12 @@ def run_experiment(
     results_path: Path | None = None,
     echo: bool = True,
     summary: bool = True,
+    quick: bool | None = None,
 ) -> list[dict[str, Any]]:
     """Run one experiment and append its record(s); returns them (one per rank for distributed runs).
 
-    ``echo`` shows the training output live; ``summary`` prints one result line per record.
+    ``echo`` shows the training output live; ``summary`` prints one result line per record. ``quick`` (default:
+    ``$LAB_QUICK``) runs only until the true peak memory and a steady step time are measured (quick_mode).
 
     Raises LabConfigError for bad input before anything starts, and KeyboardInterrupt after recording
     ``interrupted`` when the student interrupts. A failed or OOM run is a result, not an exception.
@@ -74,8 +98,14 @@ def run_experiment(
     profile = profile or default_profile()
     if isinstance(overrides, list):
         overrides = parse_set_args(overrides)
+    quick = quick_from_env() if quick is None else quick
+    _check_profile_hardware(profile)
     run = resolve(exp_id, profile, overrides)
+    if quick and run.experiment.kind == "litgpt":
+        ranks = run.devices * run.experiment.num_nodes
+        run = resolve(exp_id, profile, {**(overrides or {}), **quick_overrides(run.recipe["train"], ranks)})
     base = _base_record(run)
+    base["mode"] = "quick" if quick and run.experiment.kind == "litgpt" else "full"
     if run.skip_reason:
         record = {**base, "status": "skipped", "reason": run.skip_reason}
         append_record(record, path=results_path)
@@ -84,11 +114,18 @@ def run_experiment(
         return [record]
 
     base.update(_prediction_fields(run))
+    if host_reason := host_ram_skip_reason(run, base.get("predicted")):
+        record = {**base, "status": "skipped", "reason": host_reason}
+        append_record(record, path=results_path)
+        if summary:
+            print(f"{exp_id}: skipped ({host_reason})")
+        return [record]
     run_dir = results_dir() / "runs" / base["run_id"]
     command = _command_for(run, run_dir)
     outcome = run_command(
         command,
         run_dir=run_dir,
+        env={QUICK_ENV: "1" if base["mode"] == "quick" else "0"},
         cwd=lab_home(),
         total_iters=_total_iterations(run),
         label=exp_id,
@@ -112,14 +149,45 @@ def run_all(
     results_path: Path | None = None,
     only: Iterable[str] | None = None,
     echo: bool = True,
+    quick: bool | None = None,
 ) -> list[dict[str, Any]]:
-    """Every experiment of a section in order; a failing experiment is recorded and the next one runs."""
+    """Every experiment of a section in order; a failing experiment is recorded and the next one runs.
+
+    OOM demonstrations get the batch that makes them OOM on this GPU (``oom_demo_overrides``), as in the notebook.
+    """
+    profile = profile or default_profile()
     chosen = set(only) if only else None
     records: list[dict[str, Any]] = []
-    for exp_id in load_experiments(section):
-        if chosen is None or exp_id in chosen:
-            records.extend(run_experiment(exp_id, profile=profile, results_path=results_path, echo=echo))
+    for exp_id, experiment in load_experiments(section).items():
+        if chosen is not None and exp_id not in chosen:
+            continue
+        overrides: dict[str, Any] = {}
+        if experiment.expect == "oom":
+            overrides, why = oom_demo_overrides(exp_id, profile=profile)
+            print(f"{exp_id}: {why}", flush=True)
+        records.extend(
+            run_experiment(
+                exp_id, profile=profile, overrides=overrides, results_path=results_path, echo=echo, quick=quick
+            )
+        )
     return records
+
+
+def _check_profile_hardware(profile: str) -> None:
+    """A profile that needs CUDA (``gpu``) on a machine where torch has none stops before anything starts."""
+    from lab_helpers.experiments import check_profile
+
+    if not check_profile(profile).get("needs_cuda"):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    problem = gpu_problem()
+    raise LabConfigError(
+        problem
+        or f"profile {profile!r} needs a CUDA GPU and torch sees none here: use --profile ci (LAB_PROFILE=ci) on a CPU"
+    )
 
 
 # ----------------------------------------------------------------------------------------------- pieces
@@ -191,29 +259,37 @@ def _cached_plan(recipe_json: str, devices: int, strategy: str, offload_optimize
     )
 
 
+OOM_DEMO_MARGIN = 0.2
+"""An OOM demonstration must be predicted this far over the GPU's memory (20 %): the planner can be off by
+up to ~10 %, and a demonstration that fits by accident teaches the opposite of what it should."""
+
+
 def oom_demo_overrides(
-    exp_id: str, *, profile: str | None = None, max_doublings: int = 6
+    exp_id: str, *, profile: str | None = None, max_doublings: int = 6, gpu_memory_gib: float | None = None
 ) -> tuple[dict[str, Any], str]:
     """Overrides that make an OOM demonstration OOM on *this* GPU, and a sentence saying what was chosen.
 
     LAB.md's OOM experiments assume an 80 GB GPU; on a larger one they would fit and teach nothing. The
-    planner is asked, and the micro (and global) batch doubled until the prediction no longer fits.
+    planner is asked, and the micro (and global) batch doubled until the prediction exceeds the GPU's memory
+    by at least ``OOM_DEMO_MARGIN``. ``run_all`` and the notebook both use it.
     """
     profile = profile or default_profile()
-    gpu_gib = _gpu_memory_gib()
+    gpu_gib = gpu_memory_gib if gpu_memory_gib is not None else _gpu_memory_gib()
     if gpu_gib is None:
         return {}, "no GPU here: the experiment runs as defined (an OOM needs a GPU)"
     run = resolve(exp_id, profile, check_files=False)
     train = dict(run.recipe["train"])
     overrides: dict[str, Any] = {}
+    needed_gib = gpu_gib * (1 + OOM_DEMO_MARGIN)
     for _ in range(max_doublings + 1):
         plan = _plan(resolve(exp_id, profile, overrides, check_files=False), gpu_gib)
-        if plan.fits is False:
+        if plan.fits is False and plan.gpu_used_gib >= needed_gib:
             if not overrides:
                 return {}, f"as defined: {plan.summary()}"
             return (
                 overrides,
-                f"micro batch raised to {overrides['train.micro_batch_size']} so that it will not fit: {plan.summary()}",
+                f"micro batch raised to {overrides['train.micro_batch_size']} so that it will not fit "
+                f"(at least {OOM_DEMO_MARGIN:.0%} over this GPU, beyond the planner's error): {plan.summary()}",
             )
         train["micro_batch_size"] *= 2
         train["global_batch_size"] = max(train["global_batch_size"], train["micro_batch_size"])
@@ -288,10 +364,12 @@ def _records_from(run: ResolvedRun, base: dict, outcome: ProcessOutcome, run_dir
             "returncode": outcome.returncode,
             "peak_alloc_gib": report.get("peak_alloc_gib"),
             "peak_reserved_gib": report.get("peak_reserved_gib"),
-            "gpu_used_peak_gib": outcome.timeline.gpu_used_peak_for(rank),
+            "gpu_used_peak_gib": outcome.timeline.gpu_used_peak_for(rank, report.get("device_uuid")),
             "gpu_used_peak_gib_per_gpu": {str(k): v for k, v in outcome.timeline.gpu_used_peak_gib.items()} or None,
             "host_rss_peak_gib": outcome.timeline.host_rss_peak_gib,
             "train_s": train_s,
+            "warmup_s": report.get("warmup_s"),
+            "warmup_iterations": report.get("warmup_iterations"),
             "wall_s": outcome.wall_s,
             "tokens": tokens,
             "tokens_padded": tokens_padded,
@@ -300,6 +378,7 @@ def _records_from(run: ResolvedRun, base: dict, outcome: ProcessOutcome, run_dir
             "tokens_per_s_padded": _rate(tokens_padded, train_s),
             "mfu": _mfu(run, report, iterations, train_s),
             "device_name": report.get("device_name"),
+            "device_uuid": report.get("device_uuid"),
             "strategy_used": report.get("strategy_used"),
             "per_iteration": per_iteration or None,
             "timeline_path": _relative(outcome.timeline.path),
@@ -323,7 +402,7 @@ def _status(
         return report["status"], _first_line(report.get("error")), report.get("error")
     if report.get("status") == "ok" and (not launched or outcome.returncode == 0):
         return "ok", None, None
-    oom_lines = [line for line in outcome.tail if "out of memory" in line.lower()]
+    oom_lines = [line for line in outcome.tail if is_oom_text(line)]
     if oom_lines:
         return "oom", oom_lines[-1][:300], "\n".join(oom_lines)
     if outcome.returncode != 0:

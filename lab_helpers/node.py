@@ -36,9 +36,6 @@ BF16_MIN_CAPABILITY = (8, 0)
 DEEPSPEED_OFFLOAD_PARAMS = 13e9
 """The deepspeed-offload experiment fine-tunes the 13B model (LAB.md, multiple GPUs)."""
 
-OFFLOAD_BYTES_PER_PARAM = 12
-"""CPU-offloaded Adam keeps an fp32 master copy, momentum and variance on the host: 3 x 4 bytes per parameter."""
-
 TOPOLOGY_TIMEOUT_S = 5.0
 
 
@@ -109,13 +106,30 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def offload_host_ram_needed_gib(params: float = DEEPSPEED_OFFLOAD_PARAMS) -> float:
-    """Host RAM for the fp32 optimizer states of a CPU-offloaded Adam: 12 bytes per parameter, in GiB.
+def offload_host_ram_needed_gib(params: float = DEEPSPEED_OFFLOAD_PARAMS, devices: int = 1) -> float:
+    """Host RAM of the ZeRO-3 optimizer-offload run, in GiB: the planner's own number (fp32 master weights,
+    Adam moments and fp32 gradient partitions, 16 bytes per parameter, plus each rank's process)."""
+    from lab_helpers.planner.analytic import offload_host_bytes
 
-    A floor, not the whole story: DeepSpeed also pins host buffers for the gradients it streams in, and the
-    process itself needs memory, so a node should have some headroom above this.
-    """
-    return params * OFFLOAD_BYTES_PER_PARAM / GIB
+    return offload_host_bytes(int(params), int(params), max(1, devices)) / GIB
+
+
+def bitsandbytes_requirement() -> str:
+    """The bitsandbytes requirement the lab installs (pyproject's ``qlora`` extra): one source for every message."""
+    import tomllib
+
+    try:
+        project = tomllib.loads((lab_home() / "pyproject.toml").read_text())["project"]
+        for requirement in project["optional-dependencies"]["qlora"]:
+            if requirement.replace(" ", "").lower().startswith("bitsandbytes"):
+                return requirement.split(";")[0].strip()
+    except (OSError, KeyError, ValueError):
+        pass
+    return "bitsandbytes"
+
+
+def bitsandbytes_install_command() -> str:
+    return f"pip install '{bitsandbytes_requirement()}'"
 
 
 def sections_runnable(node: dict[str, Any]) -> dict[str, tuple[bool, str]]:
@@ -131,7 +145,10 @@ def sections_runnable(node: dict[str, Any]) -> dict[str, tuple[bool, str]]:
     cuda = n > 0
     result: dict[str, tuple[bool, str]] = {}
 
-    if cuda:
+    torch_problem = _torch_problem(node)
+    if cuda and torch_problem:
+        result["single"] = (False, torch_problem)
+    elif cuda:
         result["single"] = (True, f"{n} CUDA GPU(s): {gpus[0]['name']}")
     else:
         result["single"] = (False, "no CUDA GPU: ci profile only (LAB_PROFILE=ci runs small models on the CPU)")
@@ -152,7 +169,7 @@ def sections_runnable(node: dict[str, Any]) -> dict[str, tuple[bool, str]]:
     if not cuda:
         result["qlora"] = (False, "no CUDA GPU: bitsandbytes 4-bit kernels need CUDA")
     elif not packages.get("bitsandbytes"):
-        result["qlora"] = (False, "bitsandbytes is not installed: pip install 'lab_helpers[qlora]'")
+        result["qlora"] = (False, f"bitsandbytes is not installed: {bitsandbytes_install_command()}")
     else:
         result["qlora"] = (True, f"bitsandbytes {packages['bitsandbytes']}")
 
@@ -162,18 +179,21 @@ def sections_runnable(node: dict[str, Any]) -> dict[str, tuple[bool, str]]:
         found = "one GPU" if n == 1 else "no GPU"
         result["multi"] = (False, f"{found}: DDP/FSDP need >= 2 GPUs; the ci profile runs them on 2 CPU processes")
 
-    needed_gib = offload_host_ram_needed_gib()
+    needed_gib = offload_host_ram_needed_gib(devices=max(1, n))
     ram_gib = host.get("ram_total_gib")
     ram_text = f"{ram_gib:.0f} GiB" if isinstance(ram_gib, (int, float)) else "unknown"
     need_text = (
-        f"needs ~{needed_gib:.0f} GiB host RAM ({OFFLOAD_BYTES_PER_PARAM} bytes x "
-        f"{DEEPSPEED_OFFLOAD_PARAMS / 1e9:.0f}e9 params of fp32 optimizer states, plus pinned buffers); "
-        f"this node has {ram_text}"
+        f"needs ~{needed_gib:.0f} GiB host RAM (the planner: 16 bytes x "
+        f"{DEEPSPEED_OFFLOAD_PARAMS / 1e9:.0f}e9 params of fp32 master weights, Adam moments and gradients, "
+        f"plus {max(1, n)} rank process(es)); this node has {ram_text}"
     )
+    nvcc_problem = node.get("deepspeed_build_problem")
     if not cuda:
         result["deepspeed-offload"] = (False, f"no CUDA GPU: ci profile only; on a GPU node it {need_text}")
     elif not packages.get("deepspeed"):
         result["deepspeed-offload"] = (False, f"deepspeed is not installed (pip install deepspeed); it {need_text}")
+    elif nvcc_problem:
+        result["deepspeed-offload"] = (False, nvcc_problem)
     elif not isinstance(ram_gib, (int, float)) or ram_gib < needed_gib:
         result["deepspeed-offload"] = (False, f"not enough host RAM: it {need_text}")
     else:
@@ -185,6 +205,16 @@ def sections_runnable(node: dict[str, Any]) -> dict[str, tuple[bool, str]]:
         "this check sees one node",
     )
     return result
+
+
+def _torch_problem(node: dict[str, Any]) -> str | None:
+    """Why torch cannot drive these GPUs (driver too old, CPU build, Volta without kernels), when the doctor
+    added torch's own facts to ``node``; None otherwise."""
+    if "torch_cuda_available" not in node:
+        return None
+    from lab_helpers.cuda_compat import torch_gpu_problem
+
+    return torch_gpu_problem(node)
 
 
 # ------------------------------------------------------------------------------------------------ NVML

@@ -104,7 +104,12 @@ def run_command(
         start_new_session=True,  # its own process group: we end it as a whole, the terminal's Ctrl-C reaches us
     )
     pgid = proc.pid
-    sampler = TimelineSampler(run_dir / "timeline.csv", root_pid=proc.pid, interval_s=sample_interval_s)
+    sampler = TimelineSampler(
+        run_dir / "timeline.csv",
+        root_pid=proc.pid,
+        interval_s=sample_interval_s,
+        visible_devices=child_env.get("CUDA_VISIBLE_DEVICES"),
+    )
     try:
         with sampler, open(log_path, "w", buffering=1, encoding="utf-8") as log:
             try:

@@ -21,30 +21,80 @@ TIMELINE_COLUMNS = ("t_s", "gpu", "util_pct", "mem_used_gib", "power_w", "host_c
 
 @dataclass
 class TimelineSummary:
-    """Peaks over the run; GPU figures are None where there is no GPU (never 0)."""
+    """Peaks over the run, per GPU by NVML index; GPU figures are None where there is no GPU (never 0).
+
+    ``gpu_uuids`` names each sampled GPU (NVML index -> "GPU-..."), ``visible_order`` lists the NVML indices in
+    the order the run's processes see them as cuda:0, cuda:1, ... (through ``CUDA_VISIBLE_DEVICES``).
+    """
 
     path: Path
     samples: int = 0
     gpu_used_peak_gib: dict[int, float] = field(default_factory=dict)
+    gpu_uuids: dict[int, str] = field(default_factory=dict)
+    visible_order: list[int] = field(default_factory=list)
     host_rss_peak_gib: float | None = None
 
-    def gpu_used_peak_for(self, gpu_index: int) -> float | None:
-        return self.gpu_used_peak_gib.get(gpu_index)
+    def gpu_used_peak_for(self, local_rank: int, device_uuid: str | None = None) -> float | None:
+        """The NVML peak of the GPU a rank used: by the UUID it reported, else by its place among visible GPUs."""
+        if device_uuid:
+            for index, uuid in self.gpu_uuids.items():
+                if uuid == device_uuid:
+                    return self.gpu_used_peak_gib.get(index)
+        if 0 <= local_rank < len(self.visible_order):
+            return self.gpu_used_peak_gib.get(self.visible_order[local_rank])
+        return None
+
+
+def visible_nvml_indices(visible: str | None, uuids: list[str | None]) -> list[int]:
+    """NVML indices in the order CUDA numbers them for a process with ``CUDA_VISIBLE_DEVICES=visible``.
+
+    Entries are indices or (prefixes of) UUIDs, as CUDA accepts them; like CUDA, the list ends at the first
+    entry that names no GPU. An index is taken as NVML's, which is CUDA's order with CUDA_DEVICE_ORDER=PCI_BUS_ID
+    and on nodes of identical GPUs; the rank's own reported UUID (when there is one) is exact in every case.
+    """
+    if visible is None:
+        return list(range(len(uuids)))
+    order: list[int] = []
+    for entry in (part.strip() for part in visible.split(",")):
+        if entry.isdigit() and int(entry) < len(uuids):
+            index = int(entry)
+        else:
+            matches = [i for i, uuid in enumerate(uuids) if uuid and entry and uuid.startswith(entry)]
+            if len(matches) != 1:
+                break
+            index = matches[0]
+        if index in order:
+            break
+        order.append(index)
+    return order
 
 
 class _Nvml:
-    """NVML handles, or nothing where the driver or library is missing."""
+    """NVML handles of the GPUs this run can see, or nothing where the driver or library is missing."""
 
-    def __init__(self) -> None:
+    def __init__(self, visible: str | None = None) -> None:
         self.handles: list = []
+        self.indices: list[int] = []
+        self.uuids: dict[int, str] = {}
         try:
             import pynvml
 
             pynvml.nvmlInit()
             self._nvml = pynvml
-            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            every = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            uuids = [self._uuid(handle) for handle in every]
+            self.indices = visible_nvml_indices(visible, uuids)
+            self.handles = [every[i] for i in self.indices]
+            self.uuids = {i: uuids[i] for i in self.indices if uuids[i]}
         except Exception:  # no driver, no GPU, no library: the timeline then has host rows only
-            self.handles = []
+            self.handles, self.indices = [], []
+
+    def _uuid(self, handle) -> str | None:
+        try:
+            value = self._nvml.nvmlDeviceGetUUID(handle)
+        except Exception:
+            return None
+        return value.decode() if isinstance(value, bytes) else str(value)
 
     def read(self, handle) -> tuple[float | None, float | None, float | None]:
         nvml = self._nvml
@@ -72,7 +122,13 @@ class _Nvml:
 
 
 def process_tree_rss_bytes(root_pid: int) -> int:
-    """Resident memory of a process and all its descendants (ranks, data loader workers)."""
+    """Resident memory of a process and all its descendants (ranks, data loader workers), each page counted once.
+
+    Summing RSS counts a shared page once per process that maps it: forked DataLoader workers share their
+    parent's pages, and ranks map the same checkpoint file. The proportional set size (PSS) splits each shared
+    page among the processes that map it, so the sum over the tree is the memory the run really holds.
+    Where PSS cannot be read (not Linux, no permission) RSS is used for that process.
+    """
     try:
         root = psutil.Process(root_pid)
         procs = [root, *root.children(recursive=True)]
@@ -80,20 +136,32 @@ def process_tree_rss_bytes(root_pid: int) -> int:
         return 0
     total = 0
     for proc in procs:
-        try:
-            total += proc.memory_info().rss
-        except psutil.Error:
-            continue
+        total += _resident_bytes(proc)
     return total
+
+
+def _resident_bytes(proc: psutil.Process) -> int:
+    try:
+        return int(proc.memory_full_info().pss)
+    except (psutil.Error, AttributeError, OSError):
+        pass
+    try:
+        return int(proc.memory_info().rss)
+    except psutil.Error:
+        return 0
 
 
 class TimelineSampler:
     """Samples every ``interval_s`` (100-200 ms per LAB.md) until stopped; use as a context manager."""
 
-    def __init__(self, path: Path, *, root_pid: int, interval_s: float = 0.15) -> None:
+    def __init__(
+        self, path: Path, *, root_pid: int, interval_s: float = 0.15, visible_devices: str | None = None
+    ) -> None:
+        """``visible_devices`` is the run's ``CUDA_VISIBLE_DEVICES`` (None: every GPU of the node)."""
         if not 0.01 <= interval_s <= 10:
             raise ValueError(f"interval_s must be between 0.01 and 10 s; got {interval_s}")
         self.summary = TimelineSummary(path=path)
+        self._visible = visible_devices
         self._root_pid = root_pid
         self._interval_s = interval_s
         self._stop = threading.Event()
@@ -113,7 +181,8 @@ class TimelineSampler:
         return self.summary
 
     def _loop(self) -> None:
-        nvml = _Nvml()
+        nvml = _Nvml(self._visible)
+        self.summary.gpu_uuids, self.summary.visible_order = dict(nvml.uuids), list(nvml.indices)
         self.summary.path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         last_flush = t0
@@ -140,7 +209,7 @@ class TimelineSampler:
         summary.samples += 1
         if rss_gib > 0:
             summary.host_rss_peak_gib = max(summary.host_rss_peak_gib or 0.0, rss_gib)
-        for index, handle in enumerate(nvml.handles):
+        for index, handle in zip(nvml.indices, nvml.handles, strict=True):
             util, mem, power = nvml.read(handle)
             writer.writerow([f"{t_s:.3f}", index, _fmt(util), _fmt(mem, 4), _fmt(power), "", ""])
             if mem is not None:

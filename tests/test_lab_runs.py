@@ -39,7 +39,9 @@ def test_a_run_records_every_field_the_cpu_provides(ci_assets, results):
     assert record["tokens_padded"] >= record["tokens"] > 0
     assert record["tokens_per_s_padded"] >= record["tokens_per_s"] > 0
     assert record["host_rss_peak_gib"] > 0.05
-    assert record["iterations"] == 8 and len(record["per_iteration"]) == 8  # 2 steps x 32/8 accumulation
+    # 2 steps x 32/8 accumulation: the first step is warm-up, timed apart; train_s and tokens cover the second
+    assert len(record["per_iteration"]) == 8 and record["warmup_iterations"] == 4 and record["iterations"] == 4
+    assert record["warmup_s"] > 0 and record["mode"] == "full"
     assert record["config"]["train"]["micro_batch_size"] == 8
     assert record["environment"]["litgpt"] == "0.5.13"
     run_dir = results / "runs" / record["run_id"]
@@ -153,3 +155,41 @@ def test_cli_run_and_results(ci_assets, results):
     assert '"experiment": "lora-1b"' in as_json
     as_csv = subprocess.run(cli("results", "--format", "csv"), capture_output=True, text=True, check=True).stdout
     assert as_csv.splitlines()[0].count(",") > 10 and "lora-1b" in as_csv
+
+
+def test_quick_mode_times_after_the_warm_up_step_puts_the_longest_batch_second_and_saves_no_lora(ci_assets, results):
+    """A real LoRA run in quick mode: 16/4 = 4 micro-batches per step, so 3 steps (1 warm-up + 2 timed) of the
+    20 asked for (quick mode decides the number of steps)."""
+    from lab_helpers.quick_mode import quick_max_steps
+
+    [record] = run_experiment("lora-1b", profile="ci", overrides={"train.max_steps": 20}, echo=False, quick=True)
+    assert record["status"] == "ok" and record["mode"] == "quick"
+    assert record["config"]["train"]["max_steps"] == quick_max_steps(4) == 3
+    assert record["warmup_iterations"] == 4 and record["iterations"] == 8 and len(record["per_iteration"]) == 12
+    assert record["warmup_s"] > 0 and record["train_s"] > 0
+    steady = sum(row["iter_time_s"] for row in record["per_iteration"][4:])
+    assert record["train_s"] == pytest.approx(steady, rel=0.5)  # the timed span is the 8 iterations after warm-up
+    assert 0 < record["tokens"] <= record["tokens_padded"]
+    run_dir = results / "runs" / record["run_id"]
+    log = (run_dir / "output.log").read_text()
+    assert "longest samples" in log and "form micro-batch 5" in log
+    assert "not saving" in log and "merged model" in log
+    weights = [p for p in run_dir.rglob("*") if p.suffix in (".pth", ".lora", ".bin", ".safetensors")]
+    assert weights == []  # no adapter file, no merged copy of the model
+
+
+def test_run_all_makes_the_oom_demonstration_oom_on_this_gpu_with_a_margin(ci_assets, results, monkeypatch):
+    """A GPU's size cannot be had on a CPU: the lab is told the GPU holds a little less than the baseline's
+    predicted peak (so as defined it 'fits' within the planner's error); run_all must raise the batch."""
+    from lab_helpers import lab
+
+    plan = lab.predict_experiment("baseline", profile="ci", gpu_memory_gib=100.0)
+    gpu_gib = plan.gpu_used_gib / 1.1  # as defined: only 10 % over, inside the planner's error
+    monkeypatch.setattr(lab, "_gpu_memory_gib", lambda: gpu_gib)
+    overrides, why = lab.oom_demo_overrides("baseline", profile="ci")
+    assert overrides["train.micro_batch_size"] > 32 and "at least 20% over" in why
+    raised = lab.predict_experiment("baseline", profile="ci", overrides=overrides, gpu_memory_gib=gpu_gib)
+    assert raised.gpu_used_gib >= gpu_gib * (1 + lab.OOM_DEMO_MARGIN)
+    monkeypatch.setattr(lab, "run_experiment", lambda exp_id, **kw: [{"experiment": exp_id, **kw}])
+    [call] = lab.run_all(section="single", profile="ci", only=["baseline"], echo=False)
+    assert call["overrides"] == overrides

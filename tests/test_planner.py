@@ -293,3 +293,22 @@ def test_torch_upgrade_gives_clear_error(monkeypatch):
     finally:
         monkeypatch.undo()
         _compat.check_tracing_supported.cache_clear()
+
+
+def test_the_offload_host_number_is_the_planners_own():
+    """The doctor's and the pre-run gate's host RAM figure (no trace) equals the traced plan's host_gib."""
+    from lab_helpers.planner.analytic import offload_host_bytes
+
+    cfg = tiny_config(n_layer=4, n_embd=256)
+    plan = predict(
+        spec(
+            config=cfg,
+            devices=2,
+            strategy="deepspeed-zero3",
+            offload_optimizer=True,
+            optimizer="DeepSpeedCPUAdam",
+            mb=1,
+            seq=32,
+        )
+    )
+    assert offload_host_bytes(plan.total_params, plan.trainable_params, 2) / 2**30 == pytest.approx(plan.host_gib)

@@ -41,9 +41,27 @@ def node_env(node_rank: int, *, port: int, gpus_per_node: int | None) -> dict[st
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE"):  # set per process by Lightning / torchrun, not here
         env.pop(key, None)
     if gpus_per_node:
-        first = node_rank * gpus_per_node
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(first, first + gpus_per_node))
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(node_gpus(node_rank, gpus_per_node, os.environ.get("CUDA_VISIBLE_DEVICES")))
     return env
+
+
+def node_gpus(node_rank: int, gpus_per_node: int, visible: str | None) -> list[str]:
+    """The GPUs one played node gets: its slice of the GPUs this launcher may use.
+
+    A node (or a job scheduler) that gave this machine's launcher ``CUDA_VISIBLE_DEVICES=4,5,6,7`` means those
+    GPUs and no others: node 1 of 2 gets ``6,7``, never the absolute ``2,3`` that belong to someone else.
+    Entries are kept as written (indices or UUIDs).
+    """
+    first = node_rank * gpus_per_node
+    if visible is None:
+        return [str(i) for i in range(first, first + gpus_per_node)]
+    entries = [part.strip() for part in visible.split(",") if part.strip()]
+    if first + gpus_per_node > len(entries):
+        raise ValueError(
+            f"node {node_rank} needs GPUs {first}..{first + gpus_per_node - 1} of CUDA_VISIBLE_DEVICES={visible!r}, "
+            f"which lists {len(entries)}"
+        )
+    return entries[first : first + gpus_per_node]
 
 
 def torchrun_command(command: list[str], *, node_rank: int, nodes: int, port: int) -> list[str]:

@@ -31,7 +31,10 @@ class RankReport:
             "tokens": 0,
             "tokens_padded": 0,
             "train_s": None,
+            "warmup_s": None,
+            "warmup_iterations": None,
             "device_name": None,
+            "device_uuid": None,
         }
         self._written = False
         self._lock = threading.Lock()
@@ -45,6 +48,7 @@ class RankReport:
             child_report.write_report(
                 {
                     **self.fields,
+                    "device_uuid": child_report.device_uuid(),
                     "status": status,
                     "error": error,
                     "peak_alloc_gib": alloc,
@@ -68,13 +72,19 @@ class RankReport:
 
 
 class ReportCallback(L.Callback):
-    """Times the loop, counts tokens of this rank, prints litgpt-style progress on rank 0, writes the report."""
+    """Times the loop, counts tokens of this rank, prints litgpt-style progress on rank 0, writes the report.
+
+    As in the litgpt path, the first optimizer step is warm-up: ``train_s``, ``iterations`` and the token counts
+    cover what comes after it, ``warmup_s`` the step itself (unless the run has no second step).
+    """
 
     def __init__(self, report: RankReport, *, total_iterations: int) -> None:
         self.report = report
         self.total_iterations = total_iterations
         self._train_t0: float | None = None
         self._iter_t0 = 0.0
+        self._seen = 0  # micro-batches so far, warm-up included
+        self._warmup: dict[str, Any] | None = None  # counts at the end of the warm-up step
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.report.rank = trainer.global_rank
@@ -87,26 +97,43 @@ class ReportCallback(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         fields = self.report.fields
+        now = time.perf_counter()
+        accum = trainer.accumulate_grad_batches
+        self._seen += 1
         fields["iterations"] += 1
         fields["samples"] += int(batch["input_ids"].shape[0])
         fields["tokens"] += _tokens_without_padding(batch)
         fields["tokens_padded"] += int(batch["input_ids"].numel())
-        fields["train_s"] = time.perf_counter() - (self._train_t0 or self._iter_t0)
+        fields["train_s"] = now - (self._train_t0 or self._iter_t0)
+        if self._seen == accum:  # the warm-up step ends here: what follows is timed and counted
+            self._warmup = {"t": now, **{k: fields[k] for k in ("iterations", "samples", "tokens", "tokens_padded")}}
+            fields["warmup_s"], fields["warmup_iterations"] = fields["train_s"], accum
+            for key in ("iterations", "samples", "tokens", "tokens_padded"):
+                fields[key] = 0
+        elif self._warmup is not None:
+            fields["train_s"] = now - self._warmup["t"]
         if trainer.is_global_zero:
-            accum = trainer.accumulate_grad_batches
             # Lightning hands back the loss divided by the accumulation; print it as litgpt does, undivided
             loss = outputs["loss"].item() * accum if isinstance(outputs, dict) and "loss" in outputs else float("nan")
-            step_done = fields["iterations"] % accum == 0
+            step_done = self._seen % accum == 0
             print(
-                f"Epoch {trainer.current_epoch + 1} | iter {fields['iterations']} step {fields['iterations'] // accum} |"
+                f"Epoch {trainer.current_epoch + 1} | iter {self._seen} step {self._seen // accum} |"
                 f" loss train: {loss:.3f} | iter time: {(time.perf_counter() - self._iter_t0) * 1000:.2f} ms"
                 f"{' (step)' if step_done else ''} | of {self.total_iterations}",
                 flush=True,
             )
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if self._train_t0 is not None:
-            self.report.fields["train_s"] = time.perf_counter() - self._train_t0
+        fields = self.report.fields
+        now = time.perf_counter()
+        if self._warmup is not None and fields["iterations"] > 0:
+            fields["train_s"] = now - self._warmup["t"]
+        elif self._train_t0 is not None:  # no step after the warm-up: time (and count) the whole loop
+            fields["train_s"] = now - self._train_t0
+            if self._warmup is not None:
+                for key in ("iterations", "samples", "tokens", "tokens_padded"):
+                    fields[key] = self._warmup[key]
+            fields["warmup_s"], fields["warmup_iterations"] = None, 0
         self.report.write("ok")
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:

@@ -29,10 +29,28 @@ HOST_PROCESS_BYTES = int(2.5 * GIB)
 CHECKPOINT_BYTES_PER_PARAM = 2  # litgpt checkpoints of the lab's models are stored in 16-bit
 
 
+# ZeRO-3 optimizer offload keeps in host memory, per trainable parameter: the fp32 master weight (4 bytes), Adam's
+# two fp32 moments (8) and the fp32 gradient partition DeepSpeedCPUAdam steps on (4).
+OFFLOADED_BYTES_PER_TRAINABLE_PARAM = 16
+
+
 def host_bytes(spec: TrainingSpec, trace: TraceResult, offloaded_bytes: int = 0) -> int:
     """Process baselines plus the larger of the mapped checkpoint (at load) and offloaded optimizer state."""
-    checkpoint = CHECKPOINT_BYTES_PER_PARAM * trace.total_param_numel
-    return HOST_PROCESS_BYTES * spec.devices + max(checkpoint, offloaded_bytes)
+    return _host_bytes(trace.total_param_numel, spec.devices, offloaded_bytes)
+
+
+def _host_bytes(total_numel: int, devices: int, offloaded_bytes: int) -> int:
+    checkpoint = CHECKPOINT_BYTES_PER_PARAM * total_numel
+    return HOST_PROCESS_BYTES * devices + max(checkpoint, offloaded_bytes)
+
+
+def offload_host_bytes(total_numel: int, trainable_numel: int, devices: int) -> int:
+    """Host memory of a ZeRO-3 run with the optimizer offloaded: what ``deepspeed_zero3`` predicts, without a trace.
+
+    The doctor and the lab's pre-run gate ask this (seconds cheaper than a plan) so that one number decides
+    whether a node's RAM can hold the offload run everywhere.
+    """
+    return _host_bytes(total_numel, devices, OFFLOADED_BYTES_PER_TRAINABLE_PARAM * trainable_numel)
 
 
 # DeepSpeed ZeRO-3 knobs as Lightning's DeepSpeedStrategy / DeepSpeed set them by default.
@@ -153,7 +171,7 @@ def deepspeed_zero3(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
     live_numel = min(numel, DS_MAX_LIVE_PARAMETERS, trace.block_param_numel + DS_PREFETCH_BUCKET_NUMEL)
     gathered = live_numel * bytes_per + trace.root_param_bytes
     buckets = 2 * min(DS_REDUCE_BUCKET_NUMEL, trainable) * bytes_per  # overlap_comm double-buffers
-    master_and_moments = 12 * trainable // n
+    master_and_moments = (OFFLOADED_BYTES_PER_TRAINABLE_PARAM - 4) * trainable // n
     fp32_grads = 4 * trainable // n
     out = []
     for p in trace.phases:
@@ -170,7 +188,7 @@ def deepspeed_zero3(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
         out.append(DeviceBreakdown(parts, p.name))
     best = _max(out)
     best.outside_allocator_bytes = NCCL_BUFFERS_BYTES
-    offloaded = (master_and_moments + fp32_grads) * n if spec.offload_optimizer else 0
+    offloaded = OFFLOADED_BYTES_PER_TRAINABLE_PARAM * trainable if spec.offload_optimizer else 0
     best.host_bytes = host_bytes(spec, trace, offloaded)
     if spec.offload_optimizer:
         best.notes.append(

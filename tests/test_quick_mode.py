@@ -1,0 +1,42 @@
+"""Quick mode's arithmetic and its batch order (the real runs are in test_lab_runs.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from lab_helpers.quick_mode import (
+    MIN_MEASURED_ITERATIONS,
+    LongestBatchSecondStepSampler,
+    quick_max_steps,
+    quick_overrides,
+)
+
+
+@pytest.mark.parametrize("accumulation", [1, 2, 4, 8, 32])
+def test_one_warm_up_step_then_enough_timed_micro_batches(accumulation):
+    steps = quick_max_steps(accumulation)
+    assert steps >= 3  # warm-up, then at least two steps with the optimizer states in place
+    assert (steps - 1) * accumulation >= MIN_MEASURED_ITERATIONS
+
+
+def test_quick_overrides_shorten_long_runs_and_keep_the_lr_warm_up_inside_them():
+    train = {"global_batch_size": 32, "micro_batch_size": 8, "max_steps": 20, "lr_warmup_steps": 10}
+    assert quick_overrides(train, ranks=1) == {"train.max_steps": 3, "train.lr_warmup_steps": 2}
+    assert quick_overrides({**train, "max_steps": 2}, ranks=1) == {}  # already shorter than a quick run
+    assert quick_overrides({**train, "global_batch_size": 8}, ranks=1)["train.max_steps"] == 1 + MIN_MEASURED_ITERATIONS
+
+
+def test_the_longest_batch_is_the_first_of_the_second_step_and_every_sample_appears_once():
+    lengths = [5, 90, 7, 12, 88, 3, 40, 91, 2, 60, 11]
+    sampler = LongestBatchSecondStepSampler(lengths, batch_size=2, place_at=3)
+    batches = list(sampler)
+    assert len(batches) == len(sampler) == 6
+    assert sorted(batches[3]) == [1, 7]  # lengths 90 and 91
+    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+    assert list(sampler) != batches or len(lengths) < 4  # a new shuffle each epoch, the longest batch in place
+    assert sorted(list(sampler)[3]) == [1, 7]
+
+
+def test_a_short_data_set_still_gets_its_longest_batch():
+    batches = list(LongestBatchSecondStepSampler([1, 2, 3], batch_size=2, place_at=8))
+    assert batches[-1] == [2, 1]
