@@ -287,3 +287,20 @@ def test_the_offload_host_ram_gate_uses_the_planners_16_bytes_per_parameter():
     assert not ok and "not enough host RAM" in why and "128 GiB" in why
     node_facts["host"]["ram_total_gib"] = 256.0
     assert node.sections_runnable(node_facts)["deepspeed-offload"][0]
+
+
+def test_the_volta_route_torch_is_one_litgpt_and_lightning_accept():
+    """The cu126 route installs the pinned torch version; litgpt's and Lightning's installed metadata must allow it."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    pinned = Version(cuda_compat.pinned_torch_version())
+    for package in ("litgpt", "lightning"):
+        torch_requirements = [
+            Requirement(r) for r in importlib.metadata.requires(package) or [] if Requirement(r).name == "torch"
+        ]
+        assert torch_requirements and all(pinned in r.specifier for r in torch_requirements if not r.marker)
+    major_minor = (pinned.major, pinned.minor)
+    assert major_minor <= tuple(int(x) for x in cuda_compat.LAST_VOLTA_TORCH.split("."))  # cu126 still published

@@ -135,20 +135,16 @@ def test_gradient_accumulation_holds_gradients_between_micro_batches():
     assert many.peak_alloc_gib >= one.peak_alloc_gib
 
 
+def _offload_spec(cfg: Config) -> TrainingSpec:
+    return spec(
+        config=cfg, devices=2, strategy="deepspeed-zero3", offload_optimizer=True, optimizer="DeepSpeedCPUAdam", mb=1, seq=32
+    )
+
+
 def test_offload_moves_optimizer_bytes_to_host():
     cfg = tiny_config(n_layer=4, n_embd=256)
     on_gpu = predict(spec(config=cfg, devices=2, strategy="deepspeed-zero3", mb=1, seq=32))
-    off = predict(
-        spec(
-            config=cfg,
-            devices=2,
-            strategy="deepspeed-zero3",
-            offload_optimizer=True,
-            optimizer="DeepSpeedCPUAdam",
-            mb=1,
-            seq=32,
-        )
-    )
+    off = predict(_offload_spec(cfg))
     assert on_gpu.breakdown_gib["optimizer_states"] > 0
     assert off.breakdown_gib["optimizer_states"] == 0
     assert off.host_gib > on_gpu.host_gib
@@ -299,16 +295,5 @@ def test_the_offload_host_number_is_the_planners_own():
     """The doctor's and the pre-run gate's host RAM figure (no trace) equals the traced plan's host_gib."""
     from lab_helpers.planner.analytic import offload_host_bytes
 
-    cfg = tiny_config(n_layer=4, n_embd=256)
-    plan = predict(
-        spec(
-            config=cfg,
-            devices=2,
-            strategy="deepspeed-zero3",
-            offload_optimizer=True,
-            optimizer="DeepSpeedCPUAdam",
-            mb=1,
-            seq=32,
-        )
-    )
+    plan = predict(_offload_spec(tiny_config(n_layer=4, n_embd=256)))
     assert offload_host_bytes(plan.total_params, plan.trainable_params, 2) / 2**30 == pytest.approx(plan.host_gib)
