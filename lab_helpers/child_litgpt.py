@@ -28,6 +28,7 @@ from lab_helpers.child_report import (
 )
 from lab_helpers.orphan_guard import start_orphan_guard
 from lab_helpers.quick_mode import quick_from_env
+from lab_helpers.tensor_peak import LiveTensorPeak
 
 COMMANDS = {"finetune_full": "litgpt.finetune.full", "finetune_lora": "litgpt.finetune.lora"}
 SAVE_ENV = "LAB_SAVE_CHECKPOINT"  # "1" keeps litgpt's final checkpoint; the lab measures, so off by default
@@ -52,13 +53,22 @@ class _TrainingClock:
         self.warmup_tokens = [0, 0]  # (tokens, padded tokens) of the warm-up batches
         self.epochs: int | None = None
         self.token_counts: dict[str, Any] = {}
+        self.tensor_peak: LiveTensorPeak | None = None
 
     def wrap_fit(self, fit):
         def timed_fit(*args, **kwargs):
             reset_cuda_peaks()  # peak over the training run, not over loading the checkpoint
+            model = _model_of(args, kwargs)
+            if not _on_cuda() and model is not None:  # a CPU has no max_memory_allocated: count live tensors
+                self.tensor_peak = LiveTensorPeak()
+                self.tensor_peak.seed([*model.parameters(), *model.buffers()])
             self.fit_start = time.perf_counter()
             self.excluded.clear()
-            result = fit(*args, **kwargs)
+            if self.tensor_peak is None:
+                result = fit(*args, **kwargs)
+            else:
+                with self.tensor_peak:
+                    result = fit(*args, **kwargs)
             self.fit_end = time.perf_counter()
             self.token_counts = dict(result or {})
             return result
@@ -251,11 +261,26 @@ def main(argv: list[str] | None = None) -> int:
             "peak_alloc_gib": peak_alloc_gib,
             "peak_reserved_gib": peak_reserved_gib,
             **clock.timings(),
+            "peak_tensor_gib": None if clock.tensor_peak is None else clock.tensor_peak.peak_gib,
             "device_name": _device_name(),
             "device_uuid": device_uuid(),
         }
     )
     return code
+
+
+def _model_of(args: tuple, kwargs: dict) -> Any:
+    """The model litgpt's ``fit`` trains: ``model=`` (LoRA) or ``state["model"]`` (full fine-tuning)."""
+    if kwargs.get("model") is not None:
+        return kwargs["model"]
+    state = kwargs.get("state", args[1] if len(args) > 1 else None)
+    return state.get("model") if isinstance(state, dict) else None
+
+
+def _on_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _device_name() -> str | None:

@@ -22,6 +22,7 @@ REPORT_DIR_ENV = "LAB_REPORT_DIR"
 #   error: str | None                 -- the allocator's OOM message or the tail of the traceback
 #   rank: int | None, world_size: int
 #   peak_alloc_gib, peak_reserved_gib: float | None   (None on a CPU, never 0)
+#   peak_tensor_gib: float | None      -- on a CPU: the peak of live tensor bytes over training (tensor_peak)
 #   train_s: float                     -- inside the training loop after the warm-up step, validation excluded
 #   warmup_s: float | None             -- the first optimizer step's iterations (None: not timed apart)
 #   warmup_iterations: int | None      -- micro-batches of warm-up (0: the run was too short to exclude any)
@@ -37,6 +38,7 @@ REPORT_FIELDS = (
     "world_size",
     "peak_alloc_gib",
     "peak_reserved_gib",
+    "peak_tensor_gib",
     "train_s",
     "warmup_s",
     "warmup_iterations",

@@ -25,12 +25,13 @@ from lab_helpers.paths import lab_home, results_dir
 from lab_helpers.records import load_results
 
 NO_RUNS = "no runs recorded yet"
-MEMORY_COLUMNS = ("peak_alloc_gib", "peak_reserved_gib", "gpu_used_peak_gib", "host_rss_peak_gib")
+MEMORY_COLUMNS = ("peak_alloc_gib", "peak_tensor_gib", "peak_reserved_gib", "gpu_used_peak_gib", "host_rss_peak_gib")
 RANK0_COLUMNS = ("train_s", "wall_s", "tokens_per_s", "tokens_per_s_padded", "mfu", "predicted_peak_alloc_gib")
 TABLE_COLUMNS = (
     "experiment",
     "status",
     "peak_alloc_gib",
+    "peak_tensor_gib",
     "predicted_peak_alloc_gib",
     "prediction_error_pct",
     "peak_reserved_gib",
@@ -43,6 +44,7 @@ TABLE_COLUMNS = (
 )
 ROUNDING = {
     "peak_alloc_gib": 2,
+    "peak_tensor_gib": 4,
     "predicted_peak_alloc_gib": 2,
     "prediction_error_pct": 1,
     "peak_reserved_gib": 2,
@@ -126,8 +128,9 @@ def comparison_table(
 
     Distributed runs have one record per rank: memory is the maximum over ranks (the rank that runs out first
     decides whether it fits), time, throughput and MFU come from rank 0. ``prediction_error_pct`` is
-    (measured - predicted) / predicted x 100 on ``peak_alloc_gib``: positive means the planner under-predicted.
-    Missing values are NaN, never 0.
+    (measured - predicted) / predicted x 100 on ``peak_alloc_gib`` -- on a CPU on ``peak_tensor_gib``, the live
+    tensor bytes the planner predicts there: positive means the planner under-predicted. Missing values are NaN,
+    never 0.
     """
     latest = latest_runs(df, profile=profile, order=order)
     if latest.empty:
@@ -153,7 +156,9 @@ def comparison_table(
         row["reason"] = worst["reason"] if isinstance(worst["reason"], str) and worst["reason"] else None
         rows.append(row)
     table = pd.DataFrame(rows)
-    measured = pd.to_numeric(table["peak_alloc_gib"], errors="coerce")
+    measured = pd.to_numeric(table["peak_alloc_gib"], errors="coerce").fillna(
+        pd.to_numeric(table["peak_tensor_gib"], errors="coerce")
+    )
     predicted = pd.to_numeric(table["predicted_peak_alloc_gib"], errors="coerce")
     # only a finished run has a true peak: an OOM'd run stopped at whatever it reached before failing
     finished = table["status"] == "ok"
@@ -265,6 +270,16 @@ def _gpu_measured(table: pd.DataFrame) -> bool:
     return bool(table["peak_alloc_gib"].notna().any()) if len(table) else False
 
 
+def _measured_memory(table: pd.DataFrame) -> tuple[str, str]:
+    """(column, label) of the measured peak the plots compare with the prediction: CUDA's allocated peak on a
+    GPU, the live tensor bytes on a CPU (the same quantity the planner predicts there), host RSS for old records."""
+    if _gpu_measured(table):
+        return "peak_alloc_gib", "measured peak allocated (max over ranks)"
+    if len(table) and table["peak_tensor_gib"].notna().any():
+        return "peak_tensor_gib", "measured peak of live tensors (CPU run)"
+    return "host_rss_peak_gib", "measured host RSS peak (CPU run)"
+
+
 def plot_memory(
     df: pd.DataFrame,
     *,
@@ -281,9 +296,7 @@ def plot_memory(
     if table.empty:
         return _empty_plot(out_dir, "memory.png", "Peak memory: measured vs predicted")
     latest = latest_runs(df, profile=profile, order=order)
-    on_gpu = _gpu_measured(table)
-    measured_column = "peak_alloc_gib" if on_gpu else "host_rss_peak_gib"
-    measured_label = "measured peak allocated (max over ranks)" if on_gpu else "measured host RSS peak (CPU run)"
+    measured_column, measured_label = _measured_memory(table)
     figure, ax = _new_figure(max(7.5, 1.1 * len(table) + 4), 4.8)
     x = range(len(table))
     width = 0.38
@@ -345,8 +358,8 @@ def plot_memory(
     ax.set_ylabel("GiB (2^30 bytes)")
     ax.set_ylim(0, top * 1.25 if top > 0 else 1.0)
     title = "Peak memory: measured (left) vs predicted breakdown (right)"
-    if not on_gpu:
-        title += "\nCPU runs, no GPU memory recorded: measured bar is host RSS"
+    if measured_column != "peak_alloc_gib":
+        title += f"\nCPU runs, no GPU memory recorded: {measured_label.removeprefix('measured ')}"
     ax.set_title(title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(figure, out_dir, "memory.png")
@@ -410,8 +423,7 @@ def plot_memory_vs_time(
     table = comparison_table(df, order=order, profile=profile)
     if table.empty:
         return _empty_plot(out_dir, "memory_vs_time.png", "Peak memory vs training time")
-    on_gpu = _gpu_measured(table)
-    column = "peak_alloc_gib" if on_gpu else "host_rss_peak_gib"
+    column, label = _measured_memory(table)
     points = table[table[column].notna() & table["train_s"].notna()]
     figure, ax = _new_figure(6.5, 4.8)
     ax.scatter(points["train_s"], points[column], color="#4c72b0")
@@ -421,7 +433,7 @@ def plot_memory_vs_time(
         )
     missing = table.loc[~table.index.isin(points.index), "experiment"].tolist()
     ax.set_xlabel("training time (s)")
-    ax.set_ylabel(("peak allocated" if on_gpu else "host RSS peak (CPU runs)") + ", GiB")
+    ax.set_ylabel(label.removeprefix("measured ") + ", GiB")
     title = "Peak memory vs training time"
     if missing:
         title += f"\nnot shown (no measurement): {', '.join(missing)}"

@@ -239,15 +239,25 @@ def predict_experiment(
 
 def _plan(run: ResolvedRun, gpu_memory_gib: float | None):
     """The notebook shows the prediction, then runs: the second ask (inside run_experiment) is a cache hit."""
+    import torch
+
     recipe_json = json.dumps(runnable_recipe(run.recipe), sort_keys=True, default=str)
     offload = bool(run.experiment.options.get("offload_optimizer", False))
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # a CPU run is compared with its live tensor bytes
     return _cached_plan(
-        recipe_json, run.devices * run.experiment.num_nodes, run.experiment.strategy, offload, gpu_memory_gib
+        recipe_json, run.devices * run.experiment.num_nodes, run.experiment.strategy, offload, gpu_memory_gib, device
     )
 
 
 @functools.lru_cache(maxsize=64)
-def _cached_plan(recipe_json: str, devices: int, strategy: str, offload_optimizer: bool, gpu_memory_gib: float | None):
+def _cached_plan(
+    recipe_json: str,
+    devices: int,
+    strategy: str,
+    offload_optimizer: bool,
+    gpu_memory_gib: float | None,
+    device: str = "cuda",
+):
     from lab_helpers.planner import plan_recipe
 
     return plan_recipe(
@@ -256,6 +266,7 @@ def _cached_plan(recipe_json: str, devices: int, strategy: str, offload_optimize
         strategy=strategy,
         offload_optimizer=offload_optimizer,
         gpu_memory_gib=gpu_memory_gib,
+        device=device,
     )
 
 
@@ -364,6 +375,7 @@ def _records_from(run: ResolvedRun, base: dict, outcome: ProcessOutcome, run_dir
             "returncode": outcome.returncode,
             "peak_alloc_gib": report.get("peak_alloc_gib"),
             "peak_reserved_gib": report.get("peak_reserved_gib"),
+            "peak_tensor_gib": report.get("peak_tensor_gib"),
             "gpu_used_peak_gib": outcome.timeline.gpu_used_peak_for(rank, report.get("device_uuid")),
             "gpu_used_peak_gib_per_gpu": {str(k): v for k, v in outcome.timeline.gpu_used_peak_gib.items()} or None,
             "host_rss_peak_gib": outcome.timeline.host_rss_peak_gib,

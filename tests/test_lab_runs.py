@@ -42,6 +42,9 @@ def test_a_run_records_every_field_the_cpu_provides(ci_assets, results):
     # 2 steps x 32/8 accumulation: the first step is warm-up, timed apart; train_s and tokens cover the second
     assert len(record["per_iteration"]) == 8 and record["warmup_iterations"] == 4 and record["iterations"] == 4
     assert record["warmup_s"] > 0 and record["mode"] == "full"
+    # the CPU counterpart of max_memory_allocated, and the planner's prediction of the same quantity
+    assert record["peak_tensor_gib"] == pytest.approx(record["predicted_peak_alloc_gib"], rel=0.10)
+    assert record["predicted"]["breakdown_gib"]["cuda_context"] == 0.0
     assert record["config"]["train"]["micro_batch_size"] == 8
     assert record["environment"]["litgpt"] == "0.5.13"
     run_dir = results / "runs" / record["run_id"]
@@ -170,6 +173,7 @@ def test_quick_mode_times_after_the_warm_up_step_puts_the_longest_batch_second_a
     steady = sum(row["iter_time_s"] for row in record["per_iteration"][4:])
     assert record["train_s"] == pytest.approx(steady, rel=0.5)  # the timed span is the 8 iterations after warm-up
     assert 0 < record["tokens"] <= record["tokens_padded"]
+    assert record["peak_tensor_gib"] == pytest.approx(record["predicted_peak_alloc_gib"], rel=0.10)
     run_dir = results / "runs" / record["run_id"]
     log = (run_dir / "output.log").read_text()
     assert "longest samples" in log and "form micro-batch 5" in log

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 import types
 
 import pytest
@@ -17,10 +16,8 @@ import pytest
 from lab_helpers import doctor, node
 
 
-def test_describe_node_on_this_machine_is_fast_json_and_has_no_fake_zeros():
-    started = time.perf_counter()
+def test_describe_node_on_this_machine_is_json_and_has_no_fake_zeros():
     facts = node.describe_node()
-    assert time.perf_counter() - started < 2.0
     json.dumps(facts)  # JSON-able as is
     assert facts["packages"]["torch"] and facts["packages"]["litgpt"]
     assert facts["host"]["cpu_count"] >= 1 and facts["host"]["ram_total_gib"] > 0

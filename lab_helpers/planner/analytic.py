@@ -74,14 +74,15 @@ class DeviceBreakdown:
         return sum(self.parts.values())
 
 
-def _parts(phase: Phase) -> dict[str, int]:
+def _parts(phase: Phase, spec: TrainingSpec) -> dict[str, int]:
     c = phase.by_category
     return {
         "parameters": c["parameters"],
         "gradients": c["gradients"],
         "optimizer_states": c["optimizer_states"],
         "activations": c["activations"],
-        "temporaries": c["temporaries"] + CUBLAS_WORKSPACE_BYTES,
+        # cuBLAS's workspaces exist only on a GPU; on a CPU the same step holds just its tensors
+        "temporaries": c["temporaries"] + (CUBLAS_WORKSPACE_BYTES if spec.device == "cuda" else 0),
         "communication_buffers": 0,
     }
 
@@ -91,7 +92,7 @@ def _max(breakdowns: list[DeviceBreakdown]) -> DeviceBreakdown:
 
 
 def single(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
-    best = _max([DeviceBreakdown(_parts(p), p.name) for p in trace.phases])
+    best = _max([DeviceBreakdown(_parts(p, spec), p.name) for p in trace.phases])
     best.outside_allocator_bytes = trace.paged_optimizer_bytes
     if trace.paged_optimizer_bytes:
         best.notes.append(
@@ -109,7 +110,7 @@ def ddp(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
     grad_bytes = _trainable_grad_bytes(spec, trace)
     out = []
     for p in trace.phases:
-        parts = _parts(p)
+        parts = _parts(p, spec)
         if spec.ddp_gradient_as_bucket_view:
             parts["gradients"] = max(parts["gradients"], grad_bytes)
         else:
@@ -140,7 +141,7 @@ def fsdp(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
     unsharded_accumulation = spec.fsdp_unsharded_grad_accumulation and spec.gradient_accumulation_iters > 1
     out = []
     for p in trace.phases:
-        parts = _parts(p)
+        parts = _parts(p, spec)
         parts["parameters"] = p.by_category["parameters"] // n
         grads = p.by_category["gradients"]
         parts["gradients"] = grads if (unsharded_accumulation and p.kind in ("fwd", "bwd")) else grads // n
@@ -175,7 +176,7 @@ def deepspeed_zero3(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
     fp32_grads = 4 * trainable // n
     out = []
     for p in trace.phases:
-        parts = _parts(p)
+        parts = _parts(p, spec)
         parts["parameters"] = p.by_category["parameters"] // n
         # contiguous_gradients: a persistent partition buffer on the GPU, unless offloaded to the host
         parts["gradients"] = 0 if spec.offload_optimizer else bytes_per * trainable // n
@@ -201,9 +202,11 @@ def deepspeed_zero3(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
 STRATEGY_MODELS = {"single": single, "ddp": ddp, "fsdp": fsdp, "deepspeed-zero3": deepspeed_zero3}
 
 
-def gpu_used_bytes(breakdown: DeviceBreakdown) -> int:
+def gpu_used_bytes(breakdown: DeviceBreakdown, device: str = "cuda") -> int:
     """What NVML would show: reserved memory (allocated plus allocator slack), the CUDA context and memory
-    allocated outside PyTorch's allocator."""
+    allocated outside PyTorch's allocator. On a CPU (the ci profile) the live tensors alone: no context."""
+    if device != "cuda":
+        return breakdown.allocated_bytes
     return (
         int(breakdown.allocated_bytes * RESERVED_OVER_ALLOCATED)
         + CUDA_CONTEXT_BYTES

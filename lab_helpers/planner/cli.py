@@ -28,6 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offload-optimizer", action="store_true", help="DeepSpeed ZeRO-3 optimizer offload")
     parser.add_argument("--gpu-memory-gib", type=float, default=None, help="memory of the GPU to judge 'fits'")
     parser.add_argument("--data-max-len", type=int, default=None, help="longest sample in the data, in tokens")
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: the live tensor bytes of the step on a CPU (the ci profile), no CUDA context or cuBLAS workspace",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -72,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
             offload_optimizer=args.offload_optimizer,
             gpu_memory_gib=args.gpu_memory_gib,
             data_max_len=args.data_max_len,
+            device=args.device,
         )
     except (PlanError, PlannerUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)

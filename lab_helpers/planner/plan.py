@@ -92,8 +92,8 @@ def _predict(spec: TrainingSpec) -> MemoryPlan:
         ) from err
     breakdown = analytic.STRATEGY_MODELS[spec.strategy](spec, result)
     parts = {k: breakdown.parts.get(k, 0) / GIB for k in BREAKDOWN_KEYS if k != "cuda_context"}
-    parts["cuda_context"] = analytic.CUDA_CONTEXT_BYTES / GIB
-    used_gib = analytic.gpu_used_bytes(breakdown) / GIB
+    parts["cuda_context"] = analytic.CUDA_CONTEXT_BYTES / GIB if spec.device == "cuda" else 0.0
+    used_gib = analytic.gpu_used_bytes(breakdown, spec.device) / GIB
     fits = None if spec.gpu_memory_gib is None else used_gib <= spec.gpu_memory_gib
     return MemoryPlan(
         peak_alloc_gib=breakdown.allocated_bytes / GIB,

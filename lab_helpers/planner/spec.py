@@ -84,9 +84,14 @@ class TrainingSpec:
     # Which training loop: litgpt's finetune scripts (Fabric: logits converted to fp32, the previous logits alive
     # during the next forward) or the lab's Lightning-Trainer module (loss inside training_step, bf16 logits).
     loop: Literal["litgpt", "lightning"] = "litgpt"
+    # Where the step runs: "cuda" adds the CUDA context and cuBLAS workspaces; "cpu" (the ci profile) predicts the
+    # live tensor bytes alone, the quantity the lab measures there as peak_tensor_gib.
+    device: Literal["cuda", "cpu"] = "cuda"
 
     def validate(self) -> None:
         """Reject impossible combinations with one clear line."""
+        if self.device not in ("cuda", "cpu"):
+            raise PlanError(f"device must be 'cuda' or 'cpu', got {self.device!r}")
         if self.method not in ("full", "lora", "qlora"):
             raise PlanError(f"unknown method {self.method!r}: expected full, lora or qlora")
         if self.precision not in PRECISIONS:
@@ -251,6 +256,7 @@ def spec_from_recipe(
     data_max_len: int | None = None,
     fsdp_wrap_blocks: bool = True,
     activation_checkpointing: bool | None = None,
+    device: str = "cuda",
 ) -> TrainingSpec:
     """Read a litgpt finetune recipe into a :class:`TrainingSpec`.
 
@@ -260,6 +266,8 @@ def spec_from_recipe(
     ``ddp`` / ``fsdp`` / ``deepspeed-zero3`` (which the litgpt CLI cannot run) means the lab's Lightning-Trainer
     module: no activation checkpointing unless asked, sharded gradient accumulation.
     The sequence length is ``train.max_seq_length`` capped by the model's block size and by ``data_max_len``.
+    ``device="cpu"`` predicts the live tensor bytes of the same step on a CPU (no CUDA context, no cuBLAS
+    workspace): what the lab measures there as ``peak_tensor_gib``.
     """
     from litgpt.args import TrainArgs
     from litgpt.finetune import full as litgpt_full
@@ -369,6 +377,7 @@ def spec_from_recipe(
         fsdp_unsharded_grad_accumulation=litgpt_loop,
         include_validation=litgpt_loop,
         loop="litgpt" if litgpt_loop else "lightning",
+        device=device,  # type: ignore[arg-type]
     )
     spec.validate()
     return spec

@@ -1,0 +1,77 @@
+"""The peak of live tensor bytes in a training process on a CPU: the CPU counterpart of max_memory_allocated.
+
+Why: on a GPU the lab reads ``torch.cuda.max_memory_allocated()``. A CPU has no such counter, and the host RSS
+it does have is mostly the Python runtime, torch's libraries and the allocator's free lists, so comparing it
+with the planner's prediction teaches nothing. What the planner predicts is the bytes of live tensors at the
+worst moment of a step. This module measures exactly that on the real training loop: a ``TorchDispatchMode``
+sees every op's outputs, and each storage is counted from the op that makes it until Python frees it (a weakref
+on the storage, as the planner's accountant does for fake tensors). Sizes are rounded up to 512 bytes like
+CUDA's caching allocator rounds every block, so the number is what ``max_memory_allocated`` would report for
+the same tensors on a GPU.
+
+Only what exists when the mode starts must be told explicitly (``seed``): the model's parameters and buffers.
+It costs a Python call per op: fine for the ci profile's tiny models, and never used on a GPU.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+GIB = 2**30
+ROUND_BYTES = 512
+"""CUDA's caching allocator rounds every allocation up to a multiple of 512 bytes."""
+
+
+def rounded(nbytes: int) -> int:
+    return 0 if nbytes <= 0 else -(-nbytes // ROUND_BYTES) * ROUND_BYTES
+
+
+class LiveTensorPeak(TorchDispatchMode):
+    """Counts the bytes of live tensor storages while active; ``peak_bytes`` is the most held at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current_bytes = 0
+        self.peak_bytes = 0
+        self._sizes: dict[int, int] = {}
+        self._refs: dict[int, weakref.ref] = {}
+
+    def seed(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Count tensors that already exist (parameters, buffers) and reset the peak to what they hold."""
+        for tensor in tensors:
+            self._track(tensor)
+        self.peak_bytes = self.current_bytes
+
+    def _track(self, tensor: torch.Tensor) -> None:
+        if tensor.device.type != "cpu" or tensor.is_meta:
+            return
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        if key in self._sizes:
+            return
+        size = rounded(storage.nbytes())
+        self._sizes[key] = size
+        self._refs[key] = weakref.ref(storage, lambda _ref, key=key: self._free(key))
+        self.current_bytes += size
+        if self.current_bytes > self.peak_bytes:
+            self.peak_bytes = self.current_bytes
+
+    def _free(self, key: int) -> None:
+        self._refs.pop(key, None)
+        self.current_bytes -= self._sizes.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self._track(leaf)
+        return out
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak_bytes / GIB
