@@ -78,6 +78,10 @@ class TrainingSpec:
     fsdp_unsharded_grad_accumulation: bool = True
     # Run one validation forward (no grad, unchunked loss) as litgpt does every eval.interval steps.
     include_validation: bool = True
+    # Whether a validation happens once training has begun (eval.interval <= max_steps, or final_validation), with
+    # optimizer states and the last logits alive. litgpt always runs a short sanity validation before the first
+    # step; when that is the only one, it sees the parameters alone.
+    validation_during_training: bool = True
     # DDP with gradient_as_bucket_view=True (the lab's DDPStrategy): gradients live in the reducer's buckets
     # for the whole run instead of beside a second, flat copy of them. False is torch's default.
     ddp_gradient_as_bucket_view: bool = True
@@ -221,6 +225,14 @@ def _int(value: object, what: str) -> int:
         return int(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise PlanError(f"{what} must be an integer, got {value!r}") from None
+
+
+def _validates_during_training(train_cfg: dict, eval_cfg: dict) -> bool:
+    """litgpt validates every ``eval.interval`` optimizer steps and, with ``final_validation``, after training."""
+    if eval_cfg.get("final_validation", True):
+        return True
+    max_steps = train_cfg.get("max_steps")
+    return max_steps is None or int(eval_cfg.get("interval", 600) or 600) <= int(max_steps)
 
 
 def _litgpt_validate(module, script: str, train_cfg: dict, eval_cfg: dict) -> None:
@@ -376,6 +388,7 @@ def spec_from_recipe(
         optimizer_kwargs=optimizer_kwargs,
         fsdp_unsharded_grad_accumulation=litgpt_loop,
         include_validation=litgpt_loop,
+        validation_during_training=_validates_during_training(train_cfg, tree.get("eval") or {}),
         loop="litgpt" if litgpt_loop else "lightning",
         device=device,  # type: ignore[arg-type]
     )

@@ -129,9 +129,9 @@ def _make_optimizer(spec: TrainingSpec, model: torch.nn.Module):
     if "betas" in kwargs and isinstance(kwargs["betas"], list):
         kwargs["betas"] = tuple(kwargs["betas"])
     try:
-        # CUDA picks the foreach implementation by default; fake CPU tensors would fall back to the for-loop one,
-        # whose temporaries differ, so ask for foreach explicitly.
-        return cls(params, foreach=True, **kwargs)
+        # torch picks the foreach implementation for CUDA tensors and the for-loop one for CPU tensors; their step
+        # temporaries differ (foreach makes them for every parameter at once), so ask for what the device will run.
+        return cls(params, foreach=spec.device == "cuda", **kwargs)
     except TypeError as err:
         raise PlanError(f"optimizer {spec.optimizer} rejects its init_args: {err}") from None
 
@@ -276,9 +276,26 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
                 out = model(input_ids, lm_head_chunk_size=LORA_LM_HEAD_CHUNK) if lora else model(input_ids)
                 return loss_of(out, targets)
 
+        def validation():
+            """litgpt's validate(): no grad, the unchunked loss."""
+            acct.begin("validation", "val")
+            model.eval()
+            with torch.no_grad():
+                input_ids = torch.randint(0, vocab, (B, T))
+                targets = torch.randint(0, vocab, (B, T))
+                with forward_context():
+                    val_logits = model(input_ids)
+                val_logits = _to_default_float(val_logits)
+                chunked_cross_entropy(val_logits[..., :-1, :], targets[..., 1:], chunk_size=0)
+                del val_logits
+            model.train()
+            acct.end()
+
         lightning = spec.loop == "lightning"
         logits = loss = None
         with tracker:
+            if spec.include_validation and not spec.validation_during_training:
+                validation()  # litgpt's sanity check before the first step: parameters only
             iteration = 0
             for window in range(2):
                 for micro in range(1 if window == 0 else micro_batches):
@@ -303,19 +320,8 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
                         if isinstance(value, torch.Tensor) and value.numel() > 1:
                             acct.mark(value, "optimizer_states")
                 acct.end()
-            if spec.include_validation:
-                acct.begin("validation", "val")
-                model.eval()
-                with torch.no_grad():
-                    input_ids = torch.randint(0, vocab, (B, T))
-                    targets = torch.randint(0, vocab, (B, T))
-                    with forward_context():
-                        val_logits = model(input_ids)
-                    val_logits = _to_default_float(val_logits)
-                    chunked_cross_entropy(val_logits[..., :-1, :], targets[..., 1:], chunk_size=0)
-                    del val_logits
-                model.train()
-                acct.end()
+            if spec.include_validation and spec.validation_during_training:
+                validation()
         for h in hooks:
             h.remove()
 
