@@ -297,3 +297,22 @@ def test_the_offload_host_number_is_the_planners_own():
 
     plan = predict(_offload_spec(tiny_config(n_layer=4, n_embd=256)))
     assert offload_host_bytes(plan.total_params, plan.trainable_params, 2) / 2**30 == pytest.approx(plan.host_gib)
+
+
+def test_the_sanity_validation_before_training_sees_no_optimizer_state(checkpoint_dir):
+    """litgpt validates 2 batches before the first step; only an eval.interval inside the run (or a final
+    validation) validates with the optimizer states and the last logits alive."""
+    train = {"global_batch_size": 4, "micro_batch_size": 2, "max_seq_length": 64, "max_steps": 20}
+    outside = spec_from_recipe(recipe(checkpoint_dir, train=train, eval={"interval": 1000, "final_validation": False}))
+    inside = spec_from_recipe(recipe(checkpoint_dir, train=train, eval={"interval": 10, "final_validation": False}))
+    final = spec_from_recipe(recipe(checkpoint_dir, train=train, eval={"interval": 1000, "final_validation": True}))
+    assert not outside.validation_during_training and inside.validation_during_training
+    assert final.validation_during_training
+    assert predict(outside).peak_alloc_gib <= predict(inside).peak_alloc_gib
+
+
+def test_a_cpu_plan_has_no_cuda_context_and_no_cublas_workspace():
+    on_gpu, on_cpu = predict(spec()), predict(spec(device="cpu"))
+    assert on_cpu.breakdown_gib["cuda_context"] == 0.0 and on_gpu.breakdown_gib["cuda_context"] > 0
+    assert on_cpu.gpu_used_gib == pytest.approx(on_cpu.peak_alloc_gib)
+    assert on_gpu.peak_alloc_gib - on_cpu.peak_alloc_gib >= 0.06  # at least cuBLAS's 64 MiB of workspaces
