@@ -38,7 +38,15 @@ from lab_helpers.records import append_record
 from lab_helpers.runner import ProcessOutcome, run_command
 from lab_helpers.secrets import redact_mapping
 
-__all__ = ["default_profile", "run_experiment", "run_all", "predict_experiment", "oom_demo_overrides", "LabConfigError"]
+__all__ = [
+    "default_profile",
+    "run_experiment",
+    "run_all",
+    "record_skipped",
+    "predict_experiment",
+    "oom_demo_overrides",
+    "LabConfigError",
+]
 
 PROFILE_ENV = "LAB_PROFILE"
 
@@ -120,6 +128,24 @@ def run_all(
         if chosen is None or exp_id in chosen:
             records.extend(run_experiment(exp_id, profile=profile, results_path=results_path, echo=echo))
     return records
+
+
+def record_skipped(
+    exp_id: str,
+    *,
+    reason: str,
+    profile: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    results_path: Path | None = None,
+) -> list[dict[str, Any]]:
+    """Record that the lab chose not to run ``exp_id`` on this node, and why (lab_helpers.node_plan decides:
+    too few GPUs, model states larger than the GPU). A skip is a result like any other: tables show its reason.
+    """
+    run = resolve(exp_id, profile or default_profile(), overrides, check_files=False)
+    record = {**_base_record(run), "status": "skipped", "reason": reason}
+    append_record(record, path=results_path)
+    print(f"{exp_id}: skipped ({reason})")
+    return [record]
 
 
 # ----------------------------------------------------------------------------------------------- pieces
