@@ -191,11 +191,31 @@ class ModelStates:
         return head + body + " — before a single activation."
 
 
+def resolved(exp_id: str, profile: str, overrides: Mapping[str, Any] | None = None):
+    """``experiments.resolve`` without file checks, memoised: the notebooks and node_plan ask for the same
+    experiment many times, and each resolve parses the YAML files again (pure-Python YAML: tens of ms).
+    Callers must not change the returned run."""
+    from lab_helpers.experiments import resolve
+
+    items = tuple(sorted(dict(overrides or {}).items()))
+    try:
+        return _resolved(exp_id, profile, items)
+    except TypeError:  # an unhashable override value: resolve it afresh
+        return resolve(exp_id, profile, dict(items), check_files=False)
+
+
+@functools.lru_cache(maxsize=256)
+def _resolved(exp_id: str, profile: str, items: tuple[tuple[str, Any], ...]):
+    from lab_helpers.experiments import resolve
+
+    return resolve(exp_id, profile, dict(items), check_files=False)
+
+
 def model_states(exp_id: str, *, profile: str = "gpu", overrides: Mapping[str, Any] | None = None) -> ModelStates:
     """The model-state arithmetic of ``exp_id`` as it runs on ``profile`` (default: the real models)."""
-    from lab_helpers.experiments import resolve, resolve_path
+    from lab_helpers.experiments import resolve_path
 
-    run = resolve(exp_id, profile, overrides, check_files=False)
+    run = resolved(exp_id, profile, overrides)
     recipe = run.recipe
     lora = tuple(sorted((k, v) for k, v in recipe.items() if k.startswith("lora_")))
     counts = count_params(str(resolve_path(recipe["checkpoint_dir"])), lora)

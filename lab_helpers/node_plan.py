@@ -113,9 +113,10 @@ def decide(
     """What this node does with ``exp_id`` on ``profile``. ``predict`` (exp_id, overrides) -> a plan with
     ``gpu_used_gib`` and ``oom_overrides`` default to the lab's planner; tests pass recorded plans."""
     from lab_helpers import lab
-    from lab_helpers.experiments import get_experiment, resolve
+    from lab_helpers.arithmetic import resolved
 
-    experiment = get_experiment(exp_id)
+    defined = resolved(exp_id, profile)
+    experiment = defined.experiment
     gpus = node.get("gpus") or []
     if profile == "ci":
         return _decide_ci(exp_id, experiment, node, profile)
@@ -123,7 +124,7 @@ def decide(
         return Step(exp_id, profile, False, {}, "skipped", "no GPU: the gpu profile needs one; use LAB_PROFILE=ci")
     predict = predict or (lambda e, o: lab.predict_experiment(e, profile=profile, overrides=dict(o)))
     oom_overrides = oom_overrides or (lambda e: lab.oom_demo_overrides(e, profile=profile))
-    recipe = resolve(exp_id, profile, check_files=False).recipe
+    recipe = defined.recipe
     notes: list[str] = []
 
     overrides, blocked = _precision_route(exp_id, recipe, node, notes)
