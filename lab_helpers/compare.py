@@ -400,7 +400,7 @@ def plot_time(
     table = comparison_table(df, order=order, profile=profile)
     if table.empty:
         return _empty_plot(out_dir, "time.png", "Training time and throughput")
-    figure, axes = _new_figure(max(11.0, 2.2 * len(table) + 3), 4.4, 1, 3)
+    figure, axes = _new_figure(max(8.0, 0.6 * len(table) + 3), 9.6, 3, 1, sharex=True)  # one row per measure
     for ax, column, ylabel, title in (
         (axes[0], "train_s", "seconds", "Training time (rank 0, inside the loop)"),
         (axes[1], "ms_per_sample", "ms / sample", "Time per training sample (rank 0)"),
@@ -414,7 +414,7 @@ def plot_time(
                 ax.text(i, 0, label, ha="center", va="bottom", rotation=90, color="#b00020", fontsize=9)
         ax.set_xticks(range(len(table)), table["experiment"], rotation=30, ha="right")
         ax.set_ylabel(ylabel)
-        ax.set_title(title)
+        ax.set_title(title, fontsize=10)
         top = values.max()
         ax.set_ylim(0, top * 1.2 if pd.notna(top) and top > 0 else 1.0)
     return _save(figure, out_dir, "time.png")

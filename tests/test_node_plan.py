@@ -194,3 +194,13 @@ def test_the_real_planner_answers_the_fits_question_on_an_a10g():
     """The default predictor is the lab's planner (about 10 s for TinyLlama with LoRA on a CPU)."""
     step = node_plan.decide("lora-1b", node("A10G-24GB"), profile="gpu")
     assert step.runs and step.expected_status == "ok" and "fits this NVIDIA A10G" in step.sentence
+
+
+def test_check_node_overview_answers_with_model_states_only():
+    a10g = node_plan.overview(node("A10G-24GB")).set_index("experiment")
+    column = a10g.columns[-1]
+    assert "A10G" in column
+    assert a10g.loc["full-7b", column].startswith("no") and not a10g.loc["lora-7b", column].startswith("no")
+    none = node_plan.overview(node("none")).set_index("experiment")
+    assert "80 GiB GPU (none here)" in none.columns[-1]
+    assert none.loc["full-13b", none.columns[-1]].startswith("no")  # LAB.md: 13B states exceed 80 GB
