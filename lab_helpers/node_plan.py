@@ -123,7 +123,7 @@ def decide(
         return _decide_ci(exp_id, experiment, node, profile)
     if not gpus:
         return Step(exp_id, profile, False, {}, "skipped", "no GPU: the gpu profile needs one; use LAB_PROFILE=ci")
-    predict = predict or (lambda e, o: lab.predict_experiment(e, profile=profile, overrides=dict(o)))
+    predict = _advice(predict or (lambda e, o: lab.predict_experiment(e, profile=profile, overrides=dict(o))))
     oom_overrides = oom_overrides or (lambda e: lab.oom_demo_overrides(e, profile=profile))
     recipe = defined.recipe
     notes: list[str] = []
@@ -133,9 +133,27 @@ def decide(
         blocked = _missing_hardware(experiment, node, profile, overrides, notes)
     if blocked is not None:
         return _skip(exp_id, profile, overrides, blocked)
-    if experiment.expect == "oom":
-        return _oom_demo(exp_id, profile, node, overrides, notes, predict, oom_overrides)
-    return _fit(exp_id, experiment, recipe, profile, node, overrides, notes, predict)
+    try:
+        if experiment.expect == "oom":
+            return _oom_demo(exp_id, profile, node, overrides, notes, predict, oom_overrides)
+        return _fit(exp_id, experiment, recipe, profile, node, overrides, notes, predict)
+    except NoPrediction as exc:
+        status = "oom" if experiment.expect == "oom" else "ok"
+        return Step(exp_id, profile, True, overrides, status, _join(notes, str(exc)))
+
+
+class NoPrediction(Exception):
+    """The planner could not answer; the step runs as defined and says why (a prediction is advice)."""
+
+
+def _advice(predict: Predict) -> Predict:
+    def ask(exp_id: str, overrides: Mapping[str, Any]) -> PlanLike:
+        try:
+            return predict(exp_id, overrides)
+        except Exception as exc:  # noqa: BLE001 - any planner failure: run anyway, say why
+            raise NoPrediction(f"no prediction ({type(exc).__name__}: {exc}): runs as defined") from exc
+
+    return ask
 
 
 def _decide_ci(exp_id: str, experiment: Any, node: Mapping[str, Any], profile: str) -> Step:

@@ -204,3 +204,13 @@ def test_check_node_overview_answers_with_model_states_only():
     none = node_plan.overview(node("none")).set_index("experiment")
     assert "80 GiB GPU (none here)" in none.columns[-1]
     assert none.loc["full-13b", none.columns[-1]].startswith("no")  # LAB.md: 13B states exceed 80 GB
+
+
+def test_a_planner_failure_never_stops_a_run():
+    """A prediction is advice: when the planner cannot answer, the experiment runs as defined and says why."""
+
+    def broken(exp_id, overrides):
+        raise RuntimeError("tracing failed")
+
+    step = node_plan.decide("lora-7b", node("A10G-24GB"), profile="gpu", predict=broken)
+    assert step.runs and step.overrides == {} and "no prediction (RuntimeError: tracing failed)" in step.sentence
