@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from litgpt import Config  # noqa: E402
 
+from lab_helpers.arithmetic import count_params  # noqa: E402
 from lab_helpers.experiments import load_experiments, resolve  # noqa: E402
 from lab_helpers.flops import train_flops_per_step  # noqa: E402
 from lab_helpers.gpu_peaks import dense_peak_flops  # noqa: E402
-from lab_helpers.host_gate import model_parameters  # noqa: E402
 from lab_helpers.quick_mode import quick_overrides  # noqa: E402
 
 STARTUP_S = 30.0
@@ -56,7 +56,7 @@ def experiment_rows(gpu: str, mfu: float) -> list[dict]:
             micro_batch_size=train["micro_batch_size"],
             seq_len=train["max_seq_length"],
         )
-        params = model_parameters(Path("/nonexistent"), fallback_name=name)
+        params = count_params(run.recipe["checkpoint_dir"]).total
         row["load_s"] = STARTUP_S + params * CHECKPOINT_BYTES_PER_PARAM / (CHECKPOINT_READ_GB_PER_S * 1e9)
         row["iteration_s"] = flops / (row["peak"] * mfu)
         accumulation = train["global_batch_size"] // train["micro_batch_size"]

@@ -38,6 +38,8 @@ TABLE_COLUMNS = (
     "gpu_used_peak_gib",
     "host_rss_peak_gib",
     "train_s",
+    "samples",
+    "ms_per_sample",
     "tokens_per_s",
     "mfu",
     "reason",
@@ -51,6 +53,8 @@ ROUNDING = {
     "gpu_used_peak_gib": 2,
     "host_rss_peak_gib": 2,
     "train_s": 1,
+    "samples": 0,
+    "ms_per_sample": 2,
     "tokens_per_s": 1,
     "mfu": 3,
 }
@@ -154,6 +158,8 @@ def comparison_table(
         for column in RANK0_COLUMNS:
             row[column] = _number(first[column])
         row["reason"] = worst["reason"] if isinstance(worst["reason"], str) and worst["reason"] else None
+        row["samples"] = _samples(first.to_dict())
+        row["ms_per_sample"] = _per_sample_ms(row["train_s"], row["samples"])
         rows.append(row)
     table = pd.DataFrame(rows)
     measured = pd.to_numeric(table["peak_alloc_gib"], errors="coerce").fillna(
@@ -167,6 +173,19 @@ def comparison_table(
     for column, digits in ROUNDING.items():
         table[column] = pd.to_numeric(table[column], errors="coerce").astype(float).round(digits)
     return table.reset_index(drop=True)
+
+
+def _samples(record: Mapping[str, Any]) -> float | None:
+    """Training samples one rank saw: micro-batches (``iterations``) x the recipe's micro batch size."""
+    iterations = _number(record.get("iterations"))
+    micro = _number(_mapping(_mapping(record.get("config")).get("train")).get("micro_batch_size"))
+    return iterations * micro if iterations and micro else None
+
+
+def _per_sample_ms(train_s: float | None, samples: float | None) -> float | None:
+    """Milliseconds of training loop per sample (rank 0): the fair time comparison between runs that see
+    different numbers of samples (grad-accum sees 4x small-batch's samples in the same number of steps)."""
+    return 1000 * train_s / samples if train_s is not None and samples else None
 
 
 def _dtype(column: str) -> str:
@@ -389,14 +408,16 @@ def plot_time(
     order: Sequence[str] | None = None,
     profile: str | None = None,
 ) -> Any:
-    """Two panels per experiment: training time (s, inside the loop) and training tokens per second."""
+    """Three panels per experiment: training time (s, inside the loop), time per training sample (the fair
+    comparison: runs see different numbers of samples) and training tokens per second."""
     table = comparison_table(df, order=order, profile=profile)
     if table.empty:
         return _empty_plot(out_dir, "time.png", "Training time and throughput")
-    figure, (left, right) = _new_figure(max(8.0, 1.6 * len(table) + 3), 4.4, 1, 2)
+    figure, axes = _new_figure(max(8.0, 0.6 * len(table) + 3), 9.6, 3, 1, sharex=True)  # one row per measure
     for ax, column, ylabel, title in (
-        (left, "train_s", "seconds", "Training time (rank 0, inside the loop)"),
-        (right, "tokens_per_s", "tokens / s", "Training throughput (rank 0)"),
+        (axes[0], "train_s", "seconds", "Training time (rank 0, inside the loop)"),
+        (axes[1], "ms_per_sample", "ms / sample", "Time per training sample (rank 0)"),
+        (axes[2], "tokens_per_s", "tokens / s", "Training throughput (rank 0)"),
     ):
         values = pd.to_numeric(table[column], errors="coerce")
         ax.bar(range(len(table)), values.fillna(0.0), color="#4c72b0")  # missing: no bar, a label instead
@@ -406,7 +427,7 @@ def plot_time(
                 ax.text(i, 0, label, ha="center", va="bottom", rotation=90, color="#b00020", fontsize=9)
         ax.set_xticks(range(len(table)), table["experiment"], rotation=30, ha="right")
         ax.set_ylabel(ylabel)
-        ax.set_title(title)
+        ax.set_title(title, fontsize=10)
         top = values.max()
         ax.set_ylim(0, top * 1.2 if pd.notna(top) and top > 0 else 1.0)
     return _save(figure, out_dir, "time.png")

@@ -55,6 +55,7 @@ def host_ram_skip_reason(
 
 def largest_model_that_fits(run: Any, ram_gib: float) -> tuple[str, str, float] | None:
     """(model key, checkpoint_dir, host GiB) of the profile's largest model whose offload run fits ``ram_gib``."""
+    from lab_helpers.arithmetic import count_params
     from lab_helpers.experiments import check_profile, recipe_path_for, resolve_path
     from lab_helpers.planner.analytic import offload_host_bytes
 
@@ -64,29 +65,8 @@ def largest_model_that_fits(run: Any, ram_gib: float) -> tuple[str, str, float] 
     for model_key in profile["models"]:
         recipe_path = recipe_path_for(dataclasses.replace(run.experiment, model=model_key), run.profile)
         checkpoint_dir = yaml.safe_load(recipe_path.read_text())["checkpoint_dir"]
-        params = model_parameters(resolve_path(checkpoint_dir), fallback_name=recipe_path.parent.name)
-        if params is None:
-            continue
+        params = count_params(str(resolve_path(checkpoint_dir))).total
         gib = offload_host_bytes(params, params, devices) / GIB
         if gib <= ram_gib and (best is None or params > best[0]):
             best = (params, model_key, checkpoint_dir, gib)
     return None if best is None else best[1:]
-
-
-def model_parameters(checkpoint_dir: Any, *, fallback_name: str | None = None) -> int | None:
-    """Parameters of a litgpt model, counted on the meta device (no memory, well under a second)."""
-    import torch
-    from litgpt import GPT, Config
-
-    try:
-        if (checkpoint_dir / "model_config.yaml").is_file():
-            config = Config.from_file(checkpoint_dir / "model_config.yaml")
-        elif fallback_name:
-            config = Config.from_name(fallback_name)
-        else:
-            return None
-    except (ValueError, OSError):
-        return None
-    with torch.device("meta"):
-        model = GPT(config)
-    return sum(p.numel() for p in model.parameters())

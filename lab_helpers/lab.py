@@ -41,7 +41,15 @@ from lab_helpers.records import append_record
 from lab_helpers.runner import ProcessOutcome, run_command
 from lab_helpers.secrets import redact_mapping
 
-__all__ = ["default_profile", "run_experiment", "run_all", "predict_experiment", "oom_demo_overrides", "LabConfigError"]
+__all__ = [
+    "default_profile",
+    "run_experiment",
+    "run_all",
+    "record_skipped",
+    "predict_experiment",
+    "oom_demo_overrides",
+    "LabConfigError",
+]
 
 PROFILE_ENV = "LAB_PROFILE"
 
@@ -107,19 +115,10 @@ def run_experiment(
     base = _base_record(run)
     base["mode"] = "quick" if quick and run.experiment.kind == "litgpt" else "full"
     if run.skip_reason:
-        record = {**base, "status": "skipped", "reason": run.skip_reason}
-        append_record(record, path=results_path)
-        if summary:
-            print(f"{exp_id}: skipped ({run.skip_reason})")
-        return [record]
-
+        return _skip(base, run.skip_reason, results_path, summary)
     base.update(_prediction_fields(run))
     if host_reason := host_ram_skip_reason(run, base.get("predicted")):
-        record = {**base, "status": "skipped", "reason": host_reason}
-        append_record(record, path=results_path)
-        if summary:
-            print(f"{exp_id}: skipped ({host_reason})")
-        return [record]
+        return _skip(base, host_reason, results_path, summary)
     run_dir = results_dir() / "runs" / base["run_id"]
     command = _command_for(run, run_dir)
     outcome = run_command(
@@ -188,6 +187,30 @@ def _check_profile_hardware(profile: str) -> None:
         problem
         or f"profile {profile!r} needs a CUDA GPU and torch sees none here: use --profile ci (LAB_PROFILE=ci) on a CPU"
     )
+
+
+def record_skipped(
+    exp_id: str,
+    *,
+    reason: str,
+    profile: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    results_path: Path | None = None,
+) -> list[dict[str, Any]]:
+    """Record that the lab chose not to run ``exp_id`` on this node, and why (lab_helpers.node_plan decides:
+    too few GPUs, model states larger than the GPU). A skip is a result like any other: tables show its reason.
+    """
+    run = resolve(exp_id, profile or default_profile(), overrides, check_files=False)
+    return _skip({**_base_record(run), "mode": "full"}, reason, results_path, summary=True)
+
+
+def _skip(base: dict[str, Any], reason: str, results_path: Path | None, summary: bool) -> list[dict[str, Any]]:
+    """A skip is a result like any other: recorded with its reason, and said."""
+    record = {**base, "status": "skipped", "reason": reason}
+    append_record(record, path=results_path)
+    if summary:
+        print(f"{record['experiment']}: skipped ({reason})")
+    return [record]
 
 
 # ----------------------------------------------------------------------------------------------- pieces

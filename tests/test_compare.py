@@ -253,3 +253,24 @@ def test_load_reference(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="shipped: NVIDIA-A100"):
         assert compare.load_reference("V100").empty
     assert isinstance(compare.comparison_table(both), pd.DataFrame)
+
+
+def test_time_per_sample_makes_grad_accum_comparable_with_small_batch(tmp_path):
+    """grad-accum runs 4x the micro-batches of small-batch in the same number of optimizer steps: its train_s
+    is about 4x by construction, its time per sample is not. The table shows both (LAB.md: compare fairly)."""
+    config = {"train": {"micro_batch_size": 8}}
+    df = _write(
+        tmp_path,
+        [
+            {"experiment": "small-batch", "status": "ok", "rank": None, "train_s": 10.0, "iterations": 20, "config": config},
+            {"experiment": "grad-accum", "status": "ok", "rank": None, "train_s": 38.0, "iterations": 80, "config": config},
+            {"experiment": "baseline", "status": "oom", "rank": None, "train_s": None, "iterations": None, "config": config},
+        ],
+    )
+    table = compare.comparison_table(df).set_index("experiment")
+    assert table.loc["small-batch", "samples"] == 160 and table.loc["grad-accum", "samples"] == 640
+    assert table.loc["small-batch", "ms_per_sample"] == pytest.approx(62.5)
+    assert table.loc["grad-accum", "ms_per_sample"] == pytest.approx(59.38, abs=0.01)
+    assert math.isnan(table.loc["baseline", "ms_per_sample"])  # no time: NaN, never 0
+    columns = list(table.reset_index().columns)
+    assert columns.index("ms_per_sample") == columns.index("train_s") + 2  # beside train_s, after samples

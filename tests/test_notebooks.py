@@ -98,24 +98,61 @@ def test_runs_on_the_lab_kernel(path: Path):
     assert _read(path).metadata.get("kernelspec", {}).get("name") == "python3"
 
 
-def test_single_gpu_notebook_predicts_and_runs_every_experiment_in_lab_order():
+def test_single_gpu_notebook_decides_predicts_and_runs_every_experiment_in_lab_order():
+    """Each experiment: its computed arithmetic, node_plan's decision, the planner's prediction, one run call."""
     from lab_helpers.experiments import load_experiments
 
     nb = _read(NOTEBOOKS_DIR / "01_single_gpu.ipynb")
     source = "\n".join(cell.source for cell in _code_cells(nb))
-    ran = re.findall(r"run_experiment\(\s*\"([\w-]+)\"", source)
-    predicted = re.findall(r"predict_experiment\(\s*\"([\w-]+)\"", source)
     section = list(load_experiments("single"))
-    assert ran == section, ran
-    assert predicted == section, predicted
-    oom_demos = re.findall(r"oom_demo_overrides\(\s*\"([\w-]+)\"", source)
-    assert oom_demos == [exp_id for exp_id, exp in load_experiments("single").items() if exp.expect == "oom"]
+    for call in ("arithmetic.show", "node_plan.decide", "lab.predict_experiment", "commands.show_commands"):
+        named = re.findall(re.escape(call) + r"\(\s*\"([\w-]+)\"", source)
+        assert named == section, (call, named)
+    assert len(re.findall(r"^records = step\.run\(\)", source, re.MULTILINE)) == len(section)
+
+
+def test_multi_gpu_notebook_decides_before_every_run():
+    from lab_helpers.experiments import load_experiments
+
+    source = "\n".join(cell.source for cell in _code_cells(_read(NOTEBOOKS_DIR / "02_multi_gpu.ipynb")))
+    decided = re.findall(r"node_plan\.decide\(\s*\"([\w-]+)\"", source)
+    ran = re.findall(r"records\[\"([\w-]+)\"\] = steps\[\"([\w-]+)\"\]\.run\(\)", source)
+    assert decided == list(load_experiments("multi")), decided
+    assert [a for a, b in ran] == decided and all(a == b for a, b in ran), ran
+
+
+def test_notebook_prose_types_no_model_state_figures():
+    """Model-state GiB/GB figures come from lab_helpers.arithmetic (code cells), never typed in Markdown:
+    typed by hand they drifted apart between notebooks (50 vs 52 GiB for the 7B)."""
+    typed = re.compile(r"\d+(\.\d+)?\s*(GiB|GB)\b")
+    # GPU sizes the lab is written for ("an 80 GB H100 shows ~79 GiB", "24-48 GB GPUs") and the download size
+    # that provisioning/fetch-class-assets.sh checks: not model-state figures
+    allowed = {"80 GB", "141 GB", "80 GiB", "79 GiB", "48 GB", "97 GB"}
+    found = []
+    for path in NOTEBOOKS:
+        for i, cell in enumerate(_read(path).cells):
+            if cell.cell_type == "markdown":
+                found += [(path.name, i, m.group(0)) for m in typed.finditer(cell.source) if m.group(0) not in allowed]
+    assert not found, f"typed memory figures in Markdown (notebook, cell, text): {found}"
 
 
 def test_every_experiment_asks_the_student_one_question():
     nb = _read(NOTEBOOKS_DIR / "01_single_gpu.ipynb")
     questions = [cell for cell in nb.cells if cell.cell_type == "markdown" and cell.source.startswith("**Question.**")]
-    assert len(questions) == len(re.findall(r"run_experiment\(", "\n".join(c.source for c in _code_cells(nb))))
+    assert len(questions) == len(re.findall(r"step\.run\(", "\n".join(c.source for c in _code_cells(nb))))
+
+
+def test_notebooks_name_only_reference_files_that_exist():
+    """00/03 must not promise reference results that are not shipped: every quoted name exists."""
+    shipped = {p.stem for p in (NOTEBOOKS_DIR.parent / "reference_results").glob("*.jsonl")}
+    source = "\n".join(cell.source for cell in _read(NOTEBOOKS_DIR / "03_compare.ipynb").cells)
+    named = re.findall(r"REFERENCE_NAME = None\s*#.*?e\.g\. \"([\w.-]+)\"", source)
+    assert named and set(named) <= shipped, (named, shipped)
+
+
+def test_compare_notebook_ends_with_how_to_leave_the_node():
+    nb = _read(NOTEBOOKS_DIR / "03_compare.ipynb")
+    assert "commands.closing_text()" in nb.cells[-1].source
 
 
 def test_compare_notebook_draws_and_saves_every_plot():

@@ -23,7 +23,7 @@ RANK_COLUMNS = (
 )
 
 
-def prediction_text(exp_id: str, *, profile: str) -> str:
+def prediction_text(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None) -> str:
     """The planner's per-GPU and host predictions for ``exp_id`` here, or why there is none (never raises).
 
     A prediction is advice shown before a run: a planner failure must not stop the student from running it.
@@ -31,7 +31,7 @@ def prediction_text(exp_id: str, *, profile: str) -> str:
     from lab_helpers.lab import predict_experiment
 
     try:
-        plan = predict_experiment(exp_id, profile=profile)
+        plan = predict_experiment(exp_id, profile=profile, overrides=overrides)
     except Exception as exc:  # noqa: BLE001
         return f"{exp_id}: no prediction ({type(exc).__name__}: {exc})"
     lines = [f"{exp_id}: {plan.summary()}", f"  host RAM predicted: {plan.host_gib:.1f} GiB"]
@@ -41,8 +41,8 @@ def prediction_text(exp_id: str, *, profile: str) -> str:
     return "\n".join(lines)
 
 
-def show_prediction(exp_id: str, *, profile: str) -> None:
-    print(prediction_text(exp_id, profile=profile))
+def show_prediction(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None) -> None:
+    print(prediction_text(exp_id, profile=profile, overrides=overrides))
 
 
 def rank_rows(records: Sequence[Mapping[str, Any]]):

@@ -1,0 +1,291 @@
+"""The memory arithmetic the notebooks teach: bytes per parameter and model-state GiB, computed, never typed.
+
+Why a module of its own: the notebooks state the same figures in several places (01's 7B model states, 02's
+"8 bytes/param", 00's 13B verdict, the DeepSpeed host RAM), and typed by hand they drifted apart (50 vs 52 GiB,
+18 vs 16 B/param). Here each figure has one source: the experiment's own recipe (precision, optimizer, LoRA,
+quantization) and the real model's parameter count, taken from litgpt's config by building the model on the
+``meta`` device (no weights, no memory, about a second). The planner traces the whole step; this module only
+does the model-state arithmetic a student can check on paper.
+
+Model states are what lives for the whole run whatever the batch: weights, gradients and optimizer states.
+Mixed precision additionally makes half-precision copies of the weights for the matmuls while forward and
+backward run; those are transient (the planner counts them under activations / temporaries), so they are
+shown beside the model states, not in them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lab_helpers.planner.analytic import OFFLOADED_BYTES_PER_TRAINABLE_PARAM
+
+GIB = 2**30
+GB = 1e9
+
+_DTYPE_BYTES = {"32": 4, "bf16": 2, "16": 2}
+# DeepSpeed ZeRO with the optimizer offloaded keeps fp32 master weights (4), both Adam moments (8) and the fp32
+# gradient partitions (4) in host RAM: 16 bytes per trainable parameter -- the planner's own constant, imported.
+OFFLOAD_HOST_BYTES_PER_PARAM = OFFLOADED_BYTES_PER_TRAINABLE_PARAM
+
+
+@dataclass(frozen=True)
+class BytesPerParam:
+    """Bytes one parameter costs for the whole run, by part; ``transient`` is held only while a step runs."""
+
+    weights: float
+    gradients: float
+    optimizer_states: float
+    transient: float = 0.0
+
+    @property
+    def total(self) -> float:
+        """Model states per parameter: weights + gradients + optimizer states (``transient`` excluded)."""
+        return self.weights + self.gradients + self.optimizer_states
+
+    def formula(self) -> str:
+        """``4 + 4 + 8 = 16 B/param`` (weights + gradients + optimizer states)."""
+        return f"{self.weights:g} + {self.gradients:g} + {self.optimizer_states:g} = {self.total:g} B/param"
+
+
+def precision_bytes(precision: str) -> int:
+    """Bytes of the stored weights for a Lightning precision: mixed precision stores fp32 weights."""
+    text = str(precision)
+    if text.endswith("-mixed") or text.startswith("32"):
+        return 4
+    head = text.split("-")[0]
+    if head not in _DTYPE_BYTES:
+        raise ValueError(f"precision {precision!r}: expected 32-true, bf16-true, bf16-mixed, 16-true or 16-mixed")
+    return _DTYPE_BYTES[head]
+
+
+def optimizer_state_count(optimizer: str, optimizer_args: Mapping[str, Any] | None = None) -> int:
+    """How many parameter-sized tensors the optimizer keeps: AdamW 2 moments, SGD 0 (1 with momentum)."""
+    name = optimizer.rsplit(".", 1)[-1].lower()
+    if name in ("adamw", "adam", "pagedadamw", "deepspeedcpuadam"):
+        return 2
+    if name == "sgd":
+        return 1 if (optimizer_args or {}).get("momentum") else 0
+    raise ValueError(f"optimizer {optimizer!r}: the lab's arithmetic knows AdamW, Adam and SGD")
+
+
+def trainable_bytes(
+    precision: str, optimizer: str = "AdamW", optimizer_args: Mapping[str, Any] | None = None, *, paged: bool = False
+) -> BytesPerParam:
+    """Bytes per *trained* parameter. Optimizer states take the weights' dtype (torch's AdamW does), except
+    bitsandbytes' paged AdamW (litgpt's QLoRA optimizer), which keeps 32-bit states."""
+    weight = precision_bytes(precision)
+    state = 4 if paged else weight
+    transient = 2 if str(precision).endswith("-mixed") else 0  # autocast's half-precision weight copies
+    return BytesPerParam(weight, weight, optimizer_state_count(optimizer, optimizer_args) * state, transient)
+
+
+def frozen_bytes(precision: str) -> BytesPerParam:
+    """Bytes per *frozen* parameter (LoRA's base model): the weight only."""
+    return BytesPerParam(precision_bytes(precision), 0, 0)
+
+
+def nf4_bytes_per_param(numel: int, double_quant: bool) -> float:
+    """bitsandbytes NF4 storage per weight: 0.5 B of packed values plus the absmax statistics per 64 weights."""
+    from lab_helpers.planner.fake_modules import nf4_storage_bytes
+
+    return sum(nf4_storage_bytes(numel, double_quant).values()) / numel
+
+
+# ----------------------------------------------------------------------------------------------- models
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameters of a model as an experiment builds it (LoRA adapters included where it has them)."""
+
+    name: str
+    total: int
+    trainable: int
+    linear_weights: int  # plain nn.Linear weights: what bitsandbytes quantizes for QLoRA (lm_head included)
+
+
+@functools.lru_cache(maxsize=16)
+def count_params(checkpoint_dir: str, lora_items: tuple[tuple[str, Any], ...] = ()) -> ParamCounts:
+    """Count parameters by building the litgpt model on the meta device (no memory, no weights needed).
+
+    ``checkpoint_dir`` names the model as the planner reads it: its ``model_config.yaml`` when downloaded,
+    else litgpt's config of that name.
+    """
+    import torch
+    from torch import nn
+
+    from lab_helpers.planner.spec import resolve_model_config
+
+    lora = dict(lora_items)
+    config = resolve_model_config(checkpoint_dir, lora or None)
+    with torch.device("meta"):
+        if lora:
+            from litgpt.lora import GPT, mark_only_lora_as_trainable
+
+            model = GPT(config)
+            mark_only_lora_as_trainable(model)
+        else:
+            from litgpt.model import GPT
+
+            model = GPT(config)
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    linear = sum(m.weight.numel() for m in model.modules() if type(m) is nn.Linear)
+    return ParamCounts(str(config.name), total, trainable, linear)
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """The model-state arithmetic of one experiment: parameter counts, bytes per parameter, GiB."""
+
+    exp_id: str
+    model: str
+    precision: str
+    optimizer: str
+    method: str
+    counts: ParamCounts
+    trained: BytesPerParam
+    frozen_per_param: float  # bytes per frozen parameter (0 for full fine-tuning)
+
+    @property
+    def frozen_params(self) -> int:
+        return self.counts.total - self.counts.trainable
+
+    @property
+    def bytes(self) -> float:
+        """Model states in bytes: the trained parameters' states plus the frozen weights."""
+        return self.counts.trainable * self.trained.total + self.frozen_params * self.frozen_per_param
+
+    @property
+    def gib(self) -> float:
+        return self.bytes / GIB
+
+    @property
+    def transient_gib(self) -> float:
+        return self.counts.trainable * self.trained.transient / GIB
+
+    def markdown(self) -> str:
+        """The arithmetic as one Markdown paragraph, every figure computed here."""
+        c = self.counts
+        head = f"**{self.exp_id}** ({self.model}, {self.precision}, {self.optimizer}): "
+        trained = (
+            f"{c.trainable / 1e9:.2f}e9 parameters × ({self.trained.formula()}: weights + gradients + "
+            f"{self.optimizer} states)"
+        )
+        if self.method == "full":
+            body = f"{trained} = **{self.gib:.1f} GiB** ({self.bytes / GB:.1f} GB) of model states"
+        else:
+            share = 100 * c.trainable / c.total
+            body = (
+                f"frozen {self.frozen_params / 1e9:.2f}e9 × {self.frozen_per_param:.2f} B = "
+                f"{self.frozen_params * self.frozen_per_param / GIB:.2f} GiB; trained (adapters) "
+                f"{c.trainable / 1e6:.1f} M ({share:.1f} % of {c.total / 1e9:.2f}e9) × {self.trained.total:g} B = "
+                f"{c.trainable * self.trained.total / GIB:.2f} GiB; **{self.gib:.2f} GiB** of model states in all"
+            )
+        if self.trained.transient:
+            body += (
+                f", plus {self.trained.transient:g} B/param of half-precision weight copies that autocast makes "
+                f"while forward and backward run (+{self.transient_gib:.1f} GiB, transient)"
+            )
+        return head + body + " — before a single activation."
+
+
+def resolved(exp_id: str, profile: str, overrides: Mapping[str, Any] | None = None):
+    """``experiments.resolve`` without file checks, memoised: the notebooks and node_plan ask for the same
+    experiment many times, and each resolve parses the YAML files again (pure-Python YAML: tens of ms).
+    Callers must not change the returned run."""
+    from lab_helpers.experiments import resolve
+
+    items = tuple(sorted(dict(overrides or {}).items()))
+    try:
+        return _resolved(exp_id, profile, items)
+    except TypeError:  # an unhashable override value: resolve it afresh
+        return resolve(exp_id, profile, dict(items), check_files=False)
+
+
+@functools.lru_cache(maxsize=256)
+def _resolved(exp_id: str, profile: str, items: tuple[tuple[str, Any], ...]):
+    from lab_helpers.experiments import resolve
+
+    return resolve(exp_id, profile, dict(items), check_files=False)
+
+
+def model_states(exp_id: str, *, profile: str = "gpu", overrides: Mapping[str, Any] | None = None) -> ModelStates:
+    """The model-state arithmetic of ``exp_id`` as it runs on ``profile`` (default: the real models)."""
+    from lab_helpers.experiments import resolve_path
+
+    run = resolved(exp_id, profile, overrides)
+    recipe = run.recipe
+    lora = tuple(sorted((k, v) for k, v in recipe.items() if k.startswith("lora_")))
+    counts = count_params(str(resolve_path(recipe["checkpoint_dir"])), lora)
+    precision = str(recipe.get("precision") or "bf16-mixed")
+    optimizer, optimizer_args = _optimizer(recipe.get("optimizer"))
+    quantize = recipe.get("quantize")
+    if run.experiment.options.get("offload_optimizer"):
+        optimizer = "DeepSpeedCPUAdam"
+    trained = trainable_bytes(precision, optimizer, optimizer_args, paged=bool(quantize))
+    frozen = 0.0
+    if run.experiment.method != "full":
+        frozen = frozen_bytes(precision).weights
+        if quantize:  # nn.Linear weights in NF4, the rest (embeddings, norms) in the training precision
+            others = counts.total - counts.trainable - counts.linear_weights
+            nf4 = nf4_bytes_per_param(counts.linear_weights, "-dq" in str(quantize))
+            frozen = (counts.linear_weights * nf4 + others * frozen) / (counts.total - counts.trainable)
+            optimizer = "PagedAdamW (32-bit states)"
+    return ModelStates(
+        exp_id=exp_id,
+        model=counts.name,
+        precision=precision,
+        optimizer=optimizer,
+        method=run.experiment.method,
+        counts=counts,
+        trained=trained,
+        frozen_per_param=frozen,
+    )
+
+
+def _optimizer(value: Any) -> tuple[str, dict[str, Any]]:
+    if value is None:
+        return "AdamW", {}
+    if isinstance(value, str):
+        return value.rsplit(".", 1)[-1], {}
+    return str(value.get("class_path", "AdamW")).rsplit(".", 1)[-1], dict(value.get("init_args") or {})
+
+
+def offload_host_gib(exp_id: str, *, profile: str = "gpu") -> float:
+    """Host RAM DeepSpeed's optimizer offload needs for ``exp_id``'s trained parameters, in GiB."""
+    return model_states(exp_id, profile=profile).counts.trainable * OFFLOAD_HOST_BYTES_PER_PARAM / GIB
+
+
+def show(exp_id: str, *, profile: str = "gpu") -> None:
+    """Display the arithmetic as Markdown in a notebook (plain text elsewhere)."""
+    text = model_states(exp_id, profile=profile).markdown()
+    try:
+        from IPython.display import Markdown, display
+
+        display(Markdown(text))
+    except ImportError:
+        print(text)
+
+
+REFERENCE_GPU_NAMES = ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3")
+"""GPUs whose peaks are quoted when this node has none (or one the lab's peak table does not know)."""
+
+
+def bf16_over_fp32_text(node: Mapping[str, Any] | None = None) -> str:
+    """bf16 vs fp32 matmul peak from the lab's peak table (lab_helpers.gpu_peaks) for this node's GPU, else for
+    the reference GPUs. fp32 matmuls run on TF32 tensor cores because litgpt sets
+    ``torch.set_float32_matmul_precision("high")``, so the ratio is about 2x, not the 10x+ of plain fp32."""
+    from lab_helpers.gpu_peaks import find_gpu
+
+    names = [g.get("name") for g in (node or {}).get("gpus") or []][:1]
+    rows = [peak for peak in (find_gpu(n) for n in names) if peak and peak.bf16 and peak.fp32_matmul]
+    if not rows:
+        rows = [peak for peak in (find_gpu(n) for n in REFERENCE_GPU_NAMES) if peak]
+    return "; ".join(
+        f"{p.model}: bf16 {p.bf16:g} vs TF32 {p.fp32_matmul:g} dense TFLOP/s = {p.bf16 / p.fp32_matmul:.1f}x"
+        for p in rows
+    )

@@ -1,0 +1,397 @@
+"""What the notebooks do with each experiment on *this* node: run it as defined, run it with overrides, or skip it.
+
+Why a module of its own: LAB.md's matrix assumes one 80 GB GPU with native bf16 (and 4 of them for section 02).
+Other nodes need other choices, and they must be the same choice in the cell that runs an experiment, in the
+sentence the student reads and in the notebook's final check. This module makes them once, from the node as
+:func:`lab_helpers.node.describe_node` reports it (a plain dict, so tests can give recorded nodes: an H200, an
+A10G, a V100, four H100s, none) and from the planner's predictions for "does it fit":
+
+* **no GPU** -- the ``ci`` profile: every experiment on tiny CPU stand-ins; QLoRA is skipped (bitsandbytes'
+  4-bit kernels need CUDA);
+* **one GPU** -- section 02 runs what one GPU can show (``one-gpu``, DeepSpeed offload); DDP and FSDP on one
+  rank would only measure ``one-gpu`` plus overhead, so they are skipped and say why;
+* **GPUs smaller than 80 GB** -- an experiment that does not fit is offered with a smaller micro batch (the
+  global batch, and so the optimizer step, unchanged); one whose model states alone exceed the GPU is skipped;
+* **GPUs larger than 80 GB** -- the OOM demonstrations still demonstrate an OOM, with the batch the planner
+  chose (:func:`lab_helpers.lab.oom_demo_overrides`), and the sentence says what fits as defined;
+* **no native bf16** (V100) -- bf16 experiments run in ``16-mixed``: fp16 autocast with dynamic loss scaling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+MULTI_RANK_STRATEGIES = ("ddp", "fsdp")
+LAB_GPU_GIB = 80.0  # the GPU LAB.md's expectations are written for, used where this node has none
+HOST_RAM_HEADROOM = 1.1  # pinned buffers and the processes themselves, above the offloaded optimizer state
+FP16_ROUTE = "16-mixed"
+LOSS_SCALING = (
+    "fp16 autocast with fp32 master weights and dynamic loss scaling: Lightning's GradScaler multiplies the "
+    "loss so that small fp16 gradients do not underflow to 0, unscales them before the step, and skips a step "
+    "whose gradients overflowed"
+)
+
+
+class PlanLike(Protocol):
+    gpu_used_gib: float
+    peak_alloc_gib: float
+
+
+Predict = Callable[[str, Mapping[str, Any]], PlanLike]
+OomOverrides = Callable[[str], tuple[dict[str, Any], str]]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One experiment on this node: whether it runs, with which overrides, what status to expect, and why."""
+
+    exp_id: str
+    profile: str
+    runs: bool
+    overrides: dict[str, Any] = field(default_factory=dict)
+    expected_status: str = "ok"  # ok | oom | skipped
+    sentence: str = ""
+
+    def run(self, **kwargs: Any) -> list[dict[str, Any]]:
+        """``lab.run_experiment`` with this step's overrides, or a ``skipped`` record saying why."""
+        from lab_helpers import lab
+
+        if self.runs:
+            return lab.run_experiment(self.exp_id, profile=self.profile, overrides=self.overrides, **kwargs)
+        return lab.record_skipped(self.exp_id, profile=self.profile, reason=self.sentence, overrides=self.overrides)
+
+
+# ----------------------------------------------------------------------------------------------- the node
+
+
+def gpu_memory_gib(node: Mapping[str, Any]) -> float | None:
+    """The smallest GPU's memory (GiB); None without GPUs or when NVML could not read it."""
+    sizes = [g.get("memory_total_gib") for g in node.get("gpus") or []]
+    return min(sizes) if sizes and all(isinstance(s, (int, float)) for s in sizes) else None
+
+
+def bf16_native(node: Mapping[str, Any]) -> bool:
+    gpus = node.get("gpus") or []
+    return bool(gpus) and all(g.get("bf16_native") for g in gpus)
+
+
+def gpu_words(node: Mapping[str, Any]) -> str:
+    """``NVIDIA A10G (22.5 GiB)``, ``4 x NVIDIA H100 80GB HBM3 (79.6 GiB each)`` or ``no GPU``."""
+    gpus = node.get("gpus") or []
+    if not gpus:
+        return "no GPU"
+    memory = gpu_memory_gib(node)
+    count = f"{len(gpus)} x " if len(gpus) > 1 else ""
+    size = "" if memory is None else f" ({memory:.1f} GiB{' each' if len(gpus) > 1 else ''})"
+    return f"{count}{gpus[0].get('name')}{size}"
+
+
+def reference_hint() -> str:
+    """Where the student finds real numbers for what this node cannot run (only files that exist are named)."""
+    from lab_helpers.compare import reference_dir
+
+    shipped = sorted(p.stem for p in reference_dir().glob("*.jsonl")) if reference_dir().is_dir() else []
+    have = ", ".join(shipped) if shipped else "none yet"
+    return (
+        f"reference results: 03_compare with USE_REFERENCE = True (shipped today: {have}; "
+        "GPU reference files are added once recorded on a GPU node)"
+    )
+
+
+# ----------------------------------------------------------------------------------------------- deciding
+
+
+def decide(
+    exp_id: str,
+    node: Mapping[str, Any],
+    *,
+    profile: str,
+    predict: Predict | None = None,
+    oom_overrides: OomOverrides | None = None,
+) -> Step:
+    """What this node does with ``exp_id`` on ``profile``. ``predict`` (exp_id, overrides) -> a plan with
+    ``gpu_used_gib`` and ``oom_overrides`` default to the lab's planner; tests pass recorded plans."""
+    from lab_helpers import lab
+    from lab_helpers.arithmetic import resolved
+
+    defined = resolved(exp_id, profile)
+    experiment = defined.experiment
+    gpus = node.get("gpus") or []
+    if profile == "ci":
+        return _decide_ci(exp_id, experiment, node, profile)
+    if not gpus:
+        return Step(exp_id, profile, False, {}, "skipped", "no GPU: the gpu profile needs one; use LAB_PROFILE=ci")
+    predict = _advice(predict or (lambda e, o: lab.predict_experiment(e, profile=profile, overrides=dict(o))))
+    oom_overrides = oom_overrides or (lambda e: lab.oom_demo_overrides(e, profile=profile))
+    recipe = defined.recipe
+    notes: list[str] = []
+
+    overrides, blocked = _precision_route(exp_id, recipe, node, notes)
+    if blocked is None:
+        blocked = _missing_hardware(experiment, node, profile, overrides, notes)
+    if blocked is not None:
+        return _skip(exp_id, profile, overrides, blocked)
+    try:
+        if experiment.expect == "oom":
+            return _oom_demo(exp_id, profile, node, overrides, notes, predict, oom_overrides)
+        return _fit(exp_id, experiment, recipe, profile, node, overrides, notes, predict)
+    except NoPrediction as exc:
+        status = "oom" if experiment.expect == "oom" else "ok"
+        return Step(exp_id, profile, True, overrides, status, _join(notes, str(exc)))
+
+
+class NoPrediction(Exception):
+    """The planner could not answer; the step runs as defined and says why (a prediction is advice)."""
+
+
+def _advice(predict: Predict) -> Predict:
+    def ask(exp_id: str, overrides: Mapping[str, Any]) -> PlanLike:
+        try:
+            return predict(exp_id, overrides)
+        except Exception as exc:  # noqa: BLE001 - any planner failure: run anyway, say why
+            raise NoPrediction(f"no prediction ({type(exc).__name__}: {exc}): runs as defined") from exc
+
+    return ask
+
+
+def _decide_ci(exp_id: str, experiment: Any, node: Mapping[str, Any], profile: str) -> Step:
+    from lab_helpers.experiments import check_profile
+
+    stand_in = check_profile(profile)["models"][experiment.model]
+    if "cuda" in experiment.needs and not node.get("gpus"):
+        return Step(exp_id, profile, True, {}, "skipped", "needs CUDA (bitsandbytes 4-bit kernels): recorded as skipped")
+    where = "2 CPU processes over gloo play the GPUs" if experiment.section == "multi" else "on the CPU"
+    return Step(
+        exp_id,
+        profile,
+        True,
+        {},
+        "ok",
+        f"ci profile: the same recipe on {stand_in}, a tiny random-weight stand-in, {where} -- the code path "
+        "is real, the numbers are small",
+    )
+
+
+def _precision_route(
+    exp_id: str, recipe: Mapping[str, Any], node: Mapping[str, Any], notes: list[str]
+) -> tuple[dict[str, Any], str | None]:
+    """Overrides that replace bf16 on a GPU without it (V100), or why the experiment has no such route."""
+    precision = str(recipe.get("precision") or "")
+    if not precision.startswith("bf16") or bf16_native(node):
+        return {}, None
+    gpu = (node.get("gpus") or [{}])[0]
+    why = f"no native bf16 on {gpu.get('name')} (compute capability {gpu.get('compute_capability')})"
+    if exp_id == "bf16-true":
+        return {}, (
+            f"{why}; its fp16 counterpart, 16-true, has no loss scaling, so small gradients underflow to 0 -- "
+            f"this GPU's route is {FP16_ROUTE}, in the bf16-mixed experiment"
+        )
+    if recipe.get("quantize"):
+        notes.append(
+            f"{why}: runs in 16-true (litgpt refuses quantization with mixed precision): fp16 adapters without "
+            "loss scaling, valid for memory and time, watch the loss"
+        )
+        return {"precision": "16-true"}, None
+    notes.append(f"{why}: runs in {FP16_ROUTE} (fp16 autocast with loss scaling)")
+    return {"precision": FP16_ROUTE}, None
+
+
+def _missing_hardware(
+    experiment: Any, node: Mapping[str, Any], profile: str, overrides: dict[str, Any], notes: list[str]
+) -> str | None:
+    """Why this node cannot run the experiment at all (too few GPUs, a package, host RAM), or None.
+
+    May add a smaller model to ``overrides`` for DeepSpeed offload when the host cannot hold the 13B's states.
+    """
+    gpus = node.get("gpus") or []
+    packages = node.get("packages") or {}
+    if experiment.method == "qlora" and not packages.get("bitsandbytes"):
+        return "bitsandbytes is not installed (pip install 'lab_helpers[qlora]'): QLoRA is skipped"
+    if experiment.kind != "lightning":
+        return None
+    ranks = (len(gpus) if experiment.devices == "all" else int(experiment.devices)) * experiment.num_nodes
+    if ranks > len(gpus) or (experiment.strategy in MULTI_RANK_STRATEGIES and ranks < 2):
+        return (
+            f"needs at least 2 GPUs, this node has {len(gpus)} ({experiment.strategy} on one rank would only "
+            f"measure one-gpu plus overhead); the ci profile shows it on 2 CPU processes; {reference_hint()}"
+        )
+    if experiment.options.get("offload_optimizer"):
+        return _offload_host(experiment, node, profile, overrides, notes)
+    return None
+
+
+def _offload_host(
+    experiment: Any, node: Mapping[str, Any], profile: str, overrides: dict[str, Any], notes: list[str]
+) -> str | None:
+    """DeepSpeed offload keeps 16 B/param on the host: the 13B where RAM allows, else the 7B, else skip."""
+    from lab_helpers.arithmetic import offload_host_gib
+
+    if not (node.get("packages") or {}).get("deepspeed"):
+        return "deepspeed is not installed (pip install deepspeed): skipped"
+    ram = (node.get("host") or {}).get("ram_total_gib")
+    need = offload_host_gib(experiment.id, profile=profile)
+    if isinstance(ram, (int, float)) and ram >= need * HOST_RAM_HEADROOM:
+        notes.append(f"host RAM {ram:.0f} GiB holds the offloaded optimizer ({need:.0f} GiB)")
+        return None
+    smaller = _smaller_model_checkpoint(profile, "7b")
+    need_small = _offload_need_with(experiment.id, profile, smaller)
+    if isinstance(ram, (int, float)) and ram >= need_small * HOST_RAM_HEADROOM:
+        overrides["checkpoint_dir"] = smaller
+        notes.append(
+            f"host RAM {ram:.0f} GiB cannot hold the 13B's offloaded optimizer ({need:.0f} GiB): runs the 7B "
+            f"({need_small:.0f} GiB on the host)"
+        )
+        return None
+    return f"host RAM ({ram} GiB) is too small for the offloaded optimizer ({need_small:.0f} GiB even for the 7B)"
+
+
+def _smaller_model_checkpoint(profile: str, model: str) -> str:
+    import yaml
+
+    from lab_helpers.experiments import check_profile
+    from lab_helpers.paths import configs_dir
+
+    folder = check_profile(profile)["models"][model]
+    recipe = yaml.safe_load((configs_dir() / profile / folder / "full.yaml").read_text())
+    return str(recipe["checkpoint_dir"])
+
+
+def _offload_need_with(exp_id: str, profile: str, checkpoint_dir: str) -> float:
+    from lab_helpers.arithmetic import GIB, OFFLOAD_HOST_BYTES_PER_PARAM, count_params
+    from lab_helpers.experiments import resolve_path
+
+    return count_params(str(resolve_path(checkpoint_dir))).trainable * OFFLOAD_HOST_BYTES_PER_PARAM / GIB
+
+
+def _oom_demo(
+    exp_id: str,
+    profile: str,
+    node: Mapping[str, Any],
+    overrides: dict[str, Any],
+    notes: list[str],
+    predict: Predict,
+    oom_overrides: OomOverrides,
+) -> Step:
+    """An OOM demonstration must OOM here: the planner's batch; and say whether it would fit as defined."""
+    memory = gpu_memory_gib(node)
+    as_defined = predict(exp_id, overrides)
+    demo, why = oom_overrides(exp_id)
+    chosen = {**demo, **overrides}
+    plan = predict(exp_id, chosen) if demo else as_defined
+    if memory is not None and as_defined.gpu_used_gib <= memory:
+        notes.append(
+            f"on this {memory:.0f} GiB GPU {exp_id} fits as defined (predicted {as_defined.gpu_used_gib:.1f} GiB "
+            "used): LAB.md's OOM assumes an 80 GB GPU"
+        )
+    notes.append(why)
+    fits = memory is not None and plan.gpu_used_gib <= memory
+    return Step(exp_id, profile, True, chosen, "ok" if fits else "oom", _join(notes))
+
+
+def _fit(
+    exp_id: str,
+    experiment: Any,
+    recipe: Mapping[str, Any],
+    profile: str,
+    node: Mapping[str, Any],
+    overrides: dict[str, Any],
+    notes: list[str],
+    predict: Predict,
+) -> Step:
+    """Run as defined where the planner says it fits; else halve the micro batch; else skip."""
+    from lab_helpers.arithmetic import model_states
+
+    memory = gpu_memory_gib(node)
+    where = f"this {gpu_words(node)}"
+    if memory is None:
+        return Step(exp_id, profile, True, overrides, "ok", _join(notes, "GPU memory unknown: runs as defined"))
+    if experiment.strategy in ("single", "ddp") and "checkpoint_dir" not in overrides:
+        states = model_states(exp_id, profile=profile, overrides=overrides)
+        if states.gib > memory:
+            return _skip(
+                exp_id,
+                profile,
+                overrides,
+                f"its model states alone are {states.gib:.1f} GiB, more than {where} holds; {reference_hint()}",
+            )
+    train = recipe.get("train") or {}
+    micro = first = int(train.get("micro_batch_size") or 1)
+    while True:
+        trial = {**overrides, **({"train.micro_batch_size": micro} if micro != first else {})}
+        plan = predict(exp_id, trial)
+        if plan.gpu_used_gib <= memory:
+            break
+        if micro == 1:
+            return _skip(
+                exp_id,
+                profile,
+                overrides,
+                f"does not fit {where} even at micro batch 1 (predicted {plan.gpu_used_gib:.1f} GiB used); "
+                f"{reference_hint()}",
+            )
+        micro //= 2
+    if micro == first:
+        notes.append(f"fits {where} as defined: predicted {plan.gpu_used_gib:.1f} GiB used")
+    else:
+        notes.append(
+            f"micro batch {first} -> {micro} so that it fits {where} (predicted {plan.gpu_used_gib:.1f} GiB used); "
+            f"the global batch stays {train.get('global_batch_size')}, so the optimizer step is unchanged and "
+            "gradient accumulation takes more micro-batches"
+        )
+    return Step(exp_id, profile, True, trial, "ok", _join(notes))
+
+
+def _skip(exp_id: str, profile: str, overrides: Mapping[str, Any], why: str) -> Step:
+    """A skipped step; the sentence names the precision it would have run in when that was changed."""
+    where = f"in {overrides['precision']}, " if "precision" in overrides else ""
+    return Step(exp_id, profile, False, dict(overrides), "skipped", f"skipped here: {where}{why}")
+
+
+def _join(notes: list[str], last: str | None = None) -> str:
+    parts = [*notes, *([last] if last else [])]
+    return "; ".join(parts)
+
+
+# ----------------------------------------------------------------------------------------------- overviews
+
+
+def overview(node: Mapping[str, Any], *, profile: str = "gpu"):
+    """00_check_node's table: per single-GPU experiment, its model states (arithmetic, no planner) against this
+    node's GPU -- a quick first answer; 01 asks the planner, activations included, before each run."""
+    import pandas as pd
+
+    from lab_helpers.arithmetic import model_states
+    from lab_helpers.experiments import load_experiments
+
+    memory = gpu_memory_gib(node)
+    where = f"on {gpu_words(node)}"
+    if memory is None:  # no GPU here: answer for the GPU LAB.md is written for
+        memory, where = LAB_GPU_GIB, f"on an {LAB_GPU_GIB:.0f} GiB GPU (none here)"
+    rows = []
+    for exp_id in load_experiments("single"):
+        states = model_states(exp_id, profile=profile)
+        if states.gib > memory:
+            verdict = "no: model states alone exceed the GPU"
+        else:
+            verdict = f"model states use {100 * states.gib / memory:.0f} %; 01 asks the planner"
+        rows.append((exp_id, states.precision, round(states.gib, 1), verdict))
+    return pd.DataFrame(rows, columns=["experiment", "precision", "model states GiB", where])
+
+
+def section_note(node: Mapping[str, Any], *, section: str, profile: str) -> str:
+    """The sentence at the top of 01 / 02: what this node runs of the section, and why."""
+    gpus = node.get("gpus") or []
+    if profile == "ci":
+        return (
+            "ci profile: every experiment runs on tiny CPU stand-ins (QLoRA is skipped without CUDA); "
+            f"{reference_hint()}"
+        )
+    if section == "multi" and len(gpus) < 2:
+        return (
+            f"{gpu_words(node)}: this section runs what one GPU can show (one-gpu, DeepSpeed offload); DDP, FSDP "
+            f"and the two-node run need at least 2 GPUs and are recorded as skipped. {reference_hint()}"
+        )
+    route = "" if bf16_native(node) else f"; no native bf16: bf16 experiments run in {FP16_ROUTE}, {LOSS_SCALING}"
+    return f"{gpu_words(node)}{route}: each cell says whether its experiment runs as defined, smaller, or not"

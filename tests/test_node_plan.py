@@ -1,0 +1,216 @@
+"""What the notebooks run, skip and say on each kind of node (lab_helpers.node_plan), from recorded nodes.
+
+A CPU cannot produce an NVML reading or a GPU's memory verdict, so the nodes are recorded fixtures
+(tests/node_fixtures.py) and, in the fast tests, the planner is replaced by a stand-in with the same interface:
+model states from lab_helpers.arithmetic (the real computation) plus a fixed activation cost per sample. The
+planner itself is tested in test_planner.py; one slow test here asks the real planner.
+"""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import pytest
+from node_fixtures import NODES, node
+
+from lab_helpers import node_plan
+from lab_helpers.arithmetic import GIB, model_states, resolved
+from lab_helpers.experiments import load_experiments, resolve
+
+ACTIVATION_GIB_PER_SAMPLE = {"1b": 2.0, "3b": 2.5, "7b": 3.0, "13b": 3.5}  # fixture: not measured figures
+OVERHEAD_GIB = 1.0
+SINGLE = list(load_experiments("single"))
+MULTI = list(load_experiments("multi"))
+
+
+class FixturePlanner:
+    """Stand-in for lab.predict_experiment: gpu_used_gib = model states (/ ranks where sharded) + activations."""
+
+    def __init__(self, the_node: dict) -> None:
+        self.ranks = max(1, len(the_node["gpus"]))
+        self.calls: list[tuple[str, dict]] = []
+
+    def __call__(self, exp_id: str, overrides) -> SimpleNamespace:
+        self.calls.append((exp_id, dict(overrides)))
+        run = resolved(exp_id, "gpu", overrides)
+        states = model_states(exp_id, overrides=dict(overrides))
+        gib = states.gib
+        if run.experiment.strategy == "fsdp":
+            gib /= self.ranks
+        if run.experiment.options.get("offload_optimizer"):
+            gib = states.counts.total * 4 / GIB / self.ranks  # bf16 weight and gradient shards only
+        micro = run.recipe["train"]["micro_batch_size"]
+        used = gib + ACTIVATION_GIB_PER_SAMPLE[run.experiment.model] * micro + OVERHEAD_GIB
+        return SimpleNamespace(gpu_used_gib=used, peak_alloc_gib=used - OVERHEAD_GIB)
+
+    def asked(self, exp_id: str) -> bool:
+        return any(e == exp_id for e, _ in self.calls)
+
+
+def oom_fixture(micro_by_exp: dict[str, int]):
+    """Stand-in for lab.oom_demo_overrides on a node this CPU is not: the micro batch the planner would choose."""
+
+    def choose(exp_id: str) -> tuple[dict, str]:
+        micro = micro_by_exp.get(exp_id)
+        if micro is None:
+            return {}, "as defined: will OOM"
+        return (
+            {"train.micro_batch_size": micro, "train.global_batch_size": micro},
+            f"micro batch raised to {micro} so that it will not fit",
+        )
+
+    return choose
+
+
+def decide_all(name: str, exp_ids, *, oom=None, profile: str = "gpu"):
+    the_node = node(name)
+    planner = FixturePlanner(the_node)
+    steps = {
+        e: node_plan.decide(e, the_node, profile=profile, predict=planner, oom_overrides=oom or oom_fixture({}))
+        for e in exp_ids
+    }
+    return steps, planner
+
+
+def test_every_recorded_node_gives_every_experiment_a_consistent_step():
+    """The notebooks' final checks use expected_status: it must agree with whether the step runs, and say why."""
+    for name in NODES:
+        profile = "ci" if name == "none" else "gpu"
+        steps, _ = decide_all(name, SINGLE + MULTI, profile=profile)
+        for exp_id, step in steps.items():
+            assert step.expected_status in ("ok", "oom", "skipped"), (name, exp_id, step)
+            assert step.sentence, (name, exp_id)
+            if not step.runs:
+                assert step.expected_status == "skipped", (name, exp_id, step)
+
+
+def test_no_gpu_runs_everything_on_ci_stand_ins_except_qlora():
+    steps, planner = decide_all("none", SINGLE + MULTI, profile="ci")
+    assert all(step.runs for step in steps.values())
+    assert {e for e, s in steps.items() if s.expected_status != "ok"} == {"qlora-7b"}
+    assert steps["qlora-7b"].expected_status == "skipped" and "CUDA" in steps["qlora-7b"].sentence
+    assert "ci-llama-xs" in steps["baseline"].sentence and "2 CPU processes" in steps["ddp"].sentence
+    assert not planner.calls  # the ci profile never waits for the planner to decide
+    note = node_plan.section_note(node("none"), section="single", profile="ci")
+    assert "ci-cpu" in note
+
+
+def test_reference_hint_names_only_shipped_files():
+    from lab_helpers.compare import reference_dir
+
+    shipped = {p.stem for p in reference_dir().glob("*.jsonl")}
+    named = re.search(r"shipped today: ([^;]+);", node_plan.reference_hint()).group(1).split(", ")
+    assert set(named) <= shipped and named, (named, shipped)
+
+
+def test_one_gpu_runs_one_gpu_and_offload_and_skips_what_needs_two():
+    steps, _ = decide_all("H100-80GB", MULTI)
+    for exp_id in ("ddp", "fsdp", "fsdp-bs8", "multi-node"):
+        assert not steps[exp_id].runs and steps[exp_id].expected_status == "skipped"
+        assert "needs at least 2 GPUs" in steps[exp_id].sentence
+        assert "reference results" in steps[exp_id].sentence
+    assert steps["one-gpu"].runs and steps["one-gpu"].expected_status == "ok"
+    offload = steps["deepspeed-offload"]
+    # 128 GiB of host RAM cannot hold the 13B's 16 B/param of offloaded optimizer: the 7B instead, said so
+    assert offload.runs and offload.overrides["checkpoint_dir"].endswith("open_llama_7b")
+    assert "runs the 7B" in offload.sentence
+    note = node_plan.section_note(node("H100-80GB"), section="multi", profile="gpu")
+    assert "one-gpu" in note and "skipped" in note
+
+
+def test_four_h100s_run_the_whole_multi_gpu_section_as_defined():
+    steps, _ = decide_all("4xH100", MULTI)
+    assert all(step.runs and step.expected_status == "ok" for step in steps.values()), steps
+    assert "checkpoint_dir" not in steps["deepspeed-offload"].overrides  # 1007 GiB of host RAM: the 13B
+
+
+def test_h100_oom_demos_run_as_defined_and_expect_an_oom():
+    steps, _ = decide_all("H100-80GB", ["baseline", "full-13b", "full-7b"])
+    for exp_id in ("baseline", "full-13b"):
+        assert steps[exp_id].runs and steps[exp_id].expected_status == "oom" and steps[exp_id].overrides == {}
+        assert "fits as defined" not in steps[exp_id].sentence
+    assert steps["full-7b"].expected_status == "ok" and "fits this NVIDIA H100" in steps["full-7b"].sentence
+
+
+def test_h200_says_full_13b_fits_and_demonstrates_the_oom_with_the_planners_batch():
+    steps, planner = decide_all("H200-141GB", ["baseline", "full-13b"], oom=oom_fixture({"full-13b": 16, "baseline": 64}))
+    step = steps["full-13b"]
+    assert "full-13b fits as defined" in step.sentence and "LAB.md's OOM assumes an 80 GB GPU" in step.sentence
+    assert step.overrides == {"train.micro_batch_size": 16, "train.global_batch_size": 16}
+    assert step.expected_status == "oom"
+    assert ("full-13b", step.overrides) in planner.calls  # the chosen batch was checked against this GPU
+
+
+def test_a10g_skips_what_cannot_fit_and_offers_smaller_micro_batches():
+    steps, planner = decide_all("A10G-24GB", SINGLE)
+    for exp_id in ("full-3b", "full-7b", "full-13b-sgd", "lora-13b"):
+        assert not steps[exp_id].runs and "model states alone" in steps[exp_id].sentence, steps[exp_id]
+        assert not planner.asked(exp_id)  # decided by arithmetic, without a slow planner call
+    small = steps["small-batch"]
+    assert small.runs and small.overrides == {"train.micro_batch_size": 2}
+    assert "micro batch 8 -> 2" in small.sentence and "global batch stays 8" in small.sentence
+    assert steps["lora-7b"].runs and steps["lora-1b"].overrides == {}
+
+
+def test_l40s_runs_full_3b_smaller_and_skips_full_7b():
+    steps, _ = decide_all("L40S-48GB", ["full-3b", "full-7b"])
+    assert steps["full-3b"].runs and steps["full-3b"].overrides == {"train.micro_batch_size": 4}
+    assert not steps["full-7b"].runs and steps["full-7b"].expected_status == "skipped"
+
+
+def test_v100_takes_the_fp16_route_with_loss_scaling():
+    steps, planner = decide_all("V100-32GB", ["baseline", "bf16-true", "bf16-mixed", "qlora-7b"])
+    assert not steps["bf16-true"].runs and "loss scaling" in steps["bf16-true"].sentence
+    mixed = steps["bf16-mixed"]
+    assert mixed.runs and mixed.overrides["precision"] == "16-mixed" and "loss scaling" in mixed.sentence
+    assert ("bf16-mixed", {"precision": "16-mixed"}) in planner.calls  # the fits question asked in fp16
+    assert resolve("bf16-mixed", "gpu", mixed.overrides, check_files=False).recipe["precision"] == "16-mixed"
+    assert steps["qlora-7b"].overrides["precision"] == "16-true"  # litgpt refuses quantization + mixed
+    assert "precision" not in steps["baseline"].overrides  # fp32 runs as defined
+    note = node_plan.section_note(node("V100-32GB"), section="single", profile="gpu")
+    assert "16-mixed" in note and "GradScaler" in note
+
+
+def test_missing_bitsandbytes_skips_qlora_with_the_fix():
+    the_node = node("H100-80GB")
+    the_node["packages"]["bitsandbytes"] = None
+    step = node_plan.decide("qlora-7b", the_node, profile="gpu", predict=FixturePlanner(the_node))
+    assert not step.runs and "pip install" in step.sentence
+
+
+def test_a_skipped_step_is_recorded_with_its_reason(results):
+    from lab_helpers.records import load_results
+
+    steps, _ = decide_all("A10G-24GB", ["full-7b"])
+    records = steps["full-7b"].run()
+    assert records[0]["status"] == "skipped" and "model states alone" in records[0]["reason"]
+    stored = load_results(results / "runs.jsonl")
+    assert list(stored["status"]) == ["skipped"] and list(stored["experiment"]) == ["full-7b"]
+
+
+@pytest.mark.slow
+def test_the_real_planner_answers_the_fits_question_on_an_a10g():
+    """The default predictor is the lab's planner (about 10 s for TinyLlama with LoRA on a CPU)."""
+    step = node_plan.decide("lora-1b", node("A10G-24GB"), profile="gpu")
+    assert step.runs and step.expected_status == "ok" and "fits this NVIDIA A10G" in step.sentence
+
+
+def test_check_node_overview_answers_with_model_states_only():
+    a10g = node_plan.overview(node("A10G-24GB")).set_index("experiment")
+    column = a10g.columns[-1]
+    assert "A10G" in column
+    assert a10g.loc["full-7b", column].startswith("no") and not a10g.loc["lora-7b", column].startswith("no")
+    none = node_plan.overview(node("none")).set_index("experiment")
+    assert "80 GiB GPU (none here)" in none.columns[-1]
+    assert none.loc["full-13b", none.columns[-1]].startswith("no")  # LAB.md: 13B states exceed 80 GB
+
+
+def test_a_planner_failure_never_stops_a_run():
+    """A prediction is advice: when the planner cannot answer, the experiment runs as defined and says why."""
+
+    def broken(exp_id, overrides):
+        raise RuntimeError("tracing failed")
+
+    step = node_plan.decide("lora-7b", node("A10G-24GB"), profile="gpu", predict=broken)
+    assert step.runs and step.overrides == {} and "no prediction (RuntimeError: tracing failed)" in step.sentence
