@@ -116,3 +116,20 @@ fake_node() {
     grep -q '^usermod -aG docker student$' "$BATS_TEST_TMPDIR/fresh-node/calls.log"
     grep -q '^nvidia-ctk runtime configure' "$BATS_TEST_TMPDIR/fresh-node/calls.log"
 }
+
+@test "the real playbook: no lab user named is refused (never the controller's \$USER), nothing provisioned" {
+    command -v ansible-playbook >/dev/null || {
+        echo "ansible-playbook is not on PATH: pip install ansible-core" >&2
+        return 1
+    }
+    {
+        printf 'gpu_nodes:\n  vars:\n    ansible_connection: local\n    ansible_become: false\n'
+        printf '    ansible_python_interpreter: "{{ ansible_playbook_python }}"\n  hosts:\n'
+        fake_node lone-node | sed 's/^    //'
+    } >"$BATS_TEST_TMPDIR/inventory.yml"
+    USER=controller-user run "$SCRIPT" -i "$BATS_TEST_TMPDIR/inventory.yml"
+    echo "$output"
+    [ "$status" -ne 0 ]
+    [[ $output == *"Name the lab user who joins the docker group"* ]]
+    ! grep -q 'usermod' "$BATS_TEST_TMPDIR/lone-node/calls.log" 2>/dev/null
+}
