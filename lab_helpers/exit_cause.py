@@ -16,7 +16,9 @@ from pathlib import Path
 
 OOM_RSS_FRACTION = 0.8  # a run whose tree held this much of the host's memory is a likely OOM-killer victim
 # "Out of memory: Killed process 4242 (python)" and "Memory cgroup out of memory: Killed process 4242 (python)"
-_KERNEL_OOM = re.compile(r"^\[\s*(?P<t>\d+\.\d+)\].*(?:out of memory|oom-kill).*?(?:Killed process |pid=)(?P<pid>\d+)", re.I)
+_KERNEL_OOM = re.compile(
+    r"^\[\s*(?P<t>\d+\.\d+)\].*(?:out of memory|oom-kill).*?(?:Killed process |pid=)(?P<pid>\d+)", re.I
+)
 
 
 def describe_returncode(code: int | None) -> str:

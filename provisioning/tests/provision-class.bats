@@ -88,14 +88,26 @@ fake_node() {
     for kv in "$@"; do printf '            %s: "%s"\n' "${kv%%=*}" "${kv#*=}"; done
 }
 
-@test "the real playbook: provisions nodes in parallel and reports which passed the GPU check" {
+need_ansible() {
     command -v ansible-playbook >/dev/null || {
         echo "ansible-playbook is not on PATH: pip install ansible-core" >&2
         return 1
     }
+}
+
+# inventory_header EXTRA_VARS: a YAML inventory's [gpu_nodes] head, every node run locally (EXTRA_VARS: more vars)
+inventory_header() {
+    printf 'gpu_nodes:\n  vars:\n    ansible_connection: local\n    ansible_become: false\n'
+    printf '    ansible_python_interpreter: "{{ ansible_playbook_python }}"\n'
+    # shellcheck disable=SC2059 # the extra vars are a printf format on purpose (their \n)
+    printf "$1"
+    printf '  hosts:\n'
+}
+
+@test "the real playbook: provisions nodes in parallel and reports which passed the GPU check" {
+    need_ansible
     {
-        printf 'gpu_nodes:\n  vars:\n    ansible_connection: local\n    ansible_become: false\n'
-        printf '    ansible_python_interpreter: "{{ ansible_playbook_python }}"\n    lab_user: student\n  hosts:\n'
+        inventory_header '    lab_user: student\n'
         fake_node fresh-node | sed 's/^    //'
         fake_node done-node | sed 's/^    //'
         fake_node bad-node STUB_CONTAINER_GPUS=1 | sed 's/^    //'
@@ -118,18 +130,15 @@ fake_node() {
 }
 
 @test "the real playbook: no lab user named is refused (never the controller's \$USER), nothing provisioned" {
-    command -v ansible-playbook >/dev/null || {
-        echo "ansible-playbook is not on PATH: pip install ansible-core" >&2
-        return 1
-    }
+    need_ansible
     {
-        printf 'gpu_nodes:\n  vars:\n    ansible_connection: local\n    ansible_become: false\n'
-        printf '    ansible_python_interpreter: "{{ ansible_playbook_python }}"\n  hosts:\n'
+        inventory_header ''
         fake_node lone-node | sed 's/^    //'
     } >"$BATS_TEST_TMPDIR/inventory.yml"
     USER=controller-user run "$SCRIPT" -i "$BATS_TEST_TMPDIR/inventory.yml"
     echo "$output"
     [ "$status" -ne 0 ]
     [[ $output == *"Name the lab user who joins the docker group"* ]]
-    ! grep -q 'usermod' "$BATS_TEST_TMPDIR/lone-node/calls.log" 2>/dev/null
+    run grep -qs usermod "$BATS_TEST_TMPDIR/lone-node/calls.log"
+    [ "$status" -ne 0 ] # provision-node.sh never ran
 }
