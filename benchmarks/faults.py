@@ -102,6 +102,12 @@ class Fault:
             self.env["PYTHONPATH"] = f"{site}{os.pathsep}{self.env.get('PYTHONPATH', '')}"
 
     def start(self, *args: str, preexec: Callable[[], None] | None = None) -> subprocess.Popen:
+        def child_setup() -> None:
+            # as from a terminal: a shell's background job (nohup ... &) starts with SIGINT ignored, inherited here
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            if preexec is not None:
+                preexec()
+
         return subprocess.Popen(
             [sys.executable, "-m", "lab_helpers", *args],
             cwd=ROOT,
@@ -110,7 +116,7 @@ class Fault:
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
-            preexec_fn=preexec,
+            preexec_fn=child_setup,
         )
 
     def run(self, *args: str, timeout_s: float = 300, **kw) -> tuple[int, str, str]:

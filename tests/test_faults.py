@@ -60,6 +60,11 @@ def _site(tmp_path: Path, code: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """A shell's background job starts with SIGINT ignored, and that is inherited: give the launcher Ctrl-C back."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _wait_for_iter(results: Path, timeout_s: float = 90) -> Path:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -91,6 +96,7 @@ def test_three_interrupts_while_ending_still_kill_a_stuck_rank_and_record_interr
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=_sigint_as_in_a_terminal,
     )
     run_dir = _wait_for_iter(results)
     for _ in range(3):  # the student presses again while the ranks are being stopped
@@ -116,7 +122,9 @@ def test_interrupts_are_held_while_the_group_is_ended(tmp_path):
         print("outcome", outcome.interrupted, outcome.returncode, flush=True)
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO, preexec_fn=_sigint_as_in_a_terminal
+    )
     log = tmp_path / "run" / "output.log"
     deadline = time.monotonic() + 30
     while not (log.exists() and "ready" in log.read_text()) and time.monotonic() < deadline:
