@@ -133,7 +133,7 @@ setup() {
     [ "$(stat -c %a "$LAB_TOKEN_FILE")" = 600 ]
     [[ $output == *"readable by others; it is 600 now"* ]]
     # chmod that does not take (a file system without modes): refused, the token is not used
-    printf '#!/usr/bin/env bash\nexit 0\n' >"$STUB_BIN/chmod" && chmod +x "$STUB_BIN/chmod"
+    printf '#!/usr/bin/env bash\nexit 0\n' >"$BATS_TEST_TMPDIR/bin/chmod" && chmod +x "$BATS_TEST_TMPDIR/bin/chmod"
     /bin/chmod 644 "$LAB_TOKEN_FILE"
     run "$SCRIPT" --lab-dir "$LAB"
     [ "$status" -eq 1 ]
