@@ -4,7 +4,8 @@ The runner cannot see inside the training process: peak allocated / reserved CUD
 (``torch.cuda.max_memory_allocated`` is per process), and so must the time spent inside the training loop.
 Every training entry point (the litgpt wrapper, the Lightning script for the multi-GPU section) writes one
 small JSON file per rank into the directory named by ``$LAB_REPORT_DIR``; the runner turns them into records.
-Each file is written to a temporary name and renamed, so the runner never reads half a report.
+Each file is written to a temporary name and renamed, so the runner never reads half a report, and redacted
+(secrets.py) first, so no token in an error text is ever stored.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 REPORT_DIR_ENV = "LAB_REPORT_DIR"
 
 # Fields a report may carry (all optional except status):
-#   status: "ok" | "oom" | "error" | "interrupted"
+#   status: "ok" | "oom" | "error" | "interrupted"   (the runner adds "timeout" and "skipped" in records)
 #   error: str | None                 -- the allocator's OOM message or the tail of the traceback
 #   rank: int | None, world_size: int
 #   peak_alloc_gib, peak_reserved_gib: float | None   (None on a CPU, never 0)
@@ -71,7 +72,9 @@ def write_report(fields: dict[str, Any], *, rank: int | None = None, directory: 
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"rank{rank if rank is not None else 0}.json"
     tmp = target.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"rank": rank, **fields}, default=str))
+    from lab_helpers.secrets import redact_mapping  # an error text can carry a token: never store one
+
+    tmp.write_text(json.dumps(redact_mapping({"rank": rank, **fields}), default=str))
     os.replace(tmp, target)
     return target
 

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from lab_helpers.experiments import PROFILES, SECTIONS, LabConfigError
+from lab_helpers.records import RecordWriteError
 
 
 def _add_profile(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", help="override a recipe key")
     run.add_argument("--quiet", action="store_true", help="progress bar and result only, no training output")
     run.add_argument("--quick", action="store_true", help="only until the peak memory and a steady step time are measured")
+    run.add_argument(
+        "--time-limit",
+        metavar="SECONDS",
+        default=None,
+        help="end the run as `timeout` after this many seconds (0: no limit; default: from the recipe, or $LAB_TIME_LIMIT_S)",
+    )
 
     run_all = sub.add_parser("run-all", help="run every experiment of a section, then write the comparison")
     run_all.add_argument("--section", choices=SECTIONS, default="single")
@@ -90,13 +97,16 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from lab_helpers.lab import run_experiment
+    from lab_helpers.time_limit import parse_time_limit
 
+    limit_s = None if args.time_limit is None else parse_time_limit(args.time_limit)
     records = run_experiment(
         args.experiment,
         profile=args.profile,
         overrides=args.overrides or [],
         echo=not args.quiet,
         quick=True if args.quick else None,
+        time_limit_s=limit_s,
     )
     return 0 if all(r["status"] in ("ok", "skipped", "oom") for r in records) else 1
 
@@ -107,7 +117,7 @@ def _cmd_run_all(args: argparse.Namespace) -> int:
     profile = args.profile or default_profile()
     records = run_all(section=args.section, profile=profile, echo=not args.quiet, quick=True if args.quick else None)
     _print_comparison(None, profile)
-    failed = [r["experiment"] for r in records if r["status"] in ("error", "interrupted")]
+    failed = [r["experiment"] for r in records if r["status"] in ("error", "interrupted", "timeout")]
     if failed:
         print(f"failed: {', '.join(sorted(set(failed)))}", file=sys.stderr)
     return 1 if failed else 0
@@ -191,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LabConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RecordWriteError as exc:  # a full disk: the results file is as it was; say so in one line
+        print(f"error: {exc.strerror}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as exc:
         print(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
         return 130

@@ -59,8 +59,14 @@ ROUNDING = {
     "mfu": 3,
 }
 # When ranks of one run disagree, the table shows the worst outcome (an OOM on rank 3 is the run's story).
-STATUS_SEVERITY = {"oom": 0, "error": 1, "interrupted": 2, "skipped": 3, "ok": 4}
-STATUS_LABEL = {"oom": "OOM", "error": "error", "interrupted": "interrupted", "skipped": "skipped"}
+STATUS_SEVERITY = {"oom": 0, "error": 1, "timeout": 2, "interrupted": 3, "skipped": 4, "ok": 5}
+STATUS_LABEL = {
+    "oom": "OOM",
+    "error": "error",
+    "timeout": "timeout",
+    "interrupted": "interrupted",
+    "skipped": "skipped",
+}
 REFERENCE_DIRNAME = "reference_results"
 
 

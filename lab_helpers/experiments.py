@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import datetime as dt
 import difflib
 import importlib
 import importlib.util
 import inspect
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,14 +122,54 @@ def _did_you_mean(word: str, choices) -> str:
 
 
 def parse_set_args(pairs: list[str] | None) -> dict[str, Any]:
-    """``["train.micro_batch_size=4", "precision=bf16-true"]`` -> a dict; values are read as YAML scalars."""
+    """``["train.micro_batch_size=4", "precision=bf16-true"]`` -> a dict; values are read as YAML scalars.
+
+    A value YAML cannot read (an unclosed ``[``, a ``!!python/...`` tag) is one clear line; a date or time
+    (``out_dir=2024-01-01``) stays the text that was typed, since a record can only store JSON types; any
+    other non-JSON value (``!!binary``, ``!!set``, ``.nan``, ``.inf``) is refused before anything starts.
+    """
     overrides: dict[str, Any] = {}
     for pair in pairs or []:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
             raise LabConfigError(f"--set {pair!r} is not key=value (e.g. --set train.micro_batch_size=4)")
-        overrides[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+        key = key.strip()
+        overrides[key] = _read_set_value(key, raw) if raw.strip() else None
     return overrides
+
+
+def _read_set_value(key: str, raw: str) -> Any:
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        problem = " ".join(str(getattr(exc, "problem", None) or "not a YAML value").split())
+        raise LabConfigError(
+            f"--set {key}={raw}: cannot read the value ({problem}); expected a number, true/false, null, text, "
+            f"[a, list] or {{a: mapping}}, e.g. --set train.micro_batch_size=4"
+        ) from None
+    if isinstance(value, dt.date):  # YAML reads 2024-01-01 as a date; the student typed text (a folder name)
+        return raw.strip()
+    return _json_value(key, raw, value)
+
+
+def _json_value(key: str, raw: str, value: Any) -> Any:
+    """The value as a record can store it (JSON types, finite numbers), or one clear line."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    if isinstance(value, float):
+        raise LabConfigError(f"--set {key}={raw}: expected a finite number, e.g. --set {key}=1")
+    if isinstance(value, dt.date):  # inside a list or mapping
+        return value.isoformat()
+    if isinstance(value, list):
+        return [_json_value(key, raw, item) for item in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _json_value(key, raw, v) for k, v in value.items()}
+    raise LabConfigError(
+        f"--set {key}={raw}: expected a number, true/false, null, text, a list or a mapping "
+        f"(got a {type(value).__name__}), e.g. --set {key}=some-text"
+    )
 
 
 def apply_overrides(recipe: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -155,7 +197,8 @@ def _optimizer_class_path(name: str) -> str:
 # ----------------------------------------------------------------------------------------------- validation
 
 
-def _setup_function(command: str):
+def setup_function(command: str):
+    """litgpt's ``setup`` for a command: its signature is the list of recipe keys and their types."""
     module = importlib.import_module("litgpt.finetune.full" if command == "finetune_full" else "litgpt.finetune.lora")
     return module.setup
 
@@ -164,7 +207,7 @@ def check_recipe_keys(recipe: Mapping[str, Any], command: str) -> None:
     """Reject keys litgpt's ``setup`` would reject, naming the key and the closest valid one."""
     from litgpt.args import EvalArgs, LogArgs, TrainArgs
 
-    params = inspect.signature(_setup_function(command)).parameters
+    params = inspect.signature(setup_function(command)).parameters
     for key, value in recipe.items():
         if key not in params:
             raise LabConfigError(f"unknown recipe key {key!r} for litgpt {command}{_did_you_mean(key, params)}")
@@ -197,7 +240,9 @@ def check_batch_and_precision(recipe: Mapping[str, Any], *, devices: int, num_no
     """The checks litgpt makes late (or as an assertion) made early, each with its fix."""
     precision = recipe.get("precision")
     if precision is not None and precision not in PRECISIONS:
-        raise LabConfigError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+        raise LabConfigError(
+            f"precision {precision!r} is not one of {', '.join(PRECISIONS)}, e.g. --set precision=bf16-true"
+        )
     train = recipe.get("train") or {}
     micro, global_ = train.get("micro_batch_size"), train.get("global_batch_size")
     for name, value in (("micro_batch_size", micro), ("global_batch_size", global_)):
@@ -216,7 +261,7 @@ def check_batch_and_precision(recipe: Mapping[str, Any], *, devices: int, num_no
     if max_steps is not None and max_steps <= warmup:
         raise LabConfigError(  # litgpt's cosine schedule divides by (max_steps - warmup) and crashes mid-run
             f"train.max_steps ({max_steps}) must be larger than train.lr_warmup_steps ({warmup}): "
-            f"raise max_steps or set train.lr_warmup_steps={max(0, max_steps - 1)}"
+            + _warmup_advice(max_steps, warmup)
         )
     ranks = devices * num_nodes
     if global_ % (micro * ranks):
@@ -224,6 +269,14 @@ def check_batch_and_precision(recipe: Mapping[str, Any], *, devices: int, num_no
             f"train.global_batch_size ({global_}) is not divisible by micro_batch_size x devices "
             f"({micro} x {ranks} = {micro * ranks}): use a global batch that is a multiple of {micro * ranks}"
         )
+
+
+def _warmup_advice(max_steps: int, warmup: int) -> str:
+    """Only advice the check above accepts: warm-up needs at least 1 step, so max_steps needs at least 2."""
+    raise_to = f"set train.max_steps={warmup + 1} or more"
+    if max_steps >= 2:
+        return f"{raise_to}, or set train.lr_warmup_steps={max_steps - 1}"
+    return raise_to
 
 
 def model_block_size(checkpoint_dir: Path) -> int:
@@ -319,9 +372,13 @@ def resolve(
     check_profile(profile)
     recipe_path = recipe_path_for(experiment, profile)
     merged = {**experiment.set, **(experiment.set_by_profile.get(profile) or {}), **(overrides or {})}
-    recipe = apply_overrides(_read_yaml(recipe_path), merged)
-    recipe = _generated_data_for_random_weights(recipe)
+    base_recipe = _read_yaml(recipe_path)
+    recipe = apply_overrides(base_recipe, merged)
     command = "finetune_lora" if experiment.method in ("lora", "qlora") else "finetune_full"
+    from lab_helpers.recipe_types import check_recipe_types  # imports litgpt's signatures: only when resolving
+
+    check_recipe_types(recipe, command, examples=base_recipe)
+    recipe = _generated_data_for_random_weights(recipe)
     check_recipe_keys(recipe, command)
     devices = count_devices(experiment.devices)
     check_batch_and_precision(recipe, devices=devices, num_nodes=experiment.num_nodes)

@@ -16,6 +16,7 @@ import functools
 import json
 import math
 import os
+import signal
 import sys
 import uuid
 from collections.abc import Iterable, Mapping
@@ -25,6 +26,7 @@ from typing import Any
 import yaml
 
 from lab_helpers.child_report import is_oom_text
+from lab_helpers.exit_cause import describe_returncode, host_memory_gib, host_oom_evidence, kernel_log
 from lab_helpers.experiments import (
     LabConfigError,
     ResolvedRun,
@@ -40,6 +42,7 @@ from lab_helpers.quick_mode import QUICK_ENV, quick_from_env, quick_overrides
 from lab_helpers.records import append_record
 from lab_helpers.runner import ProcessOutcome, run_command
 from lab_helpers.secrets import redact_mapping
+from lab_helpers.time_limit import TIME_LIMIT_ENV
 
 __all__ = [
     "default_profile",
@@ -94,15 +97,22 @@ def run_experiment(
     echo: bool = True,
     summary: bool = True,
     quick: bool | None = None,
+    time_limit_s: float | None = None,
 ) -> list[dict[str, Any]]:
     """Run one experiment and append its record(s); returns them (one per rank for distributed runs).
 
     ``echo`` shows the training output live; ``summary`` prints one result line per record. ``quick`` (default:
     ``$LAB_QUICK``) runs only until the true peak memory and a steady step time are measured (quick_mode).
+    ``time_limit_s`` overrides the run's wall-clock limit (``lab_helpers.time_limit``; 0: none); a run that
+    reaches it is ended and recorded as ``timeout``.
 
     Raises LabConfigError for bad input before anything starts, and KeyboardInterrupt after recording
-    ``interrupted`` when the student interrupts. A failed or OOM run is a result, not an exception.
+    ``interrupted`` when the student interrupts. A failed or OOM run is a result, not an exception. Once the
+    run is being ended or recorded, further interrupts are held until its record is stored.
     """
+    from lab_helpers.interrupts import InterruptShield
+    from lab_helpers.time_limit import time_limit_s as run_time_limit_s
+
     profile = profile or default_profile()
     if isinstance(overrides, list):
         overrides = parse_set_args(overrides)
@@ -116,28 +126,42 @@ def run_experiment(
     base["mode"] = "quick" if quick and run.experiment.kind == "litgpt" else "full"
     if run.skip_reason:
         return _skip(base, run.skip_reason, results_path, summary)
+    total_iters = _total_iterations(run)
+    limit_s = run_time_limit_s(profile, total_iters, time_limit_s)
     base.update(_prediction_fields(run))
+    base["time_limit_s"] = limit_s
     if host_reason := host_ram_skip_reason(run, base.get("predicted")):
         return _skip(base, host_reason, results_path, summary)
     run_dir = results_dir() / "runs" / base["run_id"]
     command = _command_for(run, run_dir)
-    outcome = run_command(
-        command,
-        run_dir=run_dir,
-        env={QUICK_ENV: "1" if base["mode"] == "quick" else "0"},
-        cwd=lab_home(),
-        total_iters=_total_iterations(run),
-        label=exp_id,
-        echo=echo,
-    )
-    records = _records_from(run, base, outcome, run_dir)
-    for record in records:
-        append_record(record, path=results_path)
-    if summary:
+    with InterruptShield() as shield:  # armed by the runner at the first interrupt, or when the process ends
+        outcome = run_command(
+            command,
+            run_dir=run_dir,
+            env={QUICK_ENV: "1" if base["mode"] == "quick" else "0"},
+            cwd=lab_home(),
+            total_iters=total_iters,
+            label=exp_id,
+            echo=echo,
+            time_limit_s=limit_s,
+            shield=shield,
+        )
+        base["log_error"] = outcome.log_error  # the disk filled up: the log is cut short, the record says so
+        try:
+            records = _records_from(run, base, outcome, run_dir)
+        except Exception as exc:  # noqa: BLE001 -- a bug here must not cost a paid-for run its record
+            records = [{**base, "status": "error", "reason": f"the lab could not build the record: {exc!r}",
+                        "returncode": outcome.returncode, "wall_s": outcome.wall_s,
+                        "log_path": _relative(outcome.log_path)}]  # fmt: skip
         for record in records:
-            print(_one_line(record))
+            append_record(record, path=results_path)
+        if summary:
+            for record in records:
+                print(_one_line(record))
     if outcome.interrupted:
         raise KeyboardInterrupt(f"{exp_id} interrupted; recorded as 'interrupted'")
+    if shield.count:
+        raise KeyboardInterrupt(f"{exp_id} ended as the interrupt came; recorded as {records[0]['status']!r}")
     return records
 
 
@@ -429,10 +453,17 @@ def _status(
     """(status, reason, error) from the rank's own report, the log and the exit code, in that order of trust.
 
     The exit code belongs to the launched process (rank 0, or the only process): another rank's own "ok"
-    stands even when rank 0 died afterwards.
+    stands even when rank 0 died afterwards. A run ended by its time limit is ``timeout`` whatever its ranks
+    said on the way out (they see the runner's SIGTERM as an interrupt).
     """
     if outcome.interrupted:
         return "interrupted", "interrupted by the user; every process of the run was ended", None
+    if outcome.timed_out:
+        why = (
+            f"no result within the time limit of {outcome.time_limit_s:.0f} s; every process of the run was ended "
+            f"(a longer limit: --time-limit SECONDS or ${TIME_LIMIT_ENV})"
+        )
+        return "timeout", why, "\n".join(outcome.tail[-20:]) or None
     if report.get("status") in ("oom", "error", "interrupted"):
         return report["status"], _first_line(report.get("error")), report.get("error")
     if report.get("status") == "ok" and (not launched or outcome.returncode == 0):
@@ -441,7 +472,18 @@ def _status(
     if oom_lines:
         return "oom", oom_lines[-1][:300], "\n".join(oom_lines)
     if outcome.returncode != 0:
-        why = f"exit code {outcome.returncode}" + ("" if report else "; the process wrote no report")
+        why = describe_returncode(outcome.returncode) + ("" if report else "; the process wrote no report")
+        if outcome.returncode == -signal.SIGKILL:  # what the OOM killer sends
+            evidence = host_oom_evidence(
+                pids={outcome.pid} if outcome.pid else set(),
+                started_s=outcome.started_monotonic_s,
+                ended_s=(outcome.started_monotonic_s or 0) + outcome.wall_s,
+                kernel_log_text=kernel_log(),
+                rss_peak_gib=outcome.timeline.host_rss_peak_gib,
+                host_gib=host_memory_gib(),
+            )
+            if evidence:
+                why += f"; probably the host ran out of memory ({evidence})"
         return "error", why, "\n".join(outcome.tail[-20:])
     return "error", "the training process exited without a report", "\n".join(outcome.tail[-20:])
 

@@ -4,26 +4,61 @@ The runner ends its process group on an interrupt, but if the launcher itself is
 restarted with SIGKILL, a closed SSH session), nothing would tell the ranks: they would hold the GPU until
 someone runs ``pkill``. Each training process starts this guard; when its parent changes (the launcher is
 gone) it ends its whole process group.
+
+The guard must be armed before anything slow: a training process spends seconds importing torch and
+Lightning, and a launcher killed in that window used to leave it running (the guard then took the new
+parent, init, for its launcher). So the very first thing the child does is :func:`die_with_parent`: the
+kernel sends it SIGTERM when its parent dies (Linux ``PR_SET_PDEATHSIG``), and the launcher's pid, passed
+in ``$LAB_LAUNCHER_PID``, catches a launcher that died before even that.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
+import sys
 import threading
 import time
 
+LAUNCHER_PID_ENV = "LAB_LAUNCHER_PID"
+_PR_SET_PDEATHSIG = 1
+_EXIT_ORPHANED = 128 + signal.SIGTERM  # as if the launcher's SIGTERM had reached us
+_launcher_pid: int | None = None  # set by the first die_with_parent(): later calls must not take init for it
+
+
+def die_with_parent() -> int:
+    """Ask the kernel for SIGTERM when the parent dies; exit now if the launcher is already gone.
+
+    Returns the launcher's pid. Call it before any heavy import. ``$LAB_LAUNCHER_PID`` is removed from this
+    process's environment once checked: processes this one starts have another parent.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl: the pid check and the polling guard still apply
+            pass
+    expected = os.environ.pop(LAUNCHER_PID_ENV, "")
+    parent = os.getppid()
+    if expected.isdigit() and int(expected) != parent:
+        print(f"lab: the launcher (pid {expected}) is gone before this run started; exiting", file=sys.stderr)
+        os._exit(_EXIT_ORPHANED)  # nothing started yet: nothing to report, nothing to clean up
+    _launcher_pid = int(expected) if expected.isdigit() else parent
+    return _launcher_pid
+
 
 def start_orphan_guard(poll_s: float = 1.0) -> threading.Thread:
-    parent = os.getppid()
+    """Arm :func:`die_with_parent`, then watch the parent and end this process group when it changes."""
+    parent = die_with_parent()
 
     def watch() -> None:
         while True:
-            time.sleep(poll_s)
             if os.getppid() != parent:
                 os.killpg(os.getpgrp(), signal.SIGTERM)
                 time.sleep(5)
                 os.killpg(os.getpgrp(), signal.SIGKILL)
+            time.sleep(poll_s)
 
     thread = threading.Thread(target=watch, name="lab-orphan-guard", daemon=True)
     thread.start()

@@ -4,7 +4,11 @@ Why JSON lines with one ``write`` per record: a student's lease is expensive, so
 full disk must never damage records that are already there. Each record is written by a single append
 under an exclusive lock and fsynced; a write that fails half-way is cut back to where it started; and a
 damaged trailing line (a kill in the middle of that one write) is skipped by the reader with a warning and
-fenced off with a newline before the next append, so it can never swallow a later record.
+fenced off with a newline before the next append, so it can never swallow a later record. An exception of
+any kind in the middle of the write (an interrupt too) cuts the file back to where it started.
+
+Every record is redacted as it is written (tokens from the environment and Hugging Face token shapes), so no
+error text or reason ever stores a secret, and ``export-reference`` cannot publish one.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import json
 import math
+import numbers
 import os
 import warnings
 from collections.abc import Iterator, Mapping
@@ -19,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from lab_helpers.paths import results_dir
+from lab_helpers.secrets import redact_mapping
 
 RESULTS_FILENAME = "runs.jsonl"
 
-STATUSES = ("ok", "oom", "error", "interrupted", "skipped")
+STATUSES = ("ok", "oom", "error", "interrupted", "timeout", "skipped")
 
 
 class RecordWriteError(OSError):
@@ -35,16 +41,25 @@ def results_path(path: Path | str | None = None) -> Path:
 
 
 def _json_safe(value: Any) -> Any:
-    """Make a value JSON-clean: NaN and infinities become null (JSON has no NaN), paths become strings."""
+    """Make a value JSON-clean: NaN and infinities become null (JSON has no NaN); paths, dates and any other
+    non-JSON value become strings -- a run that finished must never lose its record to a value's type."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, Mapping):
         return {str(k): _json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_json_safe(v) for v in value]
-    if isinstance(value, Path):
+    if isinstance(value, (Path, str)):
         return str(value)
-    return value
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, numbers.Integral):  # numpy and torch scalars
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return _json_safe(float(value))
+    if isinstance(value, (set, frozenset)):
+        return [_json_safe(v) for v in sorted(value, key=str)]
+    return str(value)
 
 
 def append_record(record: Mapping[str, Any], *, path: Path | str | None = None) -> Path:
@@ -57,7 +72,7 @@ def append_record(record: Mapping[str, Any], *, path: Path | str | None = None) 
         raise ValueError("a record needs an 'experiment'")
     if record.get("status") not in STATUSES:
         raise ValueError(f"status must be one of {', '.join(STATUSES)}; got {record.get('status')!r}")
-    line = (json.dumps(_json_safe(record), sort_keys=True, allow_nan=False) + "\n").encode()
+    line = (json.dumps(_json_safe(redact_mapping(record)), sort_keys=True, allow_nan=False) + "\n").encode()
     target = results_path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -69,9 +84,11 @@ def append_record(record: Mapping[str, Any], *, path: Path | str | None = None) 
                 line = b"\n" + line  # fence off a damaged tail left by an earlier crash
             _write_all(fd, line)
             os.fsync(fd)
-        except OSError as exc:
-            os.ftruncate(fd, size_before)  # a half-written record is worse than none
-            raise RecordWriteError(exc.errno, f"could not store the record in {target}: {exc.strerror}") from exc
+        except BaseException as exc:  # an interrupt half-way too: a half-written record is worse than none
+            os.ftruncate(fd, size_before)
+            if isinstance(exc, OSError):
+                raise RecordWriteError(exc.errno, f"could not store the record in {target}: {exc.strerror}") from exc
+            raise
     finally:
         os.close(fd)  # also releases the lock
     return target

@@ -7,10 +7,11 @@ beside them, plus the exact command and machine that produced them.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from lab_helpers.compare import latest_runs, reference_dir
 from lab_helpers.experiments import LabConfigError
@@ -21,7 +22,11 @@ _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
 def export_reference(name: str, *, profile: str, note: str = "") -> Path:
-    """Write ``reference_results/<name>.jsonl`` (replacing an earlier export of that name) and return it."""
+    """Write ``reference_results/<name>.jsonl`` (replacing an earlier export of that name) and return it.
+
+    The new export is written to a temporary file and moved into place, so a failure half-way (a refused
+    record, a full disk) leaves the earlier export as it was.
+    """
     if not _NAME.match(name):
         raise LabConfigError(f"reference name {name!r}: use letters, digits, '.', '_' and '-' only (e.g. H100-80GB)")
     latest = latest_runs(load_results(), profile=profile)
@@ -29,18 +34,37 @@ def export_reference(name: str, *, profile: str, note: str = "") -> Path:
         raise LabConfigError(f"no records of profile {profile!r} in {results_dir()} to export")
     chosen = {(run_id, _rank(rank)) for run_id, rank in zip(latest["run_id"], latest["rank"], strict=True)}
     folder = reference_dir()
+    folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{name}.jsonl"
-    target.unlink(missing_ok=True)
-    for record in read_records():  # the stored records themselves, not a DataFrame round trip of them
-        if (record.get("run_id"), _rank(record.get("rank"))) not in chosen:
-            continue
-        timeline = record.get("timeline_path")
-        if timeline and (results_dir() / timeline).is_file():
-            (folder / timeline).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(results_dir() / timeline, folder / timeline)
-        record["reference_note"] = note or f"exported with: {' '.join(sys.argv) or 'export_reference'}"
-        append_record(record, path=target)
+    tmp = folder / f".{name}.jsonl.tmp{os.getpid()}"  # the old export stays whole until the new one is
+    tmp.unlink(missing_ok=True)
+    try:
+        for record in read_records():  # the stored records themselves, not a DataFrame round trip of them
+            if (record.get("run_id"), _rank(record.get("rank"))) not in chosen:
+                continue
+            timeline = record.get("timeline_path")
+            if timeline:
+                _check_inside(timeline, record)
+                if (results_dir() / timeline).is_file():
+                    (folder / timeline).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(results_dir() / timeline, folder / timeline)
+            record["reference_note"] = note or f"exported with: {' '.join(sys.argv) or 'export_reference'}"
+            append_record(record, path=tmp)  # redacted as it is written (records.py)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
     return target
+
+
+def _check_inside(timeline: str, record: dict) -> None:
+    """A timeline path is a relative path inside the results folder: an absolute one or one with '..' would
+    read from, and write to, anywhere (a record is data, and data can be edited by hand)."""
+    path = PurePosixPath(str(timeline))
+    if path.is_absolute() or ".." in path.parts or "\\" in str(timeline):
+        raise LabConfigError(
+            f"record {record.get('run_id')!r}: timeline_path {timeline!r} is not a relative path inside "
+            f"{results_dir()}; fix or remove that record, e.g. runs/<run_id>/timeline.csv"
+        )
 
 
 def _rank(value) -> int | None:

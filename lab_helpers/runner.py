@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -20,11 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab_helpers.child_report import REPORT_DIR_ENV, read_reports
+from lab_helpers.interrupts import InterruptShield
+from lab_helpers.orphan_guard import LAUNCHER_PID_ENV
 from lab_helpers.sampler import TimelineSampler, TimelineSummary
 from lab_helpers.secrets import redact, secret_values
 
 ITER_PATTERN = re.compile(r"\biter (\d+)\b")
 TERMINATE_GRACE_S = 10.0
+GRACE_ENV = "LAB_TERMINATE_GRACE_S"
 _TAIL_LINES = 60
 
 
@@ -39,6 +43,11 @@ class ProcessOutcome:
     timeline: TimelineSummary
     reports: dict[int, dict] = field(default_factory=dict)
     tail: list[str] = field(default_factory=list)
+    timed_out: bool = False  # the wall-clock limit passed and the group was ended
+    time_limit_s: float | None = None
+    log_error: str | None = None  # the log could not be written to the end (a full disk); the run went on
+    pid: int | None = None  # the launched process, to match against the kernel's OOM-killer lines
+    started_monotonic_s: float | None = None  # time.monotonic() at launch (the kernel log's clock)
 
 
 def _progress_bar(total: int | None, label: str, enabled: bool):
@@ -57,15 +66,78 @@ def _kill_group(pgid: int, sig: int) -> None:
         pass
 
 
+def terminate_grace_s() -> float:
+    """Seconds the ranks get after SIGTERM to write their reports (``$LAB_TERMINATE_GRACE_S``, default 10)."""
+    try:
+        return max(0.0, float(os.environ.get(GRACE_ENV, TERMINATE_GRACE_S)))
+    except ValueError:
+        return TERMINATE_GRACE_S
+
+
 def _end_group(proc: subprocess.Popen, pgid: int) -> None:
-    """SIGTERM the whole group, give it a moment to write its reports, then SIGKILL whatever is left."""
+    """SIGTERM the whole group, give it a moment to write its reports, then SIGKILL whatever is left.
+
+    The SIGKILL is in a ``finally``: whatever happens while waiting, a rank that ignores SIGTERM (one stuck in
+    a collective) never outlives the run.
+    """
     _kill_group(pgid, signal.SIGTERM)
     try:
-        proc.wait(timeout=TERMINATE_GRACE_S)
+        proc.wait(timeout=terminate_grace_s())
     except subprocess.TimeoutExpired:
         pass
-    _kill_group(pgid, signal.SIGKILL)  # ranks and workers that outlived their parent too
+    finally:
+        _kill_group(pgid, signal.SIGKILL)  # ranks and workers that outlived their parent too
     proc.wait()
+
+
+class _Deadline:
+    """The run's wall-clock limit: when it passes, the group is ended (SIGTERM, grace, SIGKILL) from a thread.
+
+    A run that hangs outside a collective (a dead data loader, a stuck file system) never ends on its own;
+    ending its group closes its output, so the runner's read loop finishes and the run is recorded as timeout.
+    """
+
+    def __init__(self, proc: subprocess.Popen, pgid: int, limit_s: float | None) -> None:
+        self.passed = threading.Event()
+        self._done = threading.Event()
+        self._proc, self._pgid = proc, pgid
+        self._thread = None
+        if limit_s is not None and limit_s > 0:
+            self._thread = threading.Thread(target=self._watch, args=(limit_s,), name="lab-time-limit", daemon=True)
+            self._thread.start()
+
+    def _watch(self, limit_s: float) -> None:
+        if self._done.wait(limit_s) or self._proc.poll() is not None:
+            return
+        self.passed.set()
+        _kill_group(self._pgid, signal.SIGTERM)
+        if not self._done.wait(terminate_grace_s()):
+            _kill_group(self._pgid, signal.SIGKILL)
+
+    def cancel(self) -> None:
+        self._done.set()
+
+
+class _Log:
+    """The run's log file; a write that fails (the disk filled up) stops the log, never the run or its record."""
+
+    def __init__(self, path: Path) -> None:
+        self.error: str | None = None
+        self._fh = open(path, "w", buffering=1, encoding="utf-8")  # noqa: SIM115 -- closed in close()
+
+    def write(self, line: str) -> None:
+        if self.error is not None:
+            return
+        try:
+            self._fh.write(line + "\n")
+        except OSError as exc:
+            self.error = f"the log stopped here: {exc.strerror or exc}"
+
+    def close(self) -> None:
+        try:
+            self._fh.close()
+        except OSError as exc:
+            self.error = self.error or f"the log could not be completed: {exc.strerror or exc}"
 
 
 def run_command(
@@ -78,22 +150,35 @@ def run_command(
     label: str = "",
     echo: bool = True,
     sample_interval_s: float = 0.15,
+    time_limit_s: float | None = None,
+    shield: InterruptShield | None = None,
 ) -> ProcessOutcome:
-    """Run ``command`` to the end (or to an interrupt) and return what happened; raises nothing for a failed run.
+    """Run ``command`` to the end (or to an interrupt, or to ``time_limit_s``) and return what happened.
 
-    The caller decides what a non-zero exit means; a KeyboardInterrupt is turned into ``interrupted=True``
-    after the whole process group is gone.
+    Raises nothing for a failed run: the caller decides what a non-zero exit means. A KeyboardInterrupt is
+    turned into ``interrupted=True`` after the whole process group is gone. From the first interrupt on (and
+    once the process has ended) ``shield`` is armed: further interrupts are counted, not raised, so that the
+    caller can store the record first. Without a ``shield`` the runner uses its own and releases it on return.
     """
+    own_shield = shield is None
+    shield = shield if shield is not None else InterruptShield()
     run_dir.mkdir(parents=True, exist_ok=True)
     report_dir = run_dir / "reports"
     report_dir.mkdir(exist_ok=True)
     log_path = run_dir / "output.log"
-    child_env = {**os.environ, **(env or {}), REPORT_DIR_ENV: str(report_dir), "PYTHONUNBUFFERED": "1"}
+    child_env = {
+        **os.environ,
+        **(env or {}),
+        REPORT_DIR_ENV: str(report_dir),
+        LAUNCHER_PID_ENV: str(os.getpid()),  # the child checks it is still ours (orphan_guard)
+        "PYTHONUNBUFFERED": "1",
+    }
     secrets = secret_values(child_env)
     tail: deque[str] = deque(maxlen=_TAIL_LINES)
     bar = _progress_bar(total_iters, label, echo)
     interrupted = False
-    t0 = time.perf_counter()
+    t0, t0_monotonic = time.perf_counter(), time.monotonic()
+    log = _Log(log_path)
     proc = subprocess.Popen(
         list(command),
         cwd=cwd,
@@ -104,6 +189,7 @@ def run_command(
         start_new_session=True,  # its own process group: we end it as a whole, the terminal's Ctrl-C reaches us
     )
     pgid = proc.pid
+    deadline = _Deadline(proc, pgid, time_limit_s)
     sampler = TimelineSampler(
         run_dir / "timeline.csv",
         root_pid=proc.pid,
@@ -111,12 +197,12 @@ def run_command(
         visible_devices=child_env.get("CUDA_VISIBLE_DEVICES"),
     )
     try:
-        with sampler, open(log_path, "w", buffering=1, encoding="utf-8") as log:
+        with sampler:
             try:
                 assert proc.stdout is not None
                 for raw in proc.stdout:
                     line = redact(raw.decode("utf-8", errors="replace").rstrip("\r\n"), secrets)
-                    log.write(line + "\n")
+                    log.write(line)
                     tail.append(line)
                     if echo:
                         _show(line, bar)
@@ -125,16 +211,29 @@ def run_command(
                         bar.refresh()
                 proc.wait()
             except KeyboardInterrupt:
+                shield.arm()  # from here on a second or third interrupt is counted, not raised
                 interrupted = True
-                log.write("lab: interrupted; ending the whole process group\n")
+                message = (
+                    "lab: interrupted; ending the whole process group "
+                    f"(further interrupts are ignored; whatever is left after {terminate_grace_s():.0f} s is killed)"
+                )
+                log.write(message)
+                _show(message, bar)
                 _end_group(proc, pgid)
     finally:
+        shield.arm()  # the process is over: an interrupt now must not cost the record
+        deadline.cancel()
         if proc.poll() is None:  # an unexpected error in this process: still leave nothing behind
             _end_group(proc, pgid)
         else:
             _kill_group(pgid, signal.SIGKILL)  # stray grandchildren of a finished run
+        if deadline.passed.is_set():
+            log.write(f"lab: the time limit of {time_limit_s:.0f} s passed; the whole process group was ended")
+        log.close()
         if bar is not None:
             bar.close()
+        if own_shield:
+            shield.release()
     return ProcessOutcome(
         returncode=proc.returncode,
         interrupted=interrupted,
@@ -143,6 +242,11 @@ def run_command(
         timeline=sampler.summary,
         reports=read_reports(report_dir),
         tail=list(tail),
+        timed_out=deadline.passed.is_set() and not interrupted,
+        time_limit_s=time_limit_s,
+        log_error=log.error,
+        pid=proc.pid,
+        started_monotonic_s=t0_monotonic,
     )
 
 

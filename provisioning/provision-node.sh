@@ -19,6 +19,9 @@ DAEMON_JSON=$ROOT/etc/docker/daemon.json
 DOCKER_KEY=/etc/apt/keyrings/docker.asc
 DOCKER_LIST=/etc/apt/sources.list.d/docker.list
 NVIDIA_KEY=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
+# The fingerprints Docker's and NVIDIA's install documentation publish for these keys.
+DOCKER_KEY_FINGERPRINT=9DC858229FC7DD38854AE2D88D81803C0EBFCD88
+NVIDIA_KEY_FINGERPRINT=C95B321B61E88C1809C4F759DDCAE044F796ECB0
 NVIDIA_LIST=/etc/apt/sources.list.d/nvidia-container-toolkit.list
 PACKAGES=(docker-ce docker-ce-cli containerd.io docker-buildx-plugin docker-compose-plugin nvidia-container-toolkit)
 # Small (about 100 MB) and new enough for current drivers; only used for the GPU check.
@@ -101,24 +104,44 @@ check_root() {
 
 # --- apt repositories and packages ---------------------------------------------------------------------------
 
-# fetch_key URL DEST [dearmor]: download a repository signing key once (apt only reads it).
+# fetch_key URL DEST FINGERPRINT [dearmor]: install a repository signing key, checked against the
+# fingerprint its publisher documents. It goes to a temporary file first and is moved into place only once
+# checked, so a download cut off half-way is never kept; an existing key that is damaged or is not the
+# published one is fetched again.
 fetch_key() {
-    local url=$1 dest=$ROOT$2 dearmor=${3:-}
-    if [[ -s $dest ]]; then
+    local url=$1 dest=$ROOT$2 fingerprint=$3 dearmor=${4:-}
+    if [[ -s $dest ]] && [[ $(key_fingerprint "$dest") == "$fingerprint" ]]; then
         unchanged "have signing key $2"
         return 0
     fi
+    [[ -e $dest ]] && say "the signing key $2 is damaged or not the published one ($fingerprint): fetching it again"
     run install -m 0755 -d "$(dirname "$dest")"
+    if ((DRY_RUN)); then
+        say "would run: curl -fsSL $url -o <temporary file>, check fingerprint $fingerprint, then move it to $2"
+        return 0
+    fi
+    local tmp got
+    tmp=$(mktemp "$dest.XXXXXX")
+    run curl -fsSL "$url" -o "$tmp"
+    got=$(key_fingerprint "$tmp")
+    if [[ $got != "$fingerprint" ]]; then
+        rm -f "$tmp"
+        die "the key from $url has fingerprint ${got:-none}, not the published $fingerprint; nothing was installed." \
+            "Check the publisher's install documentation; if the key was rotated, update the fingerprint in $PROG."
+    fi
     if [[ $dearmor ]]; then
         # NVIDIA publishes an ASCII-armoured key; apt's signed-by wants it binary.
-        run curl -fsSL "$url" -o "$dest.asc"
-        run gpg --batch --yes --dearmor -o "$dest" "$dest.asc"
-        run rm -f "$dest.asc"
-    else
-        run curl -fsSL "$url" -o "$dest"
+        run gpg --batch --yes --dearmor -o "$tmp.gpg" "$tmp"
+        mv -f "$tmp.gpg" "$tmp"
     fi
-    run chmod a+r "$dest"
-    changed "added signing key $2"
+    run chmod a+r "$tmp"
+    run mv -f "$tmp" "$dest"
+    changed "added signing key $2 (fingerprint $fingerprint)"
+}
+
+# key_fingerprint FILE: the primary key's fingerprint (armoured or binary), or nothing for a damaged file.
+key_fingerprint() {
+    gpg --batch --show-keys --with-colons "$1" 2>/dev/null | awk -F: '$1 == "fpr" { print $10; exit }'
 }
 
 # ensure_list PATH LINE: an apt source file holding exactly LINE.
@@ -138,12 +161,12 @@ setup_repositories() {
     ensure_packages "what fetching the repository keys needs" ca-certificates curl gnupg
     arch=$(dpkg --print-architecture)
     # Docker's documented repository setup for Ubuntu.
-    fetch_key https://download.docker.com/linux/ubuntu/gpg "$DOCKER_KEY"
+    fetch_key https://download.docker.com/linux/ubuntu/gpg "$DOCKER_KEY" "$DOCKER_KEY_FINGERPRINT"
     ensure_list "$DOCKER_LIST" \
         "deb [arch=$arch signed-by=$DOCKER_KEY] https://download.docker.com/linux/ubuntu $CODENAME stable"
     # NVIDIA's stable repository (one for all distributions): what its nvidia-container-toolkit.list holds,
     # with the keyring added, written directly so the result is the same on every run.
-    fetch_key https://nvidia.github.io/libnvidia-container/gpgkey "$NVIDIA_KEY" dearmor
+    fetch_key https://nvidia.github.io/libnvidia-container/gpgkey "$NVIDIA_KEY" "$NVIDIA_KEY_FINGERPRINT" dearmor
     ensure_list "$NVIDIA_LIST" \
         "deb [signed-by=$NVIDIA_KEY] https://nvidia.github.io/libnvidia-container/stable/deb/\$(ARCH) /"
 }

@@ -20,14 +20,16 @@ SSH_HOST=
 MOUNT=/home/jovyan/lab
 TOKEN_FILE=${LAB_TOKEN_FILE:-${XDG_CONFIG_HOME:-$HOME/.config}/lab-helpers/jupyter-token}
 WAIT_SECONDS=${LAB_WAIT_SECONDS:-120}
+SHM_SIZE=${LAB_SHM_SIZE:-16g}
 
 usage() {
     cat <<EOF
 Usage: $PROG [--image IMAGE] [--build] [--name NAME] [--port PORT] [--ssh-host HOST] [--lab-dir DIR] [--dry-run]
 
-Builds the lab image if it is missing, starts JupyterLab in a container (all GPUs, --ipc host for multi-GPU
-shared memory, the checkout mounted at $MOUNT), waits until it answers, and prints the SSH tunnel
-command and the URL. JupyterLab listens on 127.0.0.1 only; nothing is published on a public interface.
+Builds the lab image if it is missing, starts JupyterLab in a container (all GPUs, --shm-size $SHM_SIZE for
+multi-GPU shared memory (env LAB_SHM_SIZE), the checkout mounted at $MOUNT), waits until it answers, and
+prints the SSH tunnel command and the URL. JupyterLab listens on 127.0.0.1 only; nothing is published on a
+public interface. A container started with another port or token is recreated. Run it as the lab user, not root.
 
   --image IMAGE    image to run (default: $IMAGE; env LAB_IMAGE); built from provisioning/Dockerfile if absent
   --build          rebuild the image even if it exists (then restart the lab to use it: docker rm -f $NAME)
@@ -89,6 +91,7 @@ ensure_docker_access() {
 # the environment (docker run -e JUPYTER_TOKEN), so it never shows up in a command line or in `ps`.
 load_token() {
     if [[ -s $TOKEN_FILE ]]; then
+        check_token_file
         JUPYTER_TOKEN=$(<"$TOKEN_FILE")
     elif ((DRY_RUN)); then
         say "would create a random token in $TOKEN_FILE"
@@ -100,9 +103,30 @@ load_token() {
             umask 077
             printf '%s\n' "$JUPYTER_TOKEN" >"$TOKEN_FILE"
         )
+        chmod 600 "$TOKEN_FILE" # umask does not change the mode of a file that already existed (empty)
         say "+ created a random token in $TOKEN_FILE"
     fi
     export JUPYTER_TOKEN
+}
+
+# An existing token file must be ours and readable by us alone: a 644 file (copied, or made by hand) is made
+# 600; one that is someone else's, or that stays readable by others, is refused -- its token may be known.
+check_token_file() {
+    local mode
+    [[ -O $TOKEN_FILE ]] || die "the token file $TOKEN_FILE belongs to uid $(stat -c %u "$TOKEN_FILE"), not to you." \
+        "Remove it (a new token is made) or pass another file: LAB_TOKEN_FILE=PATH $PROG"
+    mode=$(stat -c %a "$TOKEN_FILE")
+    if [[ $mode != 600 && $mode != 400 ]]; then
+        if ((DRY_RUN)); then
+            say "would run: chmod 600 $TOKEN_FILE (it is mode $mode: others can read the token)"
+            return 0
+        fi
+        chmod 600 "$TOKEN_FILE"
+        mode=$(stat -c %a "$TOKEN_FILE")
+        [[ $mode == 600 ]] || die "the token file $TOKEN_FILE stays mode $mode: others can read the token." \
+            "Remove it so a new one is made: rm $TOKEN_FILE"
+        warn "the token file was readable by others; it is 600 now (consider a new token: rm $TOKEN_FILE)"
+    fi
 }
 
 ensure_image() {
@@ -115,9 +139,20 @@ ensure_image() {
     changed "built image $IMAGE"
 }
 
+# The container is labelled with the port and a hash of the token it was started with: a container started
+# with another port or token would make the printed URL wrong, so it is recreated.
 ensure_container() {
-    local running
+    local running wanted current
     running=$(docker container inspect -f '{{.State.Running}}' "$NAME" 2>/dev/null || true)
+    wanted="$PORT $(token_hash)"
+    if [[ $running == true || $running == false ]]; then
+        current=$(docker container inspect -f '{{index .Config.Labels "lab.port"}} {{index .Config.Labels "lab.token-sha256"}}' "$NAME" 2>/dev/null || true)
+        if [[ $current != "$wanted" ]]; then
+            say "The container $NAME was started with another port or token; recreating it."
+            run docker rm -f "$NAME"
+            running=
+        fi
+    fi
     case $running in
         true)
             unchanged "running: container $NAME"
@@ -130,16 +165,34 @@ ensure_container() {
             local env_args=(-e JUPYTER_TOKEN -e "LAB_HOME=$MOUNT")
             [[ -n ${HF_TOKEN:-} ]] && env_args+=(-e HF_TOKEN)
             # --network host + --ip=127.0.0.1: Jupyter listens on the host's loopback and nowhere else
-            # (no -p: a published port would bypass the host firewall). --ipc host: NCCL and DataLoader
-            # workers need far more shared memory than Docker's 64 MB default.
+            # (no -p: a published port would bypass the host firewall). --shm-size: NCCL and DataLoader
+            # workers need far more shared memory than Docker's 64 MB default; every rank runs in this one
+            # container, so they share its IPC namespace and --ipc host is not needed.
+            # --ServerApp.port_retries=0: if the port is taken, fail instead of moving to the next one
+            # (the readiness check and the printed URL would then point at someone else's server).
             run docker run -d --name "$NAME" --restart unless-stopped \
-                --gpus all --ipc host --ulimit memlock=-1 --ulimit stack=67108864 \
+                --label "lab.port=$PORT" --label "lab.token-sha256=$(token_hash)" \
+                --gpus all --shm-size "$SHM_SIZE" --ulimit memlock=-1 --ulimit stack=67108864 \
                 --network host --user "$(id -u):$(id -g)" "${env_args[@]}" \
                 -v "$LAB_DIR:$MOUNT" -v lab-cache:/home/jovyan/.cache -w "$MOUNT" \
-                "$IMAGE" jupyter lab --ip=127.0.0.1 --port="$PORT" --no-browser --ServerApp.root_dir="$MOUNT"
+                "$IMAGE" jupyter lab --ip=127.0.0.1 --port="$PORT" --ServerApp.port_retries=0 --no-browser \
+                --ServerApp.root_dir="$MOUNT"
             changed "started container $NAME"
             ;;
     esac
+}
+
+# token_hash: the token's SHA-256, so a container's label can be compared without storing the token in it.
+token_hash() {
+    printf '%s' "$JUPYTER_TOKEN" | sha256sum | cut -c1-64
+}
+
+# The container runs as the calling user (files on the mount stay theirs); as root, Jupyter refuses to start
+# without --allow-root and the container restarts in a loop. Refuse clearly instead.
+refuse_root() {
+    [[ $(id -u) != 0 ]] && return 0
+    die "do not run $PROG as root (or with sudo): the lab runs as the user who starts it." \
+        "Run it as the lab user, e.g.: sudo -u <lab user> $HERE/$PROG (that user needs the docker group: provision-node.sh --user)."
 }
 
 # Jupyter's /api answers without a token once the server is up.
@@ -172,6 +225,7 @@ EOF
 main() {
     ARGS=("$@")
     parse_args "$@"
+    refuse_root
     ensure_docker_access
     load_token
     ensure_image

@@ -111,6 +111,9 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from lab_helpers.orphan_guard import start_orphan_guard
+
+    start_orphan_guard()  # first (before torch is imported): the runner died (kernel restart): end every node
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
         raise SystemExit(
@@ -140,9 +143,6 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    from lab_helpers.orphan_guard import start_orphan_guard
-
-    start_orphan_guard()  # the runner died (kernel restart): end every node
     for node_rank in range(args.nodes):
         cmd = command
         if args.launcher == "torchrun":

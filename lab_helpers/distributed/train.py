@@ -49,6 +49,11 @@ def env_global_rank(devices: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    launched_by_runner = "LOCAL_RANK" not in os.environ and os.environ.get("LAB_WATCH_PARENT") != "1"
+    if launched_by_runner:  # first, before the seconds of imports: a kernel restart then must not leave us running
+        from lab_helpers.orphan_guard import die_with_parent
+
+        die_with_parent()
     args = parse_args(argv)
     on_cuda = _wants_cuda(args.accelerator)
     if args.strategy == "deepspeed-zero3" and not on_cuda:
@@ -60,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     world_size = args.devices * args.num_nodes
     report = RankReport(rank=env_global_rank(args.devices), world_size=world_size)
     peers.sigterm_as_interrupt()
-    if "LOCAL_RANK" in os.environ or os.environ.get("LAB_WATCH_PARENT") == "1":
+    if not launched_by_runner:
         peers.watch_parent(lambda message: report.write("error", message))
     else:  # the process the runner started: if the runner dies (kernel restart), end the whole run
         from lab_helpers.orphan_guard import start_orphan_guard

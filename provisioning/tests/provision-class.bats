@@ -88,14 +88,26 @@ fake_node() {
     for kv in "$@"; do printf '            %s: "%s"\n' "${kv%%=*}" "${kv#*=}"; done
 }
 
-@test "the real playbook: provisions nodes in parallel and reports which passed the GPU check" {
+need_ansible() {
     command -v ansible-playbook >/dev/null || {
         echo "ansible-playbook is not on PATH: pip install ansible-core" >&2
         return 1
     }
+}
+
+# inventory_header EXTRA_VARS: a YAML inventory's [gpu_nodes] head, every node run locally (EXTRA_VARS: more vars)
+inventory_header() {
+    printf 'gpu_nodes:\n  vars:\n    ansible_connection: local\n    ansible_become: false\n'
+    printf '    ansible_python_interpreter: "{{ ansible_playbook_python }}"\n'
+    # shellcheck disable=SC2059 # the extra vars are a printf format on purpose (their \n)
+    printf "$1"
+    printf '  hosts:\n'
+}
+
+@test "the real playbook: provisions nodes in parallel and reports which passed the GPU check" {
+    need_ansible
     {
-        printf 'gpu_nodes:\n  vars:\n    ansible_connection: local\n    ansible_become: false\n'
-        printf '    ansible_python_interpreter: "{{ ansible_playbook_python }}"\n    lab_user: student\n  hosts:\n'
+        inventory_header '    lab_user: student\n'
         fake_node fresh-node | sed 's/^    //'
         fake_node done-node | sed 's/^    //'
         fake_node bad-node STUB_CONTAINER_GPUS=1 | sed 's/^    //'
@@ -115,4 +127,18 @@ fake_node() {
     [[ $output =~ done-node\ +:\ ok=[0-9]+\ +changed=0 ]]
     grep -q '^usermod -aG docker student$' "$BATS_TEST_TMPDIR/fresh-node/calls.log"
     grep -q '^nvidia-ctk runtime configure' "$BATS_TEST_TMPDIR/fresh-node/calls.log"
+}
+
+@test "the real playbook: no lab user named is refused (never the controller's \$USER), nothing provisioned" {
+    need_ansible
+    {
+        inventory_header ''
+        fake_node lone-node | sed 's/^    //'
+    } >"$BATS_TEST_TMPDIR/inventory.yml"
+    USER=controller-user run "$SCRIPT" -i "$BATS_TEST_TMPDIR/inventory.yml"
+    echo "$output"
+    [ "$status" -ne 0 ]
+    [[ $output == *"Name the lab user who joins the docker group"* ]]
+    run grep -qs usermod "$BATS_TEST_TMPDIR/lone-node/calls.log"
+    [ "$status" -ne 0 ] # provision-node.sh never ran
 }

@@ -4,7 +4,7 @@
 load helpers
 
 # Commands that change a node; a dry run or a second run must call none of them.
-CHANGING='^(apt-get|curl|gpg|nvidia-ctk|usermod|systemctl (restart|enable)|docker run)'
+CHANGING='^(apt-get|curl|gpg --batch --yes|nvidia-ctk|usermod|systemctl (restart|enable)|docker run)'
 
 setup() {
     setup_stubs
@@ -43,6 +43,33 @@ PY
     [ "$(grep -n '^systemctl restart' "$STUB_LOG" | cut -d: -f1)" -lt "$(grep -n '^docker run' "$STUB_LOG" | cut -d: -f1)" ]
 }
 
+@test "signing keys: checked against the published fingerprint; a key cut off half-way is fetched again" {
+    run "$SCRIPT" --user student
+    [ "$status" -eq 0 ]
+    [[ $output == *"added signing key /etc/apt/keyrings/docker.asc (fingerprint 9DC858229FC7DD38854AE2D88D81803C0EBFCD88)"* ]]
+    # A download cut off half-way (the earlier script kept it forever, since the file was not empty).
+    echo "stub key from curl, cut off" >"$PROVISION_ROOT/etc/apt/keyrings/docker.asc"
+    : >"$STUB_LOG"
+    run "$SCRIPT" --user student
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [[ $output == *"signing key /etc/apt/keyrings/docker.asc is damaged or not the published one"* ]]
+    called '^curl -fsSL https://download.docker.com/linux/ubuntu/gpg -o .*/etc/apt/keyrings/docker.asc\.'
+    grep -q "end of key" "$PROVISION_ROOT/etc/apt/keyrings/docker.asc"
+}
+
+@test "signing keys: a key with another fingerprint, or a cut-off download, is refused and nothing is installed" {
+    STUB_WRONG_KEY=1 run "$SCRIPT" --user student
+    echo "$output"
+    [ "$status" -eq 1 ]
+    [[ $output == *"not the published 9DC858229FC7DD38854AE2D88D81803C0EBFCD88; nothing was installed"* ]]
+    [ ! -e "$PROVISION_ROOT/etc/apt/keyrings/docker.asc" ]
+    [ -z "$(ls "$PROVISION_ROOT/etc/apt/keyrings/")" ] # no temporary file left behind
+    STUB_CURL_CUT=1 run "$SCRIPT" --user student
+    [ "$status" -ne 0 ]
+    [ ! -e "$PROVISION_ROOT/etc/apt/keyrings/docker.asc" ]
+}
+
 @test "already provisioned node: second run changes nothing and says so" {
     run "$SCRIPT" --user student
     [ "$status" -eq 0 ]
@@ -56,7 +83,7 @@ PY
     [[ $output == *"already installed: docker-ce"* ]]
     [[ $output == *"already in the docker group: student (no change)"* ]]
     [[ $output == *"native.cgroupdriver=cgroupfs"*"(no change)"* ]]
-    not_called '^(apt-get|curl|gpg|nvidia-ctk|usermod|systemctl (restart|enable))'
+    not_called '^(apt-get|curl|gpg --batch --yes|nvidia-ctk|usermod|systemctl (restart|enable))'
     # Only the read-only GPU check runs again.
     called '^docker run --rm --pull missing --gpus all .* nvidia-smi -L$'
     [ "$(cd "$PROVISION_ROOT" && find . -type f -exec sha256sum {} + | sort)" == "$before" ]

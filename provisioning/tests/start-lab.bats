@@ -7,6 +7,7 @@ setup() {
     setup_stubs
     export LAB_TOKEN_FILE=$BATS_TEST_TMPDIR/config/jupyter-token
     export LAB_WAIT_SECONDS=4
+    export STUB_UID=1000 # the lab user, not root
     LAB=$BATS_TEST_TMPDIR/lab
     mkdir -p "$LAB"
     SCRIPT=$PROVISIONING_DIR/start-lab.sh
@@ -19,7 +20,8 @@ setup() {
     called "^docker build -f $PROVISIONING_DIR/Dockerfile -t lab-helpers:latest $LAB\$"
     run_line=$(grep '^docker run -d' "$STUB_LOG")
     [[ $run_line == *"--gpus all"* ]]
-    [[ $run_line == *"--ipc host"* ]]
+    [[ $run_line == *"--shm-size 16g"* && $run_line != *"--ipc host"* ]]
+    [[ $run_line == *"--ServerApp.port_retries=0"* ]] # a taken port fails instead of moving to 8889
     [[ $run_line == *"--network host"* ]]
     [[ $run_line == *"--ip=127.0.0.1"* ]]
     [[ $run_line == *"-v $LAB:/home/jovyan/lab"* ]]
@@ -119,4 +121,52 @@ setup() {
     [ "$status" -eq 2 ]
     [[ $output == *"--image needs a value"* ]]
     [ ! -s "$STUB_LOG" ]
+}
+
+@test "a token file others can read is made 600; one that stays readable is refused" {
+    mkdir -p "$(dirname "$LAB_TOKEN_FILE")"
+    echo 0123456789abcdef0123456789abcdef0123456789abcdef >"$LAB_TOKEN_FILE"
+    chmod 644 "$LAB_TOKEN_FILE"
+    run "$SCRIPT" --lab-dir "$LAB"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [ "$(stat -c %a "$LAB_TOKEN_FILE")" = 600 ]
+    [[ $output == *"readable by others; it is 600 now"* ]]
+    # chmod that does not take (a file system without modes): refused, the token is not used
+    printf '#!/usr/bin/env bash\nexit 0\n' >"$BATS_TEST_TMPDIR/bin/chmod" && chmod +x "$BATS_TEST_TMPDIR/bin/chmod"
+    /bin/chmod 644 "$LAB_TOKEN_FILE"
+    run "$SCRIPT" --lab-dir "$LAB"
+    [ "$status" -eq 1 ]
+    [[ $output == *"stays mode 644: others can read the token"* ]]
+}
+
+@test "a container started with another port or token is recreated, so the printed URL is right" {
+    run "$SCRIPT" --lab-dir "$LAB"
+    [ "$status" -eq 0 ]
+    : >"$STUB_LOG"
+    run "$SCRIPT" --lab-dir "$LAB" --port 9999
+    echo "$output"
+    [ "$status" -eq 0 ]
+    called '^docker rm -f lab$'
+    called '^docker run -d --name lab .*--label lab.port=9999 .*--port=9999'
+    [[ $output == *"http://127.0.0.1:9999/lab?token="* ]]
+    # a new token (the old file removed): recreated again
+    rm "$LAB_TOKEN_FILE"
+    : >"$STUB_LOG"
+    run "$SCRIPT" --lab-dir "$LAB" --port 9999
+    [ "$status" -eq 0 ]
+    called '^docker rm -f lab$'
+    # same port and token: left alone
+    : >"$STUB_LOG"
+    run "$SCRIPT" --lab-dir "$LAB" --port 9999
+    [[ $output == *"Summary: nothing changed."* ]]
+    not_called '^docker (rm|run|start)'
+}
+
+@test "run as root (sudo start-lab.sh): refused with what to do, nothing started" {
+    STUB_UID=0 run "$SCRIPT" --lab-dir "$LAB"
+    echo "$output"
+    [ "$status" -eq 1 ]
+    [[ $output == *"do not run start-lab.sh as root"* ]]
+    not_called '^docker'
 }

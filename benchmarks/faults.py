@@ -1,0 +1,448 @@
+"""A matrix of faults against the real CLI and runner on the ci profile: nothing lost, nothing left running.
+
+Each fault runs `python -m lab_helpers ...` (real litgpt / Lightning training processes on the tiny ci models)
+in a results folder of its own, seeded with two earlier records, and checks afterwards:
+
+* records lost: an earlier record missing or changed, or a run that should have stored a record (its launcher
+  lived and the disk had room) without one. A launcher killed with kill -9 cannot record its run, and a record
+  refused by a full disk is reported in one line and counted as "refused", not as lost;
+* stray processes: any process still alive whose command line names the fault's results folder (training
+  processes, ranks, data-loader workers), after a few seconds' grace for the orphan guard;
+* the fault's own expectation (status, exit code, one-line error, no token stored ...).
+
+Fixtures where a CPU cannot produce the fault on demand, as in tests/test_faults.py: a training process that
+ignores SIGTERM stands for a rank stuck in a collective; a data loader that sleeps for a hung file system; a
+SIGSTOPped rank for a hung rank; RLIMIT_FSIZE for a disk that fills up; a RuntimeError carrying the token for an
+error that quotes it.
+
+Usage: python benchmarks/faults.py   (under 10 minutes on 2 cores; one row per fault, then a summary line). The
+unit tests (tests/test_faults.py) cover each fault separately, including a single Ctrl-C during training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE_TOKEN = "hf_FaultProbeTokenNotReal0123456789abcd"
+SEED_RECORDS = [
+    {"experiment": "seed-a", "status": "ok", "profile": "ci", "run_id": "seed-a"},
+    {"experiment": "seed-b", "status": "oom", "profile": "ci", "run_id": "seed-b"},
+]
+BAD_SET_VALUES = [
+    "train.max_steps=abc", "train=5", "data=x", "checkpoint_dir=null", "train.max_steps=[1",
+    "out_dir=!!python/object/apply:os.system [ls]", "data.class_path=litgpt.tokenizer.Tokenizer",
+    "train.max_steps=.nan",
+]  # fmt: skip
+IGNORE_SIGTERM = """
+    import os, signal
+    if os.environ.get("LAB_REPORT_DIR"):
+        _set = signal.signal
+        _set(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal = lambda s, h: _set(s, signal.SIG_IGN if s == signal.SIGTERM else h)
+"""
+DEAD_DATA_LOADER = """
+    import os
+    if os.environ.get("LAB_REPORT_DIR"):
+        import time, litgpt.data.json_data as j
+        j.JSON.train_dataloader = lambda self: time.sleep(3600)
+"""
+ERROR_WITH_TOKEN = """
+    import os
+    if os.environ.get("LAB_REPORT_DIR"):
+        import litgpt.model
+        def forward(self, *a, **k):
+            raise RuntimeError("upload refused for token " + os.environ["HF_TOKEN"])
+        litgpt.model.GPT.forward = forward
+"""
+
+
+@dataclass
+class Row:
+    fault: str
+    expected: str
+    observed: str = ""
+    ok: bool = False
+    lost: int = 0
+    strays: int = 0
+    refused: int = 0
+
+
+class Fault:
+    """One fault's own results folder, environment and checks."""
+
+    def __init__(self, root: Path, name: str, fixture: str | None = None) -> None:
+        self.dir = root / name.replace(" ", "-")
+        self.results = self.dir / "results"
+        self.results.mkdir(parents=True)
+        with open(self.results / "runs.jsonl", "w") as fh:
+            for record in SEED_RECORDS:
+                fh.write(json.dumps(record, sort_keys=True) + "\n")
+        self.seed_bytes = (self.results / "runs.jsonl").read_bytes()
+        self.env = {**os.environ, "LAB_RESULTS": str(self.results), "LAB_PROFILE": "ci", "LAB_TERMINATE_GRACE_S": "4"}
+        self.env.pop("HF_TOKEN", None)
+        if fixture:
+            site = self.dir / "site"
+            site.mkdir()
+            (site / "sitecustomize.py").write_text(textwrap.dedent(fixture))
+            self.env["PYTHONPATH"] = f"{site}{os.pathsep}{self.env.get('PYTHONPATH', '')}"
+
+    def start(self, *args: str, preexec: Callable[[], None] | None = None) -> subprocess.Popen:
+        def child_setup() -> None:
+            # as from a terminal: a shell's background job (nohup ... &) starts with SIGINT ignored, inherited here
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            if preexec is not None:
+                preexec()
+
+        return subprocess.Popen(
+            [sys.executable, "-m", "lab_helpers", *args],
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            preexec_fn=child_setup,
+        )
+
+    def run(self, *args: str, timeout_s: float = 300, **kw) -> tuple[int, str, str]:
+        proc = self.start(*args, **kw)
+        out, err = proc.communicate(timeout=timeout_s)
+        return proc.returncode, out, err
+
+    def new_records(self) -> list[dict]:
+        import warnings
+
+        from lab_helpers.records import read_records
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return read_records(self.results / "runs.jsonl")[len(SEED_RECORDS) :]
+
+    def seeds_intact(self) -> bool:
+        return (self.results / "runs.jsonl").read_bytes().startswith(self.seed_bytes)
+
+    def strays(self, grace_s: float = 8.0) -> int:
+        deadline = time.monotonic() + grace_s
+        while True:
+            alive = [p for p in _processes() if any(str(self.dir) in part for part in p[1])]
+            if not alive or time.monotonic() > deadline:
+                for pid, _ in alive:  # leave the machine clean for the next fault, but count them
+                    _kill(pid)
+                return len(alive)
+            time.sleep(0.25)
+
+    def wait_for_training(self, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and proc.poll() is None:
+            for log in self.results.glob("runs/*/output.log"):
+                text = log.read_text(errors="replace")
+                if " iter 2 " in text or "| iter 2 " in text or "iter 2 step" in text:
+                    return
+            time.sleep(0.2)
+        raise RuntimeError(f"training did not start in {self.dir}")
+
+    def children(self, proc: subprocess.Popen, timeout_s: float = 60) -> list[psutil.Process]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                found = psutil.Process(proc.pid).children(recursive=True)
+            except psutil.Error:
+                found = []
+            if found:
+                return found
+            time.sleep(0.02)
+        return []
+
+
+def _processes() -> list[tuple[int, list[str]]]:
+    out = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            out.append((proc.pid, proc.info["cmdline"] or []))
+        except psutil.Error:
+            continue
+    return out
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _statuses(records: list[dict]) -> str:
+    return ",".join(str(r.get("status")) for r in records) or "none"
+
+
+def _finish(row: Row, fault: Fault, *, expect_records: int | None, ok: bool, observed: str) -> Row:
+    """Common accounting: earlier records intact, the run's records there (unless none could be), no stray."""
+    new = fault.new_records()
+    row.lost = 0 if fault.seeds_intact() else len(SEED_RECORDS)
+    if expect_records is not None and len(new) < expect_records:
+        row.lost += expect_records - len(new)
+    row.strays = fault.strays()
+    row.observed = observed
+    row.ok = ok and row.lost == 0 and row.strays == 0
+    return row
+
+
+# ------------------------------------------------------------------------------------------------- the faults
+
+
+def interrupts(root: Path, times: int, *, moment: str, stuck: bool = False) -> Row:
+    what = f"Ctrl-C x{times} {moment}" + (", rank deaf to SIGTERM" if stuck else "")
+    row = Row(what, "interrupted recorded, exit 130")
+    fault = Fault(root, f"int{times}-{moment}-{int(stuck)}", IGNORE_SIGTERM if stuck else None)
+    proc = fault.start("run", "grad-accum", "--set", "train.max_steps=10000", "--quiet")
+    if moment == "during training":
+        fault.wait_for_training(proc)
+    else:  # while the training process starts (imports, checkpoint load)
+        fault.children(proc)
+        time.sleep(1.0)
+    for _ in range(times):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.6)
+    proc.communicate(timeout=120)
+    new = fault.new_records()
+    ok = proc.returncode == 130 and _statuses(new) == "interrupted"
+    return _finish(row, fault, expect_records=1, ok=ok, observed=f"exit {proc.returncode}, {_statuses(new)}")
+
+
+def kill_launcher(root: Path, *, moment: str) -> Row:
+    exp = "ddp" if moment == "while ranks import torch" else "grad-accum"
+    row = Row(f"kill -9 launcher {moment} ({exp})", "no record possible; every training process ends")
+    fault = Fault(root, f"kill-launcher-{exp}")
+    proc = fault.start("run", exp, "--set", "train.max_steps=10000", "--quiet")
+    if moment == "while ranks import torch":
+        fault.children(proc)
+    else:
+        fault.wait_for_training(proc)
+    proc.kill()
+    proc.communicate()
+    return _finish(row, fault, expect_records=0, ok=True, observed=f"launcher {proc.returncode}")
+
+
+def kill_rank(root: Path) -> Row:
+    row = Row("kill -9 of rank 1 (ddp, 2 ranks)", "error recorded for each rank, exit 1")
+    fault = Fault(root, "kill-rank")
+    proc = fault.start("run", "ddp", "--set", "train.max_steps=10000", "--quiet")
+    fault.wait_for_training(proc)
+    children = fault.children(proc)
+    ranks1 = [p for p in children if "LOCAL_RANK=1" in _environ(p)]
+    rank1 = [p for p in ranks1 if p.ppid() not in {q.pid for q in ranks1}]  # the rank, not its loader workers
+    for p in rank1:
+        p.kill()
+    proc.communicate(timeout=180)
+    new = fault.new_records()
+    ok = bool(rank1) and proc.returncode == 1 and len(new) == 2 and {r["status"] for r in new} == {"error"}
+    return _finish(row, fault, expect_records=2, ok=ok, observed=f"exit {proc.returncode}, {_statuses(new)}")
+
+
+def _environ(proc: psutil.Process) -> str:
+    try:
+        return " ".join(f"{k}={v}" for k, v in proc.environ().items())
+    except psutil.Error:
+        return ""
+
+
+def hung_rank(root: Path) -> Row:
+    row = Row("hung rank (SIGSTOP rank 1, ddp), --time-limit 35", "timeout recorded for each rank")
+    fault = Fault(root, "hung-rank")
+    proc = fault.start("run", "ddp", "--set", "train.max_steps=10000", "--time-limit", "35", "--quiet")
+    fault.wait_for_training(proc)
+    for p in fault.children(proc):
+        if "LOCAL_RANK=1" in _environ(p):
+            p.suspend()
+    proc.communicate(timeout=180)
+    new = fault.new_records()
+    ok = proc.returncode == 1 and len(new) == 2 and {r["status"] for r in new} == {"timeout"}
+    return _finish(row, fault, expect_records=2, ok=ok, observed=f"exit {proc.returncode}, {_statuses(new)}")
+
+
+def hung_data_loader(root: Path) -> Row:
+    row = Row("dead data loader, --time-limit 15", "timeout recorded")
+    fault = Fault(root, "hung-loader", DEAD_DATA_LOADER)
+    code, _, _ = fault.run("run", "grad-accum", "--time-limit", "15", "--quiet")
+    new = fault.new_records()
+    ok = code == 1 and _statuses(new) == "timeout"
+    return _finish(row, fault, expect_records=1, ok=ok, observed=f"exit {code}, {_statuses(new)}")
+
+
+def _file_size_limit(limit_bytes: int) -> Callable[[], None]:
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # inherited: write() fails with EFBIG, like a full disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return apply
+
+
+def disk_full_during_run(root: Path) -> Row:
+    row = Row("disk fills during a run (files stop at 12 KiB)", "run ends; record stored or refused in one line")
+    fault = Fault(root, "disk-run")
+    code, _, err = fault.run("run", "grad-accum", "--set", "train.max_steps=3", preexec=_file_size_limit(12 * 1024))
+    new = fault.new_records()
+    refused = "could not store the record" in err
+    one_line = len(err.strip().splitlines()) <= 1 if refused else True
+    row.refused = int(refused and not new)
+    ok = one_line and (len(new) == 1 or refused)
+    observed = f"exit {code}, " + ("record refused in one line" if refused else _statuses(new))
+    if new and new[0].get("log_error"):
+        observed += " (log cut short, said in the record)"
+    return _finish(row, fault, expect_records=0 if refused else 1, ok=ok, observed=observed)
+
+
+def disk_full_during_append(root: Path) -> Row:
+    row = Row("disk full during the append (qlora-7b: skipped)", "refused in one line; file as it was")
+    fault = Fault(root, "disk-append")
+    size = len(fault.seed_bytes)
+    code, _, err = fault.run("run", "qlora-7b", preexec=_file_size_limit(size + 200))
+    same = (fault.results / "runs.jsonl").read_bytes() == fault.seed_bytes
+    ok = code == 1 and same and err.strip().startswith("error: could not store") and len(err.strip().splitlines()) == 1
+    row.refused = 1
+    return _finish(row, fault, expect_records=0, ok=ok, observed=f"exit {code}, file unchanged: {same}")
+
+
+def damaged_file(root: Path) -> Row:
+    row = Row("damaged results file (half a line at the end)", "new record fenced off; earlier ones readable")
+    fault = Fault(root, "damaged")
+    with open(fault.results / "runs.jsonl", "ab") as fh:
+        fh.write(b'{"experiment": "cut-off", "sta')
+    fault.seed_bytes = (fault.results / "runs.jsonl").read_bytes()
+    code, _, _ = fault.run("run", "lora-1b", "--set", "train.max_steps=2", "--quiet")
+    import warnings
+
+    from lab_helpers.records import read_records
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        stored = read_records(fault.results / "runs.jsonl")
+    names = [r["experiment"] for r in stored]
+    ok = code == 0 and names == ["seed-a", "seed-b", "lora-1b"] and len(caught) == 1
+    return _finish(row, fault, expect_records=None, ok=ok, observed=f"exit {code}, read back {names}")
+
+
+def bad_set_values(root: Path) -> list[Row]:
+    """Every bad value through the CLI's own ``main`` in one process (the imports are paid once, not per value)."""
+    fault = Fault(root, "set-values")
+    script = textwrap.dedent(
+        """
+        import contextlib, io, json, sys
+        from lab_helpers.cli import main
+        for pair in json.loads(sys.argv[1]):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                code = main(["run", "grad-accum", "--set", pair])
+            print(json.dumps([pair, code, err.getvalue()]), flush=True)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(BAD_SET_VALUES)],
+        cwd=ROOT, env=fault.env, capture_output=True, text=True, timeout=300,
+    ).stdout  # fmt: skip
+    rows = []
+    started_nothing = not (fault.results / "runs").exists() and not fault.new_records()
+    for line in out.splitlines():
+        pair, code, err = json.loads(line)
+        lines = err.strip().splitlines()
+        ok = code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and started_nothing
+        row = Row(f"--set {pair}", "exit 2, one line, nothing started")
+        rows.append(_finish(row, fault, expect_records=0, ok=ok, observed=f"exit {code}: {lines[0] if lines else ''}"))
+    if len(rows) != len(BAD_SET_VALUES):
+        rows.append(Row("--set values", "one row per value", observed=f"{len(rows)} of {len(BAD_SET_VALUES)} ran"))
+    row = Row("--set out_dir=2024-01-01 (YAML reads a date)", "run ok, record stored")
+    fault = Fault(root, "set-date")
+    code, _, _ = fault.run("run", "lora-1b", "--set", "out_dir=2024-01-01", "--set", "train.max_steps=2", "--quiet")
+    new = fault.new_records()
+    rows.append(_finish(row, fault, expect_records=1, ok=code == 0 and _statuses(new) == "ok",
+                        observed=f"exit {code}, {_statuses(new)}"))  # fmt: skip
+    return rows
+
+
+def token_in_error(root: Path) -> Row:
+    row = Row("HF token in the environment and in an error", "error recorded; no file or export holds the token")
+    fault = Fault(root, "token", ERROR_WITH_TOKEN)
+    fault.env["HF_TOKEN"] = FAKE_TOKEN
+    home = fault.dir / "home"
+    home.mkdir()
+    (home / "configs").symlink_to(ROOT / "configs")
+    code, out, err = fault.run("run", "lora-1b", "--set", "train.max_steps=2", "--quiet")
+    fault.env["LAB_HOME"] = str(home)
+    fault.run("export-reference", "probe")
+    new = fault.new_records()
+    leaks = [p for p in fault.dir.rglob("*") if p.is_file() and p.name != "sitecustomize.py"
+             and FAKE_TOKEN in p.read_text(errors="replace")]  # fmt: skip
+    leaks += ["stdout/stderr"] if FAKE_TOKEN in out + err else []
+    ok = _statuses(new) == "error" and "***" in (new[0].get("error") or "") and not leaks
+    return _finish(
+        row, fault, expect_records=1, ok=ok, observed=f"{_statuses(new)}, files with the token: {len(leaks)}"
+    )
+
+
+def main() -> int:
+    from lab_helpers.assets import prepare_ci
+
+    prepare_ci(progress=lambda *_: None)
+    from importlib.metadata import version
+
+    import lightning
+    import torch
+
+    print(f"$ python benchmarks/faults.py   # torch {torch.__version__}, lightning {lightning.__version__}, "
+          f"litgpt {version('litgpt')}, {os.cpu_count()} CPUs, ci profile")  # fmt: skip
+    started = time.monotonic()
+    root = Path(tempfile.mkdtemp(prefix="lab-faults-"))
+    rows: list[Row] = []
+    plan: list[Callable[[], Row | list[Row]]] = [
+        lambda: interrupts(root, 1, moment="at start-up"),
+        lambda: interrupts(root, 2, moment="during training"),
+        lambda: interrupts(root, 3, moment="during training", stuck=True),
+        lambda: kill_launcher(root, moment="while ranks import torch"),
+        lambda: kill_launcher(root, moment="during training"),
+        lambda: kill_rank(root),
+        lambda: hung_rank(root),
+        lambda: hung_data_loader(root),
+        lambda: disk_full_during_run(root),
+        lambda: disk_full_during_append(root),
+        lambda: damaged_file(root),
+        lambda: token_in_error(root),
+        lambda: bad_set_values(root),
+    ]
+    print(f"{'fault':<52} | {'expected':<56} | {'observed':<60} | result")
+    for step in plan:
+        try:
+            got = step()
+        except Exception as exc:  # a fault the harness could not even set up is a failure, shown as such
+            got = Row(getattr(step, "__name__", "fault"), "", observed=f"harness error: {exc!r}"[:80])
+        for row in got if isinstance(got, list) else [got]:
+            rows.append(row)
+            verdict = "survived" if row.ok else "FAILED"
+            observed = row.observed if len(row.observed) <= 60 else row.observed[:57] + "..."
+            print(f"{row.fault:<52} | {row.expected:<56} | {observed:<60} | {verdict}", flush=True)
+    shutil.rmtree(root, ignore_errors=True)
+    survived = sum(r.ok for r in rows)
+    lost = sum(r.lost for r in rows)
+    strays = sum(r.strays for r in rows)
+    refused = sum(r.refused for r in rows)
+    print(f"# {time.monotonic() - started:.0f} s; records refused by a full disk (said in one line): {refused}")
+    print(f"faults {len(rows)}, survived {survived}, records lost {lost}, stray processes {strays}")
+    return 0 if survived == len(rows) and lost == 0 and strays == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Each run's wall-clock limit, so that a run hung outside a collective cannot block ``run-all`` forever.
+
+A rank stuck in a collective ends at the collective's timeout, but a dead data loader or a stuck file system
+never ends. The limit is generous -- a slow run must never be cut -- and comes from the recipe: an allowance
+for loading (checkpoint, data, DeepSpeed op builds) plus an allowance per micro-batch the run will do. The
+planner predicts memory, not time, so there is no predicted step time to scale instead. A run whose
+step count the recipe leaves open gets the profile's whole allowance. ``time_limit_s=`` (``--time-limit``)
+or ``$LAB_TIME_LIMIT_S`` override it; 0 means no limit.
+"""
+
+from __future__ import annotations
+
+import os
+
+TIME_LIMIT_ENV = "LAB_TIME_LIMIT_S"
+STARTUP_ALLOWANCE_S = {"ci": 300.0, "gpu": 1800.0}
+PER_ITERATION_S = {"ci": 30.0, "gpu": 120.0}
+OPEN_ENDED_RUN_S = {"ci": 1800.0, "gpu": 3 * 3600.0}  # a lease is 2-3 h
+
+
+def time_limit_s(profile: str, total_iterations: int | None, override: float | None = None) -> float | None:
+    """Seconds the run may take, or None for no limit (``override`` or ``$LAB_TIME_LIMIT_S`` of 0)."""
+    if override is None and os.environ.get(TIME_LIMIT_ENV):
+        override = parse_time_limit(os.environ[TIME_LIMIT_ENV], source=TIME_LIMIT_ENV)
+    if override is not None:
+        return float(override) if override > 0 else None
+    startup = STARTUP_ALLOWANCE_S.get(profile, STARTUP_ALLOWANCE_S["gpu"])
+    if not total_iterations:
+        return OPEN_ENDED_RUN_S.get(profile, OPEN_ENDED_RUN_S["gpu"])
+    return startup + total_iterations * PER_ITERATION_S.get(profile, PER_ITERATION_S["gpu"])
+
+
+def parse_time_limit(text: str, *, source: str = "--time-limit") -> float:
+    """A number of seconds (0: no limit); anything else is one clear line."""
+    from lab_helpers.experiments import LabConfigError
+
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if value != value or value < 0 or value == float("inf"):
+        raise LabConfigError(f"{source}: expected seconds as a number >= 0 (0: no limit), e.g. 3600; got {text!r}")
+    return value
