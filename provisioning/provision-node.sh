@@ -21,8 +21,8 @@ DOCKER_LIST=/etc/apt/sources.list.d/docker.list
 NVIDIA_KEY=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
 NVIDIA_LIST=/etc/apt/sources.list.d/nvidia-container-toolkit.list
 PACKAGES=(docker-ce docker-ce-cli containerd.io docker-buildx-plugin docker-compose-plugin nvidia-container-toolkit)
-# Small (about 100 MB) and new enough for current drivers; only used for the GPU check.
-CHECK_IMAGE=nvidia/cuda:12.8.1-base-ubuntu24.04
+# Small (about 100 MB), the CUDA of the lab image (Dockerfile); only used for the GPU check.
+CHECK_IMAGE=nvidia/cuda:12.6.3-base-ubuntu24.04
 LAB_USER=${SUDO_USER:-}
 
 usage() {
