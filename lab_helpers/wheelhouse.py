@@ -5,7 +5,7 @@ first missing package, and installing torch again is neither possible nor wanted
 node's own build matches its driver). So, on a machine with PyPI access, this collects for the node's Python
 and manylinux x86_64 the lab's whole dependency closure *except torch and its CUDA libraries*, then
 ``scripts/setup-env.sh`` installs it there with ``--no-index --find-links DIR`` into a venv that sees the
-node's torch (``LAB_WHEELHOUSE=DIR LAB_SYSTEM_TORCH=1 bash scripts/run-lab.sh``).
+node's torch (``LAB_WHEELHOUSE=DIR bash scripts/run-lab.sh``).
 
 How, in three pip steps whose command lines are built by the pure functions below (unit-tested offline):
 1. DeepSpeed is an sdist; ``DS_BUILD_OPS=0 pip wheel --no-deps`` turns it into a pure ``py3-none-any`` wheel
@@ -15,11 +15,12 @@ How, in three pip steps whose command lines are built by the pure functions belo
    (never saved to the wheelhouse): the real one would drag in its CUDA wheels, and the node has it already.
    litgpt's caps (``huggingface_hub<1.4``, ``jsonargparse[signatures]<=4.41``, ``psutil==7.2.2`` in 0.5.13)
    come with litgpt's own metadata; after resolving they are read back from it and checked, never typed here.
-3. ``pip download --no-deps`` fetches exactly the resolved set.
+3. ``pip download --no-deps`` fetches exactly the resolved set, which the node installs as it is
+   (``pip install --no-index --no-deps``: no resolving there, so the node's torch and its CUDA wheels are
+   never re-checked or touched).
 
 bitsandbytes (about 58 MiB) is only collected with ``--with qlora``. The wheelhouse also holds
-``constraints.txt`` (the repository's pins less torch), ``lab-extras.txt`` (the pip extras it can serve) and
-``manifest.json`` (target, wheels, litgpt's caps), which setup-env.sh and a reader use.
+``lab-extras.txt`` (the pip extras it serves) and ``manifest.json`` (target, wheels, litgpt's caps).
 """
 
 from __future__ import annotations
@@ -53,7 +54,6 @@ OPTIONAL_GROUPS = ("qlora",)  # extras that only --with adds (bitsandbytes alone
 NODE_PROVIDES = "torch"  # what the node already has, with its CUDA wheels
 DEFAULT_GLIBC = "2.28"  # torch's own wheels need manylinux_2_28, so every node that runs torch has at least it
 EXTRAS_FILE = "lab-extras.txt"
-CONSTRAINTS_FILE = "constraints.txt"
 MANIFEST_FILE = "manifest.json"
 PLACEHOLDER_LOCAL = "node"  # torch==X+node: the placeholder's version, so only it can satisfy the pin
 
@@ -207,15 +207,6 @@ def download_command(target: Target, pins: Sequence[str], dest: Path, find_links
     return command + ["-d", str(dest), *pins]
 
 
-def offline_install_command(wheelhouse: Path, extras: Sequence[str], checkout: str = ".",
-                            python: str = "python") -> list[str]:
-    """What setup-env.sh runs on the node, in the checkout (shown in the manifest)."""
-    return [
-        python, "-m", "pip", "install", "--no-index", "--find-links", str(wheelhouse),
-        "-c", str(wheelhouse / CONSTRAINTS_FILE), "-e", f"{checkout}[{','.join(extras)}]",
-    ]
-
-
 # ------------------------------------------------------------------------------ the resolution and its caps
 
 
@@ -320,7 +311,7 @@ def build_wheelhouse(
     target: Target, dest: Path, *, with_groups: Iterable[str] = (), torch_version: str | None = None,
     echo: Callable[[str], None] = print,
 ) -> dict:
-    """Collect the wheels into ``dest`` and write its constraints, extras and manifest; returns the manifest."""
+    """Collect the wheels into ``dest`` and write its extras and manifest files; returns the manifest."""
     pyproject = read_pyproject()
     extras = lab_extras(pyproject, with_groups=with_groups)
     requirements = lab_requirements(pyproject, extras)
@@ -380,10 +371,6 @@ def build_wheelhouse(
     if missing:
         raise WheelhouseError(f"pip saved no wheel for {', '.join(missing)} in {dest}")
     size_mib = sum((dest / w).stat().st_size for w in wheels) / 2**20
-    (dest / CONSTRAINTS_FILE).write_text(
-        "# The repository's pins less torch (the node keeps its own); setup-env.sh applies them offline.\n"
-        + "\n".join(constraints) + "\n"
-    )
     (dest / EXTRAS_FILE).write_text(",".join(extras) + "\n")
     manifest = {
         "python": target.python,
@@ -394,11 +381,11 @@ def build_wheelhouse(
         "litgpt_caps": [str(c) for c in caps],
         "wheels": wheels,
         "size_mib": round(size_mib, 1),
-        "install": " ".join(offline_install_command(dest, extras)),
+        "install": f"LAB_WHEELHOUSE={dest} bash scripts/run-lab.sh",
     }
     (dest / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
     echo(f"wheelhouse: {len(wheels)} wheels, {size_mib:.0f} MiB in {dest}")
-    echo(f"wheelhouse: on the node: LAB_WHEELHOUSE={dest} LAB_SYSTEM_TORCH=1 bash scripts/run-lab.sh")
+    echo(f"wheelhouse: on the node, in the checkout: LAB_WHEELHOUSE={dest} bash scripts/run-lab.sh")
     return manifest
 
 

@@ -41,8 +41,8 @@ lab_find_python() {
 
 wheelhouse="${LAB_WHEELHOUSE:-}"
 if [[ -n $wheelhouse ]]; then
-    if ! wheelhouse=$(cd "$wheelhouse" 2>/dev/null && pwd) || [[ ! -f $wheelhouse/lab-extras.txt ]]; then
-        echo "setup: LAB_WHEELHOUSE=$LAB_WHEELHOUSE is no wheelhouse (no lab-extras.txt); build one with: python -m lab_helpers wheelhouse --python X.Y --dest DIR" >&2
+    if ! wheelhouse=$(cd "$wheelhouse" 2>/dev/null && pwd) || [[ ! -f $wheelhouse/manifest.json ]]; then
+        echo "setup: LAB_WHEELHOUSE=$LAB_WHEELHOUSE is no finished wheelhouse (no manifest.json); build one with: python -m lab_helpers wheelhouse --python X.Y --dest DIR" >&2
         exit 1
     fi
 fi
@@ -89,10 +89,8 @@ if [[ $system_torch == 1 ]]; then
     fi
 fi
 
-pip_args=(--quiet)
 if [[ -n $wheelhouse ]]; then
-    pip_args+=(--no-index --find-links "$wheelhouse")
-    constraints="$wheelhouse/constraints.txt"
+    constraints="$wheelhouse/manifest.json"  # no pins to apply offline: the stamp follows the wheelhouse's content
 elif [[ $system_torch == 1 ]]; then
     constraints="$venv/lab-constraints.txt"
     grep -v '^torch==' "$repo/scripts/constraints.txt" >"$constraints"
@@ -100,13 +98,25 @@ else
     constraints="$repo/scripts/constraints.txt"
 fi
 
+# Each step checks its own exit status: a caller's `source setup-env.sh && ...` turns errexit off in here.
 stamp="$venv/.lab-installed-$({ cat "$repo/pyproject.toml" "$constraints"; echo "$extras $wheelhouse $system_torch"; } | sha256sum | cut -c1-16)"
 if [[ -f "$stamp" ]]; then
     echo "setup: $venv is up to date"
+elif [[ -n $wheelhouse ]]; then
+    echo "setup: installing the lab [$extras] into $venv offline from $wheelhouse"
+    wheels=("$wheelhouse"/*.whl)
+    [[ -f ${wheels[0]} ]] || { echo "setup: $wheelhouse holds no wheels" >&2; exit 1; }
+    # Exactly the set resolved when the wheelhouse was built, with no resolving here: pip would otherwise also
+    # re-check the node's torch against its own CUDA requirements, and a node's hand-installed CUDA wheels
+    # need not match them. The venv's copies come before the node's packages (a newer huggingface_hub, say).
+    "$venv/bin/python" -m pip install --quiet --no-index --no-deps "${wheels[@]}" || exit 1
+    "$venv/bin/python" -m pip install --quiet --no-index --find-links "$wheelhouse" --no-deps -e "$repo" || exit 1
+    rm -f "$venv"/.lab-installed-*
+    touch "$stamp"
 else
-    echo "setup: installing the lab [$extras] into $venv${wheelhouse:+ offline from $wheelhouse} (a minute or two)"
-    [[ -n $wheelhouse ]] || "$venv/bin/python" -m pip install --quiet --upgrade pip
-    "$venv/bin/python" -m pip install "${pip_args[@]}" -c "$constraints" -e "${repo}[${extras}]"
+    echo "setup: installing the lab [$extras] into $venv (a minute or two)"
+    "$venv/bin/python" -m pip install --quiet --upgrade pip || exit 1
+    "$venv/bin/python" -m pip install --quiet -c "$constraints" -e "${repo}[${extras}]" || exit 1
     rm -f "$venv"/.lab-installed-*
     touch "$stamp"
 fi

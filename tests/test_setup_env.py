@@ -130,7 +130,9 @@ def wheelhouse(tmp: Path) -> Path:
     folder = tmp / "wheels"
     folder.mkdir()
     (folder / "lab-extras.txt").write_text("data,multi\n")
-    (folder / "constraints.txt").write_text("litgpt==0.5.13\n")
+    (folder / "manifest.json").write_text("{}\n")
+    for name in ("hjson-3.1.0-py3-none-any.whl", "litgpt-0.5.13-py3-none-any.whl"):
+        (folder / name).write_bytes(b"")
     return folder
 
 
@@ -140,10 +142,12 @@ def test_offline_node_installs_from_the_wheelhouse_over_the_nodes_torch(node) ->
     folder = wheelhouse(node.tmp)
     result = node(LAB_WHEELHOUSE=str(folder), FAKE_TORCH_SITE=str(torch_site))
     assert result.returncode == 0, result.stderr
-    (install,) = [c for c in result.calls if " -m pip " in c]  # no pip upgrade: there is no index
-    assert install.endswith(
-        f"install --quiet --no-index --find-links {folder} -c {folder}/constraints.txt -e {REPO}[data,multi]"
-    )
+    # The resolved set as it is (no resolving, so the node's torch is never re-checked), then the lab; no pip
+    # upgrade: there is no index.
+    wheels, lab = [c for c in result.calls if " -m pip " in c]
+    assert wheels == (f"python -m pip install --quiet --no-index --no-deps {folder}/hjson-3.1.0-py3-none-any.whl "
+                      f"{folder}/litgpt-0.5.13-py3-none-any.whl")
+    assert lab == f"python -m pip install --quiet --no-index --find-links {folder} --no-deps -e {REPO}"
     pth = node.tmp / "venv" / "lib" / "site-packages" / "lab-system-torch.pth"
     assert pth.read_text().strip() == str(torch_site)
 
@@ -166,11 +170,20 @@ def test_system_torch_online_drops_only_the_torch_pin(node) -> None:
     assert "litgpt==0.5.13" in pins
 
 
+def test_a_failed_install_is_not_stamped_done(node) -> None:
+    """Sourced as `source setup-env.sh && ...`, bash turns errexit off inside: a failed pip must still stop."""
+    node.add("python3")
+    node.add("python3", FAKE_PYTHON.replace('echo "$me $*" >>"$CALL_LOG"', 'echo "$me $*" >>"$CALL_LOG"; [[ $* == *"-e "* ]] && exit 1'))
+    result = node()
+    assert result.returncode == 1 and "PATH=" not in result.stdout
+    assert not list((node.tmp / "venv").glob(".lab-installed-*"))
+
+
 def test_not_a_wheelhouse_is_one_line(node) -> None:
     node.add("python3")
     result = node(LAB_WHEELHOUSE=str(node.tmp))
     assert result.returncode == 1
-    assert "is no wheelhouse" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert "is no finished wheelhouse" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_run_lab_leaves_extras_to_setup_env() -> None:

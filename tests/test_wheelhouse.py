@@ -80,11 +80,6 @@ def test_pip_command_lines(tmp_path: Path) -> None:
     assert download[:5] == ["py", "-m", "pip", "download", "--no-deps"]
     assert download[-5:] == ["local", "-d", "dest", "a==1", "b==2"]
 
-    assert wh.offline_install_command(Path("/w"), ["data", "multi"]) == [
-        "python", "-m", "pip", "install", "--no-index", "--find-links", "/w", "-c", "/w/constraints.txt",
-        "-e", ".[data,multi]",
-    ]
-
 
 def test_litgpts_caps_come_from_its_metadata() -> None:
     """The caps a node's newer packages can break (its huggingface_hub 1.33, say), read from litgpt's METADATA."""
