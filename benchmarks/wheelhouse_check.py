@@ -32,6 +32,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRESS = re.compile(r"^wheelhouse: (\[\d+/\d+\]|resolving \()")
+PROBE = (
+    "import json, sys, torch, importlib.metadata as m;"
+    "hub = [d.version for d in m.distributions() if d.metadata['Name'].lower().replace('_', '-') == 'huggingface-hub'];"
+    "print(json.dumps({'python': '%d.%d' % sys.version_info[:2], 'torch': torch.__version__, 'cuda': torch.version.cuda,"
+    " 'huggingface_hub': (hub or [None])[0], 'packages': len(list(m.distributions()))}))"
+)
+NOT_IN_WHEELHOUSE = re.compile(r"^(torch|triton|nvidia_(?!ml_py)\w+|cuda_\w+)-")
 VERSIONS = (
     "import json, sys, torch, litgpt, lightning, deepspeed, huggingface_hub, jsonargparse, importlib.metadata as m;"
     "names = ['litgpt', 'lightning', 'deepspeed', 'huggingface_hub', 'jsonargparse', 'datasets', 'psutil'];"
@@ -41,11 +48,11 @@ VERSIONS = (
 
 
 def run(command: list[str], *, env: dict[str, str], cwd: Path, offline: bool, quiet_progress: bool = False,
-        show: bool = True) -> str:
+        show: bool = True, label: str | None = None) -> str:
     """Run, echoing output (progress lines counted, not echoed); raise on failure. Offline: no network at all."""
     if offline:
         command = ["unshare", "-n", *command]
-    print(f"$ {shlex.join(command)}", flush=True)
+    print(f"$ {label or shlex.join(command)}", flush=True)
     start = time.monotonic()
     process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert process.stdout is not None
@@ -71,11 +78,11 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=None, help="work folder (default: a temporary one, removed)")
     args = parser.parse_args()
 
-    probe = subprocess.run([args.torch_python, "-c", "import sys, torch; print('%d.%d' % sys.version_info[:2], "
-                            "torch.__version__.split('+')[0])"], capture_output=True, text=True)
+    probe = subprocess.run([args.torch_python, "-c", PROBE], capture_output=True, text=True)
     if probe.returncode != 0:
         raise SystemExit(f"{args.torch_python} cannot import torch: {probe.stderr.strip().splitlines()[-1:]}")
-    base_python, base_torch = probe.stdout.split()
+    base = json.loads(probe.stdout.strip().splitlines()[-1])
+    base_python, base_torch = base["python"], base["torch"].split("+")[0]
     if base_python != args.python:
         raise SystemExit(f"--torch-python is Python {base_python}, not {args.python}")
     if shutil.which("unshare") is None:
@@ -86,8 +93,10 @@ def main() -> int:
     wheels, lab, venv = work / "wheels", work / "lab", work / "venv"
     (work / "home").mkdir(exist_ok=True)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    print(f"# wheelhouse check: build for CPython {args.python}, install offline over torch {base_torch} "
-          f"({args.torch_python}), run small-batch on the ci profile; lab at {head.strip()}")
+    print(f"# wheelhouse check: build for CPython {args.python}, install offline over an existing torch, run "
+          f"small-batch on the ci profile; lab at {head.strip()}")
+    print(f"# the node's python: {args.torch_python}: torch {base['torch']} (CUDA {base['cuda']}), "
+          f"huggingface_hub {base['huggingface_hub']}, {base['packages']} packages")
 
     print("\n## 1. build the wheelhouse (this machine, with PyPI)")
     run([sys.executable, "-m", "lab_helpers", "wheelhouse", "--python", args.python, "--dest", str(wheels),
@@ -95,7 +104,7 @@ def main() -> int:
         quiet_progress=True)
     manifest = json.loads((wheels / "manifest.json").read_text())
     print(f"  wheels: {len(manifest['wheels'])}, {manifest['size_mib']} MiB; "
-          f"none of torch/nvidia/triton: {not any(re.match(r'(torch|nvidia|triton)[-_]', w) for w in manifest['wheels'])}")
+          f"torch, triton or CUDA wheels among them: {[w for w in manifest['wheels'] if NOT_IN_WHEELHOUSE.match(w)]}")
 
     print("\n## 2. a fresh checkout")
     run(["git", "clone", "--quiet", str(ROOT), str(lab)], env=dict(os.environ), cwd=work, offline=False)
@@ -109,8 +118,10 @@ def main() -> int:
     run(["bash", "-c", "source scripts/setup-env.sh && python -m pip --version"], env=setup_env, cwd=lab,
         offline=True)
     versions = json.loads(run([str(venv / "bin" / "python"), "-c", VERSIONS], env=offline_env, cwd=lab,
-                              offline=True).strip().splitlines()[-1])
-    print(f"  torch from outside the venv: {not versions['torch_from'].startswith(str(venv))}")
+                              offline=True, label="unshare -n venv/bin/python -c '<import them, print versions>'")
+                          .strip().splitlines()[-1])
+    print(f"  torch from outside the venv: {not versions['torch_from'].startswith(str(venv))}; huggingface_hub "
+          f"{versions['huggingface_hub']} in the venv over the node's {base['huggingface_hub']}")
 
     print("\n## 4. prepare and run small-batch from the new venv (no network)")
     python = str(venv / "bin" / "python")
@@ -120,8 +131,9 @@ def main() -> int:
     records = json.loads(run([python, "-m", "lab_helpers", "results", "--format", "json"], env=offline_env,
                              cwd=lab, offline=True, show=False))
     record = [r for r in records if r.get("experiment") == "small-batch"][-1]
-    print(f"\nresult: small-batch status={record['status']} train_s={record.get('train_s')} "
-          f"peak_tensor_gib={record.get('peak_tensor_gib')} torch={versions['torch']} python={versions['python']}")
+    print(f"\nresult: small-batch status={record['status']} train_s={record.get('train_s'):.2f} "
+          f"tokens_per_s={record.get('tokens_per_s'):.0f} host_rss_peak_gib={record.get('host_rss_peak_gib'):.2f} "
+          f"torch={versions['torch']} python={versions['python']}")
     if args.work is None:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if record["status"] == "ok" else 1
