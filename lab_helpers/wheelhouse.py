@@ -303,8 +303,23 @@ def _run(command: Sequence[str], what: str, *, env: dict[str, str] | None = None
         if on_line is not None:
             on_line(line)
     if process.wait() != 0:
-        errors = [t for t in tail if t.startswith("ERROR:")] or [t for t in tail if t.strip()] or ["no output"]
-        raise WheelhouseError(f"{what} failed: {errors[-1].removeprefix('ERROR: ').strip()}")
+        raise WheelhouseError(f"{what} failed: {pip_error(tail)}")
+
+
+def pip_error(lines: Sequence[str]) -> str:
+    """pip's reason in one line: its first ERROR line, with the conflict's causes when it lists them."""
+    errors = [t.removeprefix("ERROR: ").strip() for t in lines if t.startswith("ERROR:")]
+    errors = [e for e in errors if not e.startswith("ResolutionImpossible")] or errors
+    reason = errors[0] if errors else next((t.strip() for t in reversed(lines) if t.strip()), "no output")
+    if "The conflict is caused by:" in lines:
+        start = lines.index("The conflict is caused by:") + 1
+        causes = []
+        for line in lines[start:]:
+            if not line.startswith("    "):
+                break
+            causes.append(line.strip())
+        reason += " (" + "; ".join(causes) + ")"
+    return reason
 
 
 def build_wheelhouse(
@@ -319,6 +334,10 @@ def build_wheelhouse(
     constraints = read_constraints()
     node_torch = torch_version or pinned_version(all_pins, NODE_PROVIDES)
     deepspeed = pinned_version(constraints, "deepspeed")
+    for text in requirements:  # checked here: pip would first download the real torch (~500 MB) to say so
+        req = Requirement(text)
+        if canonicalize_name(req.name) == NODE_PROVIDES and not req.specifier.contains(node_torch, prereleases=True):
+            raise WheelhouseError(f"--torch {node_torch}: the lab needs {req}; upgrade the node's torch")
     dest.mkdir(parents=True, exist_ok=True)
     stale = [p.name for p in dest.glob("*.whl")]
     if stale:

@@ -137,3 +137,37 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["wheelhouse", "--python", "3.12", "--dest", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "already holds 1 wheels" in err and "\n" not in err
+
+
+def test_pip_errors_become_one_line() -> None:
+    """pip's output (pip 26.3) for a requirement that conflicts with the torch placeholder, recorded here."""
+    recorded = [
+        "Collecting torch<2.14,>=2.11 (from -r /tmp/pe/r.txt (line 1))",
+        "ERROR: Cannot install torch<2.14 and >=2.11 and torch==2.5.0+node because these package versions have "
+        "conflicting dependencies.",
+        "",
+        "The conflict is caused by:",
+        "    The user requested torch<2.14 and >=2.11",
+        "    The user requested torch==2.5.0+node",
+        "",
+        "Additionally, some packages in these conflicts have no matching distributions available for your "
+        "environment:",
+        "    torch",
+        "",
+        "To fix this you could try to:",
+        "1. loosen the range of package versions you've specified",
+        "",
+        "ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/en/latest/topics/dependency-resolution/",
+    ]
+    message = wh.pip_error(recorded)
+    assert "\n" not in message
+    assert message.startswith("Cannot install torch<2.14 and >=2.11 and torch==2.5.0+node")
+    assert message.endswith("(The user requested torch<2.14 and >=2.11; The user requested torch==2.5.0+node)")
+    assert wh.pip_error(["Collecting x", "Killed"]) == "Killed"
+
+
+def test_a_node_torch_older_than_the_lab_allows_stops_before_pip(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["wheelhouse", "--python", "3.12", "--dest", str(tmp_path / "w"), "--torch", "2.5.0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --torch 2.5.0: the lab needs torch") and "\n" not in err
