@@ -104,6 +104,11 @@ if [[ -f "$stamp" ]]; then
     echo "setup: $venv is up to date"
 elif [[ -n $wheelhouse ]]; then
     echo "setup: installing the lab [$extras] into $venv offline from $wheelhouse"
+    built_for=$(grep -o '"python": "[0-9.]*"' "$wheelhouse/manifest.json" | cut -d'"' -f4)
+    if [[ $built_for != $(lab_python_version "$venv/bin/python") ]]; then
+        echo "setup: $wheelhouse is for Python $built_for but $venv is Python $(lab_python_version "$venv/bin/python"); build it with --python $(lab_python_version "$venv/bin/python")" >&2
+        exit 1
+    fi
     wheels=("$wheelhouse"/*.whl)
     [[ -f ${wheels[0]} ]] || { echo "setup: $wheelhouse holds no wheels" >&2; exit 1; }
     # Exactly the set resolved when the wheelhouse was built, with no resolving here: pip would otherwise also

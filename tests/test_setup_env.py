@@ -130,7 +130,7 @@ def wheelhouse(tmp: Path) -> Path:
     folder = tmp / "wheels"
     folder.mkdir()
     (folder / "lab-extras.txt").write_text("data,multi\n")
-    (folder / "manifest.json").write_text("{}\n")
+    (folder / "manifest.json").write_text('{\n "python": "3.12",\n "glibc": "2.28"\n}\n')
     for name in ("hjson-3.1.0-py3-none-any.whl", "litgpt-0.5.13-py3-none-any.whl"):
         (folder / name).write_bytes(b"")
     return folder
@@ -150,6 +150,14 @@ def test_offline_node_installs_from_the_wheelhouse_over_the_nodes_torch(node) ->
     assert lab == f"python -m pip install --quiet --no-index --find-links {folder} --no-deps -e {REPO}"
     pth = node.tmp / "venv" / "lib" / "site-packages" / "lab-system-torch.pth"
     assert pth.read_text().strip() == str(torch_site)
+
+
+def test_a_wheelhouse_for_another_python_is_refused(node) -> None:
+    node.add("python3")
+    result = node(LAB_WHEELHOUSE=str(wheelhouse(node.tmp)), FAKE_TORCH_SITE="/x", FAKE_VERSION="3.11")
+    assert result.returncode == 1
+    assert result.stderr.strip().endswith("is Python 3.11; build it with --python 3.11")
+    assert not [c for c in result.calls if " -m pip " in c]
 
 
 def test_system_torch_without_torch_says_which_python(node) -> None:
