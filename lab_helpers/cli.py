@@ -7,6 +7,7 @@ results  [--format json|csv]                    every record
 plan     RECIPE.yaml [...]                      predict memory before a run
 doctor   [--json]                               what this node can run
 compare  [--out DIR]                            the comparison table and figure files
+wheelhouse --python 3.12 --dest DIR [--with qlora]  the wheels an offline GPU node needs (beyond its torch)
 """
 
 from __future__ import annotations
@@ -84,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     from lab_helpers.doctor import add_arguments as add_doctor_arguments
 
     add_doctor_arguments(doctor)
+
+    wheelhouse = sub.add_parser("wheelhouse", help="collect the wheels an offline GPU node needs beyond its torch")
+    from lab_helpers.wheelhouse import add_arguments as add_wheelhouse_arguments
+
+    add_wheelhouse_arguments(wheelhouse)
     return parser
 
 
@@ -177,6 +183,12 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return run_doctor(args)
 
 
+def _cmd_wheelhouse(args: argparse.Namespace) -> int:
+    from lab_helpers.wheelhouse import run as run_wheelhouse
+
+    return run_wheelhouse(args)
+
+
 COMMANDS = {
     "prepare": _cmd_prepare,
     "run": _cmd_run,
@@ -186,6 +198,7 @@ COMMANDS = {
     "export-reference": _cmd_export_reference,
     "plan": _cmd_plan,
     "doctor": _cmd_doctor,
+    "wheelhouse": _cmd_wheelhouse,
 }
 
 

@@ -24,8 +24,8 @@ DOCKER_KEY_FINGERPRINT=9DC858229FC7DD38854AE2D88D81803C0EBFCD88
 NVIDIA_KEY_FINGERPRINT=C95B321B61E88C1809C4F759DDCAE044F796ECB0
 NVIDIA_LIST=/etc/apt/sources.list.d/nvidia-container-toolkit.list
 PACKAGES=(docker-ce docker-ce-cli containerd.io docker-buildx-plugin docker-compose-plugin nvidia-container-toolkit)
-# Small (about 100 MB) and new enough for current drivers; only used for the GPU check.
-CHECK_IMAGE=nvidia/cuda:12.8.1-base-ubuntu24.04
+# Small (about 100 MB), the CUDA of the lab image (Dockerfile); only used for the GPU check.
+CHECK_IMAGE=nvidia/cuda:12.6.3-base-ubuntu24.04
 LAB_USER=${SUDO_USER:-}
 
 usage() {

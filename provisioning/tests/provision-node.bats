@@ -24,7 +24,7 @@ setup() {
     called '^nvidia-ctk runtime configure --runtime=docker --config=.*/etc/docker/daemon.json'
     called '^usermod -aG docker student$'
     called '^systemctl restart docker$'
-    called '^docker run --rm --pull missing --gpus all nvidia/cuda:12.8.1-base-ubuntu24.04 nvidia-smi -L$'
+    called '^docker run --rm --pull missing --gpus all nvidia/cuda:12.6.3-base-ubuntu24.04 nvidia-smi -L$'
     grep -qx 'deb \[arch=amd64 signed-by=/etc/apt/keyrings/docker.asc\] https://download.docker.com/linux/ubuntu noble stable' \
         "$PROVISION_ROOT/etc/apt/sources.list.d/docker.list"
     # shellcheck disable=SC2016 # $(ARCH) is apt's variable, written literally

@@ -1,0 +1,173 @@
+"""The offline wheelhouse's pure parts: what it collects, litgpt's caps read from litgpt's own metadata, and the
+pip command lines it builds. No network: building a real wheelhouse downloads ~140 MiB, so that is
+benchmarks/wheelhouse_check.py, with its output committed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from importlib.metadata import requires
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+from lab_helpers import wheelhouse as wh
+from lab_helpers.cli import main
+
+TARGET = wh.Target(python="3.12")
+
+
+def test_target_platform_tags_cover_every_older_manylinux() -> None:
+    tags = TARGET.platform_tags()
+    assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_29_x86_64" not in tags
+    for tag in ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64",
+                "manylinux_2_5_x86_64"):
+        assert tag in tags
+    assert wh.Target(python="3.12", glibc="2.35").platform_tags()[0] == "manylinux_2_35_x86_64"
+    args = TARGET.pip_args()
+    assert args[:5] == ["--only-binary=:all:", "--implementation", "cp", "--python-version", "3.12"]
+    assert args.count("--platform") == len(tags)
+
+
+@pytest.mark.parametrize(
+    ("python", "glibc", "message"),
+    [("3", "2.28", "MAJOR.MINOR"), ("3.10", "2.28", ">= 3.11"), ("3.12", "2.5", "N >= 17"), ("3.12", "x", "2.N")],
+)
+def test_bad_targets_are_one_line_errors(python: str, glibc: str, message: str) -> None:
+    with pytest.raises(wh.WheelhouseError, match=message):
+        wh.Target(python=python, glibc=glibc)
+
+
+def test_extras_leave_bitsandbytes_out_unless_asked() -> None:
+    pyproject = wh.read_pyproject()
+    assert wh.lab_extras(pyproject) == ["data", "multi"]
+    assert wh.lab_extras(pyproject, with_groups=["qlora"]) == ["gpu"]
+    with pytest.raises(wh.WheelhouseError, match="choose from qlora"):
+        wh.lab_extras(pyproject, with_groups=["flash"])
+
+    names = {Requirement(r).name for r in wh.lab_requirements(pyproject, ["data", "multi"])}
+    assert {"litgpt", "lightning", "datasets", "deepspeed", "setuptools", "torch"} <= names
+    assert "bitsandbytes" not in names and "pytest" not in names
+    assert any(r.startswith("bitsandbytes") for r in wh.lab_requirements(pyproject, ["gpu"]))
+
+
+def test_constraints_leave_the_nodes_torch_alone() -> None:
+    pins = wh.read_constraints()
+    assert not [p for p in pins if p.startswith("torch")]
+    assert wh.pinned_version(pins, "deepspeed") and wh.pinned_version(pins, "litgpt") == "0.5.13"
+    assert wh.pinned_version(wh.read_constraints(drop=()), "torch")
+    with pytest.raises(wh.WheelhouseError, match="pins no flash-attn"):
+        wh.pinned_version(pins, "flash-attn")
+
+
+def test_pip_command_lines(tmp_path: Path) -> None:
+    command, env = wh.deepspeed_wheel_command("0.19.8", tmp_path, python="py")
+    assert env == {"DS_BUILD_OPS": "0"}
+    assert command == ["py", "-m", "pip", "wheel", "--no-deps", "--progress-bar", "off", "-w", str(tmp_path),
+                       "deepspeed==0.19.8"]
+
+    resolve = wh.resolve_command(TARGET, Path("r.txt"), Path("c.txt"), [Path("local")], Path("rep.json"),
+                                 Path("scratch"), python="py")
+    assert resolve[:5] == ["py", "-m", "pip", "install", "--dry-run"]
+    assert "--ignore-installed" in resolve and "--python-version" in resolve
+    tail = ["--find-links", "local", "--target", "scratch", "--report", "rep.json", "-c", "c.txt", "-r", "r.txt"]
+    assert resolve[-len(tail):] == tail
+
+    download = wh.download_command(TARGET, ["a==1", "b==2"], Path("dest"), [Path("local")], python="py")
+    assert download[:5] == ["py", "-m", "pip", "download", "--no-deps"]
+    assert download[-5:] == ["local", "-d", "dest", "a==1", "b==2"]
+
+
+def test_litgpts_caps_come_from_its_metadata() -> None:
+    """The caps a node's newer packages can break (its huggingface_hub 1.33, say), read from litgpt's METADATA."""
+    caps = {str(c.name).lower().replace("_", "-"): c for c in wh.caps_of(requires("litgpt"), TARGET)}
+    assert set(caps) == {"huggingface-hub", "jsonargparse", "psutil"}  # litgpt 0.5.13; torch>=2.7 is no cap
+    assert "signatures" in caps["jsonargparse"].extras
+    assert not caps["huggingface-hub"].specifier.contains("1.33.0")
+
+
+def resolved_set(hub_version: str) -> list[wh.Resolved]:
+    return [
+        wh.Resolved("litgpt", "0.5.13", tuple(requires("litgpt"))),
+        wh.Resolved("huggingface_hub", hub_version, ()),
+        wh.Resolved("jsonargparse", "4.41.0", ()),
+        wh.Resolved("psutil", "7.2.2", ()),
+    ]
+
+
+def test_check_caps_names_the_broken_one() -> None:
+    assert len(wh.check_caps(resolved_set("1.3.7"), "litgpt", TARGET)) == 3
+    with pytest.raises(wh.WheelhouseError, match="huggingface-hub.*picked huggingface_hub 1.33.0"):
+        wh.check_caps(resolved_set("1.33.0"), "litgpt", TARGET)
+    with pytest.raises(wh.WheelhouseError, match="no psutil"):
+        wh.check_caps(resolved_set("1.3.7")[:-1], "litgpt", TARGET)
+
+
+def test_report_drops_the_torch_placeholder() -> None:
+    report = {"install": [
+        {"metadata": {"name": "torch", "version": "2.13.0+node"}},
+        {"metadata": {"name": "Hjson", "version": "3.1.0", "requires_dist": None}},
+    ]}
+    assert wh.parse_report(report) == [wh.Resolved("Hjson", "3.1.0", ())]
+
+
+def test_placeholder_torch_satisfies_pip_offline(tmp_path: Path) -> None:
+    """pip itself (offline, --no-index) takes the placeholder for torch and wants nothing more: no CUDA wheels."""
+    wheel = wh.placeholder_wheel(tmp_path, "2.11.0")
+    with zipfile.ZipFile(wheel) as archive:
+        assert "Version: 2.11.0+node" in archive.read("torch-2.11.0+node.dist-info/METADATA").decode()
+    report = tmp_path / "report.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--find-links", str(tmp_path),
+         "--target", str(tmp_path / "t"), "--report", str(report), "--quiet", "torch==2.11.0+node"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    installed = [item["metadata"]["name"] for item in json.loads(report.read_text())["install"]]
+    assert installed == ["torch"]
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["wheelhouse", "--python", "3.10", "--dest", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == "error: --python 3.10: the lab needs Python >= 3.11"
+    (tmp_path / "old-1.0-py3-none-any.whl").write_bytes(b"")
+    assert main(["wheelhouse", "--python", "3.12", "--dest", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "already holds 1 wheels" in err and "\n" not in err
+
+
+def test_pip_errors_become_one_line() -> None:
+    """pip's output (pip 26.3) for a requirement that conflicts with the torch placeholder, recorded here."""
+    recorded = [
+        "Collecting torch<2.14,>=2.11 (from -r /tmp/pe/r.txt (line 1))",
+        "ERROR: Cannot install torch<2.14 and >=2.11 and torch==2.5.0+node because these package versions have "
+        "conflicting dependencies.",
+        "",
+        "The conflict is caused by:",
+        "    The user requested torch<2.14 and >=2.11",
+        "    The user requested torch==2.5.0+node",
+        "",
+        "Additionally, some packages in these conflicts have no matching distributions available for your "
+        "environment:",
+        "    torch",
+        "",
+        "To fix this you could try to:",
+        "1. loosen the range of package versions you've specified",
+        "",
+        "ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/en/latest/topics/dependency-resolution/",
+    ]
+    message = wh.pip_error(recorded)
+    assert "\n" not in message
+    assert message.startswith("Cannot install torch<2.14 and >=2.11 and torch==2.5.0+node")
+    assert message.endswith("(The user requested torch<2.14 and >=2.11; The user requested torch==2.5.0+node)")
+    assert wh.pip_error(["Collecting x", "Killed"]) == "Killed"
+
+
+def test_a_node_torch_older_than_the_lab_allows_stops_before_pip(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["wheelhouse", "--python", "3.12", "--dest", str(tmp_path / "w"), "--torch", "2.5.0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --torch 2.5.0: the lab needs torch") and "\n" not in err
