@@ -13,7 +13,8 @@ imported torch knows) and returns verdicts, so each hardware case is tested with
 Facts (from PyTorch's release matrix, RELEASE.md "PyTorch CUDA Support Matrix", and NVIDIA's driver tables):
   * CUDA minor-version compatibility: a driver runs any toolkit of its own CUDA major version, so a wheel
     built for CUDA 12.x needs a driver that supports some 12.y (>= 525.60), one for 13.x a 13.y driver (>= 580).
-  * torch >= 2.11 ships sm_70 (Volta) only in its cu126 builds; cu128 and cu130 start at sm_75 (Turing).
+  * torch 2.12-2.14 ship CUDA 12.6 (legacy: Maxwell to Hopper, the only build with Volta's sm_70), 13.0 (the
+    PyPI default: Turing to Blackwell) and 13.2 (experimental) builds; there is no 12.8 build after 2.11.
     PyTorch publishes cu126 wheels up to torch 2.14.
 """
 
@@ -74,7 +75,11 @@ def has_volta(gpus: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def cuda_build_for(driver_cuda: str | None, gpus: Sequence[Mapping[str, Any]]) -> str | None:
-    """The torch CUDA build for this driver and these GPUs ("cu130", "cu128", "cu126"), None when none fits."""
+    """The torch CUDA build for this driver and these GPUs ("cu130" or "cu126"), None when none fits.
+
+    A CUDA 12 driver gets the cu126 build (Maxwell to Hopper); a Blackwell GPU (sm_100 and up) has kernels only
+    in the CUDA 13 builds, so it needs a CUDA 13 driver.
+    """
     driver = _version_tuple(driver_cuda)
     if not driver or driver[0] < 12:
         return None
@@ -82,7 +87,7 @@ def cuda_build_for(driver_cuda: str | None, gpus: Sequence[Mapping[str, Any]]) -
         return VOLTA_BUILD
     if driver[0] >= 13:
         return "cu130"
-    return "cu128" if driver >= (12, 8) else "cu126"
+    return None if any(cc >= (10, 0) for cc in _capabilities(gpus)) else "cu126"
 
 
 def torch_install_command(build: str, torch_version: str) -> str:

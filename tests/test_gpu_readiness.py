@@ -54,10 +54,19 @@ def test_a_cuda13_torch_on_a_cuda12_driver_names_the_driver_and_the_matching_bui
     assert "pip install --force-reinstall torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126" in problem
 
 
-def test_a_cuda12_8_driver_gets_the_cu128_build_and_a_cuda13_driver_pypi():
-    assert "whl/cu128" in cuda_compat.torch_gpu_problem(facts([H100], driver="570.86", driver_cuda="12.8"))
+def test_any_cuda12_driver_gets_the_cu126_build_and_a_cuda13_driver_pypi():
+    """torch 2.13 ships cu126, cu130 (PyPI) and cu132 builds: no cu128."""
+    assert "whl/cu126" in cuda_compat.torch_gpu_problem(facts([H100], driver="570.86", driver_cuda="12.8"))
     problem = cuda_compat.torch_gpu_problem(facts([H100], driver="560.35", driver_cuda="12.6", torch_cuda=None))
     assert "CPU-only build" in problem and "whl/cu126" in problem
+    cpu_build = cuda_compat.torch_gpu_problem(facts([H100], driver="580.65", driver_cuda="13.0", torch_cuda=None))
+    assert cpu_build.endswith("pip install --force-reinstall torch==2.13.0")  # PyPI's default is the CUDA 13 build
+
+
+def test_blackwell_on_a_cuda12_driver_needs_the_driver_updated():
+    b200 = {**H100, "name": "NVIDIA B200", "compute_capability": "10.0"}
+    problem = cuda_compat.torch_gpu_problem(facts([b200], driver="570.86", driver_cuda="12.8"))
+    assert "update the NVIDIA driver" in problem and "whl/cu126" not in problem
 
 
 def test_a_driver_older_than_cuda12_must_be_updated():
