@@ -32,5 +32,13 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "lab_helpers", *args]
 
 
+def sigint_as_in_a_terminal() -> None:
+    """``preexec_fn`` for a launched CLI: a shell's background job (``cmd &``, nohup) starts with SIGINT ignored,
+    and a child inherits that; a test of Ctrl-C gives the launcher the default handler a terminal would."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def child_env(**extra: str) -> dict[str, str]:
     return {**os.environ, **extra}

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, cli
+from conftest import REPO, cli, sigint_as_in_a_terminal
 
 from lab_helpers import records
 from lab_helpers.experiments import LabConfigError, parse_set_args, resolve
@@ -60,9 +60,7 @@ def _site(tmp_path: Path, code: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 
-def _sigint_as_in_a_terminal() -> None:
-    """A shell's background job starts with SIGINT ignored, and that is inherited: give the launcher Ctrl-C back."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+_sigint_as_in_a_terminal = sigint_as_in_a_terminal
 
 
 def _wait_for_iter(results: Path, timeout_s: float = 90) -> Path:

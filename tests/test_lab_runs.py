@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import cli
+from conftest import cli, sigint_as_in_a_terminal
 
 from lab_helpers.lab import run_experiment
 from lab_helpers.records import read_records
@@ -99,6 +99,7 @@ def _start_cli_run(results: Path, *extra: str) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=sigint_as_in_a_terminal,
     )
 
 
