@@ -31,6 +31,7 @@ from lab_helpers.quick_mode import quick_from_env
 from lab_helpers.tensor_peak import LiveTensorPeak
 
 COMMANDS = {"finetune_full": "litgpt.finetune.full", "finetune_lora": "litgpt.finetune.lora"}
+TENSOR_PEAK_ENV = "LAB_TENSOR_PEAK"
 SAVE_ENV = "LAB_SAVE_CHECKPOINT"  # "1" keeps litgpt's final checkpoint; the lab measures, so off by default
 
 
@@ -59,7 +60,8 @@ class _TrainingClock:
         def timed_fit(*args, **kwargs):
             reset_cuda_peaks()  # peak over the training run, not over loading the checkpoint
             model = _model_of(args, kwargs)
-            if not _on_cuda() and model is not None:  # a CPU has no max_memory_allocated: count live tensors
+            if not _on_cuda() and model is not None and os.environ.get(TENSOR_PEAK_ENV) != "0":
+                # a CPU has no max_memory_allocated: count live tensors (LAB_TENSOR_PEAK=0 turns it off)
                 self.tensor_peak = LiveTensorPeak()
                 self.tensor_peak.seed([*model.parameters(), *model.buffers()])
             self.fit_start = time.perf_counter()

@@ -10,7 +10,9 @@ CUDA's caching allocator rounds every block, so the number is what ``max_memory_
 the same tensors on a GPU.
 
 Only what exists when the mode starts must be told explicitly (``seed``): the model's parameters and buffers.
-It costs a Python call per op: fine for the ci profile's tiny models, and never used on a GPU.
+It costs a Python call per op, never on a GPU. On the ci profile's tiny models that makes the training loop
+about 2-3x slower (their ops are tiny): CPU times are stand-ins anyway, and ``LAB_TENSOR_PEAK=0`` turns the
+count off where a CPU timing matters more than the memory figure.
 """
 
 from __future__ import annotations
