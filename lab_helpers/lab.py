@@ -564,7 +564,12 @@ def _one_line(record: Mapping[str, Any]) -> str:
     rank = "" if record.get("rank") is None else f" rank {record['rank']}"
     parts = [
         f"{record['experiment']}{rank}: {record['status']}",
-        f"peak alloc {fmt(record.get('peak_alloc_gib'), ' GiB')} (predicted {fmt(record.get('predicted_peak_alloc_gib'), ' GiB')})",
+        (
+            f"peak alloc {fmt(record.get('peak_alloc_gib'), ' GiB')}"
+            if record.get("peak_tensor_gib") is None
+            else f"peak tensors {fmt(record.get('peak_tensor_gib'), ' GiB')} (CPU)"
+        )
+        + f" (predicted {fmt(record.get('predicted_peak_alloc_gib'), ' GiB')})",
         f"train {fmt(record.get('train_s'), ' s')}",
         f"{fmt(record.get('tokens_per_s'))} tok/s",
     ]
