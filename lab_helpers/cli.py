@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="gpu profile without hub access: random-weight checkpoints of the real architectures and generated data",
     )
     prepare.add_argument("--force", action="store_true", help="rebuild even if already built")
+    prepare.add_argument(
+        "--models",
+        default=None,
+        metavar="KEYS",
+        help="gpu profile: only these models, comma-separated (1b,3b,7b,13b); default: all four (~49 GB)",
+    )
 
     run = sub.add_parser("run", help="run one experiment and record it")
     run.add_argument("experiment", metavar="ID")
@@ -97,7 +103,8 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     from lab_helpers.lab import default_profile
     from lab_helpers.prepare import prepare
 
-    prepare(args.profile or default_profile(), random_weights=args.random_weights, force=args.force)
+    models = [key.strip() for key in args.models.split(",") if key.strip()] if args.models else None
+    prepare(args.profile or default_profile(), random_weights=args.random_weights, force=args.force, models=models)
     return 0
 
 

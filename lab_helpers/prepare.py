@@ -12,30 +12,50 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from lab_helpers.experiments import check_profile
+from lab_helpers.experiments import LabConfigError, check_profile
 from lab_helpers.paths import checkpoints_dir, data_dir, lab_home
 
 GPU_RANDOM_DATA = "gpu/alpaca2k_like.json"  # relative to data_dir(); experiments.GENERATED_ALPACA2K reads it
 
 
-def prepare(profile: str, *, random_weights: bool = False, force: bool = False, progress: Callable = print) -> None:
+def prepare(
+    profile: str,
+    *,
+    random_weights: bool = False,
+    force: bool = False,
+    models: Sequence[str] | None = None,
+    progress: Callable = print,
+) -> None:
+    """``models`` (gpu profile): only these model keys (``1b``, ``3b``, ``7b``, ``13b``), e.g. to fit one model's
+    random weights at a time on a small disk (all four are ~49 GB); default: every model of the profile."""
     check_profile(profile)
     if profile == "ci":
         from lab_helpers.assets import prepare_ci
 
         prepare_ci(force=force, progress=progress)
     elif random_weights:
-        _prepare_gpu_random(force=force, progress=progress)
+        _prepare_gpu_random(force=force, progress=progress, models=models)
     else:
-        _prepare_gpu_download(progress=progress)
+        _prepare_gpu_download(progress=progress, models=models)
 
 
-def _prepare_gpu_random(*, force: bool, progress: Callable) -> None:
+def gpu_downloads(models: Sequence[str] | None) -> dict[str, str]:
+    """The gpu profile's hub repos (model key -> repo id), only ``models`` when given; unknown keys are refused."""
+    repo_ids = dict(check_profile("gpu")["downloads"])
+    if not models:
+        return repo_ids
+    unknown = [key for key in models if key not in repo_ids]
+    if unknown:
+        raise LabConfigError(f"unknown model {', '.join(unknown)}: choose from {', '.join(repo_ids)} (e.g. --models 1b,3b)")
+    return {key: repo_ids[key] for key in models}
+
+
+def _prepare_gpu_random(*, force: bool, progress: Callable, models: Sequence[str] | None = None) -> None:
     from lab_helpers.assets import make_alpaca_json, prepare_random_weights
 
-    repo_ids = check_profile("gpu")["downloads"]
+    repo_ids = gpu_downloads(models)
     config_names = [_config_name_for(repo_id) for repo_id in repo_ids.values()]
     progress(f"building random-weight checkpoints for {', '.join(config_names)} under {checkpoints_dir()}")
     prepare_random_weights(config_names, root=checkpoints_dir())
@@ -55,8 +75,8 @@ def _config_name_for(repo_id: str) -> str:
     raise ValueError(f"no litgpt config for {repo_id}")
 
 
-def _prepare_gpu_download(*, progress: Callable) -> None:
-    repo_ids = check_profile("gpu")["downloads"]
+def _prepare_gpu_download(*, progress: Callable, models: Sequence[str] | None = None) -> None:
+    repo_ids = gpu_downloads(models)
     for key, repo_id in repo_ids.items():
         target = checkpoints_dir() / repo_id
         if (target / "lit_model.pth").is_file() and (target / "model_config.yaml").is_file():

@@ -313,3 +313,19 @@ def test_the_volta_route_torch_is_one_litgpt_and_lightning_accept():
         assert torch_requirements and all(pinned in r.specifier for r in torch_requirements if not r.marker)
     major_minor = (pinned.major, pinned.minor)
     assert major_minor <= tuple(int(x) for x in cuda_compat.LAST_VOLTA_TORCH.split("."))  # cu126 still published
+
+
+def test_prepare_can_take_one_model_at_a_time_on_a_small_disk(results):
+    """Random weights of all four gpu models are ~49 GB: a node (or a measuring call) may build them one by one."""
+    from lab_helpers.prepare import gpu_downloads
+
+    assert list(gpu_downloads(["7b"])) == ["7b"] and len(gpu_downloads(None)) == 4
+    with pytest.raises(LabConfigError, match="unknown model 70b"):
+        gpu_downloads(["70b"])
+    done = subprocess.run(
+        [sys.executable, "-m", "lab_helpers", "prepare", "--profile", "gpu", "--random-weights", "--models", "70b"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "unknown model 70b" in done.stderr and "Traceback" not in done.stderr
