@@ -202,15 +202,15 @@ def _check_profile_hardware(profile: str) -> None:
 
     if not check_profile(profile).get("needs_cuda"):
         return
+    problem = gpu_problem()  # also where CUDA works but the build lacks this GPU's kernels (a V100 on cu130)
+    if problem:
+        raise LabConfigError(problem)
     import torch
 
-    if torch.cuda.is_available():
-        return
-    problem = gpu_problem()
-    raise LabConfigError(
-        problem
-        or f"profile {profile!r} needs a CUDA GPU and torch sees none here: use --profile ci (LAB_PROFILE=ci) on a CPU"
-    )
+    if not torch.cuda.is_available():
+        raise LabConfigError(
+            f"profile {profile!r} needs a CUDA GPU and torch sees none here: use --profile ci (LAB_PROFILE=ci) on a CPU"
+        )
 
 
 def record_skipped(

@@ -329,3 +329,16 @@ def test_prepare_can_take_one_model_at_a_time_on_a_small_disk(results):
         timeout=120,
     )
     assert done.returncode == 2 and "unknown model 70b" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_gpu_profile_on_a_v100_with_a_build_without_volta_kernels_stops_before_anything_runs(results, monkeypatch):
+    """CUDA works (fixture: torch.cuda answers patched) but the build has no sm_70: never a 'no kernel image' error."""
+    monkeypatch.setattr(node, "describe_node", lambda: facts([V100], driver_cuda="13.0", torch_cuda="13.0"))
+    monkeypatch.setattr(
+        cuda_compat,
+        "torch_facts",
+        lambda: {"torch_version": "2.13.0+cu130", "torch_cuda_available": True, "torch_arch_list": ["sm_75", "sm_90"]},
+    )
+    with pytest.raises(LabConfigError, match="Volta.*whl/cu126"):
+        lab.run_experiment("small-batch", profile="gpu", echo=False)
+    assert not (results / "runs.jsonl").exists()
