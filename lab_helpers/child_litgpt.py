@@ -3,10 +3,12 @@
     python -m lab_helpers.child_litgpt finetune_full --config RUN_DIR/recipe.yaml
 
 litgpt prints memory only on CUDA, only allocated, and in GB, and its "training time" includes validation.
-This wrapper runs litgpt's unmodified CLI but wraps the finetune module's ``fit`` and ``validate`` so that it
-can report peak allocated and reserved memory over training, seconds inside the training loop minus
-validation, and the token counts ``fit`` returns. A CUDA OOM ends the process with status ``oom`` and the
-allocator's message; the GPU is freed because the process is gone.
+This wrapper runs litgpt's unmodified CLI but wraps the finetune module's ``fit``, ``validate`` and
+``get_dataloaders`` so that it can report peak allocated and reserved memory over training (on a CPU: the peak
+of live tensor bytes, ``tensor_peak``), seconds inside the training loop minus validation with the first
+optimizer step timed apart as warm-up, and the token counts of the timed part. In quick mode (``quick_mode``)
+the longest samples are trained right after the warm-up step. No weights are saved unless asked. A CUDA OOM
+ends the process with status ``oom`` and the allocator's message; the GPU is freed because the process is gone.
 """
 
 from __future__ import annotations
