@@ -302,7 +302,7 @@ def test_the_offload_host_number_is_the_planners_own():
 def test_the_sanity_validation_before_training_sees_no_optimizer_state(checkpoint_dir):
     """litgpt validates 2 batches before the first step; only an eval.interval inside the run (or a final
     validation) validates with the optimizer states and the last logits alive."""
-    train = {"global_batch_size": 4, "micro_batch_size": 2, "max_seq_length": 64, "max_steps": 20}
+    train = {"global_batch_size": 4, "micro_batch_size": 2, "max_seq_length": 64, "max_steps": 20, "lr_warmup_steps": 1}
     outside = spec_from_recipe(recipe(checkpoint_dir, train=train, eval={"interval": 1000, "final_validation": False}))
     inside = spec_from_recipe(recipe(checkpoint_dir, train=train, eval={"interval": 10, "final_validation": False}))
     final = spec_from_recipe(recipe(checkpoint_dir, train=train, eval={"interval": 1000, "final_validation": True}))
