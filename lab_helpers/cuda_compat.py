@@ -151,10 +151,10 @@ def volta_problem(facts: Mapping[str, Any]) -> str | None:
             return None
     else:  # torch could not see the GPUs: judge by the build (torch >= 2.11 has sm_70 in cu126 only)
         torch_version = _version_tuple(facts.get("torch_version"))
-        if torch_version and torch_version < (2, 11) or _version_tuple(facts.get("torch_cuda"))[:2] == (12, 6):
+        if (torch_version and torch_version < (2, 11)) or _version_tuple(facts.get("torch_cuda"))[:2] == (12, 6):
             return None
     pinned = pinned_torch_version(installed=(facts.get("torch_version") or "").split("+")[0] or None)
-    names = ", ".join(sorted({str(g.get("name")) for g in gpus if _capabilities([g]) and _capabilities([g])[0] < (7, 5)}))
+    names = ", ".join(sorted({str(g.get("name")) for g in gpus if has_volta([g])}))
     return (
         f"{names} (Volta, sm_70): torch {facts.get('torch_version')} (CUDA {facts.get('torch_cuda')}) has no kernels "
         f"for it and fails with 'no kernel image is available'; install the CUDA 12.6 build, the last with Volta "

@@ -16,16 +16,9 @@ from typing import Any
 
 import yaml
 
+from lab_helpers.exit_cause import host_memory_gib
+
 GIB = 2**30
-
-
-def host_ram_total_gib() -> float | None:
-    try:
-        import psutil
-
-        return psutil.virtual_memory().total / GIB
-    except Exception:
-        return None
 
 
 def host_ram_skip_reason(
@@ -38,9 +31,9 @@ def host_ram_skip_reason(
     """
     if not run.experiment.options.get("offload_optimizer") or not predicted or predicted.get("host_gib") is None:
         return None
-    ram_gib = host_ram_total_gib() if ram_total_gib is None else ram_total_gib
+    ram_gib = host_memory_gib() if ram_total_gib is None else ram_total_gib  # a container's limit counts
     needed_gib = float(predicted["host_gib"])
-    if ram_gib is None or needed_gib <= ram_gib:
+    if needed_gib <= ram_gib:
         return None
     reason = (
         f"needs ~{needed_gib:.0f} GiB of host RAM (the planner: fp32 master weights, Adam moments and gradients "

@@ -57,16 +57,17 @@ __all__ = [
 PROFILE_ENV = "LAB_PROFILE"
 
 
-def default_profile() -> str:
+def default_profile(node: Mapping[str, Any] | None = None) -> str:
     """``$LAB_PROFILE``, else ``gpu`` where CUDA is present and ``ci`` where it is not.
 
     A node whose GPUs torch cannot use (a driver older than torch's CUDA build, a CPU-only torch, a V100 with a
     build that has no Volta kernels) is not a CPU machine: that stops here with the reason and the fix, instead of
     quietly training tiny CPU models on a paid GPU node. ``LAB_PROFILE=ci`` still forces the CPU profile.
+    ``node`` is ``describe_node()`` when the caller already has it.
     """
     if value := os.environ.get(PROFILE_ENV):
         return value
-    problem = gpu_problem()
+    problem = gpu_problem(node)
     if problem:
         raise LabConfigError(f"{problem} (or set LAB_PROFILE=ci to use the CPU profile on purpose)")
     import torch
@@ -74,12 +75,12 @@ def default_profile() -> str:
     return "gpu" if torch.cuda.is_available() else "ci"
 
 
-def gpu_problem() -> str | None:
+def gpu_problem(node: Mapping[str, Any] | None = None) -> str | None:
     """Why torch cannot drive the GPUs NVML sees here, with the fix; None where it can or there are none."""
     from lab_helpers.cuda_compat import torch_facts, torch_gpu_problem
     from lab_helpers.node import describe_node
 
-    node = describe_node()
+    node = describe_node() if node is None else node
     if not node.get("gpus"):
         return None
     return torch_gpu_problem({**node, **torch_facts()})
@@ -111,19 +112,21 @@ def run_experiment(
     run is being ended or recorded, further interrupts are held until its record is stored.
     """
     from lab_helpers.interrupts import InterruptShield
+    from lab_helpers.node import describe_node
     from lab_helpers.time_limit import time_limit_s as run_time_limit_s
 
-    profile = profile or default_profile()
+    node = describe_node()  # once per run: the profile check, the hardware check and the record all use it
+    profile = profile or default_profile(node)
     if isinstance(overrides, list):
         overrides = parse_set_args(overrides)
-    quick = quick_from_env() if quick is None else quick
-    _check_profile_hardware(profile)
+    _check_profile_hardware(profile, node)
     run = resolve(exp_id, profile, overrides)
-    if quick and run.experiment.kind == "litgpt":
+    quick = (quick_from_env() if quick is None else quick) and run.experiment.kind == "litgpt"  # litgpt path only
+    if quick:
         ranks = run.devices * run.experiment.num_nodes
         run = resolve(exp_id, profile, {**(overrides or {}), **quick_overrides(run.recipe["train"], ranks)})
-    base = _base_record(run)
-    base["mode"] = "quick" if quick and run.experiment.kind == "litgpt" else "full"
+    base = _base_record(run, node)
+    base["mode"] = "quick" if quick else "full"
     if run.skip_reason:
         return _skip(base, run.skip_reason, results_path, summary)
     total_iters = _total_iterations(run)
@@ -138,7 +141,7 @@ def run_experiment(
         outcome = run_command(
             command,
             run_dir=run_dir,
-            env={QUICK_ENV: "1" if base["mode"] == "quick" else "0"},
+            env={QUICK_ENV: "1" if quick else "0"},
             cwd=lab_home(),
             total_iters=total_iters,
             label=exp_id,
@@ -196,13 +199,13 @@ def run_all(
     return records
 
 
-def _check_profile_hardware(profile: str) -> None:
+def _check_profile_hardware(profile: str, node: Mapping[str, Any]) -> None:
     """A profile that needs CUDA (``gpu``) on a machine where torch has none stops before anything starts."""
     from lab_helpers.experiments import check_profile
 
     if not check_profile(profile).get("needs_cuda"):
         return
-    problem = gpu_problem()  # also where CUDA works but the build lacks this GPU's kernels (a V100 on cu130)
+    problem = gpu_problem(node)  # also where CUDA works but the build lacks this GPU's kernels (a V100 on cu130)
     if problem:
         raise LabConfigError(problem)
     import torch
@@ -240,7 +243,7 @@ def _skip(base: dict[str, Any], reason: str, results_path: Path | None, summary:
 # ----------------------------------------------------------------------------------------------- pieces
 
 
-def _base_record(run: ResolvedRun) -> dict[str, Any]:
+def _base_record(run: ResolvedRun, node: Mapping[str, Any] | None = None) -> dict[str, Any]:
     from lab_helpers.node import environment_summary
 
     stamp = dt.datetime.now(dt.UTC)
@@ -259,7 +262,7 @@ def _base_record(run: ResolvedRun) -> dict[str, Any]:
         ),
         "overrides": redact_mapping(dict(run.overrides)),
         "config": redact_mapping(run.recipe),
-        "environment": environment_summary(),
+        "environment": environment_summary(node),
         "random_weights": _random_weights(run),
     }
 
