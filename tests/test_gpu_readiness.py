@@ -342,3 +342,19 @@ def test_the_gpu_profile_on_a_v100_with_a_build_without_volta_kernels_stops_befo
     with pytest.raises(LabConfigError, match="Volta.*whl/cu126"):
         lab.run_experiment("small-batch", profile="gpu", echo=False)
     assert not (results / "runs.jsonl").exists()
+
+
+def test_an_offload_run_the_host_cannot_hold_is_skipped_naming_the_model_that_fits(ci_assets):
+    """The pre-run gate: the planner's host_gib against the node's RAM (a small RAM is a fixture number)."""
+    from lab_helpers.arithmetic import count_params
+    from lab_helpers.host_gate import host_ram_skip_reason
+    from lab_helpers.planner.analytic import offload_host_bytes
+
+    run = resolve("deepspeed-offload", "ci", check_files=False)
+    assert host_ram_skip_reason(run, {"host_gib": 1.0}, ram_total_gib=2.0) is None
+    small = count_params("checkpoints/lab-ci/ci-llama-xs").total
+    ram_gib = offload_host_bytes(small, small, run.devices) / 2**30 + 0.001  # only the smallest model fits
+    reason = host_ram_skip_reason(run, {"host_gib": 500.0}, ram_total_gib=ram_gib)
+    assert "needs ~500 GiB of host RAM" in reason and "--set checkpoint_dir=checkpoints/lab-ci/ci-llama-xs" in reason
+    assert "no model" in host_ram_skip_reason(run, {"host_gib": 500.0}, ram_total_gib=0.01)
+    assert host_ram_skip_reason(resolve("fsdp", "ci", check_files=False), {"host_gib": 500.0}, ram_total_gib=1) is None
