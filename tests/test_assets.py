@@ -76,6 +76,7 @@ def _dead_pid() -> int:
 # --- layout -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_prepare_ci_layout(ci):
     paths, root = ci["paths"], ci["root"]
     assert set(paths) == {"tokenizer", *CI_MODELS, "alpaca_short", "alpaca2k_like"}
@@ -110,6 +111,7 @@ def test_tokenizer_loads_in_litgpt_and_round_trips(ci):
         assert len(tok.encode("the market", bos=False)) == 2  # common words are single tokens
 
 
+@pytest.mark.slow
 def test_tokenizer_is_deterministic(ci, tmp_path):
     again = train_tokenizer(tmp_path / "tok")
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -122,6 +124,7 @@ def test_tokenizer_is_deterministic(ci, tmp_path):
 # --- checkpoints ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ci_checkpoints_load_into_gpt_and_grow(ci):
     from litgpt import GPT, Config
 
@@ -168,6 +171,7 @@ def test_checkpoint_weights_are_deterministic_per_seed(ci, tmp_path):
     assert checkpoint_is_built(a, ci_config("ci-llama-xs"), tokenizer_dir=tok)  # a Config equal to the name's
 
 
+@pytest.mark.slow
 def test_real_architecture_by_name_at_download_path(ci, tmp_path):
     """Any litgpt config name, written where `litgpt download` would put it, in bf16."""
     from litgpt import GPT, Config
@@ -254,6 +258,7 @@ def test_litgpt_finetune_full_runs_on_ci_checkpoint(ci, tmp_path):
 # --- data -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_data_sets_are_valid_and_have_the_stated_lengths(ci):
     tok = _hf_tokenizer(ci["paths"]["tokenizer"])
     short = json.loads(ci["paths"]["alpaca_short"].read_text())
@@ -275,6 +280,7 @@ def test_data_sets_are_valid_and_have_the_stated_lengths(ci):
     assert min(lengths) >= 15
 
 
+@pytest.mark.slow
 def test_lengths_hold_for_other_seeds_and_tokenizers(ci):
     tok_dir = ci["paths"]["tokenizer"]
     tok = _hf_tokenizer(tok_dir)
@@ -360,6 +366,7 @@ def test_interrupted_build_is_not_taken_as_complete(ci, tmp_path):
     assert not checkpoint_is_built(dest, "ci-llama-xs", tokenizer_dir=tok)
 
 
+@pytest.mark.slow
 def test_prepare_ci_rebuilds_only_what_is_missing(ci, tmp_path, monkeypatch):
     import shutil
 

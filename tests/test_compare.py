@@ -172,6 +172,7 @@ def test_worst_rank_status_wins(tmp_path):
     assert row["status"] == "oom" and row["reason"] == "rank 1 OOM" and row["peak_alloc_gib"] == 30.0
 
 
+@pytest.mark.slow
 def test_plots_are_written(tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_RESULTS", str(tmp_path))  # timeline_path is relative to the results folder
     df = _write(tmp_path, _gpu_records(tmp_path))
@@ -209,6 +210,7 @@ def test_empty_frame(tmp_path):
     assert compare.NO_RUNS in [t.get_text() for t in figure.axes[0].texts]
 
 
+@pytest.mark.slow
 def test_cpu_only_runs_show_host_rss_and_say_so(tmp_path):
     df = _write(
         tmp_path,

@@ -179,6 +179,7 @@ def test_strategy_objects_and_labels_on_cpu():
     assert make_strategy("single", on_cuda=False, world_size=1).strategy == "auto"
 
 
+@pytest.mark.slow
 def test_strategy_objects_for_cuda_can_be_built_here():
     from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 

@@ -20,6 +20,7 @@ def test_single_section_is_lab_md_matrix_in_order():
 
 
 @pytest.mark.parametrize("profile", ["ci", "gpu"])
+@pytest.mark.slow
 def test_every_experiment_resolves_to_a_valid_recipe(profile):
     for exp_id in load_experiments("single"):
         run = resolve(exp_id, profile, check_files=False)
@@ -71,6 +72,7 @@ def test_missing_checkpoint_names_the_command_to_run(tmp_path, monkeypatch):
         resolve("grad-accum", "gpu")
 
 
+@pytest.mark.slow
 def test_cli_bad_input_exits_2_with_one_line_and_starts_nothing(results):
     out = subprocess.run(
         cli("run", "grad-accum", "--profile", "ci", "--set", "train.micro_batch_size=64"),

@@ -107,6 +107,7 @@ def test_three_interrupts_while_ending_still_kill_a_stuck_rank_and_record_interr
     assert not _wait_gone(run_dir.name, 2)  # the SIGTERM-deaf process was SIGKILLed after the grace
 
 
+@pytest.mark.slow
 def test_interrupts_are_held_while_the_group_is_ended(tmp_path):
     """run_command alone, from a real launcher process: a second and third SIGINT arrive during the grace."""
     script = textwrap.dedent(

@@ -102,6 +102,7 @@ def test_memoised_and_validated():
         flops.train_flops_per_step(config, method="full", micro_batch_size=1, seq_len=4096)
 
 
+@pytest.mark.slow
 def test_13b_counts_on_meta():
     """Counted on the meta device (no 26 GB of weights); its speed is a benchmark's business, not a test's."""
     config = Config.from_name("open_llama_13b")

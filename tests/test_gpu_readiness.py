@@ -159,6 +159,7 @@ def test_nvcc_version_reads_the_release_line(tmp_path):
     assert cuda_compat.nvcc_version(str(fake)) == (str(fake), "12.8")
 
 
+@pytest.mark.slow
 def test_doctor_on_this_machine_still_passes():
     done = subprocess.run([sys.executable, "-m", "lab_helpers", "doctor"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "Lab sections on this node" in done.stdout
@@ -315,6 +316,7 @@ def test_the_volta_route_torch_is_one_litgpt_and_lightning_accept():
     assert major_minor <= tuple(int(x) for x in cuda_compat.LAST_VOLTA_TORCH.split("."))  # cu126 still published
 
 
+@pytest.mark.slow
 def test_prepare_can_take_one_model_at_a_time_on_a_small_disk(results):
     """Random weights of all four gpu models are ~49 GB: a node (or a measuring call) may build them one by one."""
     from lab_helpers.prepare import gpu_downloads

@@ -73,6 +73,7 @@ def decide_all(name: str, exp_ids, *, oom=None, profile: str = "gpu"):
     return steps, planner
 
 
+@pytest.mark.slow
 def test_every_recorded_node_gives_every_experiment_a_consistent_step():
     """The notebooks' final checks use expected_status: it must agree with whether the step runs, and say why."""
     for name in NODES:

@@ -57,6 +57,7 @@ def shell_files() -> list[Path]:
     return sorted([*PROVISIONING.glob("*.sh"), *(PROVISIONING / "tests").glob("*.ba*"), *stubs])
 
 
+@pytest.mark.slow
 def test_bats_scripts_against_stub_commands() -> None:
     bats = tool("bats", required=True)
     tool("ansible-playbook", required=True)  # one bats test runs the real class playbook on stub nodes
@@ -67,6 +68,7 @@ def test_bats_scripts_against_stub_commands() -> None:
     assert "not ok" not in output
 
 
+@pytest.mark.slow
 def test_shellcheck_is_clean() -> None:
     shellcheck = tool("shellcheck", required=True)
     files = shell_files()
@@ -81,12 +83,14 @@ def test_scripts_are_executable() -> None:
     assert not not_executable
 
 
+@pytest.mark.slow
 def test_class_playbook_syntax() -> None:
     playbook = tool("ansible-playbook", required=True)
     inventory = ANSIBLE_DIR / "inventory.example.ini"
     check([playbook, "--syntax-check", "-i", str(inventory), str(ANSIBLE_DIR / "class.yml")])
 
 
+@pytest.mark.slow
 def test_class_playbook_ansible_lint() -> None:
     ansible_lint = tool("ansible-lint", required=False)
     check([ansible_lint, "--offline", "provisioning/ansible/class.yml"], timeout=180)

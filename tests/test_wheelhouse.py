@@ -114,6 +114,7 @@ def test_report_drops_the_torch_placeholder() -> None:
     assert wh.parse_report(report) == [wh.Resolved("Hjson", "3.1.0", ())]
 
 
+@pytest.mark.slow
 def test_placeholder_torch_satisfies_pip_offline(tmp_path: Path) -> None:
     """pip itself (offline, --no-index) takes the placeholder for torch and wants nothing more: no CUDA wheels."""
     wheel = wh.placeholder_wheel(tmp_path, "2.11.0")
