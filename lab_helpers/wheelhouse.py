@@ -19,7 +19,10 @@ How, in three pip steps whose command lines are built by the pure functions belo
    (``pip install --no-index --no-deps``: no resolving there, so the node's torch and its CUDA wheels are
    never re-checked or touched).
 
-bitsandbytes (about 58 MiB) is only collected with ``--with qlora``. The wheelhouse also holds
+bitsandbytes (about 58 MiB) is only collected with ``--with qlora``. ``--node-has FILE`` (the node's
+``pip list --format=freeze``, or one name per line) leaves out what the node already has, so that a wheelhouse
+for a well-stocked image is a few MiB instead of ~140: kept are the packages whose listed version differs from
+the resolution, and every package litgpt caps or pins (a name without a version could break the cap). The wheelhouse also holds
 ``lab-extras.txt`` (the pip extras it serves) and ``manifest.json`` (target, wheels, litgpt's caps).
 """
 
@@ -322,9 +325,43 @@ def pip_error(lines: Sequence[str]) -> str:
     return reason
 
 
+def read_node_packages(path: Path) -> dict[str, str | None]:
+    """What the node has: ``pip list --format=freeze`` lines (``name==version``) or bare names, ``#`` comments.
+    Returns {canonical name: version or None}."""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise WheelhouseError(f"--node-has {path}: cannot read it ({err.strerror})") from err
+    have: dict[str, str | None] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, _, version = line.split(" @ ", 1)[0].partition("==")  # `name @ file:///...`: a local build
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name.strip()):
+            raise WheelhouseError(f"--node-has {path}:{number}: {raw.strip()!r} is no package name or name==version")
+        have[canonicalize_name(name.strip())] = version.strip() or None
+    return have
+
+
+def left_to_collect(resolved: Sequence[Resolved], node_has: dict[str, str | None],
+                    caps: Sequence[Requirement]) -> list[Resolved]:
+    """The resolution less what the node already has in the resolved version (or, unversioned, any version that
+    nothing caps): a node's own package stays in use, a differing or capped one is carried."""
+    capped = {canonicalize_name(c.name) for c in caps}
+    keep = []
+    for item in resolved:
+        name = canonicalize_name(item.name)
+        if name not in node_has or name in capped:
+            keep.append(item)
+        elif node_has[name] is not None and Version(node_has[name]) != Version(item.version):
+            keep.append(item)
+    return keep
+
+
 def build_wheelhouse(
     target: Target, dest: Path, *, with_groups: Iterable[str] = (), torch_version: str | None = None,
-    echo: Callable[[str], None] = print,
+    node_has: dict[str, str | None] | None = None, echo: Callable[[str], None] = print,
 ) -> dict:
     """Collect the wheels into ``dest`` and write its extras and manifest files; returns the manifest."""
     pyproject = read_pyproject()
@@ -374,6 +411,10 @@ def build_wheelhouse(
         caps = check_caps(resolved, "litgpt", target)
         echo(f"wheelhouse: {len(resolved)} packages; litgpt's caps met: {', '.join(map(str, caps))}")
 
+        if node_has:
+            carried = left_to_collect(resolved, node_has, caps)
+            echo(f"wheelhouse: the node has {len(resolved) - len(carried)} of them; collecting the other {len(carried)}")
+            resolved = carried
         pins = [f"{r.name}=={r.version}" for r in resolved]
         count = 0
 
@@ -398,6 +439,7 @@ def build_wheelhouse(
         "extras": extras,
         "node_torch": node_torch,
         "litgpt_caps": [str(c) for c in caps],
+        "node_has": sorted(node_has) if node_has else None,  # None: a whole wheelhouse
         "wheels": wheels,
         "size_mib": round(size_mib, 1),
         "install": f"LAB_WHEELHOUSE={dest} bash scripts/run-lab.sh",
@@ -424,10 +466,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"the node's glibc (ldd --version); default {DEFAULT_GLIBC}, what torch needs")
     parser.add_argument("--torch", dest="torch_version", default=None, metavar="VERSION",
                         help="the node's torch version (default: scripts/constraints.txt's pin)")
+    parser.add_argument("--node-has", type=Path, default=None, metavar="FILE",
+                        help="the node's `pip list --format=freeze`: collect only what it lacks (or has in another "
+                             "version), install with pip install --no-index --no-deps")
 
 
 def run(args: argparse.Namespace) -> int:
     target = Target(python=args.python, glibc=args.glibc)
+    node_has = read_node_packages(args.node_has) if args.node_has else None
     build_wheelhouse(target, args.dest.resolve(), with_groups=args.with_groups, torch_version=args.torch_version,
-                     echo=lambda line: print(line, flush=True))
+                     node_has=node_has, echo=lambda line: print(line, flush=True))
     return 0

@@ -106,6 +106,32 @@ def test_check_caps_names_the_broken_one() -> None:
         wh.check_caps(resolved_set("1.3.7")[:-1], "litgpt", TARGET)
 
 
+def test_a_node_list_leaves_out_what_the_node_has_but_keeps_litgpts_capped_packages(tmp_path: Path) -> None:
+    """A node's `pip list --format=freeze` (a GPU image with lightning, pandas and a huggingface_hub too new for
+    litgpt): its own packages are not collected again, a differing version is, and so is everything litgpt caps,
+    also when the list gives no version (psutil below)."""
+    listing = tmp_path / "node.txt"
+    listing.write_text("# the node's image\nlightning==2.6.6\nPandas==2.3.1\nhuggingface-hub==1.33.0\npsutil\n"
+                       "hjson==3.0.0\nmy_tool @ file:///opt/build/my_tool-1.0-py3-none-any.whl\n")
+    have = wh.read_node_packages(listing)
+    assert have == {"lightning": "2.6.6", "pandas": "2.3.1", "huggingface-hub": "1.33.0", "psutil": None,
+                    "hjson": "3.0.0", "my-tool": None}
+    resolved = [*resolved_set("1.3.7"), wh.Resolved("lightning", "2.6.6", ()), wh.Resolved("pandas", "2.3.1", ()),
+                wh.Resolved("hjson", "3.1.0", ()), wh.Resolved("pydantic", "2.12.0", ())]
+    caps = wh.check_caps(resolved, "litgpt", TARGET)
+    kept = {r.name for r in wh.left_to_collect(resolved, have, caps)}
+    assert kept == {"litgpt", "huggingface_hub", "jsonargparse", "psutil", "hjson", "pydantic"}
+
+
+def test_a_bad_node_list_is_one_line(tmp_path: Path) -> None:
+    listing = tmp_path / "node.txt"
+    listing.write_text("torch==2.11.0\nthis is not a name\n")
+    with pytest.raises(wh.WheelhouseError, match=r"node.txt:2: 'this is not a name'"):
+        wh.read_node_packages(listing)
+    with pytest.raises(wh.WheelhouseError, match="cannot read it"):
+        wh.read_node_packages(tmp_path / "missing.txt")
+
+
 def test_report_drops_the_torch_placeholder() -> None:
     report = {"install": [
         {"metadata": {"name": "torch", "version": "2.13.0+node"}},
