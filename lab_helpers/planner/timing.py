@@ -489,11 +489,11 @@ def _best_rate(work: float, run, repeats: int = 5) -> float:
     return work / max(best, 1e-9)
 
 
-def _measure_matmul(n: int = 512) -> float:
+def _measure_matmul(n: int = 1024) -> float:
     import torch
 
     a, b = torch.randn(n, n), torch.randn(n, n)
-    return _best_rate(2.0 * n**3 * 4, lambda: [torch.mm(a, b) for _ in range(4)])
+    return _best_rate(2.0 * n**3 * 2, lambda: [torch.mm(a, b) for _ in range(2)])
 
 
 def _measure_adam(numel: int = 2**22) -> float:
