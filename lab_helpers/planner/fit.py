@@ -231,8 +231,10 @@ def fit(
     gpu_gib = gpu_memory_gib if gpu_memory_gib is not None else spec.gpu_memory_gib
     if gpu_gib is None:
         gpu_gib = _this_gpu_gib()
-    if gpu_gib is None or gpu_gib <= 0:
+    if gpu_gib is None:
         raise PlanError("no GPU memory to fit into: pass --gpu-memory-gib G (no GPU found on this machine)")
+    if gpu_gib <= 0:
+        raise PlanError(f"GPU memory must be positive, got {gpu_gib} GiB")
     if not 0 <= margin < 1:
         raise PlanError(f"margin must be in [0, 1), got {margin}")
     if seq_multiple < 1:
