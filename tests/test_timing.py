@@ -136,7 +136,7 @@ def test_cpu_without_records_says_how_to_get_them(ci_assets):
 
 
 @pytest.mark.slow  # counts FLOPs for every ci record: ~20 s on 2 cores
-def test_prediction_against_the_shipped_ci_records(ci_assets):
+def test_prediction_against_the_shipped_ci_records(ci_assets, tmp_path):
     """In-sample the formula reproduces a record whose MFU came from itself alone. Leave-one-out (the honest
     prediction) is rough on the tiny CPU models, where per-op overhead rather than FLOPs sets the time: a
     median error under 75 % and every row within a factor of 6 (benchmarks/planner_time_check.out.txt shows
@@ -146,8 +146,28 @@ def test_prediction_against_the_shipped_ci_records(ci_assets):
     assert in_sample["bf16-true"]["error_pct"] == pytest.approx(0, abs=1e-6)  # the only bf16-true full record
     held_out = predicted_vs_measured(records)
     assert len(held_out) >= 12
+    import pandas as pd
+
+    from lab_helpers.compare import plot_time_prediction
+
+    figure = plot_time_prediction(pd.DataFrame(records), out_dir=tmp_path)  # the same rows, drawn
+    assert figure.lab_path.name == "time_predicted.png" and figure.lab_path.is_file()
+    assert len(figure.axes[0].patches) == 2 * len(held_out) and "median" in figure.axes[0].get_title()
     errors = sorted(abs(row["error_pct"]) for row in held_out)
     assert errors[len(errors) // 2] < 75, errors
     for row in held_out:
         ratio = row["predicted_step_s"] / row["measured_step_s"]
         assert 1 / 6 < ratio < 6, row
+
+
+@pytest.mark.slow  # one prediction of the tiny model and the ci records' MFU
+def test_plan_time_cli_prints_the_step_time_beside_the_memory(ci_assets, capsys):
+    from lab_helpers.planner.cli import main as plan_main
+
+    recipe = str(CI / "ci-llama-xs" / "full.yaml")
+    assert plan_main([recipe, "--device", "cpu", "--time", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["peak_alloc_gib"] > 0 and out["time"]["step_s"] > 0 and out["time"]["device_name"] == "cpu"
+    assert "record" in out["time"]["mfu_source"]  # derived from the shipped ci records
+    assert plan_main([recipe, "--device", "cpu", "--json"]) == 0
+    assert "time" not in json.loads(capsys.readouterr().out)  # plain `plan` stays as fast as before

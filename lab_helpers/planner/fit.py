@@ -261,7 +261,8 @@ def fit(
         best_seq = largest(
             lambda t: judge.plan(dataclasses.replace(spec, seq_len=t)).gpu_used_gib,
             judge.budget_gib,
-            start=spec.seq_len,
+            # where not even micro batch 1 fits, the model states alone may not: one question at the shortest says so
+            start=spec.seq_len if best_batch is not None else 2,
             low=2,
             high=seq_limit,
             step=seq_multiple,
