@@ -4,7 +4,8 @@ prediction (lab_helpers.planner.timing), its MFU taken from the *other* records 
     python benchmarks/planner_time_check.py [--records FILE.jsonl] > benchmarks/planner_time_check.out.txt
 
 Why leave-one-out: an MFU derived from a run predicts that run exactly, which proves nothing; predicted from
-the others, the error says how well FLOPs / (peak x MFU) carries over between experiments. Default records:
+the others, the error says how well FLOPs / (peak x MFU) + a fixed overhead per micro-batch carries over
+between experiments. Default records:
 reference_results/ci-cpu.jsonl (the ci profile on a 2-core CPU), where the "peak" is this machine's measured
 fp32 matmul rate; it cancels out (MFU derived and used against the same measurement), so the output does not
 depend on how busy the machine is now. A GPU session's results/runs.jsonl can be passed with --records.
@@ -36,7 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     records = _read_jsonl(Path(args.records))
     rows = predicted_vs_measured(records)
-    print(f"# {len(records)} records from {shown}; MFU for each row from the other records of its method")
+    print(f"# {len(records)} records from {shown}; MFU and overhead for each row fitted to the other records")
+    if any(not record.get("device_name") for record in records):
+        from lab_helpers.planner.timing import cpu_speed
+
+        print(
+            f"# CPU peak = this machine's measured fp32 matmul rate, {cpu_speed()['matmul_flops_per_s'] / 1e9:.1f} "
+            "GFLOP/s (cached): an MFU over 1 means that timing ran slower than the training did (a busy machine); "
+            "predicted seconds do not depend on it (it cancels out)"
+        )
     print(
         f"{'experiment':<14} {'device':<8} {'method':<6} {'precision':<10} {'measured s':>10} {'predicted s':>11} "
         f"{'error':>8} {'MFU':>6}  MFU from"

@@ -5,16 +5,17 @@ LoRA included), the GPU's dense peak is in the lab's table (``lab_helpers.gpu_pe
 much of that peak litgpt actually reaches, the model-FLOPs utilisation (MFU) -- is a property of the GPU and the
 method that measured runs give directly (every GPU record carries ``mfu``). So::
 
-    micro_batch_s = (model FLOPs + recomputed forward FLOPs) / (dense peak x MFU)
+    micro_batch_s = (model FLOPs + recomputed forward FLOPs) / (dense peak x MFU) + fixed overhead
     step_s        = gradient_accumulation x micro_batch_s + host optimizer step (CPU offload only)
 
 * **Recompute.** Activation checkpointing runs each Block's forward again during backward. The forward is about
   1/3 of a full fine-tuning step (forward 2N, input grads 2N, weight grads 2N FLOPs per token) and about 1/2 of
   a LoRA step (frozen weights get no weight gradients), so those fractions are added as hardware FLOPs; MFU
   stays defined on model FLOPs, as ``flops.mfu`` defines it for records.
-* **MFU.** ``mfu_for`` takes it, in this order: the lab's own records for this device and method (median of
-  their ``mfu``, preferring records with the same precision); else ``MFU_TABLE`` (each entry with its source);
-  else ``DEFAULT_MFU``, a conservative assumption, labelled as one. No GPU run of the lab exists yet
+* **MFU and overhead.** ``mfu_for`` takes them, in this order: fitted to the lab's own records for this device
+  and method (``mfu_from_records``: MFU and a fixed per-micro-batch overhead by least squares, preferring
+  records with the same precision); else ``MFU_TABLE`` (each entry with its source; overhead 0), whose
+  figures are today ``DEFAULT_MFU``, a conservative assumption, labelled as one. No GPU run of the lab exists yet
   (reference_results/ holds CPU runs only), so today every GPU prediction uses the assumption, and says so.
 * **A CPU** has no datasheet peak: its "peak" is this machine's measured fp32 matmul rate (a short torch timing,
   cached), and its MFU comes from the ci records (``reference_results/ci-cpu.jsonl``), so predicted and measured
@@ -108,6 +109,7 @@ class TimePlan:
     hardware_flops_per_micro_batch: float
     peak_flops_per_s: float
     mfu: float
+    overhead_s: float  # fixed seconds per micro-batch, fitted from records (0 from the table)
     mfu_source: str
     device_name: str
     gradient_accumulation_iters: int
@@ -120,9 +122,10 @@ class TimePlan:
 
     def summary(self) -> str:
         host = f" (+{self.optimizer_host_s:.2f} s host optimizer)" if self.optimizer_host_s else ""
+        fixed = f" + {self.overhead_s * 1000:.3g} ms per micro-batch" if self.overhead_s else ""
         return (
             f"predicted step {self.step_s:.3g} s{host}, {self.tokens_per_s_padded:,.0f} tokens/s per device on "
-            f"{self.device_name} at MFU {self.mfu:.1%} ({self.mfu_source})"
+            f"{self.device_name} at MFU {self.mfu:.1%}{fixed} ({self.mfu_source})"
         )
 
 
@@ -163,9 +166,10 @@ def predict_time(
     if mfu is not None:
         if not 0 < mfu <= 1:
             raise PlanError(f"mfu must be in (0, 1], got {mfu}")
-        used_mfu, source = float(mfu), "given"
+        efficiency = Efficiency(float(mfu), 0.0, "given")
     else:
-        used_mfu, source = mfu_for(device, spec.method, spec.precision, records=records)
+        efficiency = mfu_for(device, spec.method, spec.precision, records=records)
+    used_mfu, source = efficiency.mfu, efficiency.source
     model_flops = train_flops_per_step(
         spec.model_config,
         method=spec.method,
@@ -174,7 +178,7 @@ def predict_time(
         seq_len=seq,
     )
     hardware_flops = model_flops + (recompute_flops(model_flops, spec.method) if spec.activation_checkpointing else 0)
-    micro_s = hardware_flops / (peak * used_mfu)
+    micro_s = hardware_flops / (peak * used_mfu) + efficiency.overhead_s
     host_s = 0.0
     if spec.offload_optimizer:
         host_s = trainable_params(spec) / cpu_speed()["adam_params_per_s"]
@@ -193,6 +197,7 @@ def predict_time(
         hardware_flops_per_micro_batch=hardware_flops,
         peak_flops_per_s=peak,
         mfu=used_mfu,
+        overhead_s=efficiency.overhead_s,
         mfu_source=source,
         device_name=device,
         gradient_accumulation_iters=accumulation,
@@ -242,10 +247,23 @@ def device_key(device_name: str | None) -> str:
     return peak.model if peak is not None else str(device_name)
 
 
+@dataclass(frozen=True)
+class Efficiency:
+    """How a device turns FLOPs into time: ``micro_batch_s = FLOPs / (peak x mfu) + overhead_s``.
+
+    ``overhead_s`` is the fixed part of a micro-batch (kernel launches, Python, the optimizer's share, data
+    loading) that does not shrink with FLOPs: it dominates the ci profile's tiny models on a CPU and is
+    negligible beside a real model's compute on a GPU. It is fitted from records (0 without them)."""
+
+    mfu: float
+    overhead_s: float
+    source: str
+
+
 def mfu_for(
     device_name: str, method: str, precision: str, *, records: Iterable[Mapping[str, Any]] | None = None
-) -> tuple[float, str]:
-    """(MFU, where it came from) for ``device_name`` and ``method``: the lab's records first, then the table."""
+) -> Efficiency:
+    """The Efficiency for ``device_name`` and ``method``: fitted to the lab's records first, then the table."""
     if records is None:
         records = default_records()
     derived = mfu_from_records(records, device_name, method, precision)
@@ -259,46 +277,77 @@ def mfu_for(
         )
     for entry in MFU_TABLE:
         if entry.gpu in (key, "*") and entry.method == method:
-            return entry.mfu, entry.source
+            return Efficiency(entry.mfu, 0.0, entry.source)
     raise PlanError(f"no MFU for method {method!r}")
+
+
+MIN_POINTS_FOR_OVERHEAD = 3
 
 
 def mfu_from_records(
     records: Iterable[Mapping[str, Any]], device_name: str, method: str, precision: str
-) -> tuple[float, str] | None:
-    """The median MFU of finished runs of ``method`` on this kind of device; same-precision runs when any exist.
+) -> Efficiency | None:
+    """Fit ``micro_batch_s = ideal_s / mfu + overhead_s`` to finished runs of ``method`` on this kind of device.
 
-    GPU records carry ``mfu`` (flops.mfu against the peak table). CPU records have none (a CPU has no datasheet
-    peak), so it is derived here as achieved model FLOP/s over this machine's measured matmul rate. None when no
-    record matches."""
+    ``ideal_s`` is a micro-batch's FLOPs over the peak (the time at 100 % MFU): on a GPU ``mfu x micro_batch_s``
+    from the record's own ``mfu``; on a CPU (no datasheet peak, no ``mfu`` in its records) the FLOPs counted
+    here over this machine's measured matmul rate. Same-precision runs are used where there are enough to fit.
+    With three or more runs of different sizes both terms are fitted (least squares; the overhead is kept
+    >= 0); with fewer, the overhead is 0 and the MFU is the runs' median. None when no record matches."""
     key = device_key(device_name)
-    same, other = [], []
-    for record in records:
+    same: list[tuple[float, float]] = []
+    other: list[tuple[float, float]] = []
+    for record in map(_clean, records):
         if record.get("status") != "ok" or record.get("method") != method:
             continue
-        if device_key(record.get("device_name")) != key:
+        if device_key(_gpu_name(record)) != key:
             continue
-        value = record_mfu(record)
-        if value is None:
-            continue
-        (same if _precision(record) == precision else other).append(value)
-    values = same or other
-    if not values:
+        point = record_point(record)
+        if point is not None:
+            (same if _precision(record) == precision else other).append(point)
+    points = same if len(same) >= MIN_POINTS_FOR_OVERHEAD or not other else same + other
+    if not points:
         return None
-    what = f"{precision} " if same else ""
-    return statistics.median(values), f"median of {len(values)} {what}{method} record(s) on {key}"
+    what = f"{len(points)} {precision + ' ' if points is same else ''}{method} record(s) on {key}"
+    ideal = [x for x, _ in points]
+    if len(points) >= MIN_POINTS_FOR_OVERHEAD and max(ideal) > 1.5 * min(ideal):
+        slope, overhead = _line(points)
+        if overhead < 0 or slope <= 0:  # through the origin instead: no negative fixed cost
+            slope, overhead = sum(x * y for x, y in points) / sum(x * x for x, _ in points), 0.0
+        if slope > 0:
+            return Efficiency(1 / slope, overhead, f"fitted to {what}")
+    return Efficiency(statistics.median(x / y for x, y in points), 0.0, f"median of {what}")
 
 
-def record_mfu(record: Mapping[str, Any]) -> float | None:
-    """A record's MFU: its own ``mfu`` on a GPU; on a CPU, model FLOP/s over this machine's matmul rate."""
-    if record.get("device_name"):
+def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares (slope, intercept) of y on x."""
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    sxx = sum((x - mean_x) ** 2 for x, _ in points)
+    sxy = sum((x - mean_x) * (y - mean_y) for x, y in points)
+    slope = sxy / sxx
+    return slope, mean_y - slope * mean_x
+
+
+def record_point(record: Mapping[str, Any]) -> tuple[float, float] | None:
+    """(ideal_s, micro_batch_s) of a finished record: its micro-batch at 100 % MFU, and as measured."""
+    measured = measured_step(record)
+    if measured is None:
+        return None
+    if _gpu_name(record):
         value = record.get("mfu")
-        return float(value) if isinstance(value, (int, float)) and value > 0 else None
-    return _cpu_record_mfu(json.dumps(record, sort_keys=True, default=str))
+        if not isinstance(value, (int, float)) or value <= 0:
+            return None
+        return value * measured["micro_batch_s"], measured["micro_batch_s"]
+    flops = _cpu_record_flops(json.dumps(record, sort_keys=True, default=str))
+    if flops is None:
+        return None
+    return flops / cpu_speed()["matmul_flops_per_s"], measured["micro_batch_s"]
 
 
 @functools.lru_cache(maxsize=256)
-def _cpu_record_mfu(record_json: str) -> float | None:
+def _cpu_record_flops(record_json: str) -> float | None:
     """Memoised by the record's text: reading a recipe and counting FLOPs takes a fraction of a second."""
     record = json.loads(record_json)
     measured = measured_step(record)
@@ -308,14 +357,24 @@ def _cpu_record_mfu(record_json: str) -> float | None:
         spec = record_spec(record)
     except (PlanError, OSError, ValueError, KeyError, TypeError):
         return None  # a record the planner cannot read (an old or multi-GPU Lightning run): no MFU from it
-    flops = train_flops_per_step(
+    return train_flops_per_step(
         spec.model_config,
         method=spec.method,
         lora=spec.lora or None,
         micro_batch_size=spec.micro_batch_size,
         seq_len=measured["seq_len"],
     )
-    return flops / measured["micro_batch_s"] / cpu_speed()["matmul_flops_per_s"]
+
+
+def _clean(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A record without NaN fields: a pandas table fills every missing field of a row with NaN."""
+    return {k: v for k, v in record.items() if not (isinstance(v, float) and math.isnan(v))}
+
+
+def _gpu_name(record: Mapping[str, Any]) -> str | None:
+    """The record's GPU, or None for a CPU run (also where a table gave the missing name as NaN)."""
+    value = record.get("device_name")
+    return value if isinstance(value, str) and value else None
 
 
 def _precision(record: Mapping[str, Any]) -> str | None:
@@ -385,7 +444,7 @@ def record_spec(record: Mapping[str, Any]) -> TrainingSpec:
         devices=int(record.get("world_size") or 1),
         strategy=None if strategy == "single" else strategy,
         offload_optimizer=offload,
-        device="cuda" if record.get("device_name") else CPU,
+        device="cuda" if _gpu_name(record) else CPU,
     )
 
 
@@ -398,8 +457,8 @@ def predicted_vs_measured(
     ``mfu_records`` (default: ``records``); with ``leave_one_out`` the record itself is left out of them, so the
     comparison is an honest prediction, not the record fitted to itself. Records the planner cannot read, or
     with no other record to take an MFU from, are left out."""
-    records = list(records)
-    pool = list(mfu_records) if mfu_records is not None else records
+    records = [_clean(record) for record in records]
+    pool = [_clean(record) for record in mfu_records] if mfu_records is not None else records
     rows = []
     for record in records:
         measured = measured_step(record)
@@ -410,7 +469,7 @@ def predicted_vs_measured(
         except (PlanError, OSError, ValueError, KeyError, TypeError):
             continue
         others = [r for r in pool if r is not record] if leave_one_out else pool
-        device = record.get("device_name") or CPU
+        device = _gpu_name(record) or CPU
         try:
             plan = predict_time(
                 spec, gpu_name=device if device != CPU else None, records=others, seq_len=measured["seq_len"]
