@@ -105,6 +105,8 @@ def test_fit_with_bad_sizes_is_one_clear_error(ci_assets, capsys):
     recipe = str(CI / "ci-llama-xs" / "lora.yaml")
     code = plan_main([recipe, "--device", "cpu", "--fit", "--gpu-memory-gib", "-1"])
     assert code == 2 and capsys.readouterr().err.startswith("error: GPU memory must be positive")
+    assert plan_main([recipe, "--device", "cpu", "--margin", "0.1"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --margin and --max-micro-batch belong to --fit"
     with pytest.raises(PlanError, match="margin"):
         fit(spec_from_recipe(recipe, device="cpu"), gpu_memory_gib=1.0, margin=1.5)
 

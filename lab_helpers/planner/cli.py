@@ -10,7 +10,8 @@ import yaml
 
 from .errors import PlanError, PlannerUnavailable
 from .plan import BREAKDOWN_KEYS, predict
-from .spec import STRATEGIES, spec_from_recipe
+from .spec import STRATEGIES, TrainingSpec, spec_from_recipe
+from .timing import TimePlan
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,6 +86,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.devices is not None and args.devices < 1:
             raise PlanError(f"--devices must be at least 1, got {args.devices}")
+        if not getattr(args, "fit", False) and (
+            getattr(args, "margin", None) is not None or getattr(args, "max_micro_batch", None) is not None
+        ):
+            raise PlanError("--margin and --max-micro-batch belong to --fit")
+        if getattr(args, "gpu_name", None) and not getattr(args, "time", False):
+            raise PlanError("--gpu-name says which GPU to predict time for: add --time")
         strategy = args.strategy
         if args.offload_optimizer and strategy is None:
             strategy = "deepspeed-zero3"
@@ -117,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _time(spec, gpu_name: str | None):
+def _time(spec: TrainingSpec, gpu_name: str | None) -> tuple[TimePlan | None, str]:
     """(TimePlan, "") or (None, why not): a plan without a known GPU still prints its memory."""
     from .timing import predict_time
 
@@ -127,7 +134,7 @@ def _time(spec, gpu_name: str | None):
         return None, f"not predicted ({err})"
 
 
-def _run_fit(spec, args: argparse.Namespace) -> int:
+def _run_fit(spec: TrainingSpec, args: argparse.Namespace) -> int:
     from .fit import DEFAULT_MARGIN, fit
 
     result = fit(
