@@ -28,6 +28,7 @@ CI_PRETEND_GPU_GIB = 0.05
 """On the ci profile: a pretend device memory for the tiny models (tens of MiB), so that a bigger batch can run
 out of it. Not a real GPU: a CPU has no device memory to exhaust."""
 NO_GPU_GIB = 80.0  # gpu profile on a machine without a GPU: ask for an 80 GB card, as notebook 00 does
+NO_GPU_NAME = "NVIDIA H100 80GB HBM3"  # ... and predict its time for the lab's reference GPU (an H100 SXM)
 
 
 @dataclass
@@ -158,8 +159,12 @@ def explore(*, profile: str, draw: bool = True, **values: Any) -> Answer:
         largest_micro_batch=found.max_micro_batch_size,
         micro_batch_limit=found.micro_batch_limit,
     )
+    gpu_name = None
+    if spec.device == "cuda" and not _has_gpu():
+        gpu_name = NO_GPU_NAME
+        answer.notes.append(f"no GPU here: time predicted for an {NO_GPU_NAME}")
     try:
-        answer.time = predict_time(spec)
+        answer.time = predict_time(spec, gpu_name=gpu_name)
     except PlanError as err:
         answer.notes.append(f"no time prediction: {err}")
     if profile == "ci":
@@ -169,6 +174,12 @@ def explore(*, profile: str, draw: bool = True, **values: Any) -> Answer:
     if draw:
         answer.figure = draw_answer(answer, budget_gib=found.budget_gib)
     return answer
+
+
+def _has_gpu() -> bool:
+    from lab_helpers.node import describe_node
+
+    return bool(describe_node().get("gpus"))
 
 
 def draw_answer(answer: Answer, *, budget_gib: float | None = None):
