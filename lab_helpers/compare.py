@@ -470,6 +470,40 @@ def plot_memory_vs_time(
     return _save(figure, out_dir, "memory_vs_time.png")
 
 
+def plot_time_prediction(
+    df: pd.DataFrame,
+    *,
+    out_dir: Path | str | None = None,
+    order: Sequence[str] | None = None,
+    profile: str | None = None,
+) -> Any:
+    """Per experiment: measured optimizer-step time beside the planner's prediction (lab_helpers.planner.timing),
+    like the memory plot. Each prediction takes its MFU from the *other* records (leave-one-out), so a run is
+    never predicted from itself; the title gives the median and worst error."""
+    from lab_helpers.planner.timing import predicted_vs_measured
+
+    latest = latest_runs(df, profile=profile, order=order)
+    rows = predicted_vs_measured(latest.to_dict("records")) if not latest.empty else []
+    if not rows:
+        return _empty_plot(out_dir, "time_predicted.png", "Step time: measured vs predicted")
+    figure, ax = _new_figure(max(7.5, 0.8 * len(rows) + 3), 4.2)
+    width = 0.38
+    for i, row in enumerate(rows):
+        ax.bar(i - width / 2, row["measured_step_s"], width, color="#333333", label=None if i else "measured")
+        ax.bar(i + width / 2, row["predicted_step_s"], width, color="#9ecae1", label=None if i else "predicted")
+        ax.text(i + width / 2, row["predicted_step_s"], f"{row['error_pct']:+.0f}%", ha="center", va="bottom", fontsize=7)
+    errors = sorted(abs(row["error_pct"]) for row in rows)
+    ax.set_xticks(range(len(rows)), [row["experiment"] for row in rows], rotation=30, ha="right")
+    ax.set_ylabel("seconds per optimizer step")
+    ax.set_title(
+        f"Step time: measured (left) vs predicted (right), {', '.join(sorted({r['device'] for r in rows}))}; "
+        f"|error| median {errors[len(errors) // 2]:.0f}%, worst {errors[-1]:.0f}%",
+        fontsize=10,
+    )
+    ax.legend(fontsize=8)
+    return _save(figure, out_dir, "time_predicted.png")
+
+
 # ------------------------------------------------------------------------------------------------ timeline
 
 

@@ -40,7 +40,7 @@ def _ids(paths: list[Path]) -> list[str]:
 
 def test_the_lab_notebooks_are_there():
     names = {path.name for path in NOTEBOOKS}
-    assert {"00_check_node.ipynb", "01_single_gpu.ipynb", "03_compare.ipynb"} <= names, names
+    assert {"00_check_node.ipynb", "01_single_gpu.ipynb", "03_compare.ipynb", "04_what_if.ipynb"} <= names, names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
@@ -167,3 +167,10 @@ def test_compare_notebook_draws_and_saves_every_plot():
         "save_all(",
     ):
         assert call in source, call
+
+
+def test_what_if_notebook_runs_the_callback_once_and_offers_the_widgets():
+    """CI executes the callback once with the defaults (no browser needed); the widgets answer on "Run"."""
+    source = "\n".join(cell.source for cell in _code_cells(_read(NOTEBOOKS_DIR / "04_what_if.ipynb")))
+    assert len(re.findall(r"what_if\.show\(profile=PROFILE\)", source)) == 1
+    assert "what_if.widgets(PROFILE)" in source

@@ -7,15 +7,21 @@ offload, paged state and the CUDA context (``analytic``). ``spec`` reads litgpt 
 """
 
 from .errors import PlanError, PlannerUnavailable
+from .fit import FitResult, fit
 from .plan import MemoryPlan, plan_recipe, predict
 from .spec import TrainingSpec, spec_from_recipe
+from .timing import TimePlan, predict_time
 
 __all__ = [
+    "FitResult",
     "MemoryPlan",
     "PlanError",
     "PlannerUnavailable",
+    "TimePlan",
     "TrainingSpec",
+    "fit",
     "plan_recipe",
     "predict",
+    "predict_time",
     "spec_from_recipe",
 ]

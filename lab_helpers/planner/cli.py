@@ -9,8 +9,9 @@ import sys
 import yaml
 
 from .errors import PlanError, PlannerUnavailable
-from .plan import BREAKDOWN_KEYS, plan_recipe
-from .spec import STRATEGIES
+from .plan import BREAKDOWN_KEYS, predict
+from .spec import STRATEGIES, TrainingSpec, spec_from_recipe
+from .timing import TimePlan
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +36,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="cpu: the live tensor bytes of the step on a CPU (the ci profile), no CUDA context or cuBLAS workspace",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--fit",
+        action="store_true",
+        help="what fits this GPU (or --gpu-memory-gib): largest micro batch, longest sequence, and the cheapest "
+        "change when nothing fits",
+    )
+    parser.add_argument("--margin", type=float, default=None, help="--fit: fraction of GPU memory kept free (0.05)")
+    parser.add_argument(
+        "--max-micro-batch", type=int, default=None, help="--fit: search limit (default: the per-GPU global batch)"
+    )
+    parser.add_argument(
+        "--time", action="store_true", help="also predict step time and tokens/s (lab_helpers.planner.timing)"
+    )
+    parser.add_argument(
+        "--gpu-name",
+        default=None,
+        help="GPU to predict step time for (default: this node's; e.g. 'NVIDIA A100-SXM4-80GB')",
+    )
 
 
 def _parse_overrides(items: list[str]) -> dict[str, object]:
@@ -67,10 +86,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.devices is not None and args.devices < 1:
             raise PlanError(f"--devices must be at least 1, got {args.devices}")
+        if not getattr(args, "fit", False) and (
+            getattr(args, "margin", None) is not None or getattr(args, "max_micro_batch", None) is not None
+        ):
+            raise PlanError("--margin and --max-micro-batch belong to --fit")
+        if getattr(args, "gpu_name", None) and not getattr(args, "time", False):
+            raise PlanError("--gpu-name says which GPU to predict time for: add --time")
         strategy = args.strategy
         if args.offload_optimizer and strategy is None:
             strategy = "deepspeed-zero3"
-        plan = plan_recipe(
+        spec = spec_from_recipe(
             args.recipe,
             overrides=_parse_overrides(args.overrides),
             devices=args.devices,
@@ -80,13 +105,48 @@ def run(args: argparse.Namespace) -> int:
             data_max_len=args.data_max_len,
             device=args.device,
         )
+        if getattr(args, "fit", False):
+            return _run_fit(spec, args)
+        plan = predict(spec)
+        time_plan, time_note = (None, "")
+        if getattr(args, "time", False):
+            time_plan, time_note = _time(spec, getattr(args, "gpu_name", None))
     except (PlanError, PlannerUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(plan.to_dict()))
+        extra = {"time": time_plan.to_dict() if time_plan else None} if getattr(args, "time", False) else {}
+        print(json.dumps({**plan.to_dict(), **extra}))
     else:
         _print_table(plan)
+        if getattr(args, "time", False):
+            print(f"  time: {time_plan.summary() if time_plan else time_note}")
+    return 0
+
+
+def _time(spec: TrainingSpec, gpu_name: str | None) -> tuple[TimePlan | None, str]:
+    """(TimePlan, "") or (None, why not): a plan without a known GPU still prints its memory."""
+    from .timing import predict_time
+
+    try:
+        return predict_time(spec, gpu_name=gpu_name), ""
+    except PlanError as err:
+        return None, f"not predicted ({err})"
+
+
+def _run_fit(spec: TrainingSpec, args: argparse.Namespace) -> int:
+    from .fit import DEFAULT_MARGIN, fit
+
+    result = fit(
+        spec,
+        gpu_memory_gib=args.gpu_memory_gib,
+        margin=DEFAULT_MARGIN if args.margin is None else args.margin,
+        max_micro_batch_size=args.max_micro_batch,
+    )
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print("\n".join(result.lines()))
     return 0
 
 

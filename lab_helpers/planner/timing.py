@@ -1,0 +1,567 @@
+"""Predict a fine-tuning step's time and tokens/s before the run: FLOPs / (dense peak x MFU), plus offload.
+
+Why this model: a step's arithmetic is known exactly (``lab_helpers.flops`` counts it on the real litgpt model,
+LoRA included), the GPU's dense peak is in the lab's table (``lab_helpers.gpu_peaks``), and what is left -- how
+much of that peak litgpt actually reaches, the model-FLOPs utilisation (MFU) -- is a property of the GPU and the
+method that measured runs give directly (every GPU record carries ``mfu``). So::
+
+    micro_batch_s = (model FLOPs + recomputed forward FLOPs) / (dense peak x MFU) + fixed overhead
+    step_s        = gradient_accumulation x micro_batch_s + host optimizer step (CPU offload only)
+
+* **Recompute.** Activation checkpointing runs each Block's forward again during backward. The forward is about
+  1/3 of a full fine-tuning step (forward 2N, input grads 2N, weight grads 2N FLOPs per token) and about 1/2 of
+  a LoRA step (frozen weights get no weight gradients), so those fractions are added as hardware FLOPs; MFU
+  stays defined on model FLOPs, as ``flops.mfu`` defines it for records.
+* **MFU and overhead.** ``mfu_for`` takes them, in this order: fitted to the lab's own records for this device
+  and method (``mfu_from_records``: MFU and a fixed per-micro-batch overhead by least squares, preferring
+  records with the same precision); else ``MFU_TABLE`` (each entry with its source; overhead 0), whose
+  figures are today ``DEFAULT_MFU``, a conservative assumption, labelled as one. No GPU run of the lab exists yet
+  (reference_results/ holds CPU runs only), so today every GPU prediction uses the assumption, and says so.
+* **A CPU** has no datasheet peak: its "peak" is this machine's measured fp32 matmul rate (a short torch timing,
+  cached), and its MFU comes from the ci records (``reference_results/ci-cpu.jsonl``), so predicted and measured
+  time can be compared on every machine (``benchmarks/planner_time_check.py``).
+* **CPU offload.** DeepSpeed steps the optimizer on the host: the step adds trainable params / the host's Adam
+  rate, measured here with torch's Adam (a lower bound on DeepSpeedCPUAdam's vectorised rate: conservative).
+
+Communication (DDP all-reduce, FSDP gathers) is not modelled separately: it shows up in the MFU of records from
+multi-GPU runs; without them the prediction is the compute time alone, and a note says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lab_helpers.flops import train_flops_per_step
+from lab_helpers.gpu_peaks import dense_peak_flops, find_gpu
+
+from .errors import PlanError
+from .spec import TrainingSpec
+
+CPU = "cpu"
+CACHE_ENV = "LAB_CPU_SPEED_CACHE"
+
+DEFAULT_MFU: dict[str, float] = {"full": 0.25, "lora": 0.20}
+"""ASSUMPTION, not a measurement: conservative MFUs for litgpt fine-tuning on a data-centre GPU at the lab's
+sequence lengths (512 tokens, short Alpaca samples; no fused kernels, no torch.compile). Lower than what
+well-tuned pre-training reaches (40-60 %) because fine-tuning batches are short and padded. LoRA is set lower
+than full: its FLOPs are ~2/3 of a full step's, but the frozen matmuls and dropout on the adapter path do not
+shrink in proportion. Replace with the lab's own GPU records as soon as they exist (``mfu_for`` does it)."""
+
+# litgpt's own resource table (Lightning-AI/litgpt tutorials/resource-tables.md, 10/2023, 1x A100-SXM4-40GB,
+# bf16-true, finetune/lora.py, micro batch 1): minutes per 1k iterations without and with bnb.nf4, same model
+# and data. The ratio is QLoRA's extra time (dequantising every weight per matmul) relative to LoRA.
+LITGPT_LORA_VS_NF4_MIN: dict[str, tuple[float, float]] = {
+    "phi-1.5": (1.62, 1.77),
+    "StableLM Alpha 3B": (1.24, 1.82),
+    "Llama 2 7B": (2.36, 3.68),
+    "Llama 2 13B": (3.19, 6.38),
+}
+QLORA_SPEED_RATIO = statistics.median(lora / nf4 for lora, nf4 in LITGPT_LORA_VS_NF4_MIN.values())
+"""LoRA time / QLoRA time in litgpt's table (median of its four models): QLoRA's MFU is LoRA's times this."""
+
+
+@dataclass(frozen=True)
+class MfuEntry:
+    gpu: str  # a gpu_peaks model name ("A100"), or "*" for any GPU
+    method: str
+    mfu: float
+    source: str
+
+
+MFU_TABLE: tuple[MfuEntry, ...] = (
+    MfuEntry("*", "full", DEFAULT_MFU["full"], "assumption (DEFAULT_MFU): no GPU records yet"),
+    MfuEntry("*", "lora", DEFAULT_MFU["lora"], "assumption (DEFAULT_MFU): no GPU records yet"),
+    MfuEntry(
+        "*",
+        "qlora",
+        DEFAULT_MFU["lora"] * QLORA_SPEED_RATIO,
+        f"assumed LoRA MFU x {QLORA_SPEED_RATIO:.2f}, litgpt's LoRA/QLoRA time ratio "
+        "(tutorials/resource-tables.md, 1x A100)",
+    ),
+)
+"""Per GPU model and method, with the source of each figure. Refill from the lab's records with
+``mfu_from_records`` (which ``mfu_for`` already prefers); add a row here only with its source."""
+
+
+@dataclass
+class TimePlan:
+    """A time prediction for one optimizer step on one device (every device of a data-parallel run does the same).
+
+    ``tokens_per_s_padded`` is per device, comparable with a record's ``tokens_per_s_padded`` (rank 0).
+    """
+
+    step_s: float
+    micro_batch_s: float
+    optimizer_host_s: float
+    tokens_per_s_padded: float
+    model_flops_per_micro_batch: float
+    hardware_flops_per_micro_batch: float
+    peak_flops_per_s: float
+    mfu: float
+    overhead_s: float  # fixed seconds per micro-batch, fitted from records (0 from the table)
+    mfu_source: str
+    device_name: str
+    gradient_accumulation_iters: int
+    micro_batch_size: int
+    seq_len: int
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        host = f" (+{self.optimizer_host_s:.2f} s host optimizer)" if self.optimizer_host_s else ""
+        fixed = f" + {self.overhead_s * 1000:.3g} ms per micro-batch" if self.overhead_s else ""
+        return (
+            f"predicted step {self.step_s:.3g} s{host}, {self.tokens_per_s_padded:,.0f} tokens/s per device on "
+            f"{self.device_name} at MFU {self.mfu:.1%}{fixed} ({self.mfu_source})"
+        )
+
+
+# ------------------------------------------------------------------------------------------------ predicting
+
+
+def predict_time(
+    spec: TrainingSpec,
+    *,
+    gpu_name: str | None = None,
+    records: Iterable[Mapping[str, Any]] | None = None,
+    mfu: float | None = None,
+    seq_len: int | None = None,
+) -> TimePlan:
+    """Predict one optimizer step of ``spec`` (see the module docstring for the model).
+
+    ``gpu_name`` is the NVML/torch name of the GPU (default: this node's first GPU); ``spec.device == "cpu"``
+    predicts for this CPU. ``records`` are run records to take the MFU from (default: the lab's results and the
+    shipped reference results); ``mfu`` overrides it. ``seq_len`` is the mean padded length of a micro-batch
+    (time follows the mean; memory follows the worst case, ``spec.seq_len``, the default).
+    """
+    spec.validate()
+    seq = int(seq_len or spec.seq_len)
+    if seq < 1:
+        raise PlanError(f"seq_len must be >= 1, got {seq}")
+    device = CPU if spec.device == CPU else (gpu_name or _this_gpu())
+    if not device:
+        raise PlanError("no GPU here to predict time for: pass gpu_name (e.g. 'NVIDIA A100-SXM4-80GB')")
+    notes: list[str] = []
+    if device == CPU:
+        peak = cpu_speed()["matmul_flops_per_s"]
+    else:
+        peak = dense_peak_flops(device, spec.precision)
+        if peak is None:
+            raise PlanError(
+                f"no dense peak for {device!r} at {spec.precision} in lab_helpers.gpu_peaks: time cannot be predicted"
+            )
+    if mfu is not None:
+        if not 0 < mfu <= 1:
+            raise PlanError(f"mfu must be in (0, 1], got {mfu}")
+        efficiency = Efficiency(float(mfu), 0.0, "given")
+    else:
+        efficiency = mfu_for(device, spec.method, spec.precision, records=records)
+    used_mfu, source = efficiency.mfu, efficiency.source
+    model_flops = train_flops_per_step(
+        spec.model_config,
+        method=spec.method,
+        lora=spec.lora or None,
+        micro_batch_size=spec.micro_batch_size,
+        seq_len=seq,
+    )
+    hardware_flops = model_flops + (recompute_flops(model_flops, spec.method) if spec.activation_checkpointing else 0)
+    micro_s = hardware_flops / (peak * used_mfu) + efficiency.overhead_s
+    host_s = 0.0
+    if spec.offload_optimizer:
+        host_s = trainable_params(spec) / cpu_speed()["adam_params_per_s"]
+        notes.append("host optimizer step from this machine's measured torch Adam rate")
+    if spec.devices > 1 and mfu is None and "record" not in source:
+        notes.append("communication between GPUs is not included (no multi-GPU records for this GPU yet)")
+    accumulation = spec.gradient_accumulation_iters
+    step_s = accumulation * micro_s + host_s
+    tokens = spec.micro_batch_size * seq * accumulation
+    return TimePlan(
+        step_s=step_s,
+        micro_batch_s=micro_s,
+        optimizer_host_s=host_s,
+        tokens_per_s_padded=tokens / step_s,
+        model_flops_per_micro_batch=model_flops,
+        hardware_flops_per_micro_batch=hardware_flops,
+        peak_flops_per_s=peak,
+        mfu=used_mfu,
+        overhead_s=efficiency.overhead_s,
+        mfu_source=source,
+        device_name=device,
+        gradient_accumulation_iters=accumulation,
+        micro_batch_size=spec.micro_batch_size,
+        seq_len=seq,
+        notes=notes,
+    )
+
+
+def recompute_flops(model_flops: float, method: str) -> float:
+    """FLOPs activation checkpointing adds: one more forward, 1/3 of a full step, 1/2 of a LoRA/QLoRA step."""
+    return model_flops / (3 if method == "full" else 2)
+
+
+def trainable_params(spec: TrainingSpec) -> int:
+    """Parameters the optimizer steps, counted on the real litgpt model built on the meta device (no memory)."""
+    import torch
+
+    with torch.device("meta"):
+        if spec.method == "full":
+            from litgpt import GPT
+
+            model = GPT(spec.model_config)
+        else:
+            from litgpt.lora import GPT, mark_only_lora_as_trainable
+
+            model = GPT(spec.model_config)
+            mark_only_lora_as_trainable(model)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def _this_gpu() -> str | None:
+    from lab_helpers.node import describe_node
+
+    gpus = describe_node().get("gpus") or []
+    return gpus[0].get("name") if gpus else None
+
+
+# ------------------------------------------------------------------------------------------------ MFU
+
+
+def device_key(device_name: str | None) -> str:
+    """What MFUs are keyed by: "cpu", the GPU's model in the peak table ("A100"), or the raw name."""
+    if not device_name or device_name == CPU:
+        return CPU
+    peak = find_gpu(device_name)
+    return peak.model if peak is not None else str(device_name)
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """How a device turns FLOPs into time: ``micro_batch_s = FLOPs / (peak x mfu) + overhead_s``.
+
+    ``overhead_s`` is the fixed part of a micro-batch (kernel launches, Python, the optimizer's share, data
+    loading) that does not shrink with FLOPs: it dominates the ci profile's tiny models on a CPU and is
+    negligible beside a real model's compute on a GPU. It is fitted from records (0 without them)."""
+
+    mfu: float
+    overhead_s: float
+    source: str
+
+
+def mfu_for(
+    device_name: str, method: str, precision: str, *, records: Iterable[Mapping[str, Any]] | None = None
+) -> Efficiency:
+    """The Efficiency for ``device_name`` and ``method``: fitted to the lab's records first, then the table."""
+    if records is None:
+        records = default_records()
+    derived = mfu_from_records(records, device_name, method, precision)
+    if derived is not None:
+        return derived
+    key = device_key(device_name)
+    if key == CPU:
+        raise PlanError(
+            f"no ci records of {method!r} runs to derive this CPU's MFU from: run the ci profile first "
+            "(LAB_PROFILE=ci python -m lab_helpers run ...) or pass mfu="
+        )
+    for entry in MFU_TABLE:
+        if entry.gpu in (key, "*") and entry.method == method:
+            return Efficiency(entry.mfu, 0.0, entry.source)
+    raise PlanError(f"no MFU for method {method!r}")
+
+
+MIN_POINTS_FOR_OVERHEAD = 3
+
+
+def mfu_from_records(
+    records: Iterable[Mapping[str, Any]], device_name: str, method: str, precision: str
+) -> Efficiency | None:
+    """Fit ``micro_batch_s = ideal_s / mfu + overhead_s`` to finished runs of ``method`` on this kind of device.
+
+    ``ideal_s`` is a micro-batch's FLOPs over the peak (the time at 100 % MFU): on a GPU ``mfu x micro_batch_s``
+    from the record's own ``mfu``; on a CPU (no datasheet peak, no ``mfu`` in its records) the FLOPs counted
+    here over this machine's measured matmul rate. Same-precision runs are used where there are enough to fit.
+    With three or more runs of different sizes both terms are fitted (least squares; the overhead is kept
+    >= 0); with fewer, the overhead is 0 and the MFU is the runs' median. None when no record matches."""
+    key = device_key(device_name)
+    same: list[tuple[float, float]] = []
+    other: list[tuple[float, float]] = []
+    for record in map(_clean, records):
+        if record.get("status") != "ok" or record.get("method") != method:
+            continue
+        if device_key(_gpu_name(record)) != key:
+            continue
+        point = record_point(record)
+        if point is not None:
+            (same if _precision(record) == precision else other).append(point)
+    points = same if len(same) >= MIN_POINTS_FOR_OVERHEAD or not other else same + other
+    if not points:
+        return None
+    what = f"{len(points)} {precision + ' ' if points is same else ''}{method} record(s) on {key}"
+    ideal = [x for x, _ in points]
+    if len(points) >= MIN_POINTS_FOR_OVERHEAD and max(ideal) > 1.5 * min(ideal):
+        slope, overhead = _line(points)
+        if overhead < 0 or slope <= 0:  # through the origin instead: no negative fixed cost
+            slope, overhead = sum(x * y for x, y in points) / sum(x * x for x, _ in points), 0.0
+        if slope > 0:
+            return Efficiency(1 / slope, overhead, f"fitted to {what}")
+    return Efficiency(statistics.median(x / y for x, y in points), 0.0, f"median of {what}")
+
+
+def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares (slope, intercept) of y on x."""
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    sxx = sum((x - mean_x) ** 2 for x, _ in points)
+    sxy = sum((x - mean_x) * (y - mean_y) for x, y in points)
+    slope = sxy / sxx
+    return slope, mean_y - slope * mean_x
+
+
+def record_point(record: Mapping[str, Any]) -> tuple[float, float] | None:
+    """(ideal_s, micro_batch_s) of a finished record: its micro-batch at 100 % MFU, and as measured."""
+    measured = measured_step(record)
+    if measured is None:
+        return None
+    if _gpu_name(record):
+        value = record.get("mfu")
+        if not isinstance(value, (int, float)) or value <= 0:
+            return None
+        return value * measured["micro_batch_s"], measured["micro_batch_s"]
+    flops = _cpu_record_flops(json.dumps(record, sort_keys=True, default=str))
+    if flops is None:
+        return None
+    return flops / cpu_speed()["matmul_flops_per_s"], measured["micro_batch_s"]
+
+
+@functools.lru_cache(maxsize=256)
+def _cpu_record_flops(record_json: str) -> float | None:
+    """Memoised by the record's text: reading a recipe and counting FLOPs takes a fraction of a second."""
+    record = json.loads(record_json)
+    measured = measured_step(record)
+    if measured is None:
+        return None
+    try:
+        spec = record_spec(record)
+    except (PlanError, OSError, ValueError, KeyError, TypeError):
+        return None  # a record the planner cannot read (an old or multi-GPU Lightning run): no MFU from it
+    return train_flops_per_step(
+        spec.model_config,
+        method=spec.method,
+        lora=spec.lora or None,
+        micro_batch_size=spec.micro_batch_size,
+        seq_len=measured["seq_len"],
+    )
+
+
+def _clean(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A record without NaN fields: a pandas table fills every missing field of a row with NaN."""
+    return {k: v for k, v in record.items() if not (isinstance(v, float) and math.isnan(v))}
+
+
+def _gpu_name(record: Mapping[str, Any]) -> str | None:
+    """The record's GPU, or None for a CPU run (also where a table gave the missing name as NaN)."""
+    value = record.get("device_name")
+    return value if isinstance(value, str) and value else None
+
+
+def _precision(record: Mapping[str, Any]) -> str | None:
+    config = record.get("config")
+    return config.get("precision") if isinstance(config, Mapping) else None
+
+
+def default_records() -> list[dict[str, Any]]:
+    """The lab's own results (``$LAB_RESULTS/runs.jsonl``) and the shipped reference results."""
+    from lab_helpers.compare import reference_dir
+    from lab_helpers.paths import results_dir
+
+    paths = [results_dir() / "runs.jsonl", *sorted(reference_dir().glob("*.jsonl"))]
+    records: list[dict[str, Any]] = []
+    for path in paths:
+        if path.is_file():
+            records += _read_jsonl(path)
+    return records
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a crash: the others still count
+        if isinstance(item, dict):
+            out.append(item)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ records
+
+
+def measured_step(record: Mapping[str, Any]) -> dict[str, float] | None:
+    """A finished record's measured micro-batch and optimizer-step time and its mean padded sequence length."""
+    config = record.get("config") if isinstance(record.get("config"), Mapping) else {}
+    train = config.get("train") or {}
+    iterations, train_s, padded = record.get("iterations"), record.get("train_s"), record.get("tokens_padded")
+    micro = train.get("micro_batch_size")
+    if record.get("status") != "ok" or not iterations or not train_s or not padded or not micro:
+        return None
+    devices = int(record.get("world_size") or 1)
+    accumulation = max(1, int(train.get("global_batch_size", micro)) // (int(micro) * devices))
+    micro_s = float(train_s) / int(iterations)
+    return {
+        "micro_batch_s": micro_s,
+        "step_s": micro_s * accumulation,
+        "seq_len": max(1, round(float(padded) / (int(iterations) * int(micro)))),
+        "tokens_per_s_padded": float(padded) / float(train_s),
+    }
+
+
+def record_spec(record: Mapping[str, Any]) -> TrainingSpec:
+    """The TrainingSpec a record ran (its resolved recipe; checkpoint paths resolved as the lab does)."""
+    from lab_helpers.experiments import resolve_path
+
+    from .spec import spec_from_recipe
+
+    config = dict(record["config"])
+    config["checkpoint_dir"] = str(resolve_path(config["checkpoint_dir"]))
+    strategy = record.get("strategy") or "single"
+    offload = strategy == "deepspeed-zero3" and "offload" in str(record.get("experiment", ""))
+    return spec_from_recipe(
+        config,
+        devices=int(record.get("world_size") or 1),
+        strategy=None if strategy == "single" else strategy,
+        offload_optimizer=offload,
+        device="cuda" if _gpu_name(record) else CPU,
+    )
+
+
+def predicted_vs_measured(
+    records: Iterable[Mapping[str, Any]], *, leave_one_out: bool = True, mfu_records: Iterable[Mapping] | None = None
+) -> list[dict[str, Any]]:
+    """Per finished record: measured and predicted optimizer-step time (s) and the error.
+
+    The prediction uses the record's own recipe at its measured mean padded length. Its MFU comes from
+    ``mfu_records`` (default: ``records``); with ``leave_one_out`` the record itself is left out of them, so the
+    comparison is an honest prediction, not the record fitted to itself. Records the planner cannot read, or
+    with no other record to take an MFU from, are left out."""
+    records = [_clean(record) for record in records]
+    pool = [_clean(record) for record in mfu_records] if mfu_records is not None else records
+    rows = []
+    for record in records:
+        measured = measured_step(record)
+        if measured is None:
+            continue
+        try:
+            spec = record_spec(record)
+        except (PlanError, OSError, ValueError, KeyError, TypeError):
+            continue
+        others = [r for r in pool if r is not record] if leave_one_out else pool
+        device = _gpu_name(record) or CPU
+        try:
+            plan = predict_time(
+                spec, gpu_name=device if device != CPU else None, records=others, seq_len=measured["seq_len"]
+            )
+        except PlanError:
+            continue
+        rows.append(
+            {
+                "experiment": record.get("experiment"),
+                "device": device_key(device),
+                "method": spec.method,
+                "precision": spec.precision,
+                "measured_step_s": measured["step_s"],
+                "predicted_step_s": plan.step_s,
+                "error_pct": (plan.step_s - measured["step_s"]) / measured["step_s"] * 100,
+                "measured_tokens_per_s": measured["tokens_per_s_padded"],
+                "predicted_tokens_per_s": plan.tokens_per_s_padded,
+                "mfu": plan.mfu,
+                "mfu_source": plan.mfu_source,
+            }
+        )
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ this CPU
+
+
+def cpu_speed(*, refresh: bool = False) -> dict[str, float]:
+    """This machine's fp32 matmul FLOP/s and torch Adam params/s, measured once (about a second) and cached.
+
+    The cache (``$LAB_CPU_SPEED_CACHE``, default ``~/.cache/lab_helpers/cpu_speed.json``) is keyed by host, CPU
+    count, torch threads and torch version, so a different machine or build measures again. On a shared machine
+    a timing is only ever slowed down by other work, so ``refresh=True`` keeps the best of old and new."""
+    import torch
+
+    key = f"{platform.node()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}"
+    path = _cache_path()
+    cache: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            cache = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            cache = {}
+    if (
+        not refresh
+        and isinstance(cache.get(key), dict)
+        and {"matmul_flops_per_s", "adam_params_per_s"} <= set(cache[key])
+    ):
+        return dict(cache[key])
+    measured = {"matmul_flops_per_s": _measure_matmul(), "adam_params_per_s": _measure_adam()}
+    if isinstance(cache.get(key), dict):  # a refresh keeps the best rate seen: other work only slows a timing down
+        measured = {k: max(v, float(cache[key].get(k) or 0.0)) for k, v in measured.items()}
+    cache[key] = measured
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cache, indent=1))
+        tmp.replace(path)  # atomic: a crash leaves the old cache, never half a file
+    except OSError:
+        pass  # a read-only home: measure again next time
+    return measured
+
+
+def _cache_path() -> Path:
+    if env := os.environ.get(CACHE_ENV):
+        return Path(env)
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "lab_helpers" / "cpu_speed.json"
+
+
+def _best_rate(work: float, run, repeats: int = 5) -> float:
+    """``work`` per second of the fastest of ``repeats`` timed calls (the fastest is the least disturbed)."""
+    run()  # warm-up: thread pool, allocation
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return work / max(best, 1e-9)
+
+
+def _measure_matmul(n: int = 1024) -> float:
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return _best_rate(2.0 * n**3 * 2, lambda: [torch.mm(a, b) for _ in range(2)])
+
+
+def _measure_adam(numel: int = 2**22) -> float:
+    import torch
+
+    param = torch.nn.Parameter(torch.zeros(numel))
+    param.grad = torch.randn(numel)
+    optimizer = torch.optim.Adam([param], lr=1e-3)
+    return _best_rate(float(numel), optimizer.step, repeats=3)

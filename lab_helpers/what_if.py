@@ -1,0 +1,256 @@
+"""The "what if" explorer of notebook 04: change the model, method, precision, batch, sequence, GPUs, strategy,
+offload or activation checkpointing and see the planner's predicted memory against this GPU, the largest micro
+batch that fits and the predicted step time.
+
+Why a module: the notebook's cells stay two lines long, and ``explore`` -- the widgets' callback -- is a plain
+function that nbval (and the tests) run without a browser. Each answer asks the planner a handful of questions
+(one prediction, a short search for the largest micro batch, the time model), a few seconds on a CPU.
+
+Choices come from the lab's own recipes (``configs/<profile>/<model>/<method>.yaml``): on the ``ci`` profile the
+tiny CPU stand-ins, predicted as the live tensor bytes of a CPU step, against a pretend device memory (a CPU
+has no GPU memory to run out of); on ``gpu`` the real models, against this node's GPU (80 GiB where there is
+none).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from lab_helpers.breakdown import BREAKDOWN_PARTS
+from lab_helpers.paths import configs_dir
+
+METHODS = ("full", "lora", "qlora")
+PRECISIONS = ("bf16-true", "bf16-mixed", "32-true", "16-true", "16-mixed")
+STRATEGIES = ("single", "ddp", "fsdp", "deepspeed-zero3")
+CI_PRETEND_GPU_GIB = 0.05
+"""On the ci profile: a pretend device memory for the tiny models (tens of MiB), so that a bigger batch can run
+out of it. Not a real GPU: a CPU has no device memory to exhaust."""
+NO_GPU_GIB = 80.0  # gpu profile on a machine without a GPU: ask for an 80 GB card, as notebook 00 does
+NO_GPU_NAME = "NVIDIA H100 80GB HBM3"  # ... and predict its time for the lab's reference GPU (an H100 SXM)
+
+
+@dataclass
+class Answer:
+    """One explorer answer: the memory plan, the time plan (or why none) and the largest micro batch."""
+
+    values: dict[str, Any]
+    plan: Any  # planner.MemoryPlan
+    gpu_memory_gib: float
+    largest_micro_batch: int | None
+    micro_batch_limit: int
+    time: Any = None  # planner.TimePlan or None
+    notes: list[str] = field(default_factory=list)
+    figure: Any = None
+
+    def text(self) -> str:
+        used, gpu = self.plan.gpu_used_gib, self.gpu_memory_gib
+        lines = [
+            f"predicted peak {self.plan.peak_alloc_gib:.3g} GiB allocated, {used:.3g} GiB used of {gpu:g} GiB "
+            f"({used / gpu:.0%}): {'fits' if used <= gpu else 'will OOM'}"
+        ]
+        if self.largest_micro_batch is None:
+            lines.append("largest micro batch that fits: none (try LoRA, QLoRA, bf16-true, more GPUs or offload)")
+        else:
+            limit = " (the whole per-GPU global batch)" if self.largest_micro_batch == self.micro_batch_limit else ""
+            lines.append(f"largest micro batch that fits: {self.largest_micro_batch}{limit}")
+        lines.append(self.time.summary() if self.time is not None else "time: not predicted")
+        return "\n".join(lines + [f"note: {note}" for note in self.notes])
+
+
+def models(profile: str) -> list[str]:
+    """The models this profile has recipes for, smallest first (the folders of configs/<profile>/)."""
+    folder = configs_dir() / profile
+    names = [p.name for p in folder.iterdir() if (p / "full.yaml").is_file()] if folder.is_dir() else []
+    if not names:
+        raise ValueError(f"no recipes under {folder}: unknown profile {profile!r}")
+    return sorted(names, key=_size_order)
+
+
+def _size_order(name: str) -> tuple[float, str]:
+    """ci stand-ins by their size tag (xs < s < m < l), real models by their parameter count in the name."""
+    import re
+
+    tags = {"xs": 0, "s": 1, "m": 2, "l": 3}
+    tag = name.rsplit("-", 1)[-1]
+    if name.startswith("ci-") and tag in tags:
+        return tags[tag], name
+    billions = re.search(r"(\d+(?:\.\d+)?)b$", name.lower())
+    return (float(billions.group(1)) if billions else math.inf), name
+
+
+def defaults(profile: str) -> dict[str, Any]:
+    """The explorer's starting point: the smallest model's LoRA recipe as written, on one device."""
+    from lab_helpers.planner.spec import load_recipe
+
+    model = models(profile)[0]
+    recipe = load_recipe(configs_dir() / profile / model / "lora.yaml")
+    train = recipe.get("train") or {}
+    return {
+        "model": model,
+        "method": "lora",
+        "precision": str(recipe.get("precision") or "bf16-true"),
+        "lora_r": int(recipe.get("lora_r", 8)),
+        "micro_batch_size": int(train.get("micro_batch_size", 1)),
+        "seq_len": int(train.get("max_seq_length") or 512),
+        "devices": 1,
+        "strategy": "single",
+        "offload": False,
+        "activation_checkpointing": False,
+        "gpu_memory_gib": default_gpu_memory_gib(profile),
+    }
+
+
+def default_gpu_memory_gib(profile: str) -> float:
+    """This node's GPU memory (GiB); without a GPU, a pretend size (ci) or 80 GiB (gpu)."""
+    if profile == "ci":
+        return CI_PRETEND_GPU_GIB
+    from lab_helpers.node import describe_node
+    from lab_helpers.node_plan import gpu_memory_gib
+
+    return gpu_memory_gib(describe_node()) or NO_GPU_GIB
+
+
+def spec_for(values: dict[str, Any], profile: str):
+    """The planner's TrainingSpec for the explorer's values, read from the lab's recipe for that model/method."""
+    from lab_helpers.experiments import resolve_path
+    from lab_helpers.planner.spec import load_recipe, spec_from_recipe
+
+    recipe = load_recipe(configs_dir() / profile / values["model"] / f"{values['method']}.yaml")
+    recipe["checkpoint_dir"] = str(resolve_path(recipe["checkpoint_dir"]))
+    train = recipe.setdefault("train", {})
+    micro, devices = int(values["micro_batch_size"]), int(values["devices"])
+    train["micro_batch_size"] = micro
+    train["global_batch_size"] = max(int(train.get("global_batch_size") or 16), micro * devices)
+    train["max_seq_length"] = int(values["seq_len"])
+    recipe["precision"] = values["precision"]
+    if values["method"] != "full":
+        recipe["lora_r"] = int(values["lora_r"])
+    strategy = values["strategy"]
+    if values["offload"]:
+        strategy = "deepspeed-zero3"
+    return spec_from_recipe(
+        recipe,
+        devices=devices,
+        strategy=None if strategy == "single" else strategy,
+        offload_optimizer=bool(values["offload"]),
+        activation_checkpointing=bool(values["activation_checkpointing"]) or None,
+        gpu_memory_gib=float(values["gpu_memory_gib"]),
+        device="cpu" if profile == "ci" else "cuda",
+    )
+
+
+def explore(*, profile: str, draw: bool = True, **values: Any) -> Answer:
+    """Predict memory, the largest micro batch that fits and the step time for ``values`` (see ``defaults``).
+
+    The widgets' callback: a plain function, so nbval and the tests run it without a browser."""
+    from lab_helpers.planner import PlanError, fit, predict, predict_time
+
+    values = {**defaults(profile), **values}
+    spec = spec_for(values, profile)
+    plan = predict(spec)
+    per_device = spec.micro_batch_size * spec.gradient_accumulation_iters
+    found = fit(spec, sequence=False, alternatives=False, max_micro_batch_size=per_device)
+    answer = Answer(
+        values=values,
+        plan=plan,
+        gpu_memory_gib=float(values["gpu_memory_gib"]),
+        largest_micro_batch=found.max_micro_batch_size,
+        micro_batch_limit=found.micro_batch_limit,
+    )
+    gpu_name = None
+    if spec.device == "cuda" and not _has_gpu():
+        gpu_name = NO_GPU_NAME
+        answer.notes.append(f"no GPU here: time predicted for an {NO_GPU_NAME}")
+    try:
+        answer.time = predict_time(spec, gpu_name=gpu_name)
+    except PlanError as err:
+        answer.notes.append(f"no time prediction: {err}")
+    if profile == "ci":
+        answer.notes.append(
+            f"ci profile: live tensor bytes of a CPU step against a pretend {answer.gpu_memory_gib} GiB device"
+        )
+    if draw:
+        answer.figure = draw_answer(answer, budget_gib=found.budget_gib)
+    return answer
+
+
+def _has_gpu() -> bool:
+    from lab_helpers.node import describe_node
+
+    return bool(describe_node().get("gpus"))
+
+
+def draw_answer(answer: Answer, *, budget_gib: float | None = None):
+    """One horizontal stacked bar of the predicted breakdown, with this GPU's memory (and the fit margin) marked."""
+    from lab_helpers.compare import _breakdown_colors, _new_figure
+
+    figure, ax = _new_figure(8.0, 2.4)
+    colors = _breakdown_colors()
+    left = 0.0
+    for part in BREAKDOWN_PARTS:
+        value = float(answer.plan.breakdown_gib.get(part) or 0.0)
+        if value > 0:
+            ax.barh(0, value, left=left, color=colors[part], label=part.replace("_", " "))
+            left += value
+    ax.axvline(
+        answer.gpu_memory_gib, color="#b00020", linewidth=2, label=f"device memory {answer.gpu_memory_gib:g} GiB"
+    )
+    if budget_gib is not None:
+        ax.axvline(budget_gib, color="#b00020", linestyle=":", linewidth=1, label="fit limit (margin kept free)")
+    ax.set_yticks([])
+    ax.set_xlim(0, max(left, answer.gpu_memory_gib, answer.plan.gpu_used_gib) * 1.1)
+    ax.set_xlabel("GiB (2^30 bytes)")
+    values = answer.values
+    ax.set_title(
+        f"{values['model']} {values['method']} {values['precision']}, micro batch {values['micro_batch_size']} x "
+        f"{values['seq_len']} tokens, {values['strategy']} on {values['devices']}: "
+        f"{'fits' if answer.plan.fits else 'will OOM'}",
+        fontsize=9,
+    )
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return figure
+
+
+def show(*, profile: str, **values: Any) -> Answer:
+    """``explore`` and print/display the answer (what a widget change calls)."""
+    answer = explore(profile=profile, **values)
+    print(answer.text())
+    try:
+        from IPython.display import display
+
+        display(answer.figure)
+    except ImportError:
+        pass
+    return answer
+
+
+def widgets(profile: str):
+    """The explorer's widgets (ipywidgets), answering when "Run" is pressed: each answer takes seconds."""
+    import ipywidgets as w
+
+    start = defaults(profile)
+    controls = {
+        "model": w.Dropdown(options=models(profile), value=start["model"], description="model"),
+        "method": w.Dropdown(options=METHODS, value=start["method"], description="method"),
+        "precision": w.Dropdown(options=PRECISIONS, value=start["precision"], description="precision"),
+        "lora_r": w.Dropdown(options=(4, 8, 16, 32, 64, 128), value=start["lora_r"], description="LoRA rank"),
+        "micro_batch_size": w.BoundedIntText(
+            value=start["micro_batch_size"], min=1, max=4096, description="micro batch"
+        ),
+        "seq_len": w.BoundedIntText(value=start["seq_len"], min=2, max=1 << 20, description="seq length"),
+        "devices": w.Dropdown(options=(1, 2, 4, 8), value=1, description="GPUs"),
+        "strategy": w.Dropdown(options=STRATEGIES, value="single", description="strategy"),
+        "offload": w.Checkbox(value=False, description="CPU offload (ZeRO-3)"),
+        "activation_checkpointing": w.Checkbox(value=False, description="activation checkpointing"),
+        "gpu_memory_gib": w.FloatText(value=start["gpu_memory_gib"], description="GPU GiB"),
+    }
+
+    def answer(**values: Any) -> None:
+        try:
+            show(profile=profile, **values)
+        except Exception as err:  # noqa: BLE001 - a bad combination is one line, not a traceback
+            print(f"cannot predict this: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+
+    return w.interactive(answer, {"manual": True, "manual_name": "Run"}, **controls)
