@@ -16,9 +16,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from lab_helpers.record_schema import GIB, REPORT_FIELD_NAMES
+
 REPORT_DIR_ENV = "LAB_REPORT_DIR"
 
-# Fields a report may carry (all optional except status):
+# Fields a report may carry (all optional except status; lab_helpers.record_schema.REPORT_FIELDS has the units):
 #   status: "ok" | "oom" | "error" | "interrupted"   (the runner adds "timeout" and "skipped" in records)
 #   error: str | None                 -- the allocator's OOM message or the tail of the traceback
 #   rank: int | None, world_size: int
@@ -32,27 +34,7 @@ REPORT_DIR_ENV = "LAB_REPORT_DIR"
 #   device_name: str | None
 #   device_uuid: str | None            -- the GPU this rank used, as NVML names it ("GPU-..."): maps NVML readings
 #   strategy_used: str | None          -- e.g. "fsdp2 (ModelParallelStrategy)" when a fallback ran
-REPORT_FIELDS = (
-    "status",
-    "error",
-    "rank",
-    "world_size",
-    "peak_alloc_gib",
-    "peak_reserved_gib",
-    "peak_tensor_gib",
-    "train_s",
-    "warmup_s",
-    "warmup_iterations",
-    "tokens",
-    "tokens_padded",
-    "samples",
-    "iterations",
-    "device_name",
-    "device_uuid",
-    "strategy_used",
-)
-
-GIB = 2**30
+REPORT_FIELDS = REPORT_FIELD_NAMES
 _ERROR_TAIL_CHARS = 4000
 
 

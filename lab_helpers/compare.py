@@ -20,8 +20,8 @@ from typing import Any
 
 import pandas as pd
 
-from lab_helpers.breakdown import BREAKDOWN_PARTS
 from lab_helpers.paths import lab_home, results_dir
+from lab_helpers.record_schema import BREAKDOWN_PARTS
 from lab_helpers.records import load_results
 
 NO_RUNS = "no runs recorded yet"

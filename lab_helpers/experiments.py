@@ -24,12 +24,12 @@ from typing import Any
 import yaml
 
 from lab_helpers.paths import checkpoints_dir, configs_dir, data_dir, lab_home
+from lab_helpers.record_schema import PRECISIONS
 from lab_helpers.secrets import redact_mapping
 
 PROFILES = ("ci", "gpu")
 SECTIONS = ("single", "multi")
 METHODS = ("full", "lora", "qlora")
-PRECISIONS = ("32-true", "bf16-true", "bf16-mixed", "16-true", "16-mixed", "transformer-engine")
 
 
 class LabConfigError(ValueError):

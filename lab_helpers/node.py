@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lab_helpers.paths import lab_home
-
-GIB = 2**30
+from lab_helpers.record_schema import GIB
 
 PACKAGES = ("torch", "lightning", "litgpt", "deepspeed", "bitsandbytes")
 """The packages whose versions go into every record (None when not installed)."""

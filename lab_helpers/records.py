@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from lab_helpers.paths import results_dir
+from lab_helpers.record_schema import STATUSES, conform
 from lab_helpers.secrets import redact_mapping
 
 RESULTS_FILENAME = "runs.jsonl"
 
-STATUSES = ("ok", "oom", "error", "interrupted", "timeout", "skipped")
 
 
 class RecordWriteError(OSError):
@@ -133,10 +133,11 @@ def read_records(path: Path | str | None = None) -> list[dict[str, Any]]:
 
 
 def load_results(path: Path | str | None = None):
-    """All records as a pandas DataFrame, one row per record (per rank for distributed runs)."""
+    """All records as a pandas DataFrame, one row per record (per rank for distributed runs), with every
+    field of ``record_schema`` as a column (None where an older record lacks it)."""
     import pandas as pd  # keeps `python -m lab_helpers run` from paying pandas' import time
 
-    records = read_records(path)
+    records = [conform(record) for record in read_records(path)]  # older records: every field, MFU derived
     if not records:
         return pd.DataFrame(columns=["experiment", "profile", "status", "rank"])
     frame = pd.json_normalize(records, max_level=0)

@@ -15,13 +15,14 @@ from typing import Any, Literal
 
 import yaml
 
+from lab_helpers.record_schema import PLANNED_PRECISIONS as PRECISIONS
+
 from .errors import PlanError
 
 Method = Literal["full", "lora", "qlora"]
 Strategy = Literal["single", "ddp", "fsdp", "deepspeed-zero3"]
 
 STRATEGIES: tuple[str, ...] = ("single", "ddp", "fsdp", "deepspeed-zero3")
-PRECISIONS: tuple[str, ...] = ("32-true", "bf16-true", "bf16-mixed", "16-true", "16-mixed")
 # litgpt.finetune.lora.setup's LoRA switches: which layers get adapters.
 LORA_LAYER_KEYS: tuple[str, ...] = (
     "lora_query",
