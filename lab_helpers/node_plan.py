@@ -209,7 +209,7 @@ def _missing_hardware(
     packages = node.get("packages") or {}
     if experiment.method == "qlora" and not packages.get("bitsandbytes"):
         return "bitsandbytes is not installed (pip install 'lab_helpers[qlora]'): QLoRA is skipped"
-    if experiment.kind != "lightning":
+    if not experiment.distributed:
         return None
     ranks = (len(gpus) if experiment.devices == "all" else int(experiment.devices)) * experiment.num_nodes
     if ranks > len(gpus) or (experiment.strategy in MULTI_RANK_STRATEGIES and ranks < 2):

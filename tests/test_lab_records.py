@@ -7,9 +7,16 @@ from pathlib import Path
 import torch
 
 from lab_helpers.experiments import resolve
-from lab_helpers.lab import _base_record, _records_from
+from lab_helpers.launch import launcher_for
+from lab_helpers.run_record import base_record as _base_record
+from lab_helpers.run_record import records_from
 from lab_helpers.runner import ProcessOutcome
 from lab_helpers.sampler import TimelineSummary
+
+
+def _records_from(run, base, outcome, run_dir):
+    """The records the lab builds for ``run``: one per rank its launcher starts."""
+    return records_from(run, base, outcome, run_dir, launcher_for(run).ranks(run))
 
 
 def _outcome(tmp_path: Path, *, returncode: int, reports: dict, tail: list[str] = ()) -> ProcessOutcome:

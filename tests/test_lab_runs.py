@@ -186,11 +186,11 @@ def test_quick_mode_times_after_the_warm_up_step_puts_the_longest_batch_second_a
 def test_run_all_makes_the_oom_demonstration_oom_on_this_gpu_with_a_margin(ci_assets, results, monkeypatch):
     """A GPU's size cannot be had on a CPU: the lab is told the GPU holds a little less than the baseline's
     predicted peak (so as defined it 'fits' within the planner's error); run_all must raise the batch."""
-    from lab_helpers import lab
+    from lab_helpers import lab, predict
 
     plan = lab.predict_experiment("baseline", profile="ci", gpu_memory_gib=100.0)
     gpu_gib = plan.gpu_used_gib / 1.1  # as defined: only 10 % over, inside the planner's error
-    monkeypatch.setattr(lab, "_gpu_memory_gib", lambda: gpu_gib)
+    monkeypatch.setattr(predict, "_gpu_gib", lambda: gpu_gib)
     overrides, why = lab.oom_demo_overrides("baseline", profile="ci")
     assert overrides["train.micro_batch_size"] > 32 and "at least 20% over" in why
     raised = lab.predict_experiment("baseline", profile="ci", overrides=overrides, gpu_memory_gib=gpu_gib)
