@@ -42,6 +42,7 @@ def test_a_run_records_every_field_the_cpu_provides(ci_assets, results):
     # 2 steps x 32/8 accumulation: the first step is warm-up, timed apart; train_s and tokens cover the second
     assert len(record["per_iteration"]) == 8 and record["warmup_iterations"] == 4 and record["iterations"] == 4
     assert record["warmup_s"] > 0 and record["mode"] == "full"
+    assert record["device_name"].startswith("cpu (")  # named as the Lightning ranks name it (one report contract)
     # the CPU counterpart of max_memory_allocated, and the planner's prediction of the same quantity
     assert record["peak_tensor_gib"] == pytest.approx(record["predicted_peak_alloc_gib"], rel=0.10)
     assert record["predicted"]["breakdown_gib"]["cuda_context"] == 0.0

@@ -213,9 +213,18 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=out_dir,
-        callbacks=[WatchChildren(), ReportCallback(report, total_iterations=max_steps * accum)],
+        callbacks=[
+            WatchChildren(),
+            ReportCallback(report, total_iterations=max_steps * accum, metrics_csv=_metrics_csv(out_dir, report.rank)),
+        ],
     )
     trainer.fit(module, datamodule=data)
+
+
+def _metrics_csv(out_dir: Path, rank: int) -> Path | None:
+    """Where rank 0 writes its per-iteration rows: under ``out/logs`` like litgpt's CSV logger (run_record reads
+    both). Other ranks write none: one run, one table."""
+    return Path(out_dir) / "logs" / "lightning" / "metrics.csv" if rank == 0 else None
 
 
 def report_for_dead_rank(rank: int, message: str, fields: dict[str, Any], *, status: str = "error") -> None:
