@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from lab_helpers.config_error import LabConfigError, setup_function
 from lab_helpers.paths import checkpoints_dir, configs_dir, data_dir, lab_home
 from lab_helpers.recipe_defaults import launch_options
 from lab_helpers.record_schema import LAUNCHERS, LEGACY_KIND_TO_LAUNCHER, PRECISIONS
@@ -31,10 +32,6 @@ from lab_helpers.secrets import redact_mapping
 PROFILES = ("ci", "gpu")
 SECTIONS = ("single", "multi")
 METHODS = ("full", "lora", "qlora")
-
-
-class LabConfigError(ValueError):
-    """Bad input found before any process starts; the message is one line naming the problem and the fix."""
 
 
 @dataclass(frozen=True)
@@ -249,12 +246,6 @@ def _optimizer_class_path(name: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- validation
-
-
-def setup_function(command: str):
-    """litgpt's ``setup`` for a command: its signature is the list of recipe keys and their types."""
-    module = importlib.import_module("litgpt.finetune.full" if command == "finetune_full" else "litgpt.finetune.lora")
-    return module.setup
 
 
 def check_recipe_keys(recipe: Mapping[str, Any], command: str) -> None:

@@ -90,7 +90,7 @@ def gpu_words(node: Mapping[str, Any]) -> str:
 
 def reference_hint() -> str:
     """Where the student finds real numbers for what this node cannot run (only files that exist are named)."""
-    from lab_helpers.compare import reference_dir
+    from lab_helpers.paths import reference_dir
 
     shipped = sorted(p.stem for p in reference_dir().glob("*.jsonl")) if reference_dir().is_dir() else []
     have = ", ".join(shipped) if shipped else "none yet"
