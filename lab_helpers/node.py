@@ -12,6 +12,8 @@ reading is never reported as 0.
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib.metadata
 import importlib.util
 import os
@@ -51,6 +53,23 @@ def describe_node() -> dict[str, Any]:
     ``topology`` (``nvidia-smi topo -m`` output or None), ``nvml_error`` (why NVML gave nothing, or None),
     ``host`` (ram_total_gib, ram_available_gib, cpu_count), ``disk_free_gib`` and ``lab_home``.
     """
+    hardware = copy.deepcopy(_hardware())  # NVML and nvidia-smi once per process; callers may change their copy
+    home = lab_home()
+    return {
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "packages": package_versions(),
+        **hardware,
+        "host": _host_memory(),  # free memory and disk change between runs: read each time
+        "disk_free_gib": _disk_free_gib(home),
+        "lab_home": str(home),
+    }
+
+
+@functools.cache
+def _hardware() -> dict[str, Any]:
+    """The GPUs, driver and interconnect: they do not change while a process runs, and reading them costs NVML
+    initialisation and an ``nvidia-smi topo`` call. ``_hardware.cache_clear()`` reads them again."""
     nvml = _read_nvml()
     gpus = nvml["gpus"]
     torch_cuda = _torch_cuda_version()
@@ -60,11 +79,7 @@ def describe_node() -> dict[str, Any]:
     if gpus:
         links = [gpu.get("nvlink_links_active") or 0 for gpu in gpus]
         interconnect = "NVLink" if any(links) else "PCIe"
-    home = lab_home()
     return {
-        "hostname": socket.gethostname(),
-        "python": platform.python_version(),
-        "packages": package_versions(),
         "torch_cuda": torch_cuda,
         "driver_version": nvml["driver_version"],
         "cuda_driver_version": nvml["cuda_driver_version"],
@@ -73,9 +88,6 @@ def describe_node() -> dict[str, Any]:
         "interconnect": interconnect,
         "topology": _nvidia_smi_topology() if gpus else None,
         "nvml_error": nvml["error"],
-        "host": _host_memory(),
-        "disk_free_gib": _disk_free_gib(home),
-        "lab_home": str(home),
     }
 
 
