@@ -30,7 +30,7 @@ from .checkpoints import (
     resolve_config,
 )
 from .data import alpaca_is_built, generate_alpaca, make_alpaca_json
-from .prepare import CI_DATASETS, ci_paths, prepare_ci
+from .ci import CI_DATASETS, ci_paths, prepare_ci
 from .tokenizer import DEFAULT_VOCAB_SIZE, tokenizer_is_built, train_tokenizer
 
 __all__ = [
