@@ -85,10 +85,19 @@ REPORT_FIELDS: tuple[Field, ...] = _fields(
 
 REPORT_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in REPORT_FIELDS)
 
+
+def _reported(*names: str) -> tuple[Field, ...]:
+    """Report fields a record carries as they were reported: same name, same unit."""
+    by_name = {f.name: f for f in REPORT_FIELDS}
+    return tuple(by_name[name] for name in names)
+
 PER_ITERATION_KEYS: tuple[str, ...] = ("iter", "loss", "iter_time_s", "tokens")
 """One row per logged iteration (``per_iteration``): iteration number, loss, seconds, tokens so far."""
 
-RECORD_FIELDS: tuple[Field, ...] = _fields(
+RECORD_FIELDS: tuple[Field, ...] = _reported(
+    "rank", "world_size", "error", "peak_alloc_gib", "peak_reserved_gib", "peak_tensor_gib", "train_s", "warmup_s",
+    "warmup_iterations", "tokens", "tokens_padded", "iterations", "device_name", "device_uuid", "strategy_used",
+) + _fields(
     # who and what
     ("run_id", None, "unique: start time, experiment, random suffix"),
     ("experiment", None, "the experiment's id (configs/experiments/*.yaml)"),
@@ -96,8 +105,6 @@ RECORD_FIELDS: tuple[Field, ...] = _fields(
     ("profile", None, "ci | gpu"),
     ("mode", None, "full | quick (quick_mode: until the peak and a steady step time are measured)"),
     ("started_at", None, "ISO time, UTC"),
-    ("rank", None, "global rank; None for a single process"),
-    ("world_size", "processes", "devices x nodes"),
     ("method", None, "full | lora | qlora"),
     ("strategy", None, "single | ddp | fsdp | deepspeed-zero3"),
     ("recipe_path", None, "the recipe the experiment starts from"),
@@ -113,39 +120,27 @@ RECORD_FIELDS: tuple[Field, ...] = _fields(
     # outcome
     ("status", None, " | ".join(STATUSES)),
     ("reason", None, "one line: why the run did not end ok, or was skipped"),
-    ("error", None, "the longer error text"),
     ("returncode", None, "exit code of the launched process"),
     ("log_error", None, "why the log is incomplete (e.g. the disk filled up)"),
     # memory
-    ("peak_alloc_gib", "GiB", "torch.cuda.max_memory_allocated over the training run, per rank"),
-    ("peak_reserved_gib", "GiB", "torch.cuda.max_memory_reserved over the training run, per rank"),
-    ("peak_tensor_gib", "GiB", "on a CPU: peak of live tensor bytes in the training process"),
     ("gpu_used_peak_gib", "GiB", "NVML 'memory used' peak of this rank's GPU during the run"),
     ("gpu_used_peak_gib_per_gpu", "GiB", "NVML 'memory used' peak per GPU index"),
     ("host_rss_peak_gib", "GiB", "peak resident memory of the run's process tree"),
     # time and throughput
-    ("train_s", "s", "inside the training loop, warm-up and validation excluded"),
-    ("warmup_s", "s", "the first optimizer step (kernel selection, allocator growth)"),
-    ("warmup_iterations", "micro-batches", "micro-batches of warm-up"),
     ("wall_s", "s", "from launch to exit"),
-    ("tokens", "tokens", "training tokens without padding inside train_s"),
-    ("tokens_padded", "tokens", "training tokens with padding inside train_s"),
-    ("iterations", "micro-batches", "micro-batches inside train_s"),
     ("tokens_per_s", "tokens/s", "tokens / train_s"),
     ("tokens_per_s_padded", "tokens/s", "tokens_padded / train_s"),
     ("flops_per_step", "FLOP", "model FLOPs of one micro-batch (forward + backward), the MFU numerator's unit"),
     ("gpu_peak_flops", "FLOP/s", "the GPU's dense peak for the precision, from the lab's peak table"),
     ("mfu", "fraction", "flops_per_step x iterations / train_s / gpu_peak_flops (derived; None on a CPU)"),
     ("mfu_error", None, "why flops_per_step could not be counted"),
-    ("device_name", None, "the GPU's name, or 'cpu (<processor>)'"),
-    ("device_uuid", None, "NVML's UUID of this rank's GPU"),
-    ("strategy_used", None, "the strategy that actually ran (a fallback says so)"),
     ("per_iteration", None, "rows of " + ", ".join(PER_ITERATION_KEYS) + " (iter_time_s in s)"),
     ("timeline_path", None, "the sampled GPU/host timeline (CSV), relative to the results folder"),
     ("log_path", None, "the run's output, relative to the results folder"),
     ("reference_note", None, "export-reference: where and how the reference run was made"),
 )
-"""One record per run (per rank where there are several). Old records may lack later fields: readers conform."""
+"""One record per run (per rank where there are several): the rank's report fields as reported, and what the lab
+adds around them. Old records may lack later fields: readers conform."""
 
 RECORD_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in RECORD_FIELDS)
 UNITS: dict[str, str | None] = {f.name: f.unit for f in RECORD_FIELDS}
