@@ -38,7 +38,7 @@ def build_command(run: ResolvedRun, run_dir: Path) -> list[str]:
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    opts = run.options  # the same settings the planner is asked with (experiments.LAUNCH_OPTION_DEFAULTS)
+    opts = run.options  # the same settings the planner is asked with (recipe_defaults.LAUNCH_OPTION_DEFAULTS)
     recipe = run_recipe(run, run_dir)
     recipe_path = run_dir / RECIPE_FILENAME
     recipe_path.write_text(yaml.safe_dump(recipe, sort_keys=False))

@@ -174,4 +174,3 @@ def _tokens_without_padding(batch: dict[str, Any]) -> int:
         # a sample longer than max_seq_length was truncated by the collate function
         return int(value.clamp(max=batch["input_ids"].shape[1]).sum().item())
     return int((batch["labels"] != -100).sum().item())
-
