@@ -70,6 +70,8 @@ def predict_experiment(
 
 
 def _gpu_gib() -> float | None:
+    """This GPU's memory, behind one name the functions below share (their ``gpu_memory_gib`` argument shadows
+    the public function), so a test can stand in a GPU's size on a CPU."""
     return gpu_memory_gib()
 
 
