@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from lab_helpers.planner.analytic import OFFLOADED_BYTES_PER_TRAINABLE_PARAM
+from lab_helpers.record_schema import GIB
 
-GIB = 2**30
 GB = 1e9
 
 _DTYPE_BYTES = {"32": 4, "bf16": 2, "16": 2}

@@ -23,6 +23,7 @@ from typing import Any
 
 from lab_helpers.child_report import (
     cuda_peaks_gib,
+    device_name,
     device_uuid,
     reset_cuda_peaks,
     status_for_exception,
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             "peak_reserved_gib": peak_reserved_gib,
             **clock.timings(),
             "peak_tensor_gib": None if clock.tensor_peak is None else clock.tensor_peak.peak_gib,
-            "device_name": _device_name(),
+            "device_name": device_name(),
             "device_uuid": device_uuid(),
         }
     )
@@ -285,12 +286,6 @@ def _on_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def _device_name() -> str | None:
-    import torch
-
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
 if __name__ == "__main__":

@@ -16,9 +16,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from lab_helpers.record_schema import GIB, REPORT_FIELD_NAMES
+
 REPORT_DIR_ENV = "LAB_REPORT_DIR"
 
-# Fields a report may carry (all optional except status):
+# Fields a report may carry (all optional except status; lab_helpers.record_schema.REPORT_FIELDS has the units):
 #   status: "ok" | "oom" | "error" | "interrupted"   (the runner adds "timeout" and "skipped" in records)
 #   error: str | None                 -- the allocator's OOM message or the tail of the traceback
 #   rank: int | None, world_size: int
@@ -29,30 +31,10 @@ REPORT_DIR_ENV = "LAB_REPORT_DIR"
 #   warmup_iterations: int | None      -- micro-batches of warm-up (0: the run was too short to exclude any)
 #   tokens, tokens_padded: int         -- training tokens without / with padding inside train_s
 #   samples: int, iterations: int      -- micro-batches inside train_s
-#   device_name: str | None
+#   device_name: str                   -- the GPU's name, or "cpu (<processor>)" (device_name())
 #   device_uuid: str | None            -- the GPU this rank used, as NVML names it ("GPU-..."): maps NVML readings
 #   strategy_used: str | None          -- e.g. "fsdp2 (ModelParallelStrategy)" when a fallback ran
-REPORT_FIELDS = (
-    "status",
-    "error",
-    "rank",
-    "world_size",
-    "peak_alloc_gib",
-    "peak_reserved_gib",
-    "peak_tensor_gib",
-    "train_s",
-    "warmup_s",
-    "warmup_iterations",
-    "tokens",
-    "tokens_padded",
-    "samples",
-    "iterations",
-    "device_name",
-    "device_uuid",
-    "strategy_used",
-)
-
-GIB = 2**30
+REPORT_FIELDS = REPORT_FIELD_NAMES
 _ERROR_TAIL_CHARS = 4000
 
 
@@ -139,6 +121,20 @@ def device_uuid() -> str | None:
         return normalize_gpu_uuid(str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid))
     except Exception:  # an old driver or a MIG slice without a UUID: the launcher falls back to the rank
         return None
+
+
+def device_name(device=None) -> str:
+    """The name of the device this process trains on, the same way in every training process: the GPU's name
+    (``torch.cuda.get_device_name``), or ``"cpu (<processor>)"`` on a CPU. ``device``: a torch.device (default:
+    the current CUDA device where CUDA is up, else the CPU)."""
+    import torch
+
+    on_cuda = device.type == "cuda" if device is not None else torch.cuda.is_available()
+    if on_cuda:
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return f"cpu ({platform.processor() or platform.machine()})"
 
 
 def normalize_gpu_uuid(text: str) -> str:

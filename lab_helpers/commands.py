@@ -66,7 +66,7 @@ def strategy_lines(exp_id: str) -> str:
     """The Lightning lines that change for a section-02 experiment (what lab_helpers.distributed.strategies
     builds on CUDA); the model, data and training loop stay the same for every strategy."""
     experiment = get_experiment(exp_id)
-    if experiment.kind != "lightning":
+    if not experiment.distributed:
         raise ValueError(f"{exp_id} is not a section-02 (Lightning) experiment")
     lines = list(_STRATEGY_LINES[experiment.strategy])
     if experiment.num_nodes > 1:
@@ -78,7 +78,7 @@ def strategy_lines(exp_id: str) -> str:
 
 def show_commands(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None) -> None:
     """Print the equivalent litgpt command (and, for 02, the Lightning strategy lines)."""
-    lightning = get_experiment(exp_id).kind == "lightning"
+    lightning = get_experiment(exp_id).distributed
     what = "the same recipe on one GPU with litgpt's CLI" if lightning else "the same run with litgpt's CLI"
     print(f"{what}:\n  " + litgpt_command(exp_id, profile=profile, overrides=overrides))
     if lightning:

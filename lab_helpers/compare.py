@@ -20,9 +20,9 @@ from typing import Any
 
 import pandas as pd
 
-from lab_helpers.breakdown import BREAKDOWN_PARTS
-from lab_helpers.paths import lab_home, results_dir
-from lab_helpers.records import load_results
+from lab_helpers.paths import lab_home, reference_dir, results_dir
+from lab_helpers.record_schema import BREAKDOWN_PARTS
+from lab_helpers.records import empty_runs_frame, latest_runs, load_results
 
 NO_RUNS = "no runs recorded yet"
 MEMORY_COLUMNS = ("peak_alloc_gib", "peak_tensor_gib", "peak_reserved_gib", "gpu_used_peak_gib", "host_rss_peak_gib")
@@ -67,65 +67,9 @@ STATUS_LABEL = {
     "interrupted": "interrupted",
     "skipped": "skipped",
 }
-REFERENCE_DIRNAME = "reference_results"
 
 
 # ------------------------------------------------------------------------------------------------ selecting
-
-
-def latest_runs(df: pd.DataFrame, *, profile: str | None = None, order: Sequence[str] | None = None) -> pd.DataFrame:
-    """The latest record per (experiment, rank), sorted by the lab's experiment order (then rank).
-
-    "Latest" is by ``started_at`` (ISO time); records without one count by their position in the file, so a
-    rerun of an experiment replaces the earlier run in every table and plot while the file keeps both.
-    ``order`` defaults to the order of configs/experiments/*.yaml; experiments not in it follow, as recorded.
-    """
-    if df is None or len(df) == 0:
-        return _empty_frame()
-    frame = df.copy()
-    for column in ("experiment", "rank", "profile", "started_at", "status"):
-        if column not in frame:
-            frame[column] = None
-    if profile is not None:
-        frame = frame[frame["profile"] == profile]
-    frame = frame[frame["experiment"].notna()]
-    if frame.empty:
-        return _empty_frame()
-    frame["_position"] = range(len(frame))
-    frame["_rank"] = pd.to_numeric(frame["rank"], errors="coerce").fillna(0).astype(int)
-    frame["_started"] = pd.to_datetime(frame["started_at"], errors="coerce", utc=True, format="ISO8601")
-    frame = frame.sort_values(["_started", "_position"], na_position="first", kind="stable")
-    frame = frame.groupby(["experiment", "_rank"], sort=False, dropna=False).tail(1)
-    rank_of = _order_index(frame["experiment"], order)
-    frame["_order"] = frame["experiment"].map(rank_of)
-    frame = frame.sort_values(["_order", "_rank"], kind="stable")
-    return (
-        frame.drop(columns=["_position", "_started", "_order"])
-        .rename(columns={"_rank": "rank_n"})
-        .reset_index(drop=True)
-    )
-
-
-def _order_index(experiments: pd.Series, order: Sequence[str] | None) -> dict[str, int]:
-    wanted = list(order) if order is not None else _lab_order()
-    index = {name: i for i, name in enumerate(dict.fromkeys(wanted))}
-    for name in experiments:
-        index.setdefault(name, len(index))
-    return index
-
-
-def _lab_order() -> list[str]:
-    """The notebooks' order (configs/experiments/<section>.yaml); empty when the configs are not at hand."""
-    try:
-        from lab_helpers.experiments import load_experiments
-
-        return list(load_experiments())
-    except Exception:
-        return []
-
-
-def _empty_frame() -> pd.DataFrame:
-    return pd.DataFrame(columns=["experiment", "profile", "status", "rank", "rank_n"])
 
 
 # ------------------------------------------------------------------------------------------------ the table
@@ -216,11 +160,6 @@ def _mapping(value: Any) -> Mapping[str, Any]:
 # ------------------------------------------------------------------------------------------------ reference
 
 
-def reference_dir() -> Path:
-    """Reference results shipped with the lab: ``<lab home>/reference_results/<gpu-name>.jsonl``."""
-    return lab_home() / REFERENCE_DIRNAME
-
-
 def load_reference(name: str | None = None) -> pd.DataFrame:
     """Results recorded on a real GPU node, for students without one; ``name`` picks one file (e.g. "H100").
 
@@ -238,7 +177,7 @@ def load_reference(name: str | None = None) -> pd.DataFrame:
                 + (f"; shipped: {', '.join(shipped)}" if shipped else "; none are shipped yet"),
                 stacklevel=2,
             )
-            return _empty_frame().drop(columns="rank_n")
+            return empty_runs_frame().drop(columns="rank_n")
     else:
         files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
         if not files:
@@ -247,7 +186,7 @@ def load_reference(name: str | None = None) -> pd.DataFrame:
                 "run the experiments on a GPU node, or ask the instructor for the reference files",
                 stacklevel=2,
             )
-            return _empty_frame().drop(columns="rank_n")
+            return empty_runs_frame().drop(columns="rank_n")
     frames = []
     for path in files:
         frame = load_results(path)
@@ -255,7 +194,7 @@ def load_reference(name: str | None = None) -> pd.DataFrame:
             frames.append(frame.assign(reference=path.stem))
     if not frames:
         warnings.warn(f"the reference files in {folder} hold no records", stacklevel=2)
-        return _empty_frame().drop(columns="rank_n")
+        return empty_runs_frame().drop(columns="rank_n")
     return pd.concat(frames, ignore_index=True)
 
 

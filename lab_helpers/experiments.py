@@ -23,17 +23,15 @@ from typing import Any
 
 import yaml
 
+from lab_helpers.config_error import LabConfigError, setup_function
 from lab_helpers.paths import checkpoints_dir, configs_dir, data_dir, lab_home
+from lab_helpers.recipe_defaults import launch_options
+from lab_helpers.record_schema import LAUNCHERS, LEGACY_KIND_TO_LAUNCHER, PRECISIONS
 from lab_helpers.secrets import redact_mapping
 
 PROFILES = ("ci", "gpu")
 SECTIONS = ("single", "multi")
 METHODS = ("full", "lora", "qlora")
-PRECISIONS = ("32-true", "bf16-true", "bf16-mixed", "16-true", "16-mixed", "transformer-engine")
-
-
-class LabConfigError(ValueError):
-    """Bad input found before any process starts; the message is one line naming the problem and the fix."""
 
 
 @dataclass(frozen=True)
@@ -49,17 +47,29 @@ class Experiment:
     set: Mapping[str, Any] = field(default_factory=dict)
     set_by_profile: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     needs: tuple[str, ...] = ()
-    # How it runs: "litgpt" (the litgpt CLI, single process) or "lightning" (lab_helpers.distributed).
-    kind: str = "litgpt"
-    strategy: str = "single"  # single | ddp | fsdp | deepspeed-zero3 (lightning experiments)
+    # How its training process starts (record_schema.LAUNCHERS): litgpt's CLI, one process ("litgpt-cli"), or
+    # the Lightning Trainer with a strategy ("lightning-strategy", lab_helpers.distributed). The YAML's old
+    # ``kind: litgpt | lightning`` is still read.
+    launcher: str = "litgpt-cli"
+    strategy: str = "single"  # single | ddp | fsdp | deepspeed-zero3 (lightning-strategy experiments)
     devices: int | str = 1  # an int, or "all" for every GPU on the node (2 processes on a CPU)
     num_nodes: int = 1
-    options: Mapping[str, Any] = field(default_factory=dict)  # kind-specific settings, e.g. offload
+    options: Mapping[str, Any] = field(default_factory=dict)  # launch settings, e.g. offload (recipe_defaults)
+
+    @property
+    def distributed(self) -> bool:
+        """Started as ranks of the Lightning Trainer (one record per rank), not as one litgpt CLI process."""
+        return self.launcher == "lightning-strategy"
 
 
-@dataclass
+@dataclass(frozen=True)
 class ResolvedRun:
-    """An experiment made concrete for one profile: the exact recipe the training process will get."""
+    """An experiment made concrete for one profile: the exact recipe the training process will get.
+
+    Frozen, and the numbers every later step needs are derived here once (world size, gradient accumulation,
+    micro-batches to run, launch options) so that the planner, the command, the progress bar and the record
+    cannot work them out differently.
+    """
 
     experiment: Experiment
     profile: str
@@ -67,8 +77,40 @@ class ResolvedRun:
     recipe: dict[str, Any]
     overrides: dict[str, Any]
     litgpt_command: str  # finetune_full | finetune_lora
-    devices: int
+    devices: int  # processes (GPUs) per node
     skip_reason: str | None = None
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the run: devices per node x nodes."""
+        return self.devices * self.experiment.num_nodes
+
+    @property
+    def gradient_accumulation(self) -> int:
+        """Micro-batches per optimizer step on each rank: global batch / (micro batch x ranks), as litgpt has it."""
+        return gradient_accumulation_steps(self.recipe, world_size=self.world_size)
+
+    @property
+    def total_iterations(self) -> int | None:
+        """Micro-batches rank 0 will run (the progress bar's total, the time limit's basis); None when litgpt
+        trains by epochs (no ``max_steps``). The Lightning script runs ``max_steps or 1`` optimizer steps."""
+        max_steps = (self.recipe.get("train") or {}).get("max_steps")
+        if not max_steps and self.experiment.distributed:
+            max_steps = 1
+        return int(max_steps) * self.gradient_accumulation if max_steps else None
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The launch settings (recipe_defaults.LAUNCH_OPTION_DEFAULTS made concrete): the command and the
+        planner both read these."""
+        return launch_options(self.experiment.strategy, self.experiment.options)
+
+
+def gradient_accumulation_steps(recipe: Mapping[str, Any], *, world_size: int) -> int:
+    """Micro-batches per optimizer step on each rank: global batch / (micro batch x ranks), at least 1."""
+    train = recipe.get("train") or {}
+    micro, global_ = int(train["micro_batch_size"]), int(train["global_batch_size"])
+    return max(1, global_ // (micro * world_size))
 
 
 # ----------------------------------------------------------------------------------------------- loading
@@ -90,6 +132,15 @@ def load_experiments(section: str | None = None) -> dict[str, Experiment]:
         for exp_id, spec in (_read_yaml(path) or {}).items():
             spec = dict(spec)
             spec["needs"] = tuple(spec.get("needs", ()))
+            if "kind" in spec:  # the old name of `launcher`
+                kind = spec.pop("kind")
+                if kind not in LEGACY_KIND_TO_LAUNCHER:
+                    raise LabConfigError(f"experiment {exp_id!r}: kind {kind!r} is not litgpt or lightning")
+                spec.setdefault("launcher", LEGACY_KIND_TO_LAUNCHER[kind])
+            if spec.get("launcher", "litgpt-cli") not in LAUNCHERS:
+                raise LabConfigError(
+                    f"experiment {exp_id!r}: launcher {spec['launcher']!r} is not one of {', '.join(LAUNCHERS)}"
+                )
             experiments[exp_id] = Experiment(id=exp_id, section=name, **spec)
     return experiments
 
@@ -195,12 +246,6 @@ def _optimizer_class_path(name: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- validation
-
-
-def setup_function(command: str):
-    """litgpt's ``setup`` for a command: its signature is the list of recipe keys and their types."""
-    module = importlib.import_module("litgpt.finetune.full" if command == "finetune_full" else "litgpt.finetune.lora")
-    return module.setup
 
 
 def check_recipe_keys(recipe: Mapping[str, Any], command: str) -> None:
@@ -382,8 +427,8 @@ def resolve(
     check_recipe_keys(recipe, command)
     devices = count_devices(experiment.devices)
     check_batch_and_precision(recipe, devices=devices, num_nodes=experiment.num_nodes)
-    run = ResolvedRun(experiment, profile, recipe_path, recipe, dict(overrides or {}), command, devices)
-    run.skip_reason = hardware_skip_reason(experiment, recipe)
+    skip_reason = hardware_skip_reason(experiment, recipe)
+    run = ResolvedRun(experiment, profile, recipe_path, recipe, dict(overrides or {}), command, devices, skip_reason)
     if check_files and run.skip_reason is None:
         checkpoint_dir = resolve_path(recipe["checkpoint_dir"])
         check_checkpoint(checkpoint_dir, profile, experiment.model)
@@ -433,7 +478,7 @@ def hardware_skip_reason(experiment: Experiment, recipe: Mapping[str, Any]) -> s
         major, minor = torch.cuda.get_device_capability()
         if (major, minor) < (8, 0):
             return f"needs bf16: compute capability {major}.{minor} < 8.0 (e.g. V100); try precision=16-mixed"
-    if has_cuda and experiment.kind == "lightning":
+    if has_cuda and experiment.distributed:
         # the lab plays every node on this machine (loopback), so all of them need GPUs here
         wanted = count_devices(experiment.devices) * experiment.num_nodes
         if wanted > torch.cuda.device_count():

@@ -17,8 +17,7 @@ from typing import Any
 import yaml
 
 from lab_helpers.exit_cause import host_memory_gib
-
-GIB = 2**30
+from lab_helpers.record_schema import GIB
 
 
 def host_ram_skip_reason(

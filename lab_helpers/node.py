@@ -12,6 +12,8 @@ reading is never reported as 0.
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib.metadata
 import importlib.util
 import os
@@ -20,12 +22,12 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from lab_helpers.paths import lab_home
-
-GIB = 2**30
+from lab_helpers.record_schema import GIB
 
 PACKAGES = ("torch", "lightning", "litgpt", "deepspeed", "bitsandbytes")
 """The packages whose versions go into every record (None when not installed)."""
@@ -52,6 +54,23 @@ def describe_node() -> dict[str, Any]:
     ``topology`` (``nvidia-smi topo -m`` output or None), ``nvml_error`` (why NVML gave nothing, or None),
     ``host`` (ram_total_gib, ram_available_gib, cpu_count), ``disk_free_gib`` and ``lab_home``.
     """
+    hardware = copy.deepcopy(_hardware())  # NVML and nvidia-smi once per process; callers may change their copy
+    home = lab_home()
+    return {
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "packages": package_versions(),
+        **hardware,
+        "host": _host_memory(),  # free memory and disk change between runs: read each time
+        "disk_free_gib": _disk_free_gib(home),
+        "lab_home": str(home),
+    }
+
+
+@functools.cache
+def _hardware() -> dict[str, Any]:
+    """The GPUs, driver and interconnect: they do not change while a process runs, and reading them costs NVML
+    initialisation and an ``nvidia-smi topo`` call. ``_hardware.cache_clear()`` reads them again."""
     nvml = _read_nvml()
     gpus = nvml["gpus"]
     torch_cuda = _torch_cuda_version()
@@ -61,11 +80,7 @@ def describe_node() -> dict[str, Any]:
     if gpus:
         links = [gpu.get("nvlink_links_active") or 0 for gpu in gpus]
         interconnect = "NVLink" if any(links) else "PCIe"
-    home = lab_home()
     return {
-        "hostname": socket.gethostname(),
-        "python": platform.python_version(),
-        "packages": package_versions(),
         "torch_cuda": torch_cuda,
         "driver_version": nvml["driver_version"],
         "cuda_driver_version": nvml["cuda_driver_version"],
@@ -74,9 +89,6 @@ def describe_node() -> dict[str, Any]:
         "interconnect": interconnect,
         "topology": _nvidia_smi_topology() if gpus else None,
         "nvml_error": nvml["error"],
-        "host": _host_memory(),
-        "disk_free_gib": _disk_free_gib(home),
-        "lab_home": str(home),
     }
 
 
@@ -104,6 +116,12 @@ def package_versions() -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
     return versions
+
+
+def gpu_memory_gib(node: Mapping[str, Any]) -> float | None:
+    """The smallest GPU's memory (GiB); None without GPUs or when NVML could not read it."""
+    sizes = [g.get("memory_total_gib") for g in node.get("gpus") or []]
+    return min(sizes) if sizes and all(isinstance(s, (int, float)) for s in sizes) else None
 
 
 def offload_host_ram_needed_gib(params: float = DEEPSPEED_OFFLOAD_PARAMS, devices: int = 1) -> float:

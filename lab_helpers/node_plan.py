@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from lab_helpers.node import gpu_memory_gib  # noqa: F401  (the notebooks call node_plan.gpu_memory_gib)
+
 MULTI_RANK_STRATEGIES = ("ddp", "fsdp")
 LAB_GPU_GIB = 80.0  # the GPU LAB.md's expectations are written for, used where this node has none
 HOST_RAM_HEADROOM = 1.1  # pinned buffers and the processes themselves, above the offloaded optimizer state
@@ -66,12 +68,6 @@ class Step:
 # ----------------------------------------------------------------------------------------------- the node
 
 
-def gpu_memory_gib(node: Mapping[str, Any]) -> float | None:
-    """The smallest GPU's memory (GiB); None without GPUs or when NVML could not read it."""
-    sizes = [g.get("memory_total_gib") for g in node.get("gpus") or []]
-    return min(sizes) if sizes and all(isinstance(s, (int, float)) for s in sizes) else None
-
-
 def bf16_native(node: Mapping[str, Any]) -> bool:
     gpus = node.get("gpus") or []
     return bool(gpus) and all(g.get("bf16_native") for g in gpus)
@@ -90,7 +86,7 @@ def gpu_words(node: Mapping[str, Any]) -> str:
 
 def reference_hint() -> str:
     """Where the student finds real numbers for what this node cannot run (only files that exist are named)."""
-    from lab_helpers.compare import reference_dir
+    from lab_helpers.paths import reference_dir
 
     shipped = sorted(p.stem for p in reference_dir().glob("*.jsonl")) if reference_dir().is_dir() else []
     have = ", ".join(shipped) if shipped else "none yet"
@@ -209,7 +205,7 @@ def _missing_hardware(
     packages = node.get("packages") or {}
     if experiment.method == "qlora" and not packages.get("bitsandbytes"):
         return "bitsandbytes is not installed (pip install 'lab_helpers[qlora]'): QLoRA is skipped"
-    if experiment.kind != "lightning":
+    if not experiment.distributed:
         return None
     ranks = (len(gpus) if experiment.devices == "all" else int(experiment.devices)) * experiment.num_nodes
     if ranks > len(gpus) or (experiment.strategy in MULTI_RANK_STRATEGIES and ranks < 2):

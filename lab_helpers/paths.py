@@ -37,3 +37,11 @@ def data_dir() -> Path:
 
 def results_dir() -> Path:
     return Path(os.environ.get("LAB_RESULTS") or lab_home() / "results")
+
+
+REFERENCE_DIRNAME = "reference_results"
+
+
+def reference_dir() -> Path:
+    """Reference results shipped with the lab: ``<lab home>/reference_results/<gpu-name>.jsonl``."""
+    return lab_home() / REFERENCE_DIRNAME

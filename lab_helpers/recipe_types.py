@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lab_helpers.experiments import LabConfigError, setup_function
+from lab_helpers.config_error import LabConfigError, setup_function
 
 
 def check_recipe_types(recipe: Mapping[str, Any], command: str, examples: Mapping[str, Any]) -> None:

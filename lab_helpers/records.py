@@ -19,16 +19,16 @@ import math
 import numbers
 import os
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from lab_helpers.paths import results_dir
+from lab_helpers.record_schema import STATUSES, conform
 from lab_helpers.secrets import redact_mapping
 
 RESULTS_FILENAME = "runs.jsonl"
 
-STATUSES = ("ok", "oom", "error", "interrupted", "timeout", "skipped")
 
 
 class RecordWriteError(OSError):
@@ -133,10 +133,11 @@ def read_records(path: Path | str | None = None) -> list[dict[str, Any]]:
 
 
 def load_results(path: Path | str | None = None):
-    """All records as a pandas DataFrame, one row per record (per rank for distributed runs)."""
+    """All records as a pandas DataFrame, one row per record (per rank for distributed runs), with every
+    field of ``record_schema`` as a column (None where an older record lacks it)."""
     import pandas as pd  # keeps `python -m lab_helpers run` from paying pandas' import time
 
-    records = read_records(path)
+    records = [conform(record) for record in read_records(path)]  # older records: every field, MFU derived
     if not records:
         return pd.DataFrame(columns=["experiment", "profile", "status", "rank"])
     frame = pd.json_normalize(records, max_level=0)
@@ -144,3 +145,65 @@ def load_results(path: Path | str | None = None):
         if column not in frame:
             frame[column] = None
     return frame
+
+
+# ------------------------------------------------------------------------------------------------ selecting
+
+
+def latest_runs(df, *, profile: str | None = None, order: Sequence[str] | None = None):
+    """The latest record per (experiment, rank), sorted by the lab's experiment order (then rank).
+
+    "Latest" is by ``started_at`` (ISO time); records without one count by their position in the file, so a
+    rerun of an experiment replaces the earlier run in every table and plot while the file keeps both.
+    ``order`` defaults to the order of configs/experiments/*.yaml; experiments not in it follow, as recorded.
+    """
+    import pandas as pd
+
+    if df is None or len(df) == 0:
+        return empty_runs_frame()
+    frame = df.copy()
+    for column in ("experiment", "rank", "profile", "started_at", "status"):
+        if column not in frame:
+            frame[column] = None
+    if profile is not None:
+        frame = frame[frame["profile"] == profile]
+    frame = frame[frame["experiment"].notna()]
+    if frame.empty:
+        return empty_runs_frame()
+    frame["_position"] = range(len(frame))
+    frame["_rank"] = pd.to_numeric(frame["rank"], errors="coerce").fillna(0).astype(int)
+    frame["_started"] = pd.to_datetime(frame["started_at"], errors="coerce", utc=True, format="ISO8601")
+    frame = frame.sort_values(["_started", "_position"], na_position="first", kind="stable")
+    frame = frame.groupby(["experiment", "_rank"], sort=False, dropna=False).tail(1)
+    rank_of = _order_index(frame["experiment"], order)
+    frame["_order"] = frame["experiment"].map(rank_of)
+    frame = frame.sort_values(["_order", "_rank"], kind="stable")
+    return (
+        frame.drop(columns=["_position", "_started", "_order"])
+        .rename(columns={"_rank": "rank_n"})
+        .reset_index(drop=True)
+    )
+
+
+def _order_index(experiments, order: Sequence[str] | None) -> dict[str, int]:
+    wanted = list(order) if order is not None else _lab_order()
+    index = {name: i for i, name in enumerate(dict.fromkeys(wanted))}
+    for name in experiments:
+        index.setdefault(name, len(index))
+    return index
+
+
+def _lab_order() -> list[str]:
+    """The notebooks' order (configs/experiments/<section>.yaml); empty when the configs are not at hand."""
+    try:
+        from lab_helpers.experiments import load_experiments
+
+        return list(load_experiments())
+    except Exception:
+        return []
+
+
+def empty_runs_frame():
+    import pandas as pd
+
+    return pd.DataFrame(columns=["experiment", "profile", "status", "rank", "rank_n"])

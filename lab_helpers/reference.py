@@ -13,10 +13,9 @@ import shutil
 import sys
 from pathlib import Path, PurePosixPath
 
-from lab_helpers.compare import latest_runs, reference_dir
 from lab_helpers.experiments import LabConfigError
-from lab_helpers.paths import results_dir
-from lab_helpers.records import append_record, load_results, read_records
+from lab_helpers.paths import reference_dir, results_dir
+from lab_helpers.records import append_record, latest_runs, load_results, read_records
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import psutil
 
-GIB = 2**30
+from lab_helpers.record_schema import GIB
+
 TIMELINE_COLUMNS = ("t_s", "gpu", "util_pct", "mem_used_gib", "power_w", "host_cpu_pct", "host_ram_gib")
 
 

@@ -24,7 +24,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-GIB = 2**30
+from lab_helpers.record_schema import GIB
+
 ROUND_BYTES = 512
 """CUDA's caching allocator rounds every allocation up to a multiple of 512 bytes."""
 

@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from lab_helpers.breakdown import BREAKDOWN_PARTS
 from lab_helpers.paths import configs_dir
+from lab_helpers.record_schema import BREAKDOWN_PARTS
 
 METHODS = ("full", "lora", "qlora")
 PRECISIONS = ("bf16-true", "bf16-mixed", "32-true", "16-true", "16-mixed")

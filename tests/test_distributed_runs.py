@@ -35,6 +35,10 @@ def _assert_one_ok_record_per_rank(records: list[dict], world_size: int, strateg
         assert record["train_s"] > 0 and record["tokens_padded"] >= record["tokens"] > 0
         # 2 steps, no accumulation: the first is warm-up (timed apart), train_s and tokens cover the second
         assert record["warmup_iterations"] == 1 and record["iterations"] == 1 and record["warmup_s"] > 0
+        # the same report contract as the litgpt child: the device named the same way, one row per micro-batch
+        assert record["device_name"].startswith("cpu (")
+        assert [row["iter"] for row in record["per_iteration"]] == [1, 2]
+        assert all(row["iter_time_s"] > 0 and row["tokens"] > 0 for row in record["per_iteration"])
 
 
 def test_fsdp_on_cpu_runs_fsdp2_and_leaves_one_record_per_rank(ci_assets, results):

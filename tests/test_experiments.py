@@ -110,3 +110,21 @@ def test_the_written_recipe_pins_moved_folders_and_masks_tokens(tmp_path, monkey
     assert written["access_token"] == "***"
     gpu = runnable_recipe(resolve("bf16-true", "gpu", check_files=False).recipe)
     assert gpu["data"]["init_args"]["download_dir"] == str(tmp_path / "data" / "alpaca2k")
+
+
+def test_the_old_kind_key_still_reads_as_its_launcher(tmp_path, monkeypatch):
+    """Experiment files written with ``kind: litgpt | lightning`` (the old name) load with the same launcher."""
+    folder = tmp_path / "configs" / "experiments"
+    folder.mkdir(parents=True)
+    (folder / "single.yaml").write_text("a: {model: 1b, method: full, kind: litgpt}\nb: {model: 1b, method: full}\n")
+    (folder / "multi.yaml").write_text(
+        "c: {model: 7b, method: full, kind: lightning, strategy: ddp}\n"
+        "d: {model: 7b, method: full, launcher: lightning-strategy, strategy: ddp}\n"
+    )
+    monkeypatch.setenv("LAB_HOME", str(tmp_path))
+    experiments = load_experiments()
+    assert [e.launcher for e in experiments.values()] == ["litgpt-cli"] * 2 + ["lightning-strategy"] * 2
+    assert [e.distributed for e in experiments.values()] == [False, False, True, True]
+    (folder / "multi.yaml").write_text("e: {model: 7b, method: full, kind: deepspeed}\n")
+    with pytest.raises(LabConfigError, match="kind 'deepspeed' is not litgpt or lightning"):
+        load_experiments()

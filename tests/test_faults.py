@@ -289,7 +289,7 @@ def test_warmup_advice_is_advice_the_check_accepts(max_steps, warmup):
 
 
 def test_a_hung_process_is_ended_at_the_time_limit_and_recorded_as_timeout(tmp_path):
-    from lab_helpers.lab import _status
+    from lab_helpers.run_record import _status
 
     os.environ["LAB_TERMINATE_GRACE_S"] = "1"
     try:
@@ -351,7 +351,7 @@ def test_a_run_hung_in_its_data_loader_is_recorded_as_timeout_and_leaves_nothing
 
 def test_a_process_killed_by_a_signal_is_named_and_a_host_oom_is_said_when_evidence_supports_it(tmp_path):
     from lab_helpers.exit_cause import host_oom_evidence
-    from lab_helpers.lab import _status
+    from lab_helpers.run_record import _status
 
     outcome = run_command(
         [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],

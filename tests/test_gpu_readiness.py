@@ -16,7 +16,7 @@ import types
 
 import pytest
 
-from lab_helpers import cuda_compat, doctor, lab, node
+from lab_helpers import cuda_compat, doctor, lab, node, run_record
 from lab_helpers.child_report import is_oom_text, is_out_of_memory
 from lab_helpers.distributed.nodes import node_gpus
 from lab_helpers.experiments import LabConfigError, get_experiment, hardware_skip_reason, resolve
@@ -212,7 +212,7 @@ def test_a_cublas_alloc_failure_in_the_log_is_recorded_as_oom(tmp_path):
         timeline=TimelineSummary(path=tmp_path / "timeline.csv"),
         tail=["Traceback ...", "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"],
     )
-    status, reason, _ = lab._status({}, outcome, launched=True)
+    status, reason, _ = run_record._status({}, outcome, launched=True)
     assert status == "oom" and "CUBLAS_STATUS_ALLOC_FAILED" in reason
 
 

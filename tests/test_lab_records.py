@@ -7,9 +7,16 @@ from pathlib import Path
 import torch
 
 from lab_helpers.experiments import resolve
-from lab_helpers.lab import _base_record, _records_from
+from lab_helpers.launch import launcher_for
+from lab_helpers.run_record import base_record as _base_record
+from lab_helpers.run_record import records_from
 from lab_helpers.runner import ProcessOutcome
 from lab_helpers.sampler import TimelineSummary
+
+
+def _records_from(run, base, outcome, run_dir):
+    """The records the lab builds for ``run``: one per rank its launcher starts."""
+    return records_from(run, base, outcome, run_dir, launcher_for(run).ranks(run))
 
 
 def _outcome(tmp_path: Path, *, returncode: int, reports: dict, tail: list[str] = ()) -> ProcessOutcome:
@@ -54,6 +61,21 @@ def test_mfu_is_computed_for_a_known_gpu(ci_assets, tmp_path):
     params = sum(t.numel() for t in torch.load(ci_assets["ci-llama-xs"] / "lit_model.pth").values())
     rough = 6 * params * 1024 / 2.0 / dense_peak_flops("NVIDIA H100 80GB HBM3", "32-true")  # 6 N D per second
     assert 0.5 * rough < record["mfu"] < 3 * rough  # attention and the lm head add to 6 N D
-    cpu = {**report, "device_name": None}
+    assert record["flops_per_step"] > 0 and record["gpu_peak_flops"] == dense_peak_flops("NVIDIA H100 80GB HBM3", "32-true")
+    cpu = {**report, "device_name": "cpu (x86_64)"}
     [record] = _records_from(run, _base_record(run), _outcome(tmp_path, returncode=0, reports={0: cpu}), tmp_path)
     assert record["mfu"] is None
+
+
+def test_a_failure_counting_mfu_never_costs_the_run_its_record(tmp_path):
+    """Counting FLOPs needs the model's config; where that fails the record is kept, MFU is None with the reason."""
+    import dataclasses
+
+    run = resolve("grad-accum", "ci", check_files=False)
+    run = dataclasses.replace(run, recipe={**run.recipe, "checkpoint_dir": str(tmp_path / "no-such-model")})
+    report = {"status": "ok", "train_s": 2.0, "tokens": 900, "tokens_padded": 1024, "iterations": 2,
+              "device_name": "NVIDIA H100 80GB HBM3"}  # fmt: skip
+    [record] = _records_from(run, _base_record(run), _outcome(tmp_path, returncode=0, reports={0: report}), tmp_path)
+    assert record["status"] == "ok" and record["tokens_per_s"] == 450.0
+    assert record["mfu"] is None and record["flops_per_step"] is None
+    assert "model_config.yaml" in record["mfu_error"]

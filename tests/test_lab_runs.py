@@ -42,6 +42,7 @@ def test_a_run_records_every_field_the_cpu_provides(ci_assets, results):
     # 2 steps x 32/8 accumulation: the first step is warm-up, timed apart; train_s and tokens cover the second
     assert len(record["per_iteration"]) == 8 and record["warmup_iterations"] == 4 and record["iterations"] == 4
     assert record["warmup_s"] > 0 and record["mode"] == "full"
+    assert record["device_name"].startswith("cpu (")  # named as the Lightning ranks name it (one report contract)
     # the CPU counterpart of max_memory_allocated, and the planner's prediction of the same quantity
     assert record["peak_tensor_gib"] == pytest.approx(record["predicted_peak_alloc_gib"], rel=0.10)
     assert record["predicted"]["breakdown_gib"]["cuda_context"] == 0.0
@@ -186,11 +187,11 @@ def test_quick_mode_times_after_the_warm_up_step_puts_the_longest_batch_second_a
 def test_run_all_makes_the_oom_demonstration_oom_on_this_gpu_with_a_margin(ci_assets, results, monkeypatch):
     """A GPU's size cannot be had on a CPU: the lab is told the GPU holds a little less than the baseline's
     predicted peak (so as defined it 'fits' within the planner's error); run_all must raise the batch."""
-    from lab_helpers import lab
+    from lab_helpers import lab, predict
 
     plan = lab.predict_experiment("baseline", profile="ci", gpu_memory_gib=100.0)
     gpu_gib = plan.gpu_used_gib / 1.1  # as defined: only 10 % over, inside the planner's error
-    monkeypatch.setattr(lab, "_gpu_memory_gib", lambda: gpu_gib)
+    monkeypatch.setattr(predict, "_gpu_gib", lambda: gpu_gib)
     overrides, why = lab.oom_demo_overrides("baseline", profile="ci")
     assert overrides["train.micro_batch_size"] > 32 and "at least 20% over" in why
     raised = lab.predict_experiment("baseline", profile="ci", overrides=overrides, gpu_memory_gib=gpu_gib)

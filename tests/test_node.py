@@ -7,6 +7,7 @@ module put in ``sys.modules["pynvml"]`` that answers like NVML does for the GPUs
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import types
@@ -97,6 +98,9 @@ def _fake_pynvml(gpus: list[dict]) -> types.ModuleType:
 
 @pytest.fixture
 def fake_nvml(monkeypatch):
+    node._hardware.cache_clear()  # the hardware is read once per process: read the fake one
+    monkeypatch.setattr(node, "_hardware", functools.cache(node._hardware.__wrapped__))
+
     def install(gpus, ram_total_gib=500.0, packages=None):
         monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(gpus))
         monkeypatch.setattr(node, "_nvidia_smi_topology", lambda: "GPU0\tX\tNV18")
@@ -166,3 +170,18 @@ def test_doctor_report_and_cli_on_this_machine(capsys):
     assert doctor.main(["--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
     assert "sections" in payload and payload["sections"]["single"]["reason"]
+
+
+def test_the_hardware_is_read_once_per_process_and_free_memory_every_time(monkeypatch):
+    """NVML and nvidia-smi run once per process (every run asks for the node); host memory is read fresh."""
+    calls = []
+    monkeypatch.setattr(node, "_read_nvml", lambda: calls.append(1) or {
+        "gpus": [], "error": "no NVML here (test)", "driver_version": None, "cuda_driver_version": None})  # fmt: skip
+    monkeypatch.setattr(node, "_hardware", functools.cache(node._hardware.__wrapped__))
+    free = iter([10.0, 7.0, 5.0])
+    monkeypatch.setattr(node, "_host_memory", lambda: {"ram_available_gib": next(free)})
+    first, second = node.describe_node(), node.describe_node()
+    assert calls == [1]
+    assert first["host"]["ram_available_gib"] == 10.0 and second["host"]["ram_available_gib"] == 7.0
+    first["gpus"].append("changed by a caller")
+    assert node.describe_node()["gpus"] == [] and calls == [1]  # each caller gets its own copy

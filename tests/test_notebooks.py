@@ -1,11 +1,14 @@
 """The notebooks as files: committed clean, short cells, no recipe text, a papermill parameters cell.
 
 These tests never execute a notebook: CI does that separately with ``pytest --nbval-lax notebooks/`` on the
-ci profile (see scripts/test.sh). Here only the committed JSON is checked, in well under a second.
+ci profile (see scripts/test.sh). Here only the committed JSON is checked, in well under a second. What a cell
+calls is read from its syntax tree (``_calls``), not from its text: a call that is commented out, or a name
+inside a string, does not count as a call.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -32,6 +35,35 @@ def _read(path: Path) -> nbformat.NotebookNode:
 
 def _code_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
     return [cell for cell in nb.cells if cell.cell_type == "code"]
+
+
+def _calls(nb: nbformat.NotebookNode) -> list[tuple[str, str | None]]:
+    """Every call in the code cells, in order: (the callee as written, e.g. ``lab.predict_experiment`` or
+    ``steps['ddp'].run``, and its first argument when that is a string)."""
+    found = []
+    for cell in _code_cells(nb):
+        source = "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
+        calls = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)]
+        for call in sorted(calls, key=lambda node: (node.lineno, node.col_offset)):
+            first = call.args[0] if call.args else None
+            text = first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
+            found.append((ast.unparse(call.func), text))
+    return found
+
+
+def _assignments(nb: nbformat.NotebookNode) -> list[tuple[str, str]]:
+    """Every assignment in the code cells, in order: (target, value) as written (``ast.unparse``)."""
+    found = []
+    for cell in _code_cells(nb):
+        for node in ast.parse(cell.source).body:
+            if isinstance(node, ast.Assign):
+                found += [(ast.unparse(target), ast.unparse(node.value)) for target in node.targets]
+    return found
+
+
+def test_calls_are_read_from_the_syntax_tree_not_the_text():
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell('# lab.run("a")\nx = "lab.run(\'b\')"\nlab.run("c")')])
+    assert _calls(nb) == [("lab.run", "c")]
 
 
 def _ids(paths: list[Path]) -> list[str]:
@@ -89,8 +121,20 @@ def test_first_code_cell_is_the_parameters_cell_reading_lab_profile(path: Path):
     code = _code_cells(nb)
     tagged = [i for i, cell in enumerate(code) if "parameters" in cell.metadata.get("tags", [])]
     assert tagged == [0], f"{path.name}: want exactly one 'parameters'-tagged cell, the first code cell; got {tagged}"
-    assert re.search(r"os\.environ\.get\(\s*[\"']LAB_PROFILE[\"']", code[0].source), code[0].source
-    assert re.search(r"^PROFILE\s*=", code[0].source, re.MULTILINE), code[0].source
+    first = nbformat.v4.new_notebook(cells=[code[0]])
+    assert ("os.environ.get", "LAB_PROFILE") in _calls(first), code[0].source
+    assert "PROFILE" in dict(_assignments(first)), code[0].source
+
+
+@pytest.mark.parametrize("name", ["01_single_gpu.ipynb", "02_multi_gpu.ipynb"])
+def test_the_section_notebooks_derive_the_profile_and_prepare_the_same_way(name: str):
+    """One way to pick the profile (lab.default_profile) and one call that prepares it (lab_helpers.prepare)."""
+    nb = _read(NOTEBOOKS_DIR / name)
+    assert dict(_assignments(nb))["PROFILE"] == "os.environ.get('LAB_PROFILE') or lab.default_profile()"
+    assert ("prepare", "ci") in _calls(nb)
+    assert "from lab_helpers.prepare import prepare" in [
+        ast.unparse(node) for cell in _code_cells(nb) for node in ast.parse(cell.source).body
+    ]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
@@ -103,22 +147,22 @@ def test_single_gpu_notebook_decides_predicts_and_runs_every_experiment_in_lab_o
     from lab_helpers.experiments import load_experiments
 
     nb = _read(NOTEBOOKS_DIR / "01_single_gpu.ipynb")
-    source = "\n".join(cell.source for cell in _code_cells(nb))
+    calls = _calls(nb)
     section = list(load_experiments("single"))
-    for call in ("arithmetic.show", "node_plan.decide", "lab.predict_experiment", "commands.show_commands"):
-        named = re.findall(re.escape(call) + r"\(\s*\"([\w-]+)\"", source)
-        assert named == section, (call, named)
-    assert len(re.findall(r"^records = step\.run\(\)", source, re.MULTILINE)) == len(section)
+    for callee in ("arithmetic.show", "node_plan.decide", "lab.predict_experiment", "commands.show_commands"):
+        named = [arg for name, arg in calls if name == callee and arg is not None]  # each experiment by name
+        assert named == section, (callee, named)
+    assert _assignments(nb).count(("records", "step.run()")) == len(section)
 
 
 def test_multi_gpu_notebook_decides_before_every_run():
     from lab_helpers.experiments import load_experiments
 
-    source = "\n".join(cell.source for cell in _code_cells(_read(NOTEBOOKS_DIR / "02_multi_gpu.ipynb")))
-    decided = re.findall(r"node_plan\.decide\(\s*\"([\w-]+)\"", source)
-    ran = re.findall(r"records\[\"([\w-]+)\"\] = steps\[\"([\w-]+)\"\]\.run\(\)", source)
+    nb = _read(NOTEBOOKS_DIR / "02_multi_gpu.ipynb")
+    decided = [arg for name, arg in _calls(nb) if name == "node_plan.decide" and arg is not None]
+    ran = [(target, value) for target, value in _assignments(nb) if target.startswith("records[")]
     assert decided == list(load_experiments("multi")), decided
-    assert [a for a, b in ran] == decided and all(a == b for a, b in ran), ran
+    assert ran == [(f"records[{e!r}]", f"steps[{e!r}].run()") for e in decided], ran
 
 
 def test_notebook_prose_types_no_model_state_figures():
@@ -139,7 +183,7 @@ def test_notebook_prose_types_no_model_state_figures():
 def test_every_experiment_asks_the_student_one_question():
     nb = _read(NOTEBOOKS_DIR / "01_single_gpu.ipynb")
     questions = [cell for cell in nb.cells if cell.cell_type == "markdown" and cell.source.startswith("**Question.**")]
-    assert len(questions) == len(re.findall(r"step\.run\(", "\n".join(c.source for c in _code_cells(nb))))
+    assert len(questions) == [name for name, _ in _calls(nb)].count("step.run")
 
 
 def test_notebooks_name_only_reference_files_that_exist():
@@ -152,25 +196,26 @@ def test_notebooks_name_only_reference_files_that_exist():
 
 def test_compare_notebook_ends_with_how_to_leave_the_node():
     nb = _read(NOTEBOOKS_DIR / "03_compare.ipynb")
-    assert "commands.closing_text()" in nb.cells[-1].source
+    assert nb.cells[-1].cell_type == "code"
+    assert "commands.closing_text" in [name for name, _ in _calls(nbformat.v4.new_notebook(cells=[nb.cells[-1]]))]
 
 
 def test_compare_notebook_draws_and_saves_every_plot():
-    source = "\n".join(cell.source for cell in _code_cells(_read(NOTEBOOKS_DIR / "03_compare.ipynb")))
+    called = {name.rpartition(".")[2] for name, _ in _calls(_read(NOTEBOOKS_DIR / "03_compare.ipynb"))}
     for call in (
-        "load_reference(",
-        "comparison_table(",
-        "plot_memory(",
-        "plot_time(",
-        "plot_memory_vs_time(",
-        "plot_timeline(",
-        "save_all(",
+        "load_reference",
+        "comparison_table",
+        "plot_memory",
+        "plot_time",
+        "plot_memory_vs_time",
+        "plot_timeline",
+        "save_all",
     ):
-        assert call in source, call
+        assert call in called, call
 
 
 def test_what_if_notebook_runs_the_callback_once_and_offers_the_widgets():
     """CI executes the callback once with the defaults (no browser needed); the widgets answer on "Run"."""
-    source = "\n".join(cell.source for cell in _code_cells(_read(NOTEBOOKS_DIR / "04_what_if.ipynb")))
-    assert len(re.findall(r"what_if\.show\(profile=PROFILE\)", source)) == 1
-    assert "what_if.widgets(PROFILE)" in source
+    called = [name for name, _ in _calls(_read(NOTEBOOKS_DIR / "04_what_if.ipynb"))]
+    assert called.count("what_if.show") == 1
+    assert "what_if.widgets" in called

@@ -14,6 +14,7 @@ from litgpt.utils import save_config
 from lab_helpers.planner import MemoryPlan, PlanError, TrainingSpec, plan_recipe, predict, spec_from_recipe
 from lab_helpers.planner import cli as planner_cli
 from lab_helpers.planner.tracer import trace, trace_training
+from lab_helpers.record_schema import BREAKDOWN_PARTS
 
 LORA_ALL = dict(
     lora_r=8,
@@ -192,15 +193,7 @@ def test_plan_fields_and_breakdown_sum():
     assert isinstance(plan, MemoryPlan)
     parts = {k: v for k, v in plan.breakdown_gib.items() if k != "cuda_context"}
     assert sum(parts.values()) == pytest.approx(plan.peak_alloc_gib, abs=1e-3)
-    assert set(plan.breakdown_gib) >= {
-        "parameters",
-        "gradients",
-        "optimizer_states",
-        "activations",
-        "temporaries",
-        "communication_buffers",
-        "cuda_context",
-    }
+    assert set(plan.breakdown_gib) == set(BREAKDOWN_PARTS)  # every part the plots stack, and no other
     assert plan.fits is True and "fits" in plan.summary()
     assert predict(spec(gpu_memory_gib=0.1)).fits is False
     assert predict(spec()).fits is None

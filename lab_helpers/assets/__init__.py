@@ -29,8 +29,8 @@ from .checkpoints import (
     random_state_dict,
     resolve_config,
 )
+from .ci import CI_DATASETS, ci_paths, prepare_ci
 from .data import alpaca_is_built, generate_alpaca, make_alpaca_json
-from .prepare import CI_DATASETS, ci_paths, prepare_ci
 from .tokenizer import DEFAULT_VOCAB_SIZE, tokenizer_is_built, train_tokenizer
 
 __all__ = [

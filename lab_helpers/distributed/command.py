@@ -1,4 +1,4 @@
-"""From a resolved experiment to the command line that runs it: what lab.py calls for ``kind: lightning``.
+"""From a resolved experiment to the command line that runs it: the ``lightning-strategy`` launcher's work.
 
 Everything the training processes need goes into the run's folder (the resolved recipe, the DeepSpeed
 config) so the command is short, can be read and re-run by hand, and Lightning can re-run the same command
@@ -14,28 +14,11 @@ from typing import Any
 
 import yaml
 
-from lab_helpers.distributed.deepspeed_config import deepspeed_config, gradient_accumulation_steps
+from lab_helpers.distributed.deepspeed_config import deepspeed_config
 from lab_helpers.experiments import ResolvedRun, runnable_recipe
 
 RECIPE_FILENAME = "recipe.yaml"
 DEEPSPEED_FILENAME = "deepspeed.json"
-
-
-def world_size(run: ResolvedRun) -> int:
-    return run.devices * run.experiment.num_nodes
-
-
-def total_iterations(run: ResolvedRun) -> int:
-    """Micro-batches rank 0 will run: max_steps x gradient accumulation (the progress bar's total)."""
-    train = run.recipe.get("train") or {}
-    return int(train.get("max_steps") or 1) * gradient_accumulation_steps(run.recipe, world_size=world_size(run))
-
-
-def options(run: ResolvedRun) -> dict[str, Any]:
-    """The experiment's options with the lab's defaults (wrap per block, FSDP implementation by hardware)."""
-    opts = {"wrap": "block", "fsdp_impl": "auto", "offload_optimizer": True, "pin_memory": True}
-    opts.update(run.experiment.options or {})
-    return opts
 
 
 def run_recipe(run: ResolvedRun, run_dir: Path) -> dict[str, Any]:
@@ -55,7 +38,7 @@ def build_command(run: ResolvedRun, run_dir: Path) -> list[str]:
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    opts = options(run)
+    opts = run.options  # the same settings the planner is asked with (recipe_defaults.LAUNCH_OPTION_DEFAULTS)
     recipe = run_recipe(run, run_dir)
     recipe_path = run_dir / RECIPE_FILENAME
     recipe_path.write_text(yaml.safe_dump(recipe, sort_keys=False))
@@ -70,9 +53,11 @@ def build_command(run: ResolvedRun, run_dir: Path) -> list[str]:
         "--strategy",
         strategy,
         "--devices",
-        str(devices_per_node(run)),
+        str(run.devices),
         "--num-nodes",
         str(num_nodes),
+        "--accumulate",
+        str(run.gradient_accumulation),
         "--out-dir",
         str(run_dir / "out"),
     ]
@@ -81,7 +66,7 @@ def build_command(run: ResolvedRun, run_dir: Path) -> list[str]:
     if strategy == "deepspeed-zero3":
         config = deepspeed_config(
             recipe,
-            world_size=world_size(run),
+            world_size=run.world_size,
             offload_optimizer=bool(opts["offload_optimizer"]),
             pin_memory=bool(opts["pin_memory"]),
         )
@@ -91,8 +76,3 @@ def build_command(run: ResolvedRun, run_dir: Path) -> list[str]:
     if num_nodes > 1:
         argv = [sys.executable, "-m", "lab_helpers.distributed.nodes", "--nodes", str(num_nodes), "--", *argv]
     return argv
-
-
-def devices_per_node(run: ResolvedRun) -> int:
-    """Processes (GPUs) per node: the experiment's ``devices``; the world is devices x num_nodes."""
-    return run.devices

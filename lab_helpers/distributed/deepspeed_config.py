@@ -12,15 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from lab_helpers.experiments import gradient_accumulation_steps  # the one definition (ResolvedRun uses it)
+
+__all__ = ["CPU_ADAM_CLASS", "cpu_adam_kwargs", "deepspeed_config", "gradient_accumulation_steps"]
+
 # DeepSpeed's optimizer for offloaded states; the training script instantiates it (see optimizer_kwargs).
 CPU_ADAM_CLASS = "deepspeed.ops.adam.DeepSpeedCPUAdam"
-
-
-def gradient_accumulation_steps(recipe: Mapping[str, Any], *, world_size: int) -> int:
-    """Micro-batches per optimizer step on each rank: global batch / (micro batch x ranks), as litgpt computes it."""
-    train = recipe.get("train") or {}
-    micro, global_ = int(train["micro_batch_size"]), int(train["global_batch_size"])
-    return max(1, global_ // (micro * world_size))
 
 
 def deepspeed_config(

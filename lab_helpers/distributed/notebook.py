@@ -28,7 +28,7 @@ def prediction_text(exp_id: str, *, profile: str, overrides: Mapping[str, Any] |
 
     A prediction is advice shown before a run: a planner failure must not stop the student from running it.
     """
-    from lab_helpers.lab import predict_experiment
+    from lab_helpers.predict import predict_experiment
 
     try:
         plan = predict_experiment(exp_id, profile=profile, overrides=overrides)

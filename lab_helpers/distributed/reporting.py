@@ -1,15 +1,19 @@
-"""Per-rank progress lines, training-loop timing, token counts and the rank's report to the runner.
+"""Per-rank progress lines, training-loop timing, token counts, per-iteration rows and the rank's report.
 
 A Lightning callback, because the Trainer owns the loop: ``on_train_start``/``on_train_end`` bracket exactly
 the training loop (model load and setup excluded), ``on_train_batch_end`` sees every micro-batch, and
 ``on_exception`` runs on the failing rank before Lightning tears anything down -- the last moment a report
-can still be written.
+can still be written. The report is the same contract as the litgpt child's (``record_schema.REPORT_FIELDS``):
+warm-up timed apart, the device named the same way, and rank 0 writes one CSV row per micro-batch with
+litgpt's column names (``iter, loss, iter_time, tokens``) so both sections' records carry ``per_iteration``.
 """
 
 from __future__ import annotations
 
+import csv
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -78,9 +82,11 @@ class ReportCallback(L.Callback):
     cover what comes after it, ``warmup_s`` the step itself (unless the run has no second step).
     """
 
-    def __init__(self, report: RankReport, *, total_iterations: int) -> None:
+    def __init__(self, report: RankReport, *, total_iterations: int, metrics_csv: Path | None = None) -> None:
         self.report = report
         self.total_iterations = total_iterations
+        self.metrics_csv = metrics_csv  # rank 0 writes its per-iteration rows here
+        self._tokens_seen = 0  # this rank's tokens without padding, warm-up included (litgpt's "tokens" column)
         self._train_t0: float | None = None
         self._iter_t0 = 0.0
         self._seen = 0  # micro-batches so far, warm-up included
@@ -88,7 +94,7 @@ class ReportCallback(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.report.rank = trainer.global_rank
-        self.report.fields["device_name"] = _device_name(pl_module.device)
+        self.report.fields["device_name"] = child_report.device_name(pl_module.device)
         child_report.reset_cuda_peaks()  # peaks over the training loop, not the model load
         self._train_t0 = time.perf_counter()
 
@@ -102,7 +108,9 @@ class ReportCallback(L.Callback):
         self._seen += 1
         fields["iterations"] += 1
         fields["samples"] += int(batch["input_ids"].shape[0])
-        fields["tokens"] += _tokens_without_padding(batch)
+        tokens = _tokens_without_padding(batch)
+        fields["tokens"] += tokens
+        self._tokens_seen += tokens
         fields["tokens_padded"] += int(batch["input_ids"].numel())
         fields["train_s"] = now - (self._train_t0 or self._iter_t0)
         if self._seen == accum:  # the warm-up step ends here: what follows is timed and counted
@@ -116,9 +124,11 @@ class ReportCallback(L.Callback):
             # Lightning hands back the loss divided by the accumulation; print it as litgpt does, undivided
             loss = outputs["loss"].item() * accum if isinstance(outputs, dict) and "loss" in outputs else float("nan")
             step_done = self._seen % accum == 0
+            iter_time_s = time.perf_counter() - self._iter_t0
+            self._write_row(loss, iter_time_s)
             print(
                 f"Epoch {trainer.current_epoch + 1} | iter {self._seen} step {self._seen // accum} |"
-                f" loss train: {loss:.3f} | iter time: {(time.perf_counter() - self._iter_t0) * 1000:.2f} ms"
+                f" loss train: {loss:.3f} | iter time: {iter_time_s * 1000:.2f} ms"
                 f"{' (step)' if step_done else ''} | of {self.total_iterations}",
                 flush=True,
             )
@@ -139,6 +149,22 @@ class ReportCallback(L.Callback):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self.report.write_exception(exception)
 
+    def _write_row(self, loss: float, iter_time_s: float) -> None:
+        """One row per micro-batch, appended and flushed: a run that dies keeps the rows it made."""
+        if self.metrics_csv is None:
+            return
+        new = not self.metrics_csv.exists()
+        self.metrics_csv.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.metrics_csv, "a", newline="") as fh:
+            writer = csv.writer(fh)
+            if new:
+                writer.writerow(METRICS_COLUMNS)
+            writer.writerow([self._seen, loss, iter_time_s, self._tokens_seen])
+
+
+METRICS_COLUMNS = ("iter", "loss", "iter_time", "tokens")
+"""litgpt's CSV logger's column names for the same quantities (run_record.per_iteration_rows reads both)."""
+
 
 def _tokens_without_padding(batch: dict[str, Any]) -> int:
     """Prompt + response tokens, padding excluded (litgpt's ``raw_plus_prompt_template`` count)."""
@@ -148,11 +174,3 @@ def _tokens_without_padding(batch: dict[str, Any]) -> int:
         # a sample longer than max_seq_length was truncated by the collate function
         return int(value.clamp(max=batch["input_ids"].shape[1]).sum().item())
     return int((batch["labels"] != -100).sum().item())
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    import platform
-
-    return f"cpu ({platform.processor() or platform.machine()})"

@@ -21,7 +21,6 @@ from typing import Any
 
 import yaml
 
-from lab_helpers.distributed.deepspeed_config import gradient_accumulation_steps
 from lab_helpers.distributed.strategies import FSDP_IMPLS, STRATEGIES, WRAP_POLICIES
 
 
@@ -31,6 +30,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--strategy", choices=STRATEGIES, required=True)
     parser.add_argument("--devices", type=int, default=1, help="processes (GPUs) per node")
     parser.add_argument("--num-nodes", type=int, default=1)
+    parser.add_argument(
+        "--accumulate", type=int, help="micro-batches per optimizer step (the lab passes ResolvedRun's; default: "
+        "global batch / (micro batch x ranks))"
+    )
     parser.add_argument("--accelerator", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument(
         "--wrap", choices=WRAP_POLICIES, default="block", help="FSDP unit: each Block, or the whole model"
@@ -96,7 +99,12 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
     recipe: dict[str, Any] = yaml.safe_load(args.recipe.read_text())
     train = recipe.get("train") or {}
     world_size = args.devices * args.num_nodes
-    accum = gradient_accumulation_steps(recipe, world_size=world_size)
+    if args.accumulate is not None:  # derived once by the lab (ResolvedRun.gradient_accumulation)
+        accum = args.accumulate
+    else:  # started by hand
+        from lab_helpers.experiments import gradient_accumulation_steps
+
+        accum = gradient_accumulation_steps(recipe, world_size=world_size)
     max_steps = int(train.get("max_steps") or 1)
 
     ds_config = None
@@ -205,9 +213,18 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=out_dir,
-        callbacks=[WatchChildren(), ReportCallback(report, total_iterations=max_steps * accum)],
+        callbacks=[
+            WatchChildren(),
+            ReportCallback(report, total_iterations=max_steps * accum, metrics_csv=_metrics_csv(out_dir, report.rank)),
+        ],
     )
     trainer.fit(module, datamodule=data)
+
+
+def _metrics_csv(out_dir: Path, rank: int) -> Path | None:
+    """Where rank 0 writes its per-iteration rows: under ``out/logs`` like litgpt's CSV logger (run_record reads
+    both). Other ranks write none: one run, one table."""
+    return Path(out_dir) / "logs" / "lightning" / "metrics.csv" if rank == 0 else None
 
 
 def report_for_dead_rank(rank: int, message: str, fields: dict[str, Any], *, status: str = "error") -> None:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lab_helpers.record_schema import GIB
+
 from .accounting import Phase
 from .spec import TrainingSpec
 from .tracer import TraceResult
-
-GIB = 2**30
 
 # CUDA context + kernels (lazy module loading, torch 2.x): about 0.5 GiB on Hopper, less on Ampere.
 CUDA_CONTEXT_BYTES = int(0.5 * GIB)

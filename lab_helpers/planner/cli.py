@@ -8,8 +8,10 @@ import sys
 
 import yaml
 
+from lab_helpers.record_schema import BREAKDOWN_PARTS
+
 from .errors import PlanError, PlannerUnavailable
-from .plan import BREAKDOWN_KEYS, predict
+from .plan import predict
 from .spec import STRATEGIES, TrainingSpec, spec_from_recipe
 from .timing import TimePlan
 
@@ -75,7 +77,7 @@ def _print_table(plan) -> None:
         f"  {plan.model_name}: {plan.method}, {plan.precision}, micro-batch {plan.micro_batch_size} x "
         f"{plan.seq_len} tokens, {plan.strategy} on {plan.devices} GPU(s); peak in {plan.peak_phase}"
     )
-    for key in BREAKDOWN_KEYS:
+    for key in BREAKDOWN_PARTS:
         print(f"  {key:<22} {plan.breakdown_gib[key]:8.2f} GiB")
     print(f"  {'host memory':<22} {plan.host_gib:8.2f} GiB")
     for note in plan.notes:

@@ -375,7 +375,6 @@ def _sharded(spec: TrainingSpec, strategy: str, devices: int, *, offload: bool) 
 
 
 def _this_gpu_gib() -> float | None:
-    from lab_helpers.node import describe_node
-    from lab_helpers.node_plan import gpu_memory_gib
+    from lab_helpers.node import describe_node, gpu_memory_gib
 
     return gpu_memory_gib(describe_node())

@@ -7,16 +7,13 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from lab_helpers.breakdown import BREAKDOWN_PARTS
+from lab_helpers.record_schema import BREAKDOWN_PARTS, GIB
 
 from . import analytic
 from ._compat import check_tracing_supported
 from .errors import PlanError, PlannerUnavailable
 from .spec import TrainingSpec, spec_from_recipe
 from .tracer import trace
-
-GIB = 2**30
-BREAKDOWN_KEYS = BREAKDOWN_PARTS
 
 
 @dataclass
@@ -91,7 +88,7 @@ def _predict(spec: TrainingSpec) -> MemoryPlan:
             f"tracing {spec.model_config.name} ({spec.method}) failed: {type(err).__name__}: {first}"
         ) from err
     breakdown = analytic.STRATEGY_MODELS[spec.strategy](spec, result)
-    parts = {k: breakdown.parts.get(k, 0) / GIB for k in BREAKDOWN_KEYS if k != "cuda_context"}
+    parts = {k: breakdown.parts.get(k, 0) / GIB for k in BREAKDOWN_PARTS if k != "cuda_context"}
     parts["cuda_context"] = analytic.CUDA_CONTEXT_BYTES / GIB if spec.device == "cuda" else 0.0
     used_gib = analytic.gpu_used_bytes(breakdown, spec.device) / GIB
     fits = None if spec.gpu_memory_gib is None else used_gib <= spec.gpu_memory_gib

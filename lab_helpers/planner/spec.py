@@ -15,13 +15,15 @@ from typing import Any, Literal
 
 import yaml
 
+from lab_helpers.recipe_defaults import LORA_DEFAULTS, lora_settings  # noqa: F401 -- LORA_DEFAULTS: planner API
+from lab_helpers.record_schema import PLANNED_PRECISIONS as PRECISIONS
+
 from .errors import PlanError
 
 Method = Literal["full", "lora", "qlora"]
 Strategy = Literal["single", "ddp", "fsdp", "deepspeed-zero3"]
 
 STRATEGIES: tuple[str, ...] = ("single", "ddp", "fsdp", "deepspeed-zero3")
-PRECISIONS: tuple[str, ...] = ("32-true", "bf16-true", "bf16-mixed", "16-true", "16-mixed")
 # litgpt.finetune.lora.setup's LoRA switches: which layers get adapters.
 LORA_LAYER_KEYS: tuple[str, ...] = (
     "lora_query",
@@ -31,18 +33,7 @@ LORA_LAYER_KEYS: tuple[str, ...] = (
     "lora_mlp",
     "lora_head",
 )
-# litgpt.finetune.lora.setup defaults, used when a recipe leaves a LoRA key out.
-LORA_DEFAULTS: dict[str, Any] = {
-    "lora_r": 8,
-    "lora_alpha": 16,
-    "lora_dropout": 0.05,
-    "lora_query": True,
-    "lora_key": False,
-    "lora_value": True,
-    "lora_projection": False,
-    "lora_mlp": False,
-    "lora_head": False,
-}
+# litgpt.finetune.lora.setup defaults, used when a recipe leaves a LoRA key out (one place: recipe_defaults).
 OPTIMIZERS: tuple[str, ...] = ("AdamW", "Adam", "SGD", "DeepSpeedCPUAdam")
 
 
@@ -338,7 +329,7 @@ def spec_from_recipe(
 
     lora: dict = {}
     if has_lora:
-        lora = {k: tree.get(k, v) for k, v in LORA_DEFAULTS.items()}
+        lora = lora_settings(tree)
         lora["lora_r"] = _int(lora["lora_r"], "lora_r")
     model_config = resolve_model_config(tree["checkpoint_dir"], lora if has_lora else None)
 

@@ -241,7 +241,7 @@ def _this_gpu() -> str | None:
 
 def device_key(device_name: str | None) -> str:
     """What MFUs are keyed by: "cpu", the GPU's model in the peak table ("A100"), or the raw name."""
-    if not device_name or device_name == CPU:
+    if not device_name or device_name == CPU or str(device_name).startswith(f"{CPU} ("):  # "cpu (x86_64)"
         return CPU
     peak = find_gpu(device_name)
     return peak.model if peak is not None else str(device_name)
@@ -374,7 +374,7 @@ def _clean(record: Mapping[str, Any]) -> dict[str, Any]:
 def _gpu_name(record: Mapping[str, Any]) -> str | None:
     """The record's GPU, or None for a CPU run (also where a table gave the missing name as NaN)."""
     value = record.get("device_name")
-    return value if isinstance(value, str) and value else None
+    return value if isinstance(value, str) and value and device_key(value) != CPU else None
 
 
 def _precision(record: Mapping[str, Any]) -> str | None:
@@ -384,8 +384,7 @@ def _precision(record: Mapping[str, Any]) -> str | None:
 
 def default_records() -> list[dict[str, Any]]:
     """The lab's own results (``$LAB_RESULTS/runs.jsonl``) and the shipped reference results."""
-    from lab_helpers.compare import reference_dir
-    from lab_helpers.paths import results_dir
+    from lab_helpers.paths import reference_dir, results_dir
 
     paths = [results_dir() / "runs.jsonl", *sorted(reference_dir().glob("*.jsonl"))]
     records: list[dict[str, Any]] = []

@@ -1,4 +1,5 @@
-"""``prepare_ci``: every offline asset the ``ci`` profile needs, built once and cached."""
+"""``prepare_ci``: every offline asset the ``ci`` profile needs, built once and cached (``lab_helpers.prepare``
+is the one entry point that prepares a profile; this module only builds the ci set)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,20 @@
+"""The multi-GPU launcher: the Lightning Trainer with a strategy, one process per rank (``lab_helpers.distributed``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lab_helpers.experiments import ResolvedRun
+
+
+class LightningStrategyLauncher:
+    name = "lightning-strategy"
+    supports_quick = False  # quick mode reorders litgpt's data loader; the Lightning script has no such hook yet
+
+    def command(self, run: ResolvedRun, run_dir: Path) -> list[str]:
+        from lab_helpers.distributed.command import build_command
+
+        return build_command(run, run_dir)
+
+    def ranks(self, run: ResolvedRun) -> list[int | None]:
+        return list(range(run.world_size))

@@ -1,0 +1,27 @@
+"""The single-GPU launcher: litgpt's own CLI in one process, wrapped by ``child_litgpt`` to report what it measures."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+
+from lab_helpers.experiments import ResolvedRun, runnable_recipe
+
+RECIPE_FILENAME = "recipe.yaml"
+
+
+class LitgptCliLauncher:
+    name = "litgpt-cli"
+    supports_quick = True
+
+    def command(self, run: ResolvedRun, run_dir: Path) -> list[str]:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        recipe_file = run_dir / RECIPE_FILENAME
+        recipe = runnable_recipe(run.recipe, out_dir=run_dir / "out")
+        recipe_file.write_text(yaml.safe_dump(recipe, sort_keys=False))
+        return [sys.executable, "-m", "lab_helpers.child_litgpt", run.litgpt_command, "--config", str(recipe_file)]
+
+    def ranks(self, run: ResolvedRun) -> list[int | None]:
+        return [None]

@@ -1,0 +1,52 @@
+"""The defaults a run is launched with, in one place: the command that runs it and the planner that predicts it
+both read them here, so a prediction cannot be made with other settings than the run it predicts
+(tests/test_settings_drift.py fails if they part).
+
+Bottom layer: imports nothing from the lab.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+LORA_DEFAULTS: Mapping[str, Any] = {
+    "lora_r": 8,
+    "lora_alpha": 16,
+    "lora_dropout": 0.05,
+    "lora_query": True,
+    "lora_key": False,
+    "lora_value": True,
+    "lora_projection": False,
+    "lora_mlp": False,
+    "lora_head": False,
+}
+"""``litgpt finetune_lora``'s own defaults (its ``setup`` signature): what trains when a recipe leaves a LoRA key
+out. The lab's recipes set every key (LAB.md: r32 on all linear layers)."""
+
+LAUNCH_OPTION_DEFAULTS: Mapping[str, Any] = {
+    "wrap": "block",  # FSDP unit: each transformer Block ("none": the whole model)
+    "fsdp_impl": "auto",  # fsdp1 | fsdp2 | auto (by hardware)
+    "offload_optimizer": None,  # None: True for DeepSpeed ZeRO-3 (the lab's offload runs), False elsewhere
+    "pin_memory": True,  # DeepSpeed's offloaded optimizer states in pinned host memory
+}
+"""Launch settings of a ``lightning-strategy`` experiment (``options:`` in configs/experiments/multi.yaml)."""
+
+OFFLOADING_STRATEGIES = ("deepspeed-zero3",)
+"""Strategies that can move the optimizer to the host (the planner models offload for these only)."""
+
+
+def launch_options(strategy: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """An experiment's ``options`` over ``LAUNCH_OPTION_DEFAULTS``, every default made concrete."""
+    merged = {**LAUNCH_OPTION_DEFAULTS, **(options or {})}
+    if merged["offload_optimizer"] is None:
+        merged["offload_optimizer"] = strategy in OFFLOADING_STRATEGIES
+    return merged
+
+
+def lora_settings(recipe: Mapping[str, Any]) -> dict[str, Any]:
+    """Every LoRA setting the run trains with: the recipe's, else litgpt's default. Empty for a recipe with
+    no LoRA key (full fine-tuning)."""
+    if not any(str(key).startswith("lora_") for key in recipe):
+        return {}
+    return {key: recipe.get(key, default) for key, default in LORA_DEFAULTS.items()}

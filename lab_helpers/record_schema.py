@@ -1,0 +1,198 @@
+"""The run record and the training process's report: every field, its unit, and the constants they share.
+
+Why one module: a record is written once and read for years (students' results files, the reference results
+shipped with the lab), by the lab, the comparison tables, the multi-GPU notebook and the reference export.
+When each of them restated the columns, a field added in one place went missing in another. Here each field
+is named once with its unit; writers check against it and readers conform to it. It imports nothing from the
+lab (it is the bottom layer), so any module can use it without a cycle.
+
+Units: GiB are 2^30 bytes everywhere (litgpt prints GB = 10^9: say so where one is shown beside the other).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+GIB = 2**30
+"""Bytes in a GiB: every memory figure of the lab is in GiB (2^30 bytes)."""
+
+PRECISIONS: tuple[str, ...] = ("32-true", "bf16-true", "bf16-mixed", "16-true", "16-mixed", "transformer-engine")
+"""The precisions litgpt's CLI accepts: what a recipe may say."""
+
+PLANNED_PRECISIONS: tuple[str, ...] = PRECISIONS[:5]
+"""The subset the planner models (transformer-engine's fp8 layers are not)."""
+
+STATUSES: tuple[str, ...] = ("ok", "oom", "error", "interrupted", "timeout", "skipped")
+"""A record's status. A training process reports only the first four; the lab adds timeout and skipped."""
+
+REPORT_STATUSES: tuple[str, ...] = STATUSES[:4]
+
+BREAKDOWN_PARTS: tuple[str, ...] = (
+    "parameters",
+    "gradients",
+    "optimizer_states",
+    "activations",
+    "temporaries",
+    "communication_buffers",
+    "cuda_context",
+)
+"""The parts of a GPU's memory the planner predicts (``predicted.breakdown_gib``) and the plots stack, in order."""
+
+LAUNCHERS: tuple[str, ...] = ("litgpt-cli", "lightning-strategy")
+"""How an experiment's training process is started: litgpt's own CLI (one process, the single-GPU section) or
+the Lightning Trainer with a strategy (lab_helpers.distributed). Both train with Lightning."""
+
+LEGACY_KIND_TO_LAUNCHER = {"litgpt": "litgpt-cli", "lightning": "lightning-strategy"}
+"""The experiment YAML's old ``kind:`` key, still read (both kinds were Lightning, so the name misled)."""
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field: its name, unit (None for text, mappings and flags) and what it means."""
+
+    name: str
+    unit: str | None
+    doc: str
+
+
+def _fields(*rows: tuple[str, str | None, str]) -> tuple[Field, ...]:
+    return tuple(Field(*row) for row in rows)
+
+
+REPORT_FIELDS: tuple[Field, ...] = _fields(
+    ("status", None, "ok | oom | error | interrupted"),
+    ("error", None, "the allocator's OOM message or the tail of the traceback"),
+    ("rank", None, "global rank; None for a single process"),
+    ("world_size", "processes", "ranks of the run"),
+    ("peak_alloc_gib", "GiB", "torch.cuda.max_memory_allocated over the training loop; None on a CPU, never 0"),
+    ("peak_reserved_gib", "GiB", "torch.cuda.max_memory_reserved over the training loop; None on a CPU"),
+    ("peak_tensor_gib", "GiB", "on a CPU: the peak of live tensor bytes over training (tensor_peak)"),
+    ("train_s", "s", "inside the training loop after the warm-up step, validation excluded"),
+    ("warmup_s", "s", "the first optimizer step's iterations (None: not timed apart)"),
+    ("warmup_iterations", "micro-batches", "micro-batches of warm-up (0: the run was too short to exclude any)"),
+    ("tokens", "tokens", "training tokens without padding inside train_s"),
+    ("tokens_padded", "tokens", "training tokens with padding inside train_s"),
+    ("samples", "samples", "samples inside train_s"),
+    ("iterations", "micro-batches", "micro-batches inside train_s"),
+    ("device_name", None, "the GPU's name, or 'cpu (<processor>)' on a CPU"),
+    ("device_uuid", None, "the GPU this rank used, as NVML names it ('GPU-...'): maps NVML readings"),
+    ("strategy_used", None, "e.g. 'fsdp2 (ModelParallelStrategy)' when a fallback ran"),
+)
+"""What every training process (the litgpt child, each Lightning rank) reports back to the launcher."""
+
+REPORT_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in REPORT_FIELDS)
+
+
+def _reported(*names: str) -> tuple[Field, ...]:
+    """Report fields a record carries as they were reported: same name, same unit."""
+    by_name = {f.name: f for f in REPORT_FIELDS}
+    return tuple(by_name[name] for name in names)
+
+PER_ITERATION_KEYS: tuple[str, ...] = ("iter", "loss", "iter_time_s", "tokens")
+"""One row per logged iteration (``per_iteration``): iteration number, loss, seconds, tokens so far."""
+
+RECORD_FIELDS: tuple[Field, ...] = _reported(
+    "rank", "world_size", "error", "peak_alloc_gib", "peak_reserved_gib", "peak_tensor_gib", "train_s", "warmup_s",
+    "warmup_iterations", "tokens", "tokens_padded", "iterations", "device_name", "device_uuid", "strategy_used",
+) + _fields(
+    # who and what
+    ("run_id", None, "unique: start time, experiment, random suffix"),
+    ("experiment", None, "the experiment's id (configs/experiments/*.yaml)"),
+    ("section", None, "single | multi"),
+    ("profile", None, "ci | gpu"),
+    ("mode", None, "full | quick (quick_mode: until the peak and a steady step time are measured)"),
+    ("started_at", None, "ISO time, UTC"),
+    ("method", None, "full | lora | qlora"),
+    ("strategy", None, "single | ddp | fsdp | deepspeed-zero3"),
+    ("recipe_path", None, "the recipe the experiment starts from"),
+    ("overrides", None, "dotted-key overrides given for this run"),
+    ("config", None, "the full resolved recipe (secrets masked)"),
+    ("environment", None, "GPU names, driver, CUDA, package versions"),
+    ("random_weights", None, "the checkpoint has random weights (time and memory valid, loss not)"),
+    ("time_limit_s", "s", "the wall-clock limit the run had (None: none)"),
+    # prediction
+    ("predicted_peak_alloc_gib", "GiB", "the planner's predicted peak allocated memory per GPU"),
+    ("predicted", None, "the planner's whole MemoryPlan (breakdown_gib per part, host_gib, ...)"),
+    ("prediction_error", None, "why there is no prediction"),
+    # outcome
+    ("status", None, " | ".join(STATUSES)),
+    ("reason", None, "one line: why the run did not end ok, or was skipped"),
+    ("returncode", None, "exit code of the launched process"),
+    ("log_error", None, "why the log is incomplete (e.g. the disk filled up)"),
+    # memory
+    ("gpu_used_peak_gib", "GiB", "NVML 'memory used' peak of this rank's GPU during the run"),
+    ("gpu_used_peak_gib_per_gpu", "GiB", "NVML 'memory used' peak per GPU index"),
+    ("host_rss_peak_gib", "GiB", "peak resident memory of the run's process tree"),
+    # time and throughput
+    ("wall_s", "s", "from launch to exit"),
+    ("tokens_per_s", "tokens/s", "tokens / train_s"),
+    ("tokens_per_s_padded", "tokens/s", "tokens_padded / train_s"),
+    ("flops_per_step", "FLOP", "model FLOPs of one micro-batch (forward + backward), the MFU numerator's unit"),
+    ("gpu_peak_flops", "FLOP/s", "the GPU's dense peak for the precision, from the lab's peak table"),
+    ("mfu", "fraction", "flops_per_step x iterations / train_s / gpu_peak_flops (derived; None on a CPU)"),
+    ("mfu_error", None, "why flops_per_step could not be counted"),
+    ("per_iteration", None, "rows of " + ", ".join(PER_ITERATION_KEYS) + " (iter_time_s in s)"),
+    ("timeline_path", None, "the sampled GPU/host timeline (CSV), relative to the results folder"),
+    ("log_path", None, "the run's output, relative to the results folder"),
+    ("reference_note", None, "export-reference: where and how the reference run was made"),
+)
+"""One record per run (per rank where there are several): the rank's report fields as reported, and what the lab
+adds around them. Old records may lack later fields: readers conform."""
+
+RECORD_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in RECORD_FIELDS)
+UNITS: dict[str, str | None] = {f.name: f.unit for f in RECORD_FIELDS}
+
+_NUMERIC_UNITS = {"GiB", "s", "tokens", "tokens/s", "micro-batches", "FLOP", "FLOP/s", "fraction", "processes"}
+
+
+def record_problems(record: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a record against the schema: unknown fields, a non-number where a unit is, a bad status."""
+    problems = [f"unknown field {key!r}" for key in record if key not in UNITS]
+    if record.get("status") not in STATUSES:
+        problems.append(f"status {record.get('status')!r} is not one of {', '.join(STATUSES)}")
+    for key, unit in UNITS.items():
+        value = record.get(key)
+        if value is None or unit not in _NUMERIC_UNITS:
+            continue
+        values = value.values() if isinstance(value, Mapping) else [value]
+        if any(isinstance(v, bool) or not isinstance(v, int | float) for v in values):
+            problems.append(f"{key} ({unit}) is not a number: {value!r}")
+    return problems
+
+
+def conform(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored record with every schema field present (None where an older record lacks it), MFU derived.
+
+    Unknown fields are kept (a newer lab may have written them). Never raises on a record's values.
+    """
+    out = {name: record.get(name) for name in RECORD_FIELD_NAMES}
+    out.update({k: v for k, v in record.items() if k not in out})
+    if out["mfu"] is None:
+        out["mfu"] = derived_mfu(out)
+    return out
+
+
+def rate(count: float | None, seconds: float | None) -> float | None:
+    """count per second, or None when either is missing or not positive (never 0 for "unknown")."""
+    if not _positive(count) or not _positive(seconds):
+        return None
+    return float(count) / float(seconds)  # type: ignore[arg-type]
+
+
+def derived_mfu(record: Mapping[str, Any]) -> float | None:
+    """MFU from the record's raw inputs (flops_per_step, iterations, train_s, gpu_peak_flops); None if any is
+    missing. Pure arithmetic: it cannot fail, so a finished run's record never depends on it."""
+    values = [record.get(k) for k in ("flops_per_step", "iterations", "train_s", "gpu_peak_flops")]
+    if not all(_positive(v) for v in values):
+        return None
+    flops, iterations, train_s, peak = (float(v) for v in values)
+    return flops * iterations / train_s / peak
+
+
+def _positive(value: Any) -> bool:
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    )
