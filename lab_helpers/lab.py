@@ -294,9 +294,27 @@ def _plan(run: ResolvedRun, gpu_memory_gib: float | None):
     recipe_json = json.dumps(runnable_recipe(run.recipe), sort_keys=True, default=str)
     offload = bool(run.experiment.options.get("offload_optimizer", False))
     device = "cuda" if torch.cuda.is_available() else "cpu"  # a CPU run is compared with its live tensor bytes
+    extras = tuple(sorted(planner_options(run).items()))  # the experiment's options the planner models
     return _cached_plan(
-        recipe_json, run.devices * run.experiment.num_nodes, run.experiment.strategy, offload, gpu_memory_gib, device
+        recipe_json,
+        run.devices * run.experiment.num_nodes,
+        run.experiment.strategy,
+        offload,
+        gpu_memory_gib,
+        device,
+        extras,
     )
+
+
+def planner_options(run: ResolvedRun) -> dict[str, Any]:
+    """Experiment options (configs/experiments/*.yaml) that change memory, as ``plan_recipe`` keywords."""
+    options = run.experiment.options
+    extras: dict[str, Any] = {}
+    if options.get("activation_checkpointing"):
+        extras["activation_checkpointing"] = True
+    if options.get("sharding") == "grad-op":
+        extras["fsdp_reshard_after_forward"] = False
+    return extras
 
 
 @functools.lru_cache(maxsize=64)
@@ -307,6 +325,7 @@ def _cached_plan(
     offload_optimizer: bool,
     gpu_memory_gib: float | None,
     device: str = "cuda",
+    extras: tuple[tuple[str, Any], ...] = (),
 ):
     from lab_helpers.planner import plan_recipe
 
@@ -317,6 +336,7 @@ def _cached_plan(
         offload_optimizer=offload_optimizer,
         gpu_memory_gib=gpu_memory_gib,
         device=device,
+        **dict(extras),
     )
 
 
@@ -386,7 +406,12 @@ def _command_for(run: ResolvedRun, run_dir: Path) -> list[str]:
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe_file = run_dir / "recipe.yaml"
     recipe_file.write_text(yaml.safe_dump(runnable_recipe(run.recipe, out_dir=run_dir / "out"), sort_keys=False))
-    return [sys.executable, "-m", "lab_helpers.child_litgpt", run.litgpt_command, "--config", str(recipe_file)]
+    argv = [sys.executable, "-m", "lab_helpers.child_litgpt", run.litgpt_command, "--config", str(recipe_file)]
+    if run.experiment.options.get("activation_checkpointing"):  # litgpt has no such flag on one device
+        from lab_helpers.activation_checkpointing import FLAG
+
+        argv.append(FLAG)
+    return argv
 
 
 def _total_iterations(run: ResolvedRun) -> int | None:
