@@ -191,14 +191,21 @@ def deepspeed_zero3(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
         if p.kind in ("fwd", "bwd", "val"):
             parts["communication_buffers"] = gathered + (buckets if p.kind == "bwd" else 0)
         out.append(DeviceBreakdown(parts, p.name))
+    return _deepspeed_worst(out, spec, trace)
+
+
+def _deepspeed_worst(
+    out: list[DeviceBreakdown], spec: TrainingSpec, trace: TraceResult, note: str = ""
+) -> DeviceBreakdown:
+    """The worst phase of a DeepSpeed run, with NCCL's buffers and the host memory of the offloaded states."""
     best = _max(out)
     best.outside_allocator_bytes = NCCL_BUFFERS_BYTES
-    offloaded = OFFLOADED_BYTES_PER_TRAINABLE_PARAM * trainable if spec.offload_optimizer else 0
+    offloaded = OFFLOADED_BYTES_PER_TRAINABLE_PARAM * trace.trainable_param_numel if spec.offload_optimizer else 0
     best.host_bytes = host_bytes(spec, trace, offloaded)
     if spec.offload_optimizer:
         best.notes.append(
             f"optimizer offload: {offloaded / GIB:.1f} GiB of fp32 master weights, Adam moments and gradients "
-            f"in host memory across {n} ranks"
+            f"in host memory across {spec.devices} ranks{note}"
         )
     return best
 
@@ -216,7 +223,9 @@ def deepspeed_zero2(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
     n = spec.devices
     trainable = trace.trainable_param_numel
     bytes_per = 4 if spec.precision == "32-true" else 2
-    buckets = 2 * min(DS_REDUCE_BUCKET_NUMEL, trainable) * bytes_per  # overlap_comm double-buffers
+    # stage 2 allocates its reduce buckets at the configured size whatever the model's (setup_buckets), two
+    # with overlap_comm
+    buckets = 2 * DS_REDUCE_BUCKET_NUMEL * bytes_per
     allgather = min(DS_ALLGATHER_BUCKET_NUMEL, trace.total_param_numel) * bytes_per
     master_and_moments = (OFFLOADED_BYTES_PER_TRAINABLE_PARAM - 4) * trainable // n
     out = []
@@ -231,16 +240,7 @@ def deepspeed_zero2(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
         if p.kind == "bwd":
             parts["communication_buffers"] = buckets
         out.append(DeviceBreakdown(parts, p.name))
-    best = _max(out)
-    best.outside_allocator_bytes = NCCL_BUFFERS_BYTES
-    offloaded = OFFLOADED_BYTES_PER_TRAINABLE_PARAM * trainable if spec.offload_optimizer else 0
-    best.host_bytes = host_bytes(spec, trace, offloaded)
-    if spec.offload_optimizer:
-        best.notes.append(
-            f"optimizer offload: {offloaded / GIB:.1f} GiB of fp32 master weights, Adam moments and gradients "
-            f"in host memory across {n} ranks; every GPU keeps all the weights (ZeRO-2 shards no parameters)"
-        )
-    return best
+    return _deepspeed_worst(out, spec, trace, "; every GPU keeps all the weights (ZeRO-2 shards no parameters)")
 
 
 STRATEGY_MODELS = {
