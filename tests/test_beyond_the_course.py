@@ -157,7 +157,8 @@ def test_grad_op_keeps_the_whole_model_gathered_while_full_shard_keeps_two_block
         assert grad_op.breakdown_gib[part] == full.breakdown_gib[part], part
     states = arithmetic.model_states("fsdp-grad-op")
     weights_gib = states.counts.total * states.trained.weights / GIB
-    assert grad_op.breakdown_gib["communication_buffers"] == pytest.approx(weights_gib, rel=0.01)
+    # the whole model's weights, plus (in backward) one block's unsharded gradients on their way to the shards
+    assert weights_gib <= grad_op.breakdown_gib["communication_buffers"] <= weights_gib * 1.05
     assert full.breakdown_gib["communication_buffers"] < weights_gib / 5
 
 

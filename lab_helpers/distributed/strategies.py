@@ -93,7 +93,7 @@ def make_strategy(
             from litgpt.model import Block
 
             strategy = FSDPStrategy(
-                sharding_strategy=SHARDINGS[sharding],
+                sharding_strategy="FULL_SHARD" if sharding == "full" else "SHARD_GRAD_OP",
                 auto_wrap_policy={Block} if wrap == "block" else None,
                 process_group_backend=backend,
                 timeout=collective_timeout(),
