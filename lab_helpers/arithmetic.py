@@ -61,10 +61,13 @@ def precision_bytes(precision: str) -> int:
     return _DTYPE_BYTES[head]
 
 
+EIGHT_BIT_OPTIMIZERS = ("adamw8bit", "pagedadamw8bit")  # bitsandbytes.optim.AdamW8bit / PagedAdamW8bit
+
+
 def optimizer_state_count(optimizer: str, optimizer_args: Mapping[str, Any] | None = None) -> int:
     """How many parameter-sized tensors the optimizer keeps: AdamW 2 moments, SGD 0 (1 with momentum)."""
     name = optimizer.rsplit(".", 1)[-1].lower()
-    if name in ("adamw", "adam", "pagedadamw", "deepspeedcpuadam"):
+    if name in ("adamw", "adam", "pagedadamw", "deepspeedcpuadam", *EIGHT_BIT_OPTIMIZERS):
         return 2
     if name == "sgd":
         return 1 if (optimizer_args or {}).get("momentum") else 0
@@ -75,9 +78,14 @@ def trainable_bytes(
     precision: str, optimizer: str = "AdamW", optimizer_args: Mapping[str, Any] | None = None, *, paged: bool = False
 ) -> BytesPerParam:
     """Bytes per *trained* parameter. Optimizer states take the weights' dtype (torch's AdamW does), except
-    bitsandbytes' paged AdamW (litgpt's QLoRA optimizer), which keeps 32-bit states."""
+    bitsandbytes' paged AdamW (litgpt's QLoRA optimizer), which keeps 32-bit states, and bitsandbytes' 8-bit
+    AdamW, which keeps each moment in 1 byte plus one fp32 scale (absmax) per block of 256 values."""
     weight = precision_bytes(precision)
     state = 4 if paged else weight
+    if optimizer.rsplit(".", 1)[-1].lower() in EIGHT_BIT_OPTIMIZERS:
+        from lab_helpers.planner.optim8bit import bytes_per_param
+
+        state = bytes_per_param() / 2  # per moment: 1 B + 4 B / 256
     transient = 2 if str(precision).endswith("-mixed") else 0  # autocast's half-precision weight copies
     return BytesPerParam(weight, weight, optimizer_state_count(optimizer, optimizer_args) * state, transient)
 
@@ -255,6 +263,72 @@ def _optimizer(value: Any) -> tuple[str, dict[str, Any]]:
     return str(value.get("class_path", "AdamW")).rsplit(".", 1)[-1], dict(value.get("init_args") or {})
 
 
+# ----------------------------------------------------------------------------------------------- communication
+
+
+@dataclass(frozen=True)
+class Communication:
+    """Bytes each GPU sends per optimizer step for one experiment's strategy, in units of Ψ.
+
+    Ψ is the model's weights in the training precision (what one gradient or one weight copy weighs). With ring
+    collectives every GPU sends (N - 1)/N of the data per all-gather or reduce-scatter, so per GPU:
+    DDP's all-reduce = reduce-scatter + all-gather = 2Ψ; FSDP FULL_SHARD (ZeRO-3) = all-gather (forward) +
+    all-gather (backward, the weights were freed after forward) + reduce-scatter (gradients) = 3Ψ; SHARD_GRAD_OP
+    (ZeRO-2) keeps the weights from forward to backward: 2Ψ; DeepSpeed ZeRO-2 = reduce-scatter of gradients +
+    all-gather of the updated weights = 2Ψ; ZeRO-3 = 3Ψ, like FULL_SHARD. Gradient accumulation multiplies the
+    FSDP/ZeRO-3 all-gathers by the micro-batches per step (each micro-batch gathers again); this counts one
+    micro-batch per step, the lower bound.
+    """
+
+    exp_id: str
+    strategy: str
+    psi_multiple: int  # model-sized transfers per step: 2 or 3
+    transfers: tuple[str, ...]
+    psi_gib: float  # Ψ: the weights in the training precision
+    ranks: int
+
+    @property
+    def per_gpu_gib(self) -> float:
+        """GiB each GPU sends per optimizer step with ring collectives: multiple x Ψ x (N - 1)/N."""
+        return self.psi_multiple * self.psi_gib * (self.ranks - 1) / self.ranks
+
+    def markdown(self) -> str:
+        return (
+            f"**{self.exp_id}** ({self.strategy}): {' + '.join(self.transfers)} = **{self.psi_multiple}Ψ** per step, "
+            f"Ψ = {self.psi_gib:.1f} GiB (the weights in the training precision); on {self.ranks} GPUs each sends "
+            f"{self.psi_multiple} × Ψ × ({self.ranks} − 1)/{self.ranks} = **{self.per_gpu_gib:.1f} GiB** per step"
+        )
+
+
+_TRANSFERS = {
+    "ddp": ("reduce-scatter (gradients)", "all-gather (gradients)"),
+    "fsdp": ("all-gather (forward)", "all-gather (backward)", "reduce-scatter (gradients)"),
+    "fsdp-grad-op": ("all-gather (forward)", "reduce-scatter (gradients)"),
+    "deepspeed-zero2": ("reduce-scatter (gradients)", "all-gather (updated weights)"),
+    "deepspeed-zero3": ("all-gather (forward)", "all-gather (backward)", "reduce-scatter (gradients)"),
+}
+
+
+def communication(exp_id: str, *, profile: str = "gpu", ranks: int = 4) -> Communication:
+    """Communication per optimizer step of a section-02 experiment on ``ranks`` GPUs (LAB.md's reference: 4)."""
+    from lab_helpers.experiments import resolve_path
+
+    run = resolved(exp_id, profile)
+    strategy = run.experiment.strategy
+    key = "fsdp-grad-op" if strategy == "fsdp" and run.experiment.options.get("sharding") == "grad-op" else strategy
+    if key not in _TRANSFERS:
+        raise ValueError(f"{exp_id} runs {strategy!r}: no communication between GPUs to count")
+    counts = count_params(str(resolve_path(run.recipe["checkpoint_dir"])))
+    psi = counts.total * precision_bytes(str(run.recipe.get("precision") or "bf16-true")) / GIB
+    words = "SHARD_GRAD_OP" if key == "fsdp-grad-op" else strategy
+    return Communication(exp_id, words, len(_TRANSFERS[key]), _TRANSFERS[key], psi, ranks)
+
+
+def show_communication(*exp_ids: str, profile: str = "gpu", ranks: int = 4) -> None:
+    """Display each experiment's communication per step (Markdown in a notebook, plain text elsewhere)."""
+    _display("\n\n".join(communication(e, profile=profile, ranks=ranks).markdown() for e in exp_ids))
+
+
 def offload_host_gib(exp_id: str, *, profile: str = "gpu") -> float:
     """Host RAM DeepSpeed's optimizer offload needs for ``exp_id``'s trained parameters, in GiB."""
     return model_states(exp_id, profile=profile).counts.trainable * OFFLOAD_HOST_BYTES_PER_PARAM / GIB
@@ -262,7 +336,10 @@ def offload_host_gib(exp_id: str, *, profile: str = "gpu") -> float:
 
 def show(exp_id: str, *, profile: str = "gpu") -> None:
     """Display the arithmetic as Markdown in a notebook (plain text elsewhere)."""
-    text = model_states(exp_id, profile=profile).markdown()
+    _display(model_states(exp_id, profile=profile).markdown())
+
+
+def _display(text: str) -> None:
     try:
         from IPython.display import Markdown, display
 

@@ -1,14 +1,16 @@
 """Entry point of a single-GPU training process: litgpt's own CLI, plus what only this process can measure.
 
-    python -m lab_helpers.child_litgpt finetune_full --config RUN_DIR/recipe.yaml
+    python -m lab_helpers.child_litgpt finetune_full --config RUN_DIR/recipe.yaml [--activation-checkpointing]
 
 litgpt prints memory only on CUDA, only allocated, and in GB, and its "training time" includes validation.
 This wrapper runs litgpt's unmodified CLI but wraps the finetune module's ``fit``, ``validate`` and
 ``get_dataloaders`` so that it can report peak allocated and reserved memory over training (on a CPU: the peak
 of live tensor bytes, ``tensor_peak``), seconds inside the training loop minus validation with the first
 optimizer step timed apart as warm-up, and the token counts of the timed part. In quick mode (``quick_mode``)
-the longest samples are trained right after the warm-up step. No weights are saved unless asked. A CUDA OOM
-ends the process with status ``oom`` and the allocator's message; the GPU is freed because the process is gone.
+the longest samples are trained right after the warm-up step. No weights are saved unless asked.
+``--activation-checkpointing`` (the lab's switch, not litgpt's) wraps every transformer block in
+``torch.utils.checkpoint`` before ``fit`` (``activation_checkpointing``). A CUDA OOM ends the process with
+status ``oom`` and the allocator's message; the GPU is freed because the process is gone.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from lab_helpers import activation_checkpointing
 from lab_helpers.child_report import (
     cuda_peaks_gib,
     device_name,
@@ -58,11 +61,15 @@ class _TrainingClock:
         self.epochs: int | None = None
         self.token_counts: dict[str, Any] = {}
         self.tensor_peak: LiveTensorPeak | None = None
+        self.checkpoint_blocks = False  # --activation-checkpointing: wrap every Block before litgpt's fit
 
     def wrap_fit(self, fit):
         def timed_fit(*args, **kwargs):
             reset_cuda_peaks()  # peak over the training run, not over loading the checkpoint
             model = _model_of(args, kwargs)
+            if self.checkpoint_blocks:
+                wrapped = activation_checkpointing.checkpoint_blocks(model)
+                print(f"lab: activation checkpointing on {wrapped} blocks (torch.utils.checkpoint, non-reentrant)")
             if not _on_cuda() and model is not None and os.environ.get(TENSOR_PEAK_ENV) != "0":
                 # a CPU has no max_memory_allocated: count live tensors (LAB_TENSOR_PEAK=0 turns it off)
                 self.tensor_peak = LiveTensorPeak()
@@ -229,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     start_orphan_guard()
     module = importlib.import_module(COMMANDS[argv[0]])
     clock = _TrainingClock()
+    if activation_checkpointing.FLAG in argv:  # the lab's switch, not litgpt's: litgpt's CLI never sees it
+        argv.remove(activation_checkpointing.FLAG)
+        clock.checkpoint_blocks = True
     module.fit = clock.wrap_fit(module.fit)
     module.validate = clock.wrap_excluded(module.validate)
     module.generate_example = clock.wrap_excluded(module.generate_example)

@@ -54,6 +54,11 @@ _STRATEGY_LINES = {
         "trainer = L.Trainer(devices=N, precision=PRECISION,",
         '                    strategy=FSDPStrategy(sharding_strategy="FULL_SHARD", auto_wrap_policy={Block}))',
     ],
+    "deepspeed-zero2": [
+        "from lightning.pytorch.strategies import DeepSpeedStrategy",
+        "trainer = L.Trainer(devices=N, precision=PRECISION,",
+        "                    strategy=DeepSpeedStrategy(stage=2, offload_optimizer=True, pin_memory=True))",
+    ],
     "deepspeed-zero3": [
         "from lightning.pytorch.strategies import DeepSpeedStrategy",
         "trainer = L.Trainer(devices=N, precision=PRECISION,",
@@ -69,6 +74,8 @@ def strategy_lines(exp_id: str) -> str:
     if not experiment.distributed:
         raise ValueError(f"{exp_id} is not a section-02 (Lightning) experiment")
     lines = list(_STRATEGY_LINES[experiment.strategy])
+    if experiment.options.get("sharding") == "grad-op":  # FSDP's ZeRO-2 form
+        lines = [line.replace('"FULL_SHARD"', '"SHARD_GRAD_OP"') for line in lines]
     if experiment.num_nodes > 1:
         per_node = f"devices={experiment.devices}, num_nodes={experiment.num_nodes}"
         lines = [line.replace("devices=N", per_node) for line in lines]
@@ -76,11 +83,25 @@ def strategy_lines(exp_id: str) -> str:
     return "\n".join(lines)
 
 
+ACTIVATION_CHECKPOINTING_NOTE = "\n".join(
+    [
+        "plus activation checkpointing, which litgpt 0.5.13's finetune_full has no flag for on one device; the lab",
+        "runs it as `python -m lab_helpers.child_litgpt finetune_full --config ... --activation-checkpointing`, which",
+        "wraps every Block before litgpt's fit (lab_helpers/activation_checkpointing.py). In your own script:",
+        "  import functools\n  from torch.utils.checkpoint import checkpoint",
+        "  for block in model.transformer.h:",
+        "      block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)",
+    ]
+)
+
+
 def show_commands(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None) -> None:
     """Print the equivalent litgpt command (and, for 02, the Lightning strategy lines)."""
     lightning = get_experiment(exp_id).distributed
     what = "the same recipe on one GPU with litgpt's CLI" if lightning else "the same run with litgpt's CLI"
     print(f"{what}:\n  " + litgpt_command(exp_id, profile=profile, overrides=overrides))
+    if get_experiment(exp_id).options.get("activation_checkpointing"):
+        print(ACTIVATION_CHECKPOINTING_NOTE)
     if lightning:
         print("in your own Lightning script, the lines that change:\n  " + strategy_lines(exp_id).replace("\n", "\n  "))
 

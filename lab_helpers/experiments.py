@@ -462,15 +462,27 @@ def _generated_data_for_random_weights(recipe: dict[str, Any]) -> dict[str, Any]
     }
 
 
+def bitsandbytes_use(method: str, recipe: Mapping[str, Any]) -> str | None:
+    """What the run needs bitsandbytes for ("QLoRA", "8-bit AdamW"), or None: its kernels need CUDA."""
+    if method == "qlora":
+        return "QLoRA"
+    optimizer = recipe.get("optimizer")
+    path = optimizer.get("class_path", "") if isinstance(optimizer, Mapping) else str(optimizer or "")
+    if path.startswith(("bitsandbytes.", "bnb.")):
+        return "8-bit AdamW" if "8bit" in path else path.rsplit(".", 1)[-1]
+    return None
+
+
 def hardware_skip_reason(experiment: Experiment, recipe: Mapping[str, Any]) -> str | None:
     """Why this machine cannot run the experiment at all (recorded as `skipped`), or None."""
     import torch
 
     has_cuda = torch.cuda.is_available()
+    bnb = bitsandbytes_use(experiment.method, recipe)
     if "cuda" in experiment.needs and not has_cuda:
-        what = "bitsandbytes QLoRA" if experiment.method == "qlora" else "this experiment"
+        what = f"bitsandbytes {bnb}" if bnb else "this experiment"
         return f"needs CUDA: {what} cannot run on a CPU"
-    if has_cuda and experiment.method == "qlora" and importlib.util.find_spec("bitsandbytes") is None:
+    if has_cuda and bnb and importlib.util.find_spec("bitsandbytes") is None:
         from lab_helpers.node import bitsandbytes_install_command
 
         return f"needs bitsandbytes, which is not installed: {bitsandbytes_install_command()}"

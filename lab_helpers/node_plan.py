@@ -6,8 +6,8 @@ sentence the student reads and in the notebook's final check. This module makes 
 :func:`lab_helpers.node.describe_node` reports it (a plain dict, so tests can give recorded nodes: an H200, an
 A10G, a V100, four H100s, none) and from the planner's predictions for "does it fit":
 
-* **no GPU** -- the ``ci`` profile: every experiment on tiny CPU stand-ins; QLoRA is skipped (bitsandbytes'
-  4-bit kernels need CUDA);
+* **no GPU** -- the ``ci`` profile: every experiment on tiny CPU stand-ins; QLoRA and 8-bit AdamW are skipped
+  (bitsandbytes' kernels need CUDA);
 * **one GPU** -- section 02 runs what one GPU can show (``one-gpu``, DeepSpeed offload); DDP and FSDP on one
   rank would only measure ``one-gpu`` plus overhead, so they are skipped and say why;
 * **GPUs smaller than 80 GB** -- an experiment that does not fit is offered with a smaller micro batch (the
@@ -153,11 +153,15 @@ def _advice(predict: Predict) -> Predict:
 
 
 def _decide_ci(exp_id: str, experiment: Any, node: Mapping[str, Any], profile: str) -> Step:
-    from lab_helpers.experiments import check_profile
+    from lab_helpers.arithmetic import resolved
+    from lab_helpers.experiments import bitsandbytes_use, check_profile
 
     stand_in = check_profile(profile)["models"][experiment.model]
     if "cuda" in experiment.needs and not node.get("gpus"):
-        return Step(exp_id, profile, True, {}, "skipped", "needs CUDA (bitsandbytes 4-bit kernels): recorded as skipped")
+        bnb = bitsandbytes_use(experiment.method, resolved(exp_id, profile).recipe)
+        kernels = {"QLoRA": "bitsandbytes 4-bit kernels", "8-bit AdamW": "bitsandbytes 8-bit optimizer kernels"}
+        why = kernels.get(bnb or "", f"bitsandbytes {bnb}" if bnb else "a CUDA GPU")
+        return Step(exp_id, profile, True, {}, "skipped", f"needs CUDA ({why}): recorded as skipped")
     where = "2 CPU processes over gloo play the GPUs" if experiment.section == "multi" else "on the CPU"
     return Step(
         exp_id,
@@ -201,10 +205,14 @@ def _missing_hardware(
 
     May add a smaller model to ``overrides`` for DeepSpeed offload when the host cannot hold the 13B's states.
     """
+    from lab_helpers.arithmetic import resolved
+    from lab_helpers.experiments import bitsandbytes_use
+
     gpus = node.get("gpus") or []
     packages = node.get("packages") or {}
-    if experiment.method == "qlora" and not packages.get("bitsandbytes"):
-        return "bitsandbytes is not installed (pip install 'lab_helpers[qlora]'): QLoRA is skipped"
+    bnb = bitsandbytes_use(experiment.method, resolved(experiment.id, profile).recipe)
+    if bnb and not packages.get("bitsandbytes"):
+        return f"bitsandbytes is not installed (pip install 'lab_helpers[qlora]'): {bnb} is skipped"
     if not experiment.distributed:
         return None
     ranks = (len(gpus) if experiment.devices == "all" else int(experiment.devices)) * experiment.num_nodes
@@ -381,7 +389,8 @@ def section_note(node: Mapping[str, Any], *, section: str, profile: str) -> str:
     gpus = node.get("gpus") or []
     if profile == "ci":
         return (
-            "ci profile: every experiment runs on tiny CPU stand-ins (QLoRA is skipped without CUDA); "
+            "ci profile: every experiment runs on tiny CPU stand-ins (QLoRA and 8-bit AdamW, bitsandbytes' CUDA "
+            "kernels, are skipped); "
             f"{reference_hint()}"
         )
     if section == "multi" and len(gpus) < 2:

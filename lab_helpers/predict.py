@@ -35,6 +35,8 @@ def planner_inputs(run: ResolvedRun, gpu_memory_gib: float | None, *, device: st
         "strategy": run.experiment.strategy,
         "offload_optimizer": bool(options["offload_optimizer"]),
         "fsdp_wrap_blocks": options["wrap"] == "block",
+        "fsdp_reshard_after_forward": options["sharding"] != "grad-op",  # grad-op: SHARD_GRAD_OP (ZeRO-2)
+        "activation_checkpointing": bool(options["activation_checkpointing"]),
         "gpu_memory_gib": gpu_memory_gib,
         "device": device,
     }

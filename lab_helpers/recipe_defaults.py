@@ -27,12 +27,15 @@ out. The lab's recipes set every key (LAB.md: r32 on all linear layers)."""
 LAUNCH_OPTION_DEFAULTS: Mapping[str, Any] = {
     "wrap": "block",  # FSDP unit: each transformer Block ("none": the whole model)
     "fsdp_impl": "auto",  # fsdp1 | fsdp2 | auto (by hardware)
-    "offload_optimizer": None,  # None: True for DeepSpeed ZeRO-3 (the lab's offload runs), False elsewhere
+    "sharding": "full",  # FSDP: full (FULL_SHARD, ZeRO-3) | grad-op (SHARD_GRAD_OP, ZeRO-2)
+    "offload_optimizer": None,  # None: True for the DeepSpeed strategies (the lab's offload runs), False elsewhere
     "pin_memory": True,  # DeepSpeed's offloaded optimizer states in pinned host memory
+    "activation_checkpointing": False,  # recompute each Block's activations in backward (litgpt-cli: child flag)
 }
-"""Launch settings of a ``lightning-strategy`` experiment (``options:`` in configs/experiments/multi.yaml)."""
+"""Launch settings of an experiment (``options:`` in configs/experiments/*.yaml); all but
+``activation_checkpointing`` concern ``lightning-strategy`` experiments only."""
 
-OFFLOADING_STRATEGIES = ("deepspeed-zero3",)
+OFFLOADING_STRATEGIES = ("deepspeed-zero2", "deepspeed-zero3")
 """Strategies that can move the optimizer to the host (the planner models offload for these only)."""
 
 

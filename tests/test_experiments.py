@@ -12,6 +12,7 @@ from lab_helpers.experiments import LabConfigError, load_experiments, resolve, r
 SHARED_LAB_SINGLE = [
     "baseline", "small-batch", "grad-accum", "bf16-true", "bf16-mixed", "full-3b", "full-7b", "full-13b",
     "full-13b-sgd", "lora-1b", "lora-3b", "lora-7b", "lora-13b", "qlora-7b",
+    "act-ckpt", "adamw-8bit",  # LAB.md's "Beyond the course", after the course's own matrix
 ]  # fmt: skip
 
 

@@ -46,6 +46,7 @@ def _check_same_settings(run, run_dir: Path) -> None:
         assert _arg(argv, "--strategy") == spec.strategy
         if spec.strategy == "fsdp":
             assert (_arg(argv, "--wrap") == "block") == spec.fsdp_wrap_blocks
+            assert (_arg(argv, "--sharding") in (None, "full")) == spec.fsdp_reshard_after_forward
         ds_path = _arg(argv, "--deepspeed-config")
         if ds_path:
             ds = json.loads(Path(ds_path).read_text())
@@ -53,6 +54,8 @@ def _check_same_settings(run, run_dir: Path) -> None:
             assert ("offload_optimizer" in ds["zero_optimization"]) == spec.offload_optimizer
         else:
             assert spec.offload_optimizer is False
+    else:  # one device: litgpt's CLI, which has no checkpointing flag of its own; the child applies it
+        assert ("--activation-checkpointing" in argv) == spec.activation_checkpointing
     recipe = yaml.safe_load((run_dir / "recipe.yaml").read_text())
     assert lora_settings(recipe) == spec.lora  # the LoRA the process trains is the LoRA the planner models
 

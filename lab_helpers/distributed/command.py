@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from lab_helpers.distributed.deepspeed_config import deepspeed_config
+from lab_helpers.distributed.deepspeed_config import ZERO_STAGES, deepspeed_config
 from lab_helpers.experiments import ResolvedRun, runnable_recipe
 
 RECIPE_FILENAME = "recipe.yaml"
@@ -63,12 +63,15 @@ def build_command(run: ResolvedRun, run_dir: Path) -> list[str]:
     ]
     if strategy == "fsdp":
         argv += ["--wrap", str(opts["wrap"]), "--fsdp-impl", str(opts["fsdp_impl"])]
-    if strategy == "deepspeed-zero3":
+        if opts["sharding"] != "full":  # grad-op: SHARD_GRAD_OP (ZeRO-2); the default stays off the command line
+            argv += ["--sharding", str(opts["sharding"])]
+    if strategy in ZERO_STAGES:
         config = deepspeed_config(
             recipe,
             world_size=run.world_size,
             offload_optimizer=bool(opts["offload_optimizer"]),
             pin_memory=bool(opts["pin_memory"]),
+            stage=ZERO_STAGES[strategy],
         )
         ds_path = run_dir / DEEPSPEED_FILENAME
         ds_path.write_text(json.dumps(config, indent=2))

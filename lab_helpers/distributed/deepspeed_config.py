@@ -1,10 +1,13 @@
-"""The DeepSpeed configuration the lab generates for ZeRO-3 with the optimizer offloaded to the CPU.
+"""The DeepSpeed configuration the lab generates for ZeRO-3 (or ZeRO-2) with the optimizer offloaded to the CPU.
 
 One function builds it from the recipe, so the JSON a student can read in the run folder, the object the
 training process hands to Lightning's ``DeepSpeedStrategy`` and the unit tests all see the same thing.
 Why these settings: stage 3 shards parameters, gradients and optimizer states across ranks; offloading the
 optimizer moves the 12 bytes/param of fp32 master weights and Adam moments to host RAM, where
 ``DeepSpeedCPUAdam`` (a vectorised C++ Adam) steps them while the GPU waits: the idle gap in the timeline.
+Stage 2 (the ``deepspeed-zero2`` strategy, the 8B blog run's setup) shards only gradients and optimizer
+states: every GPU keeps all the weights, so forward and backward gather nothing; its bucket sizes are written
+out so that the planner (``planner.analytic.deepspeed_zero2``) and the run use the same ones.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ __all__ = ["CPU_ADAM_CLASS", "cpu_adam_kwargs", "deepspeed_config", "gradient_ac
 
 # DeepSpeed's optimizer for offloaded states; the training script instantiates it (see optimizer_kwargs).
 CPU_ADAM_CLASS = "deepspeed.ops.adam.DeepSpeedCPUAdam"
+ZERO_STAGES = {"deepspeed-zero2": 2, "deepspeed-zero3": 3}  # the lab's strategy names -> ZeRO stage
 
 
 def deepspeed_config(
@@ -26,8 +30,9 @@ def deepspeed_config(
     world_size: int,
     offload_optimizer: bool = True,
     pin_memory: bool = True,
+    stage: int = 3,
 ) -> dict[str, Any]:
-    """ZeRO-3 config for ``recipe`` on ``world_size`` ranks (JSON-ready; Lightning's ``DeepSpeedStrategy(config=...)``).
+    """ZeRO-``stage`` config for ``recipe`` on ``world_size`` ranks (JSON-ready; ``DeepSpeedStrategy(config=...)``).
 
     The optimizer itself is not in the config: Lightning passes the ``DeepSpeedCPUAdam`` built by the
     module's ``configure_optimizers`` to ``deepspeed.initialize`` (``zero_allow_untested_optimizer`` lets
@@ -35,14 +40,17 @@ def deepspeed_config(
     """
     precision = str(recipe.get("precision") or "32-true")
     train = recipe.get("train") or {}
-    zero: dict[str, Any] = {
-        "stage": 3,
-        "overlap_comm": True,
-        "contiguous_gradients": True,
+    if stage not in (2, 3):
+        raise ValueError(f"ZeRO stage {stage!r}: the lab runs stage 2 or 3")
+    zero: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
+    if stage == 3:
         # gather / release parameters per module; these are DeepSpeed's defaults written out for the student
-        "stage3_prefetch_bucket_size": 50_000_000,
-        "stage3_param_persistence_threshold": 100_000,
-    }
+        zero.update({"stage3_prefetch_bucket_size": 50_000_000, "stage3_param_persistence_threshold": 100_000})
+    else:
+        from lab_helpers.planner.analytic import DS_ALLGATHER_BUCKET_NUMEL, DS_REDUCE_BUCKET_NUMEL
+
+        # gradients leave through reduce buckets; updated weights come back through all-gather buckets
+        zero.update({"reduce_bucket_size": DS_REDUCE_BUCKET_NUMEL, "allgather_bucket_size": DS_ALLGATHER_BUCKET_NUMEL})
     if offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin_memory}
     config: dict[str, Any] = {
@@ -66,7 +74,7 @@ def optimizer_class_path(recipe: Mapping[str, Any], *, strategy: str, offload_op
     A torch optimizer cannot step states that ZeRO keeps in host memory efficiently; DeepSpeed requires its
     CPU Adam there. Otherwise the recipe's own optimizer (``torch.optim.AdamW`` in the lab's recipes).
     """
-    if strategy == "deepspeed-zero3" and offload_optimizer:
+    if strategy in ZERO_STAGES and offload_optimizer:
         return CPU_ADAM_CLASS
     optimizer = recipe.get("optimizer") or "AdamW"
     path = optimizer if isinstance(optimizer, str) else optimizer.get("class_path", "torch.optim.AdamW")

@@ -13,9 +13,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-STRATEGIES = ("single", "ddp", "fsdp", "deepspeed-zero3")
+STRATEGIES = ("single", "ddp", "fsdp", "deepspeed-zero2", "deepspeed-zero3")
 FSDP_IMPLS = ("auto", "fsdp1", "fsdp2")
 WRAP_POLICIES = ("block", "none")
+# FSDP sharding: full = FULL_SHARD (ZeRO-3: weights freed after each unit's forward, gathered again for backward);
+# grad-op = SHARD_GRAD_OP (ZeRO-2: weights kept from forward to backward; FSDP2's reshard_after_forward=False)
+SHARDINGS = {"full": "FULL_SHARD", "grad-op": "SHARD_GRAD_OP"}
 
 # How long a rank waits in a collective for a peer before giving up; a dead peer on gloo is usually noticed
 # at once (closed socket), this bounds the rest. Override with $LAB_DIST_TIMEOUT_S.
@@ -30,6 +33,7 @@ class StrategyChoice:
     label: str
     fsdp_impl: str | None = None  # "fsdp1" | "fsdp2" for fsdp, else None
     wrap: str | None = None  # "block" | "none" for fsdp
+    sharding: str | None = None  # "full" | "grad-op" for fsdp
 
 
 def collective_timeout() -> timedelta:
@@ -59,6 +63,7 @@ def make_strategy(
     wrap: str = "block",
     fsdp_impl: str = "auto",
     deepspeed_config: dict[str, Any] | None = None,
+    sharding: str = "full",
 ) -> StrategyChoice:
     """The strategy object for ``name`` on this hardware (imports are local: each pulls in heavy modules)."""
     if name not in STRATEGIES:
@@ -79,6 +84,8 @@ def make_strategy(
     if name == "fsdp":
         if wrap not in WRAP_POLICIES:
             raise ValueError(f"wrap {wrap!r} is not one of {', '.join(WRAP_POLICIES)}")
+        if sharding not in SHARDINGS:
+            raise ValueError(f"sharding {sharding!r} is not one of {', '.join(SHARDINGS)}")
         impl = resolve_fsdp_impl(fsdp_impl, on_cuda=on_cuda)
         wrap_words = "wrap per transformer block" if wrap == "block" else "one unit, no per-block wrap"
         if impl == "fsdp1":
@@ -86,12 +93,14 @@ def make_strategy(
             from litgpt.model import Block
 
             strategy = FSDPStrategy(
-                sharding_strategy="FULL_SHARD",
+                sharding_strategy="FULL_SHARD" if sharding == "full" else "SHARD_GRAD_OP",
                 auto_wrap_policy={Block} if wrap == "block" else None,
                 process_group_backend=backend,
                 timeout=collective_timeout(),
             )
-            return StrategyChoice(strategy, f"fsdp1 (FSDPStrategy, full shard, {wrap_words}, {where})", impl, wrap)
+            shard_words = "full shard" if sharding == "full" else "SHARD_GRAD_OP"
+            label = f"fsdp1 (FSDPStrategy, {shard_words}, {wrap_words}, {where})"
+            return StrategyChoice(strategy, label, impl, wrap, sharding)
         from lightning.pytorch.strategies import ModelParallelStrategy
 
         # pure data parallel over every rank; the module's configure_model applies fully_shard (FSDP2)
@@ -101,14 +110,15 @@ def make_strategy(
             process_group_backend=backend,
             timeout=collective_timeout(),
         )
-        return StrategyChoice(
-            strategy, f"fsdp2 (ModelParallelStrategy, fully_shard, {wrap_words}, {where})", impl, wrap
-        )
-    # deepspeed-zero3
+        reshard = "" if sharding == "full" else " reshard_after_forward=False (SHARD_GRAD_OP)"
+        label = f"fsdp2 (ModelParallelStrategy, fully_shard{reshard}, {wrap_words}, {where})"
+        return StrategyChoice(strategy, label, impl, wrap, sharding)
+    # deepspeed-zero2 | deepspeed-zero3
     if deepspeed_config is None:
-        raise ValueError("deepspeed-zero3 needs the DeepSpeed config (lab_helpers.distributed.deepspeed_config)")
+        raise ValueError(f"{name} needs the DeepSpeed config (lab_helpers.distributed.deepspeed_config)")
     offload = "offload_optimizer" in deepspeed_config.get("zero_optimization", {})
-    words = "deepspeed zero3 + cpu offload" if offload else "deepspeed zero3"
+    stage = deepspeed_config.get("zero_optimization", {}).get("stage", 3)
+    words = f"deepspeed zero{stage}" + (" + cpu offload" if offload else "")
     if on_cuda:
         from lightning.pytorch.strategies import DeepSpeedStrategy
 

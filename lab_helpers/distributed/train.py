@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from lab_helpers.distributed.strategies import FSDP_IMPLS, STRATEGIES, WRAP_POLICIES
+from lab_helpers.distributed.strategies import FSDP_IMPLS, SHARDINGS, STRATEGIES, WRAP_POLICIES
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,6 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--wrap", choices=WRAP_POLICIES, default="block", help="FSDP unit: each Block, or the whole model"
     )
     parser.add_argument("--fsdp-impl", choices=FSDP_IMPLS, default="auto")
+    parser.add_argument(
+        "--sharding", choices=tuple(SHARDINGS), default="full", help="FSDP: full (FULL_SHARD) or grad-op (SHARD_GRAD_OP)"
+    )
     parser.add_argument("--deepspeed-config", type=Path, help="DeepSpeed JSON written by build_command")
     parser.add_argument("--out-dir", type=Path, help="where Lightning may write (default: the recipe's out_dir)")
     return parser.parse_args(argv)
@@ -59,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         die_with_parent()
     args = parse_args(argv)
     on_cuda = _wants_cuda(args.accelerator)
-    if args.strategy == "deepspeed-zero3" and not on_cuda:
+    if args.strategy.startswith("deepspeed") and not on_cuda:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before anything imports deepspeed
 
     from lab_helpers.distributed import peers
@@ -109,7 +112,7 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
 
     ds_config = None
     offload = False
-    if args.strategy == "deepspeed-zero3":
+    if args.strategy.startswith("deepspeed"):
         ds_config = json.loads(args.deepspeed_config.read_text())
         # Lightning sets this from accumulate_grad_batches and refuses it in the config; the value is the same
         accum = int(ds_config.pop("gradient_accumulation_steps", accum))
@@ -121,6 +124,7 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
         wrap=args.wrap,
         fsdp_impl=args.fsdp_impl,
         deepspeed_config=ds_config,
+        sharding=args.sharding,
     )
     report.fields["strategy_used"] = choice.label
 
@@ -133,6 +137,7 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
         fsdp_impl=choice.fsdp_impl,
         wrap=choice.wrap,
         offload_optimizer=offload,
+        reshard_after_forward=choice.sharding != "grad-op",
     )
     data = build_data(recipe, checkpoint_dir)
     out_dir = args.out_dir or resolve_path(recipe.get("out_dir") or "out/multi")

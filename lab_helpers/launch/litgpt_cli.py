@@ -21,7 +21,12 @@ class LitgptCliLauncher:
         recipe_file = run_dir / RECIPE_FILENAME
         recipe = runnable_recipe(run.recipe, out_dir=run_dir / "out")
         recipe_file.write_text(yaml.safe_dump(recipe, sort_keys=False))
-        return [sys.executable, "-m", "lab_helpers.child_litgpt", run.litgpt_command, "--config", str(recipe_file)]
+        argv = [sys.executable, "-m", "lab_helpers.child_litgpt", run.litgpt_command, "--config", str(recipe_file)]
+        if run.options["activation_checkpointing"]:  # litgpt has no such flag on one device: the child applies it
+            from lab_helpers.activation_checkpointing import FLAG
+
+            argv.append(FLAG)
+        return argv
 
     def ranks(self, run: ResolvedRun) -> list[int | None]:
         return [None]

@@ -129,12 +129,16 @@ def _trainable_grad_bytes(spec: TrainingSpec, trace: TraceResult) -> int:
 def fsdp(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
     """FULL_SHARD: parameters, gradients and optimizer state are split over N ranks; each rank gathers the unit
     it computes (one block, with the next one prefetched) plus the root unit (embedding, head), which FSDP keeps
-    unsharded between forward and backward. Without per-block wrapping the whole model is one unit."""
+    unsharded between forward and backward. Without per-block wrapping the whole model is one unit.
+    SHARD_GRAD_OP (``fsdp_reshard_after_forward=False``, ZeRO-2): a unit gathered for the forward stays whole
+    until its backward, so at the turn from forward to backward every rank holds the whole model's weights --
+    one all-gather per step saved (2 instead of 3 model-sized transfers), the parameter sharding's saving lost
+    while the step runs."""
     n = spec.devices
     block, root, full = trace.block_param_bytes, trace.root_param_bytes, trace.param_bytes
     if spec.precision.endswith("-mixed"):  # fp32 shards, bf16 gathered copies
         block, root, full = block // 2, root // 2, full // 2
-    gathered_fwd = (root + 2 * block) if spec.fsdp_wrap_blocks else full
+    gathered_fwd = (root + 2 * block) if spec.fsdp_wrap_blocks and spec.fsdp_reshard_after_forward else full
     grad_unit = trace.block_param_bytes if spec.fsdp_wrap_blocks else trace.trainable_param_bytes
     if spec.method != "full":
         grad_unit = 0 if spec.fsdp_wrap_blocks else trace.trainable_param_bytes
@@ -187,19 +191,65 @@ def deepspeed_zero3(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
         if p.kind in ("fwd", "bwd", "val"):
             parts["communication_buffers"] = gathered + (buckets if p.kind == "bwd" else 0)
         out.append(DeviceBreakdown(parts, p.name))
+    return _deepspeed_worst(out, spec, trace)
+
+
+def _deepspeed_worst(
+    out: list[DeviceBreakdown], spec: TrainingSpec, trace: TraceResult, note: str = ""
+) -> DeviceBreakdown:
+    """The worst phase of a DeepSpeed run, with NCCL's buffers and the host memory of the offloaded states."""
     best = _max(out)
     best.outside_allocator_bytes = NCCL_BUFFERS_BYTES
-    offloaded = OFFLOADED_BYTES_PER_TRAINABLE_PARAM * trainable if spec.offload_optimizer else 0
+    offloaded = OFFLOADED_BYTES_PER_TRAINABLE_PARAM * trace.trainable_param_numel if spec.offload_optimizer else 0
     best.host_bytes = host_bytes(spec, trace, offloaded)
     if spec.offload_optimizer:
         best.notes.append(
             f"optimizer offload: {offloaded / GIB:.1f} GiB of fp32 master weights, Adam moments and gradients "
-            f"in host memory across {n} ranks"
+            f"in host memory across {spec.devices} ranks{note}"
         )
     return best
 
 
-STRATEGY_MODELS = {"single": single, "ddp": ddp, "fsdp": fsdp, "deepspeed-zero3": deepspeed_zero3}
+DS_ALLGATHER_BUCKET_NUMEL = 200_000_000  # ZeRO-2 allgather_bucket_size (the lab's config writes it out)
+
+
+def deepspeed_zero2(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
+    """ZeRO-2: every GPU keeps the whole model's weights (no parameter sharding, so nothing is gathered for
+    forward or backward); gradients leave the GPU through reduce buckets into partitions of 1/N; fp32 master
+    weights and Adam moments are partitioned. With the optimizer offloaded (the 8B blog run's setup) the fp32
+    master weights, moments and gradient partitions live in host memory (16 B/param in all, as for ZeRO-3) and
+    the GPU keeps the weights, the buckets and the activations; after the CPU step the updated weights come
+    back through an all-gather bucket."""
+    n = spec.devices
+    trainable = trace.trainable_param_numel
+    bytes_per = 4 if spec.precision == "32-true" else 2
+    # stage 2 allocates its reduce buckets at the configured size whatever the model's (setup_buckets), two
+    # with overlap_comm
+    buckets = 2 * DS_REDUCE_BUCKET_NUMEL * bytes_per
+    allgather = min(DS_ALLGATHER_BUCKET_NUMEL, trace.total_param_numel) * bytes_per
+    master_and_moments = (OFFLOADED_BYTES_PER_TRAINABLE_PARAM - 4) * trainable // n
+    out = []
+    for p in trace.phases:
+        parts = _parts(p, spec)
+        # a gradient is copied into the bucket as soon as it is computed and freed: only the partition stays
+        parts["gradients"] = 0 if spec.offload_optimizer else bytes_per * trainable // n
+        parts["optimizer_states"] = 0 if spec.offload_optimizer else master_and_moments
+        parts["temporaries"] -= p.step_temporaries
+        if p.kind == "step":
+            parts["temporaries"] += allgather if spec.offload_optimizer else allgather + 4 * trainable // n
+        if p.kind == "bwd":
+            parts["communication_buffers"] = buckets
+        out.append(DeviceBreakdown(parts, p.name))
+    return _deepspeed_worst(out, spec, trace, "; every GPU keeps all the weights (ZeRO-2 shards no parameters)")
+
+
+STRATEGY_MODELS = {
+    "single": single,
+    "ddp": ddp,
+    "fsdp": fsdp,
+    "deepspeed-zero2": deepspeed_zero2,
+    "deepspeed-zero3": deepspeed_zero3,
+}
 
 
 def gpu_used_bytes(breakdown: DeviceBreakdown, device: str = "cuda") -> int:

@@ -21,9 +21,10 @@ from lab_helpers.record_schema import PLANNED_PRECISIONS as PRECISIONS
 from .errors import PlanError
 
 Method = Literal["full", "lora", "qlora"]
-Strategy = Literal["single", "ddp", "fsdp", "deepspeed-zero3"]
+Strategy = Literal["single", "ddp", "fsdp", "deepspeed-zero2", "deepspeed-zero3"]
 
-STRATEGIES: tuple[str, ...] = ("single", "ddp", "fsdp", "deepspeed-zero3")
+STRATEGIES: tuple[str, ...] = ("single", "ddp", "fsdp", "deepspeed-zero2", "deepspeed-zero3")
+DEEPSPEED_STRATEGIES: tuple[str, ...] = ("deepspeed-zero2", "deepspeed-zero3")
 # litgpt.finetune.lora.setup's LoRA switches: which layers get adapters.
 LORA_LAYER_KEYS: tuple[str, ...] = (
     "lora_query",
@@ -34,7 +35,9 @@ LORA_LAYER_KEYS: tuple[str, ...] = (
     "lora_head",
 )
 # litgpt.finetune.lora.setup defaults, used when a recipe leaves a LoRA key out (one place: recipe_defaults).
-OPTIMIZERS: tuple[str, ...] = ("AdamW", "Adam", "SGD", "DeepSpeedCPUAdam")
+# bitsandbytes' 8-bit AdamW (``bitsandbytes.optim.AdamW8bit`` / ``PagedAdamW8bit``): both moments in 8 bits.
+EIGHT_BIT_OPTIMIZERS: tuple[str, ...] = ("AdamW8bit", "PagedAdamW8bit")
+OPTIMIZERS: tuple[str, ...] = ("AdamW", "Adam", "SGD", "DeepSpeedCPUAdam", *EIGHT_BIT_OPTIMIZERS)
 
 
 @dataclass
@@ -65,6 +68,9 @@ class TrainingSpec:
     optimizer_kwargs: dict = field(default_factory=dict)
     # bitsandbytes < 0.44 kept each 4-bit layer's input alive for backward; newer releases do not.
     bnb_saves_input: bool = False
+    # FSDP FULL_SHARD (ZeRO-3) frees each unit's gathered weights after its forward and gathers them again for
+    # backward; SHARD_GRAD_OP (ZeRO-2; FSDP2's reshard_after_forward=False) keeps them until backward.
+    fsdp_reshard_after_forward: bool = True
     # Fabric's FSDP no_backward_sync keeps *unsharded* gradients while accumulating (litgpt full.py uses it).
     fsdp_unsharded_grad_accumulation: bool = True
     # Run one validation forward (no grad, unchunked loss) as litgpt does every eval.interval steps.
@@ -111,12 +117,16 @@ class TrainingSpec:
             raise PlanError(f"gradient_accumulation_iters must be >= 1, got {self.gradient_accumulation_iters}")
         if self.optimizer not in OPTIMIZERS:
             raise PlanError(f"optimizer {self.optimizer!r} is not modelled; use one of {', '.join(OPTIMIZERS)}")
-        if self.offload_optimizer and self.strategy != "deepspeed-zero3":
-            raise PlanError("optimizer offload is modelled for --strategy deepspeed-zero3 only")
+        if self.offload_optimizer and self.strategy not in DEEPSPEED_STRATEGIES:
+            raise PlanError("optimizer offload is modelled for --strategy deepspeed-zero2 / deepspeed-zero3 only")
         if self.optimizer == "DeepSpeedCPUAdam" and not self.offload_optimizer:
             raise PlanError(
                 "DeepSpeedCPUAdam steps on the CPU: it needs --strategy deepspeed-zero3 --offload-optimizer"
             )
+        if self.optimizer in EIGHT_BIT_OPTIMIZERS and self.strategy in DEEPSPEED_STRATEGIES:
+            raise PlanError(f"{self.optimizer} is modelled on one GPU, DDP or FSDP, not under DeepSpeed")
+        if not self.fsdp_reshard_after_forward and self.strategy != "fsdp":
+            raise PlanError("reshard_after_forward=False (SHARD_GRAD_OP) is an FSDP setting: use --strategy fsdp")
         if self.method == "qlora":
             if not (self.quantize or "").startswith(("bnb.nf4", "bnb.fp4")):
                 raise PlanError(f"QLoRA needs quantize bnb.nf4 / bnb.nf4-dq, got {self.quantize!r}")
@@ -260,6 +270,7 @@ def spec_from_recipe(
     fsdp_wrap_blocks: bool = True,
     activation_checkpointing: bool | None = None,
     device: str = "cuda",
+    fsdp_reshard_after_forward: bool = True,
 ) -> TrainingSpec:
     """Read a litgpt finetune recipe into a :class:`TrainingSpec`.
 
@@ -270,7 +281,8 @@ def spec_from_recipe(
     module: no activation checkpointing unless asked, sharded gradient accumulation.
     The sequence length is ``train.max_seq_length`` capped by the model's block size and by ``data_max_len``.
     ``device="cpu"`` predicts the live tensor bytes of the same step on a CPU (no CUDA context, no cuBLAS
-    workspace): what the lab measures there as ``peak_tensor_gib``.
+    workspace): what the lab measures there as ``peak_tensor_gib``. ``fsdp_reshard_after_forward=False`` is
+    FSDP's SHARD_GRAD_OP (ZeRO-2): gathered weights stay whole from forward until backward.
     """
     from litgpt.args import TrainArgs
     from litgpt.finetune import full as litgpt_full
@@ -368,6 +380,7 @@ def spec_from_recipe(
         strategy=strategy,  # type: ignore[arg-type]
         offload_optimizer=offload_optimizer,
         fsdp_wrap_blocks=fsdp_wrap_blocks,
+        fsdp_reshard_after_forward=fsdp_reshard_after_forward,
         # litgpt finetune_full wraps each Block with FSDP *and* activation checkpointing on several devices.
         activation_checkpointing=(
             activation_checkpointing

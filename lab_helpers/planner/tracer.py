@@ -32,7 +32,8 @@ from .fake_modules import (
     quantize_linears,
     use_cuda_dropout,
 )
-from .spec import TrainingSpec
+from .optim8bit import AdamW8bitStandIn
+from .spec import EIGHT_BIT_OPTIMIZERS, TrainingSpec
 
 LORA_LM_HEAD_CHUNK = 128  # litgpt finetune/lora.py: model(input_ids, lm_head_chunk_size=128)
 
@@ -121,8 +122,10 @@ def _make_optimizer(spec: TrainingSpec, model: torch.nn.Module):
     kwargs = {k: v for k, v in spec.optimizer_kwargs.items() if k not in ("foreach", "fused", "capturable")}
     if spec.method == "qlora":
         return PagedAdamWStandIn(params)
-    if spec.optimizer == "DeepSpeedCPUAdam" or spec.strategy == "deepspeed-zero3":
-        return NoStateOptimizer(params)  # ZeRO-3 optimizer memory is analytic (see analytic.py)
+    if spec.optimizer == "DeepSpeedCPUAdam" or spec.strategy.startswith("deepspeed"):
+        return NoStateOptimizer(params)  # ZeRO optimizer memory is analytic (see analytic.py)
+    if spec.optimizer in EIGHT_BIT_OPTIMIZERS:  # bitsandbytes needs CUDA: its allocations, not its kernels
+        return AdamW8bitStandIn(params, paged=spec.optimizer.startswith("Paged"))
     cls = getattr(torch.optim, spec.optimizer, None)
     if cls is None:
         raise PlanError(f"optimizer {spec.optimizer!r} is not a torch.optim class")
