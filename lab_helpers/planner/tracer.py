@@ -54,6 +54,9 @@ class TraceResult:
     optimizer_state_bytes: int  # on the CUDA allocator after the last step
     paged_optimizer_bytes: int  # bnb paged state: GPU memory outside the caching allocator
     seconds: float
+    kept_alive_bytes: int = 0  # tensors litgpt keeps referenced beside the model (QLoRA's replaced embedding)
+    largest_weight_numel: int = 0  # the largest Linear weight (the quantization pass handles one at a time)
+    largest_param_bytes: int = 0  # the largest parameter tensor (a lazy load materializes one at a time)
     notes: list[str] = field(default_factory=list)
     # the recorded allocations and phases, kept so that another micro-batch size can be answered from them
     timeline: tuple[list[AllocRecord], list[Phase]] | None = field(default=None, repr=False, compare=False)
@@ -240,6 +243,9 @@ def trace(spec: TrainingSpec) -> TraceResult:
         block_param_numel=b.block_param_numel,
         seconds=a.seconds + b.seconds,
         notes=notes,
+        kept_alive_bytes=b.kept_alive_bytes,
+        largest_weight_numel=b.largest_weight_numel,
+        largest_param_bytes=b.largest_param_bytes,
         **scalars,
     )
 
@@ -337,6 +343,8 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
     with fake_tensor_mode():
         model = _build_model(spec, pdtype)
         total_numel = _numel(model.parameters())  # before 4-bit layers turn weights into buffers
+        largest_weight = max((m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)), default=0)
+        largest_param = max((_bytes([p]) for p in model.parameters()), default=0)
         use_cuda_dropout(model)
         # litgpt builds the optimizer before QLoRA's embedding swap, so the new embedding is never zeroed.
         optimizer = _make_optimizer(spec, model)
@@ -449,6 +457,9 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
             optimizer_state_bytes=state_bytes,
             paged_optimizer_bytes=getattr(optimizer, "paged_bytes", 0),
             seconds=time.perf_counter() - started,
+            kept_alive_bytes=_bytes(t for mod in keep_alive for t in mod.parameters()),
+            largest_weight_numel=largest_weight,
+            largest_param_bytes=largest_param,
             # a snapshot: storages freed after the trace must not change it
             timeline=([copy.copy(r) for r in acct.records], acct.phases),
         )
