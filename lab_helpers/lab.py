@@ -367,7 +367,11 @@ def _prediction_fields(run: ResolvedRun) -> dict[str, Any]:
         plan = _plan(run, _gpu_memory_gib())
     except Exception as exc:  # a prediction is advice: never let it stop a paid-for run
         return {"predicted_peak_alloc_gib": None, "predicted": None, "prediction_error": f"{type(exc).__name__}: {exc}"}
-    return {"predicted_peak_alloc_gib": plan.peak_alloc_gib, "predicted": plan.to_dict()}
+    return {
+        "predicted_peak_alloc_gib": plan.peak_alloc_gib,
+        "predicted_peak_alloc_whole_run_gib": plan.whole_run_peak_alloc_gib,
+        "predicted": plan.to_dict(),
+    }
 
 
 def _gpu_memory_gib() -> float | None:
@@ -426,6 +430,9 @@ def _records_from(run: ResolvedRun, base: dict, outcome: ProcessOutcome, run_dir
             "peak_alloc_gib": report.get("peak_alloc_gib"),
             "peak_reserved_gib": report.get("peak_reserved_gib"),
             "peak_tensor_gib": report.get("peak_tensor_gib"),
+            # the same peaks over the whole process (checkpoint load, QLoRA's quantization included)
+            "peak_alloc_whole_run_gib": report.get("peak_alloc_whole_run_gib"),
+            "peak_tensor_whole_run_gib": report.get("peak_tensor_whole_run_gib"),
             "gpu_used_peak_gib": outcome.timeline.gpu_used_peak_for(rank, report.get("device_uuid")),
             "gpu_used_peak_gib_per_gpu": {str(k): v for k, v in outcome.timeline.gpu_used_peak_gib.items()} or None,
             "host_rss_peak_gib": outcome.timeline.host_rss_peak_gib,
