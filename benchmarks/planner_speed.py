@@ -1,10 +1,12 @@
-"""Speed and host memory of one planner prediction per model size (the lab's four llama-architecture models).
+"""Speed and host memory of planner predictions per model size (the lab's four llama-architecture models).
 
-Each prediction runs in a fresh process so its peak resident memory (ru_maxrss) is its own: imports, fake
-model, trace and bookkeeping included. Prints wall seconds, CPU seconds (user+sys, unaffected by other jobs on
-a shared machine) and peak RSS. Targets: <= 30 s per prediction on a 2-core CPU, <= 2 GiB host memory.
+Each case runs in a fresh process so its peak resident memory (ru_maxrss) is its own. Printed apart: the imports
+(torch, litgpt and Lightning: paid once per process, by the CLI and by a notebook alike), one prediction (fake
+model, traces, bookkeeping), and a batch-size search -- the same model at micro-batch 1..10, as ``plan --fit``
+asks -- after that first prediction. Wall seconds and CPU seconds (user+sys: unaffected by other jobs sharing the
+machine). Targets (issue 14) on a 2-core CPU: one prediction < 10 s, a search of ~10 batch sizes < 30 s.
 
-Usage: python benchmarks/planner_speed.py
+Usage: python benchmarks/planner_speed.py [--only SUBSTRING]
 """
 
 from __future__ import annotations
@@ -30,29 +32,45 @@ CASES = [  # (label, method, micro batch, lora) - the lab's heaviest single-GPU 
 ]
 
 CHILD = r"""
-import json, resource, sys, time
+import dataclasses, json, resource, sys, time
 t0 = time.perf_counter(); c0 = time.process_time()
 from litgpt import Config
 from lab_helpers.planner import TrainingSpec, predict
+t1 = time.perf_counter(); c1 = time.process_time()
 name, method, mb = sys.argv[1], sys.argv[2], int(sys.argv[3])
 lora = {} if method == "full" else dict(lora_r=32, lora_alpha=16, lora_dropout=0.05, lora_query=True, lora_key=True,
     lora_value=True, lora_projection=True, lora_mlp=True, lora_head=True)
 spec = TrainingSpec(Config.from_name(name), method, "bf16-true", mb, 512, lora=lora,
     quantize="bnb.nf4" if method == "qlora" else None, gradient_accumulation_iters=4)
 plan = predict(spec)
-print(json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
-    "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "peak_gib": plan.peak_alloc_gib,
-    "params": plan.total_params}))
+t2 = time.perf_counter(); c2 = time.process_time()
+for batch in range(1, 11):
+    if batch != mb:
+        predict(dataclasses.replace(spec, micro_batch_size=batch))
+t3 = time.perf_counter(); c3 = time.process_time()
+print(json.dumps({"import_s": t1 - t0, "wall_s": t2 - t1, "cpu_s": c2 - c1, "search_wall_s": t3 - t2,
+    "search_cpu_s": c3 - c2, "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    "peak_gib": plan.peak_alloc_gib, "params": plan.total_params}))
 """
 
 
 def main() -> int:
-    print("# lab_helpers.planner speed: one prediction per process (imports included)")
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=None, help="only cases whose model or case label contains this text")
+    args = parser.parse_args()
+    print("# lab_helpers.planner speed: one process per case; imports, one prediction, then micro-batch 1..10")
     print(f"# host: {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}; other jobs may share the CPUs (see cpu s)")
-    print(f"{'model':<6} {'case':<20} {'params':>8} {'wall s':>7} {'cpu s':>6} {'RSS GiB':>8} {'pred GiB':>9}")
-    worst_wall = worst_cpu = worst_rss = 0.0
+    print(
+        f"{'model':<6} {'case':<20} {'params':>8} {'import s':>8} {'predict wall s':>14} {'cpu s':>6}"
+        f" {'search(9) wall s':>16} {'cpu s':>6} {'RSS GiB':>8} {'pred GiB':>9}"
+    )
+    worst = dict.fromkeys(("wall_s", "cpu_s", "search_wall_s", "search_cpu_s", "rss_gib", "import_s"), 0.0)
     for size, name in MODELS:
         for label, method, mb in CASES:
+            if args.only and args.only not in f"{size} {label}":
+                continue
             out = subprocess.run(
                 [sys.executable, "-c", CHILD, name, method, str(mb)],
                 capture_output=True,
@@ -64,16 +82,17 @@ def main() -> int:
                 print(f"{size:<6} {label:<20} failed: {out.stderr.strip().splitlines()[-1]}")
                 continue
             r = json.loads(out.stdout.strip().splitlines()[-1])
-            worst_wall, worst_cpu, worst_rss = (
-                max(worst_wall, r["wall_s"]),
-                max(worst_cpu, r["cpu_s"]),
-                max(worst_rss, r["rss_gib"]),
-            )
+            worst = {k: max(v, r[k]) for k, v in worst.items()}
             print(
-                f"{size:<6} {label:<20} {r['params'] / 1e9:>7.2f}B {r['wall_s']:>7.1f} {r['cpu_s']:>6.1f}"
-                f" {r['rss_gib']:>8.2f} {r['peak_gib']:>9.2f}"
+                f"{size:<6} {label:<20} {r['params'] / 1e9:>7.2f}B {r['import_s']:>8.1f} {r['wall_s']:>14.1f}"
+                f" {r['cpu_s']:>6.1f} {r['search_wall_s']:>16.1f} {r['search_cpu_s']:>6.1f} {r['rss_gib']:>8.2f}"
+                f" {r['peak_gib']:>9.2f}"
             )
-    print(f"\nworst: {worst_wall:.1f} s wall, {worst_cpu:.1f} s CPU, {worst_rss:.2f} GiB peak RSS")
+    print(
+        f"\nworst: one prediction {worst['wall_s']:.1f} s wall ({worst['cpu_s']:.1f} s CPU); a search of 9 more batch"
+        f" sizes {worst['search_wall_s']:.1f} s wall ({worst['search_cpu_s']:.1f} s CPU); imports"
+        f" {worst['import_s']:.1f} s wall; {worst['rss_gib']:.2f} GiB peak RSS"
+    )
     return 0
 
 

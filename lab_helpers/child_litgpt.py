@@ -30,10 +30,12 @@ from lab_helpers.child_report import (
     device_uuid,
     reset_cuda_peaks,
     status_for_exception,
+    whole_run_peak_gib,
     write_report,
 )
 from lab_helpers.orphan_guard import start_orphan_guard
 from lab_helpers.quick_mode import quick_from_env
+from lab_helpers.record_schema import GIB
 from lab_helpers.tensor_peak import LiveTensorPeak
 
 COMMANDS = {"finetune_full": "litgpt.finetune.full", "finetune_lora": "litgpt.finetune.lora"}
@@ -60,27 +62,30 @@ class _TrainingClock:
         self.warmup_tokens = [0, 0]  # (tokens, padded tokens) of the warm-up batches
         self.epochs: int | None = None
         self.token_counts: dict[str, Any] = {}
-        self.tensor_peak: LiveTensorPeak | None = None
         self.checkpoint_blocks = False  # --activation-checkpointing: wrap every Block before litgpt's fit
+        # on a CPU: live tensors over the whole process (``whole_run_tensors``, started before litgpt loads the
+        # checkpoint); ``tensor_peak_bytes`` is its peak between the start and the end of ``fit``
+        self.whole_run_tensors: LiveTensorPeak | None = None
+        self.tensor_peak_bytes: int | None = None
+        self.alloc_before_fit_gib: float | None = None  # on CUDA: max_memory_allocated before fit's reset
 
     def wrap_fit(self, fit):
         def timed_fit(*args, **kwargs):
-            reset_cuda_peaks()  # peak over the training run, not over loading the checkpoint
+            # peak over the training run, not over loading the checkpoint; the load's peak is kept for the whole run
+            self.alloc_before_fit_gib = reset_cuda_peaks()
             model = _model_of(args, kwargs)
             if self.checkpoint_blocks:
                 wrapped = activation_checkpointing.checkpoint_blocks(model)
                 print(f"lab: activation checkpointing on {wrapped} blocks (torch.utils.checkpoint, non-reentrant)")
-            if not _on_cuda() and model is not None and os.environ.get(TENSOR_PEAK_ENV) != "0":
-                # a CPU has no max_memory_allocated: count live tensors (LAB_TENSOR_PEAK=0 turns it off)
-                self.tensor_peak = LiveTensorPeak()
-                self.tensor_peak.seed([*model.parameters(), *model.buffers()])
+            if self.whole_run_tensors is not None and model is not None:
+                self.whole_run_tensors.seed([*model.parameters(), *model.buffers()])  # the training peak starts here
             self.fit_start = time.perf_counter()
             self.excluded.clear()
-            if self.tensor_peak is None:
+            try:
                 result = fit(*args, **kwargs)
-            else:
-                with self.tensor_peak:
-                    result = fit(*args, **kwargs)
+            finally:
+                if self.whole_run_tensors is not None and model is not None:
+                    self.tensor_peak_bytes = self.whole_run_tensors.peak_bytes
             self.fit_end = time.perf_counter()
             self.token_counts = dict(result or {})
             return result
@@ -247,11 +252,19 @@ def main(argv: list[str] | None = None) -> int:
         _skip_final_save(module)
 
     status, error, code = "ok", None, 0
+    if not _on_cuda() and os.environ.get(TENSOR_PEAK_ENV) != "0":
+        # a CPU has no max_memory_allocated: count live tensors from before the checkpoint is loaded
+        # (LAB_TENSOR_PEAK=0 turns it off)
+        clock.whole_run_tensors = LiveTensorPeak()
     try:
         from litgpt.__main__ import main as litgpt_main
 
         sys.argv = ["litgpt", *argv]
-        litgpt_main()
+        if clock.whole_run_tensors is None:
+            litgpt_main()
+        else:
+            with clock.whole_run_tensors:
+                litgpt_main()
     except SystemExit as exc:  # jsonargparse rejecting an argument, or an explicit exit
         if exc.code not in (0, None):
             status, error, code = (
@@ -268,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
 
             traceback.print_exception(exc)
     peak_alloc_gib, peak_reserved_gib = cuda_peaks_gib()
+    tensors = clock.whole_run_tensors
     write_report(
         {
             "status": status,
@@ -275,8 +289,10 @@ def main(argv: list[str] | None = None) -> int:
             "world_size": 1,
             "peak_alloc_gib": peak_alloc_gib,
             "peak_reserved_gib": peak_reserved_gib,
+            "peak_alloc_whole_run_gib": whole_run_peak_gib(clock.alloc_before_fit_gib, peak_alloc_gib),
             **clock.timings(),
-            "peak_tensor_gib": None if clock.tensor_peak is None else clock.tensor_peak.peak_gib,
+            "peak_tensor_gib": None if clock.tensor_peak_bytes is None else clock.tensor_peak_bytes / GIB,
+            "peak_tensor_whole_run_gib": None if tensors is None else tensors.whole_run_peak_gib,
             "device_name": device_name(),
             "device_uuid": device_uuid(),
         }

@@ -83,7 +83,11 @@ def prediction_fields(run: ResolvedRun) -> dict[str, Any]:
         plan = plan_for(run, _gpu_gib())
     except Exception as exc:  # a prediction is advice: never let it stop a paid-for run
         return {"predicted_peak_alloc_gib": None, "predicted": None, "prediction_error": f"{type(exc).__name__}: {exc}"}
-    return {"predicted_peak_alloc_gib": plan.peak_alloc_gib, "predicted": plan.to_dict()}
+    return {
+        "predicted_peak_alloc_gib": plan.peak_alloc_gib,
+        "predicted_peak_alloc_whole_run_gib": plan.whole_run_peak_alloc_gib,
+        "predicted": plan.to_dict(),
+    }
 
 
 def oom_demo_overrides(

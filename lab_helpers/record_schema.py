@@ -70,6 +70,9 @@ REPORT_FIELDS: tuple[Field, ...] = _fields(
     ("peak_alloc_gib", "GiB", "torch.cuda.max_memory_allocated over the training loop; None on a CPU, never 0"),
     ("peak_reserved_gib", "GiB", "torch.cuda.max_memory_reserved over the training loop; None on a CPU"),
     ("peak_tensor_gib", "GiB", "on a CPU: the peak of live tensor bytes over training (tensor_peak)"),
+    ("peak_alloc_whole_run_gib", "GiB",
+     "torch.cuda.max_memory_allocated over the whole process: checkpoint load (QLoRA's quantization) included"),
+    ("peak_tensor_whole_run_gib", "GiB", "on a CPU: the peak of live tensor bytes over the whole process"),
     ("train_s", "s", "inside the training loop after the warm-up step, validation excluded"),
     ("warmup_s", "s", "the first optimizer step's iterations (None: not timed apart)"),
     ("warmup_iterations", "micro-batches", "micro-batches of warm-up (0: the run was too short to exclude any)"),
@@ -95,7 +98,8 @@ PER_ITERATION_KEYS: tuple[str, ...] = ("iter", "loss", "iter_time_s", "tokens")
 """One row per logged iteration (``per_iteration``): iteration number, loss, seconds, tokens so far."""
 
 RECORD_FIELDS: tuple[Field, ...] = _reported(
-    "rank", "world_size", "error", "peak_alloc_gib", "peak_reserved_gib", "peak_tensor_gib", "train_s", "warmup_s",
+    "rank", "world_size", "error", "peak_alloc_gib", "peak_reserved_gib", "peak_tensor_gib",
+    "peak_alloc_whole_run_gib", "peak_tensor_whole_run_gib", "train_s", "warmup_s",
     "warmup_iterations", "tokens", "tokens_padded", "iterations", "device_name", "device_uuid", "strategy_used",
 ) + _fields(
     # who and what
@@ -106,7 +110,7 @@ RECORD_FIELDS: tuple[Field, ...] = _reported(
     ("mode", None, "full | quick (quick_mode: until the peak and a steady step time are measured)"),
     ("started_at", None, "ISO time, UTC"),
     ("method", None, "full | lora | qlora"),
-    ("strategy", None, "single | ddp | fsdp | deepspeed-zero3"),
+    ("strategy", None, "single | ddp | fsdp | deepspeed-zero2 | deepspeed-zero3"),
     ("recipe_path", None, "the recipe the experiment starts from"),
     ("overrides", None, "dotted-key overrides given for this run"),
     ("config", None, "the full resolved recipe (secrets masked)"),
@@ -115,6 +119,7 @@ RECORD_FIELDS: tuple[Field, ...] = _reported(
     ("time_limit_s", "s", "the wall-clock limit the run had (None: none)"),
     # prediction
     ("predicted_peak_alloc_gib", "GiB", "the planner's predicted peak allocated memory per GPU"),
+    ("predicted_peak_alloc_whole_run_gib", "GiB", "the same over the whole process (load, generation included)"),
     ("predicted", None, "the planner's whole MemoryPlan (breakdown_gib per part, host_gib, ...)"),
     ("prediction_error", None, "why there is no prediction"),
     # outcome

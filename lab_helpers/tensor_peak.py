@@ -10,6 +10,9 @@ CUDA's caching allocator rounds every block, so the number is what ``max_memory_
 the same tensors on a GPU.
 
 Only what exists when the mode starts must be told explicitly (``seed``): the model's parameters and buffers.
+``peak_bytes`` is the peak since the last ``seed`` (the training loop: ``child_litgpt`` seeds when ``fit`` starts);
+``whole_run_peak_bytes`` the peak since the mode first started (checkpoint load included), as litgpt's
+``max_memory_allocated`` would be over the whole process.
 It costs a Python call per op, never on a GPU. On the ci profile's tiny models that makes the training loop
 about 2-3x slower (their ops are tiny): CPU times are stand-ins anyway, and ``LAB_TENSOR_PEAK=0`` turns the
 count off where a CPU timing matters more than the memory figure.
@@ -41,6 +44,7 @@ class LiveTensorPeak(TorchDispatchMode):
         super().__init__()
         self.current_bytes = 0
         self.peak_bytes = 0
+        self.whole_run_peak_bytes = 0
         self._sizes: dict[int, int] = {}
         self._refs: dict[int, weakref.ref] = {}
 
@@ -63,6 +67,8 @@ class LiveTensorPeak(TorchDispatchMode):
         self.current_bytes += size
         if self.current_bytes > self.peak_bytes:
             self.peak_bytes = self.current_bytes
+            if self.current_bytes > self.whole_run_peak_bytes:
+                self.whole_run_peak_bytes = self.current_bytes
 
     def _free(self, key: int) -> None:
         self._refs.pop(key, None)
@@ -78,3 +84,7 @@ class LiveTensorPeak(TorchDispatchMode):
     @property
     def peak_gib(self) -> float:
         return self.peak_bytes / GIB
+
+    @property
+    def whole_run_peak_gib(self) -> float:
+        return self.whole_run_peak_bytes / GIB

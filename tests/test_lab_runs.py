@@ -45,6 +45,10 @@ def test_a_run_records_every_field_the_cpu_provides(ci_assets, results):
     assert record["device_name"].startswith("cpu (")  # named as the Lightning ranks name it (one report contract)
     # the CPU counterpart of max_memory_allocated, and the planner's prediction of the same quantity
     assert record["peak_tensor_gib"] == pytest.approx(record["predicted_peak_alloc_gib"], rel=0.10)
+    # the whole process's peak (checkpoint load included) is recorded too, and predicted
+    assert record["peak_tensor_whole_run_gib"] >= record["peak_tensor_gib"]
+    assert record["peak_alloc_whole_run_gib"] is None  # no CUDA
+    assert record["peak_tensor_whole_run_gib"] == pytest.approx(record["predicted_peak_alloc_whole_run_gib"], rel=0.10)
     assert record["predicted"]["breakdown_gib"]["cuda_context"] == 0.0
     assert record["config"]["train"]["micro_batch_size"] == 8
     assert record["environment"]["litgpt"] == "0.5.13"

@@ -309,3 +309,103 @@ def test_a_cpu_plan_has_no_cuda_context_and_no_cublas_workspace():
     assert on_cpu.breakdown_gib["cuda_context"] == 0.0 and on_gpu.breakdown_gib["cuda_context"] > 0
     assert on_cpu.gpu_used_gib == pytest.approx(on_cpu.peak_alloc_gib)
     assert on_gpu.peak_alloc_gib - on_cpu.peak_alloc_gib >= 0.06  # at least cuBLAS's 64 MiB of workspaces
+
+
+def _phases(result) -> list:
+    return [(p.name, p.peak_bytes, p.by_category, p.step_temporaries) for p in result.phases]
+
+
+def test_a_micro_batch_replayed_from_two_traces_equals_its_own_trace():
+    """Every storage is affine in the micro-batch size on one timeline: traces at 2 and 3 answer 5 exactly."""
+    from lab_helpers.planner.tracer import scaled_trace
+
+    s = spec("lora", gradient_accumulation_iters=2)
+    two, three, five = (trace_training(dataclasses.replace(s, micro_batch_size=b)) for b in (2, 3, 5))
+    scaled = scaled_trace(two, three, 2, 3, 5)
+    assert scaled is not None and _phases(scaled) == _phases(five)
+    # full fine-tuning chunks the loss over micro-batch x sequence rows: another timeline, so no shortcut is taken
+    f2, f3 = (trace_training(dataclasses.replace(spec(), micro_batch_size=b)) for b in (2, 3))
+    assert scaled_trace(f2, f3, 2, 3, 5) is None
+
+
+def test_repeated_predictions_at_other_batch_sizes_reuse_the_traces(monkeypatch):
+    """A batch-size search (plan --fit) traces two sizes and replays the rest; the answers equal full traces."""
+    from lab_helpers.planner import plan as plan_module
+    from lab_helpers.planner import tracer
+
+    monkeypatch.setattr(plan_module, "_CACHE", {})
+    monkeypatch.setattr(tracer, "_TIMELINES", {})
+    calls = []
+    real = tracer.trace_training
+    monkeypatch.setattr(tracer, "trace_training", lambda s, n_layer=None: calls.append(s.micro_batch_size) or real(s, n_layer))
+    base = spec("lora", config=tiny_config(n_layer=4), seq=32)
+    plans = {b: predict(dataclasses.replace(base, micro_batch_size=b)) for b in (2, 4, 3, 6, 8)}
+    assert sorted(set(calls)) == [2, 4]  # two traced sizes (at two depths each); 3, 6 and 8 replayed
+    for b in (3, 6, 8):
+        full = plan_module._predict(dataclasses.replace(base, micro_batch_size=b))  # would trace: compare directly
+        assert plans[b].peak_alloc_gib == pytest.approx(full.peak_alloc_gib, abs=1e-12)
+        assert plans[b].breakdown_gib == full.breakdown_gib
+
+
+@pytest.mark.parametrize("method,accumulation", [("full", 1), ("qlora", 2), ("lora", 3)])
+def test_extrapolated_trace_equals_full_trace_for_every_method(method, accumulation):
+    """Traced at 1 and 2 blocks (most models: identical blocks) and extrapolated to 5: equal to tracing all 5."""
+    from lab_helpers.planner.tracer import _TIMELINES, scaling_depths
+
+    _TIMELINES.clear()
+    s = spec(method, config=tiny_config(n_layer=5, n_embd=128), mb=1, seq=16, gradient_accumulation_iters=accumulation)
+    assert scaling_depths(s.model_config) == (1, 2)
+    full, scaled = trace_training(s), trace(s)
+    assert [p.peak_bytes for p in scaled.phases] == [p.peak_bytes for p in full.phases]
+
+
+def test_alternating_layers_are_traced_in_pairs():
+    from lab_helpers.planner.tracer import layer_period, scaling_depths
+
+    alternating = tiny_config(n_layer=8, sliding_window_size=16, sliding_window_indices=[1, 0] * 4)
+    assert layer_period(alternating) == 2 and scaling_depths(alternating) == (2, 4)
+    assert layer_period(tiny_config(n_layer=8)) == 1
+    irregular = tiny_config(n_layer=8, sliding_window_size=16, sliding_window_indices=[1, 0, 0, 1, 1, 1, 0, 1])
+    assert scaling_depths(irregular) is None  # no period: traced at full depth
+    s = spec(config=alternating, mb=1, seq=32)
+    assert [p.peak_bytes for p in trace(s).phases] == [p.peak_bytes for p in trace_training(s).phases]
+
+
+def test_qlora_dequantizes_to_fp16_then_to_the_compute_dtype():
+    """bitsandbytes 0.49 MatMul4Bit: dequantize_4bit gives the quant state's fp16, .to(A.dtype) a bf16 copy;
+    both are alive at once, so a step's temporaries hold at least two copies of the largest weight."""
+    cfg = tiny_config(n_embd=256, n_head=4, n_query_groups=4, vocab_size=4096, padded_vocab_size=4096)
+    plan = predict(spec("qlora", config=cfg, mb=1, seq=16, device="cpu"))
+    largest = 4096 * 256
+    assert plan.breakdown_gib["temporaries"] * 2**30 >= 2 * 2 * largest
+    saved = predict(spec("qlora", config=cfg, mb=1, seq=16, device="cpu", bnb_saves_input=True))
+    assert saved.breakdown_gib["activations"] > plan.breakdown_gib["activations"]  # 0.42's saved inputs: not default
+
+
+def test_the_whole_run_has_a_load_phase_and_fits_is_judged_on_the_larger():
+    from lab_helpers.planner import whole_run
+
+    s = spec("qlora", config=tiny_config(n_embd=256, n_head=4, n_query_groups=4), mb=1, seq=16)
+    plan = predict(s)
+    assert set(plan.peaks_by_phase_gib) == {"training", "load"}
+    assert plan.whole_run_peak_alloc_gib == pytest.approx(max(plan.peaks_by_phase_gib.values()), abs=1e-4)
+    assert plan.whole_run_peak_alloc_gib >= plan.peak_alloc_gib
+    # the quantization pass holds one weight in bf16 and fp16 beside the model
+    from lab_helpers.planner.tracer import trace as trace_of
+
+    t = trace_of(s)
+    load, name = whole_run.load_bytes(s, t)
+    assert name == "load + quantize" and load >= t.param_bytes + 4 * t.largest_weight_numel - t.kept_alive_bytes
+    # a load phase larger than the loop decides the verdict
+    w = whole_run.whole_run(s, t, training_bytes=1, training_phase="w1m1-forward")
+    assert w["phase"] == "load + quantize" and w["bytes"] == load
+    gen = predict(dataclasses.replace(s, generate_example=True, max_new_tokens=4))
+    assert "generation" in gen.peaks_by_phase_gib
+
+
+def test_spec_from_recipe_knows_when_litgpt_generates_an_example(checkpoint_dir):
+    train = {"global_batch_size": 4, "micro_batch_size": 2, "max_seq_length": 64, "max_steps": 20, "lr_warmup_steps": 1}
+    never = spec_from_recipe(recipe(checkpoint_dir, train=train, eval={"interval": 1000, "max_new_tokens": 10}))
+    inside = spec_from_recipe(recipe(checkpoint_dir, train=train, eval={"interval": 10, "max_new_tokens": 10}))
+    too_long = spec_from_recipe(recipe(checkpoint_dir, train=train, eval={"interval": 10, "max_new_tokens": 100}))
+    assert (never.generate_example, inside.generate_example, too_long.generate_example) == (False, True, False)

@@ -42,6 +42,7 @@ class RankReport:
         }
         self._written = False
         self._lock = threading.Lock()
+        self.alloc_before_train_gib: float | None = None  # the load phase's peak, kept when training resets it
 
     def write(self, status: str, error: str | None = None) -> None:
         with self._lock:
@@ -57,6 +58,7 @@ class RankReport:
                     "error": error,
                     "peak_alloc_gib": alloc,
                     "peak_reserved_gib": reserved,
+                    "peak_alloc_whole_run_gib": child_report.whole_run_peak_gib(self.alloc_before_train_gib, alloc),
                 },
                 rank=self.rank,
             )
@@ -95,7 +97,8 @@ class ReportCallback(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.report.rank = trainer.global_rank
         self.report.fields["device_name"] = child_report.device_name(pl_module.device)
-        child_report.reset_cuda_peaks()  # peaks over the training loop, not the model load
+        # peaks over the training loop, not the model load; the load's is kept for the whole-run peak
+        self.report.alloc_before_train_gib = child_report.reset_cuda_peaks()
         self._train_t0 = time.perf_counter()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:

@@ -27,11 +27,12 @@ def cuda_rounded_bytes(nbytes: int) -> int:
 
 @dataclass
 class AllocRecord:
-    nbytes: int
+    nbytes: int  # rounded like the CUDA allocator
     t_alloc: int
     phase: int
     t_free: float = float("inf")
     category: str | None = None  # set for parameters, gradients, optimizer_states
+    raw_nbytes: int = 0  # the storage's own size, before rounding (what scales with the micro-batch)
 
 
 @dataclass
@@ -66,9 +67,10 @@ class StorageAccountant:
             if category is not None:
                 self.records[index].category = category
             return
-        nbytes = cuda_rounded_bytes(storage.nbytes())
+        raw = storage.nbytes()
+        nbytes = cuda_rounded_bytes(raw)
         self.clock += 1
-        record = AllocRecord(nbytes, self.clock, len(self.phases) - 1, category=category)
+        record = AllocRecord(nbytes, self.clock, len(self.phases) - 1, category=category, raw_nbytes=raw)
         self.records.append(record)
         self._live[key] = len(self.records) - 1
         self._refs[key] = weakref.ref(storage, lambda _ref, key=key: self._free(key))
@@ -105,28 +107,78 @@ class StorageAccountant:
         self.phases[-1].t_end = self.clock
 
     def summarize(self) -> None:
-        """Fill each phase's breakdown at its peak. Roles not marked are decided by lifetime:
-        what a forward allocates and keeps past its end is an activation, everything else a temporary."""
-        kinds = [p.kind for p in self.phases]
-        for phase in self.phases:
-            sums = dict.fromkeys(CATEGORIES, 0)
-            step_temp = 0
-            t = phase.t_peak
-            for rec in self.records:
-                if rec.t_alloc > t or rec.t_free <= t:
-                    continue
-                cat = rec.category
-                if cat is None:
-                    alloc_phase = self.phases[rec.phase] if rec.phase >= 0 else None
-                    if alloc_phase is not None and kinds[rec.phase] == "fwd" and rec.t_free > alloc_phase.t_end:
-                        cat = "activations"
-                    else:
-                        cat = "temporaries"
-                        if alloc_phase is not None and kinds[rec.phase] == "step":
-                            step_temp += rec.nbytes
-                sums[cat] += rec.nbytes
-            phase.by_category = sums
-            phase.step_temporaries = step_temp
+        """Fill each phase's peak and its breakdown at that peak (``replay`` of the recorded sizes)."""
+        self.phases = replay(self.records, self.phases, [r.nbytes for r in self.records])
+
+
+def resolved_categories(records: list[AllocRecord], phases: list[Phase]) -> list[tuple[str, bool]]:
+    """Each record's role, and whether it is a temporary of an optimizer step. Roles not marked are decided by
+    lifetime: what a forward allocates and keeps past its end is an activation, everything else a temporary.
+    Depends on the timeline's structure only, never on sizes."""
+    out = []
+    for rec in records:
+        cat, step = rec.category, False
+        if cat is None:
+            alloc_phase = phases[rec.phase] if rec.phase >= 0 else None
+            if alloc_phase is not None and alloc_phase.kind == "fwd" and rec.t_free > alloc_phase.t_end:
+                cat = "activations"
+            else:
+                cat = "temporaries"
+                step = alloc_phase is not None and alloc_phase.kind == "step"
+        out.append((cat, step))
+    return out
+
+
+def replay(records: list[AllocRecord], phases: list[Phase], sizes: list[int]) -> list[Phase]:
+    """The phases of a recorded timeline with each storage ``records[i]`` of ``sizes[i]`` bytes: each phase's
+    peak (the most bytes live from its start until the next phase starts, first moment it is reached) and the
+    breakdown by role at that moment.
+
+    ``summarize`` calls it with the traced sizes; ``tracer`` calls it with sizes computed for another micro-batch
+    on the same timeline, which is how one trace answers for several batch sizes.
+    """
+    events: list[tuple[int, int, int]] = []  # (clock, kind, index): kind 0 begin, 1 alloc, 2 free
+    for k, ph in enumerate(phases):
+        events.append((ph.t_start, 0, k))
+    for i, rec in enumerate(records):
+        events.append((rec.t_alloc, 1, i))
+        if rec.t_free != float("inf"):
+            events.append((int(rec.t_free), 2, i))
+    events.sort()
+    out = [Phase(p.name, p.kind, p.t_start, p.t_end) for p in phases]
+    current, phase = 0, -1
+    for clock, kind, index in events:
+        if kind == 0:
+            phase = index
+            out[index].peak_bytes, out[index].t_peak = current, clock
+        elif kind == 1:
+            current += sizes[index]
+            if phase >= 0 and current > out[phase].peak_bytes:
+                out[phase].peak_bytes, out[phase].t_peak = current, clock
+        else:
+            current -= sizes[index]
+    # a second sweep: live bytes by role at each phase's peak moment
+    roles = resolved_categories(records, phases)
+    wanted: dict[int, list[int]] = {}
+    for k, ph in enumerate(out):
+        wanted.setdefault(ph.t_peak, []).append(k)
+    sums = dict.fromkeys(CATEGORIES, 0)
+    step_temp = 0
+
+    def snapshot(clock: int) -> None:
+        for k in wanted.get(clock, ()):
+            out[k].by_category = dict(sums)
+            out[k].step_temporaries = step_temp
+
+    for clock, kind, index in events:
+        if kind:
+            cat, step = roles[index]
+            sign = 1 if kind == 1 else -1
+            sums[cat] += sign * sizes[index]
+            if step:
+                step_temp += sign * sizes[index]
+        snapshot(clock)
+    return out
 
 
 def make_dispatch_tracker(accountant: StorageAccountant):

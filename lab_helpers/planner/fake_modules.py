@@ -1,7 +1,8 @@
 """Stand-ins for pieces that cannot run on fake CPU tensors but whose memory behaviour is known.
 
-* ``NF4Linear``: a bitsandbytes ``Linear4bit`` (nf4, optional double quantization). It stores exactly the bytes
-  bnb stores and, like ``MatMul4Bit``, dequantizes the whole weight into a temporary for each matmul.
+* ``NF4Linear``: a bitsandbytes ``Linear4bit`` (nf4, optional double quantization) as Lightning's
+  ``BitsandbytesPrecision`` builds it with the bitsandbytes the lab installs (>=0.45.2,<0.50; read in 0.49.2). It
+  stores exactly the bytes bnb stores and, like ``MatMul4Bit``, dequantizes the whole weight for each matmul.
 * ``StableEmbedding``: what litgpt's QLoRA path swaps in for the token embedding (bnb.nn.StableEmbedding).
 * ``PagedAdamWStandIn``: bnb's PagedAdamW as litgpt builds it for QLoRA: 32-bit states, paged (CUDA managed
   memory, invisible to ``max_memory_allocated``) for tensors of at least 1e5 elements.
@@ -38,26 +39,40 @@ def nf4_storage_bytes(numel: int, double_quant: bool) -> dict[str, int]:
     return parts
 
 
+QUANT_STATE_DTYPE = torch.float16
+"""Lightning's ``_Linear4bit.quantize`` quantizes ``weight.to(dtype=torch.half)`` (lightning/fabric/plugins/precision/
+bitsandbytes.py), so the quant state's dtype -- the dtype ``dequantize_4bit`` returns -- is fp16 whatever the
+compute dtype."""
+
+
+def _dequantized(like: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """``F.dequantize_4bit(B, quant_state).to(A.dtype)`` (bitsandbytes 0.49.2 autograd/_functions.py:315 and :346):
+    a full fp16 copy of the weight, then, unless the compute dtype is fp16, a second one in the compute dtype;
+    both are alive while ``.to`` runs."""
+    fp16 = torch.empty(*shape, dtype=QUANT_STATE_DTYPE, device=like.device)
+    return fp16 if like.dtype == QUANT_STATE_DTYPE else fp16.to(like.dtype)
+
+
 class _DequantMatmul(torch.autograd.Function):
-    """``bnb.matmul_4bit`` memory: a full-size dequantized weight lives only during each matmul."""
+    """``bnb.matmul_4bit`` memory in training (``MatMul4Bit``): full-size dequantized weights live only during each
+    matmul. bitsandbytes >= 0.44 keeps nothing per token for backward (``ctx.tensors = (None, B)``,
+    autograd/_functions.py:321-324 in 0.49.2; 0.42 kept ``(A, B)``: ``save_input``, not the lab's version)."""
 
     @staticmethod
     def forward(ctx, x, packed, out_features, in_features, save_input):
-        weight = torch.empty(out_features, in_features, dtype=x.dtype, device=x.device)
-        y = F.linear(x, weight)
+        y = F.linear(x, _dequantized(x, (out_features, in_features)))
         ctx.shape = (out_features, in_features)
-        if save_input:  # bitsandbytes < 0.44 kept ctx.tensors = (A, B)
+        if save_input:
             ctx.save_for_backward(x)
         return y
 
     @staticmethod
     def backward(ctx, grad):
-        weight = torch.empty(*ctx.shape, dtype=grad.dtype, device=grad.device)
-        return grad @ weight, None, None, None, None
+        return grad @ _dequantized(grad, ctx.shape), None, None, None, None
 
 
 class NF4Linear(nn.Module):
-    def __init__(self, linear: nn.Linear, double_quant: bool, save_input: bool) -> None:
+    def __init__(self, linear: nn.Linear, double_quant: bool, save_input: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.save_input = save_input
@@ -78,7 +93,7 @@ class NF4Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def quantize_linears(model: nn.Module, double_quant: bool, save_input: bool) -> int:
+def quantize_linears(model: nn.Module, double_quant: bool, save_input: bool = False) -> int:
     """Replace every plain ``nn.Linear`` (Lightning's bnb plugin converts them all, lm_head included)."""
     count = 0
     for parent in list(model.modules()):

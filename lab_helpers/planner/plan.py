@@ -9,7 +9,7 @@ from pathlib import Path
 
 from lab_helpers.record_schema import BREAKDOWN_PARTS, GIB
 
-from . import analytic
+from . import analytic, whole_run
 from ._compat import check_tracing_supported
 from .errors import PlanError, PlannerUnavailable
 from .spec import TrainingSpec, spec_from_recipe
@@ -18,9 +18,12 @@ from .tracer import trace
 
 @dataclass
 class MemoryPlan:
-    """A prediction. ``peak_alloc_gib`` is comparable with ``torch.cuda.max_memory_allocated`` (per GPU): the
-    breakdown's parts other than ``cuda_context`` sum to it. ``gpu_used_gib`` is comparable with NVML's "used"
-    and is what ``fits`` is judged on."""
+    """A prediction. ``peak_alloc_gib`` is the training loop's peak (from the start of ``fit``, validation and
+    example generation inside it included: what the lab records as ``peak_alloc_gib``), comparable with
+    ``torch.cuda.max_memory_allocated`` (per GPU): the breakdown's parts other than ``cuda_context`` sum to it.
+    ``whole_run_peak_alloc_gib`` is the whole process's (checkpoint load and QLoRA's quantization included: what
+    litgpt prints), in phase ``whole_run_peak_phase``; ``peaks_by_phase_gib`` has each phase's. ``gpu_used_gib`` is
+    comparable with NVML's "used"; ``fits`` is judged on the larger of it and ``whole_run_gpu_used_gib``."""
 
     peak_alloc_gib: float
     breakdown_gib: dict[str, float]
@@ -40,6 +43,10 @@ class MemoryPlan:
     trainable_params: int = 0
     trace_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    whole_run_peak_alloc_gib: float = 0.0
+    whole_run_peak_phase: str = ""
+    whole_run_gpu_used_gib: float = 0.0
+    peaks_by_phase_gib: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return json.loads(json.dumps(asdict(self)))
@@ -52,9 +59,12 @@ class MemoryPlan:
         else:
             verdict = "fits" if self.fits else "will OOM"
             of = f" of {self.gpu_memory_gib:.1f} GiB"
+        whole = ""
+        if self.whole_run_peak_alloc_gib > self.peak_alloc_gib:
+            whole = f"; whole run {self.whole_run_peak_alloc_gib:.1f} GiB (in {self.whole_run_peak_phase})"
         return (
             f"predicted peak {self.peak_alloc_gib:.1f} GiB allocated ({self.gpu_used_gib:.1f} GiB used{of})"
-            f"{where}: {verdict}"
+            f"{whole}{where}: {verdict}"
         )
 
 
@@ -91,7 +101,15 @@ def _predict(spec: TrainingSpec) -> MemoryPlan:
     parts = {k: breakdown.parts.get(k, 0) / GIB for k in BREAKDOWN_PARTS if k != "cuda_context"}
     parts["cuda_context"] = analytic.CUDA_CONTEXT_BYTES / GIB if spec.device == "cuda" else 0.0
     used_gib = analytic.gpu_used_bytes(breakdown, spec.device) / GIB
-    fits = None if spec.gpu_memory_gib is None else used_gib <= spec.gpu_memory_gib
+    whole = whole_run.whole_run(spec, result, breakdown.allocated_bytes, breakdown.phase)
+    whole_breakdown = analytic.DeviceBreakdown(
+        {"all": whole["bytes"]}, whole["phase"], outside_allocator_bytes=breakdown.outside_allocator_bytes
+    )
+    whole_used_gib = analytic.gpu_used_bytes(whole_breakdown, spec.device) / GIB
+    fits = None if spec.gpu_memory_gib is None else max(used_gib, whole_used_gib) <= spec.gpu_memory_gib
+    notes = [*result.notes, *breakdown.notes]
+    if whole["bytes"] > breakdown.allocated_bytes:
+        notes.append(f"the whole run peaks outside the training loop, in {whole['phase']}")
     return MemoryPlan(
         peak_alloc_gib=breakdown.allocated_bytes / GIB,
         breakdown_gib={k: round(v, 4) for k, v in parts.items()},
@@ -110,7 +128,11 @@ def _predict(spec: TrainingSpec) -> MemoryPlan:
         total_params=result.total_param_numel,
         trainable_params=result.trainable_param_numel,
         trace_seconds=result.seconds,
-        notes=[*result.notes, *breakdown.notes],
+        notes=notes,
+        whole_run_peak_alloc_gib=whole["bytes"] / GIB,
+        whole_run_peak_phase=whole["phase"],
+        whole_run_gpu_used_gib=whole_used_gib,
+        peaks_by_phase_gib=whole["by_phase_gib"],
     )
 
 

@@ -66,7 +66,8 @@ class TrainingSpec:
     # --- extras ---
     gradient_accumulation_iters: int = 1
     optimizer_kwargs: dict = field(default_factory=dict)
-    # bitsandbytes < 0.44 kept each 4-bit layer's input alive for backward; newer releases do not.
+    # bitsandbytes < 0.44 kept each 4-bit layer's input alive for backward; the releases the lab installs
+    # (>=0.45.2,<0.50) do not. False is the installed behaviour; True only re-creates figures measured with 0.42.
     bnb_saves_input: bool = False
     # FSDP FULL_SHARD (ZeRO-3) frees each unit's gathered weights after its forward and gathers them again for
     # backward; SHARD_GRAD_OP (ZeRO-2; FSDP2's reshard_after_forward=False) keeps them until backward.
@@ -88,6 +89,10 @@ class TrainingSpec:
     # Where the step runs: "cuda" adds the CUDA context and cuBLAS workspaces; "cpu" (the ci profile) predicts the
     # live tensor bytes alone, the quantity the lab measures there as peak_tensor_gib.
     device: Literal["cuda", "cpu"] = "cuda"
+    # litgpt's generate_example (a KV cache for batch 1) runs every eval.interval steps and when the epochs end, on
+    # rank 0, and only when the prompt plus eval.max_new_tokens fit the training sequence length.
+    generate_example: bool = False
+    max_new_tokens: int = 100
 
     def validate(self) -> None:
         """Reject impossible combinations with one clear line."""
@@ -226,6 +231,16 @@ def _int(value: object, what: str) -> int:
         return int(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise PlanError(f"{what} must be an integer, got {value!r}") from None
+
+
+def _generates_example(train_cfg: dict, eval_cfg: dict, seq_len: int) -> bool:
+    """litgpt's fit calls ``generate_example`` every ``eval.interval`` optimizer steps and when the epochs run out;
+    it skips the generation when the prompt plus ``eval.max_new_tokens`` do not fit ``model.max_seq_length``."""
+    max_new = int(eval_cfg.get("max_new_tokens", 100) or 100)
+    if seq_len <= max_new + 1:
+        return False
+    max_steps = train_cfg.get("max_steps")
+    return max_steps is None or int(eval_cfg.get("interval", 600) or 600) <= int(max_steps)
 
 
 def _validates_during_training(train_cfg: dict, eval_cfg: dict) -> bool:
@@ -395,6 +410,8 @@ def spec_from_recipe(
         validation_during_training=_validates_during_training(train_cfg, tree.get("eval") or {}),
         loop="litgpt" if litgpt_loop else "lightning",
         device=device,  # type: ignore[arg-type]
+        generate_example=litgpt_loop and _generates_example(train_cfg, tree.get("eval") or {}, int(seq_len)),
+        max_new_tokens=int((tree.get("eval") or {}).get("max_new_tokens", 100) or 100),
     )
     spec.validate()
     return spec

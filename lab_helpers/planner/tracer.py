@@ -7,22 +7,26 @@ step, ``zero_grad`` frees gradients, and validation runs an unchunked loss under
 A first window of one micro-batch creates gradients and the (lazy) optimizer state; a second window of
 ``min(accumulation, 2)`` micro-batches then shows the steady state, which later micro-batches repeat exactly.
 
-Blocks are identical, so every term is affine in the number of blocks: ``trace`` runs the real code with 2 and 4
-blocks and extrapolates each phase's breakdown to the model's depth, which keeps a 13B prediction to seconds
-(``trace_training`` traces the full depth; tests check the two agree).
+Blocks are identical (or repeat with a period: alternating sliding-window layers), so every term is affine in the
+number of blocks: ``trace`` runs the real code with one and two periods of blocks (1 and 2 for most models) and
+extrapolates each phase's breakdown to the model's depth, which keeps a 13B prediction to a few seconds
+(``trace_training`` traces the full depth; tests check the two agree). For a fixed sequence length, every storage
+is affine in the micro-batch size too: traces at two sizes answer any other size by replaying the recorded
+timeline (``scaled_trace``), so a search over batch sizes costs about three traces.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from ._compat import fake_tensor_mode
-from .accounting import Phase, StorageAccountant, make_dispatch_tracker
+from .accounting import AllocRecord, Phase, StorageAccountant, cuda_rounded_bytes, make_dispatch_tracker, replay
 from .errors import PlanError
 from .fake_modules import (
     CudaAutocastEmulation,
@@ -51,7 +55,12 @@ class TraceResult:
     optimizer_state_bytes: int  # on the CUDA allocator after the last step
     paged_optimizer_bytes: int  # bnb paged state: GPU memory outside the caching allocator
     seconds: float
+    kept_alive_bytes: int = 0  # tensors litgpt keeps referenced beside the model (QLoRA's replaced embedding)
+    largest_weight_numel: int = 0  # the largest Linear weight (the quantization pass handles one at a time)
+    largest_param_bytes: int = 0  # the largest parameter tensor (a lazy load materializes one at a time)
     notes: list[str] = field(default_factory=list)
+    # the recorded allocations and phases, kept so that another micro-batch size can be answered from them
+    timeline: tuple[list[AllocRecord], list[Phase]] | None = field(default=None, repr=False, compare=False)
 
     def peak_phase(self) -> Phase:
         return max(self.phases, key=lambda p: p.peak_bytes)
@@ -163,17 +172,41 @@ def _bytes(tensors) -> int:
     return sum(seen.values())
 
 
-SCALING_DEPTHS = (2, 4)  # even, so layer patterns with period 2 (alternating sliding windows) are kept
+_PER_LAYER_PATTERNS = ("sliding_window_indices", "rope_indices")  # litgpt Config lists with one entry per block
+
+
+def layer_period(config) -> int:
+    """The smallest p such that block i and block i + p are built alike (1 for most models; 2 for alternating
+    sliding-window layers). Blocks that differ otherwise (``first_k_dense_replace``: dense blocks before MoE ones)
+    have no period: 0, and the model is traced at full depth."""
+    if getattr(config, "first_k_dense_replace", None):
+        return 0
+    n = config.n_layer
+    lists = [list(v)[:n] for name in _PER_LAYER_PATTERNS if (v := getattr(config, name, None)) is not None]
+    for p in range(1, n + 1):
+        if all(all(seq[i] == seq[i % p] for i in range(len(seq))) for seq in lists):
+            return p
+    return 0
+
+
+def scaling_depths(config) -> tuple[int, int] | None:
+    """The two depths traced and extrapolated from (one and two periods of the layer pattern), or None when the
+    model is traced at full depth (shallow, or no repeating pattern)."""
+    p = layer_period(config)
+    if p == 0 or 2 * p >= config.n_layer:
+        return None
+    return p, 2 * p
 
 
 def trace(spec: TrainingSpec) -> TraceResult:
     """The trace of ``spec`` at full depth, extrapolated from two shallow traces when the model is deep."""
     n_layer = spec.model_config.n_layer
-    lo, hi = SCALING_DEPTHS
-    if n_layer <= hi:
-        return trace_training(spec)
-    a = trace_training(spec, n_layer=lo)
-    b = trace_training(spec, n_layer=hi)
+    depths = scaling_depths(spec.model_config)
+    if depths is None:
+        return _trace_at_batch(spec, None)
+    lo, hi = depths
+    a = _trace_at_batch(spec, lo)
+    b = _trace_at_batch(spec, hi)
     factor = (n_layer - lo) / (hi - lo)
 
     def ext(x: float, y: float) -> int:
@@ -205,14 +238,91 @@ def trace(spec: TrainingSpec) -> TraceResult:
             "paged_optimizer_bytes",
         )
     }
+    notes = [f"traced {lo} and {hi} of {n_layer} blocks and extrapolated (blocks are identical)"]
+    notes += [n for n in b.notes if n not in notes]
     return TraceResult(
         phases=phases,
         block_param_bytes=b.block_param_bytes,
         block_param_numel=b.block_param_numel,
         seconds=a.seconds + b.seconds,
-        notes=[f"traced {lo} and {hi} of {n_layer} blocks and extrapolated (blocks are identical)"],
+        notes=notes,
+        kept_alive_bytes=b.kept_alive_bytes,
+        largest_weight_numel=b.largest_weight_numel,
+        largest_param_bytes=b.largest_param_bytes,
         **scalars,
     )
+
+
+# --- one trace, several micro-batch sizes ------------------------------------------------------------------------
+# For a fixed sequence length the step runs the same ops in the same order whatever the micro-batch size B >= 2
+# (B = 1 may skip copies: a tensor with a size-1 dimension can already be contiguous), and every storage is either
+# independent of B (weights, gradients, optimizer state) or proportional to it (activations, logits). So two traces
+# at B1, B2 >= 2 with identical timelines give every storage's size as c + a * B exactly, and a replay of the
+# timeline with those sizes is the trace at any other B >= 2. A `--fit` search asks ~10 sizes for ~3 traces.
+_TIMELINES: dict[str, dict[int, TraceResult]] = {}
+_TIMELINE_KEYS = 16  # specs remembered (each holds a few timelines of ~10^4 records)
+
+
+def _batch_free_key(spec: TrainingSpec, n_layer: int | None) -> str:
+    return repr((dataclasses.replace(spec, micro_batch_size=0, gpu_memory_gib=None), n_layer))
+
+
+def _same_structure(a: TraceResult, b: TraceResult) -> bool:
+    (ra, pa), (rb, pb) = a.timeline, b.timeline  # type: ignore[misc]
+    if len(ra) != len(rb) or [(p.name, p.kind, p.t_start, p.t_end) for p in pa] != [
+        (p.name, p.kind, p.t_start, p.t_end) for p in pb
+    ]:
+        return False
+    return all(
+        (x.t_alloc, x.t_free, x.phase, x.category) == (y.t_alloc, y.t_free, y.phase, y.category)
+        for x, y in zip(ra, rb, strict=True)
+    )
+
+
+def scaled_trace(a: TraceResult, b: TraceResult, batch_a: int, batch_b: int, batch: int) -> TraceResult | None:
+    """The trace at micro-batch ``batch`` computed from traces at ``batch_a`` and ``batch_b`` (all >= 2), or None
+    when the two timelines differ in structure or a storage is not affine in the batch size."""
+    if a.timeline is None or b.timeline is None or min(batch_a, batch_b, batch) < 2 or batch_a == batch_b:
+        return None
+    if not _same_structure(a, b):
+        return None
+    records, phases = a.timeline
+    sizes = []
+    for x, y in zip(records, b.timeline[0], strict=True):
+        slope, rest = divmod(y.raw_nbytes - x.raw_nbytes, batch_b - batch_a)
+        size = x.raw_nbytes + slope * (batch - batch_a)
+        if rest or size < 0:
+            return None
+        sizes.append(cuda_rounded_bytes(size))
+    return dataclasses.replace(
+        a,
+        phases=replay(records, phases, sizes),
+        seconds=0.0,
+        notes=[*a.notes, f"micro-batch {batch} computed from the traces at {batch_a} and {batch_b} (exact)"],
+        timeline=None,
+    )
+
+
+def _trace_at_batch(spec: TrainingSpec, n_layer: int | None) -> TraceResult:
+    """``trace_training(spec, n_layer)``, answered from remembered timelines of the same run at other
+    micro-batch sizes when two of them allow it."""
+    key = _batch_free_key(spec, n_layer)
+    known = _TIMELINES.get(key)
+    if known is None:
+        if len(_TIMELINES) >= _TIMELINE_KEYS:
+            _TIMELINES.pop(next(iter(_TIMELINES)))
+        known = _TIMELINES[key] = {}
+    batch = spec.micro_batch_size
+    if batch in known:
+        return known[batch]
+    points = sorted((b for b in known if b >= 2), key=lambda b: abs(b - batch))
+    if batch >= 2 and len(points) >= 2:
+        result = scaled_trace(known[points[0]], known[points[1]], points[0], points[1], batch)
+        if result is not None:
+            return result
+    result = trace_training(spec, n_layer=n_layer)
+    known[batch] = result
+    return result
 
 
 def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResult:
@@ -236,6 +346,8 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
     with fake_tensor_mode():
         model = _build_model(spec, pdtype)
         total_numel = _numel(model.parameters())  # before 4-bit layers turn weights into buffers
+        largest_weight = max((m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)), default=0)
+        largest_param = max((_bytes([p]) for p in model.parameters()), default=0)
         use_cuda_dropout(model)
         # litgpt builds the optimizer before QLoRA's embedding swap, so the new embedding is never zeroed.
         optimizer = _make_optimizer(spec, model)
@@ -348,5 +460,10 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
             optimizer_state_bytes=state_bytes,
             paged_optimizer_bytes=getattr(optimizer, "paged_bytes", 0),
             seconds=time.perf_counter() - started,
+            kept_alive_bytes=_bytes(t for mod in keep_alive for t in mod.parameters()),
+            largest_weight_numel=largest_weight,
+            largest_param_bytes=largest_param,
+            # a snapshot: storages freed after the trace must not change it
+            timeline=([copy.copy(r) for r in acct.records], acct.phases),
         )
     return result
