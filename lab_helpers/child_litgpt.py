@@ -5,11 +5,12 @@
 litgpt prints memory only on CUDA, only allocated, and in GB, and its "training time" includes validation.
 This wrapper runs litgpt's unmodified CLI but wraps the finetune module's ``fit``, ``validate`` and
 ``get_dataloaders`` so that it can report peak allocated and reserved memory over training (on a CPU: the peak
-of live tensor bytes, ``tensor_peak``), seconds inside the training loop minus validation with the first
-optimizer step timed apart as warm-up, and the token counts of the timed part. In quick mode (``quick_mode``)
-the longest samples are trained right after the warm-up step. No weights are saved unless asked.
-``--activation-checkpointing`` (the lab's switch, not litgpt's) wraps every transformer block in
-``torch.utils.checkpoint`` before ``fit`` (``activation_checkpointing``). A CUDA OOM ends the process with
+of live tensor bytes, ``tensor_peak``) and the same peaks over the whole process (checkpoint load included, as
+litgpt prints them: ``peak_alloc_whole_run_gib``, ``peak_tensor_whole_run_gib``), seconds inside the training
+loop minus validation with the first optimizer step timed apart as warm-up, and the token counts of the timed
+part. In quick mode (``quick_mode``) the longest samples are trained right after the warm-up step. No weights are
+saved unless asked. ``--activation-checkpointing`` (the lab's switch, not litgpt's) wraps every transformer block
+in ``torch.utils.checkpoint`` before ``fit`` (``activation_checkpointing``). A CUDA OOM ends the process with
 status ``oom`` and the allocator's message; the GPU is freed because the process is gone.
 """
 

@@ -315,6 +315,7 @@ def _phases(result) -> list:
     return [(p.name, p.peak_bytes, p.by_category, p.step_temporaries) for p in result.phases]
 
 
+@pytest.mark.slow  # full traces
 def test_a_micro_batch_replayed_from_two_traces_equals_its_own_trace():
     """Every storage is affine in the micro-batch size on one timeline: traces at 2 and 3 answer 5 exactly."""
     from lab_helpers.planner.tracer import scaled_trace
@@ -347,6 +348,7 @@ def test_repeated_predictions_at_other_batch_sizes_reuse_the_traces(monkeypatch)
         assert plans[b].breakdown_gib == full.breakdown_gib
 
 
+@pytest.mark.slow  # full traces
 @pytest.mark.parametrize("method,accumulation", [("full", 1), ("qlora", 2), ("lora", 3)])
 def test_extrapolated_trace_equals_full_trace_for_every_method(method, accumulation):
     """Traced at 1 and 2 blocks (most models: identical blocks) and extrapolated to 5: equal to tracing all 5."""
@@ -359,6 +361,7 @@ def test_extrapolated_trace_equals_full_trace_for_every_method(method, accumulat
     assert [p.peak_bytes for p in scaled.phases] == [p.peak_bytes for p in full.phases]
 
 
+@pytest.mark.slow  # full traces
 def test_alternating_layers_are_traced_in_pairs():
     from lab_helpers.planner.tracer import layer_period, scaling_depths
 

@@ -80,6 +80,8 @@ def _print_table(plan) -> None:
     for key in BREAKDOWN_PARTS:
         print(f"  {key:<22} {plan.breakdown_gib[key]:8.2f} GiB")
     print(f"  {'host memory':<22} {plan.host_gib:8.2f} GiB")
+    phases = ", ".join(f"{k} {v:.2f}" for k, v in plan.peaks_by_phase_gib.items())
+    print(f"  whole run: {plan.whole_run_peak_alloc_gib:.2f} GiB allocated, in {plan.whole_run_peak_phase} ({phases} GiB)")
     for note in plan.notes:
         print(f"  note: {note}")
 

@@ -7,8 +7,9 @@ planner itself says what fits. Memory is monotonic in micro batch and in sequenc
 in both, so a secant search (``largest``) asks few predictions, typically 3-5 (``FitResult.predictions`` says
 how many), falling back to doubling and bisection where the line guesses wrong.
 
-"Fits" means the predicted GPU memory used (``MemoryPlan.gpu_used_gib``: allocated peak + allocator slack +
-CUDA context) stays under the GPU's memory minus a safety ``margin`` (default 5 %: the planner's error on
+"Fits" means the predicted GPU memory used (``MemoryPlan.worst_gpu_used_gib``: allocated peak + allocator slack
++ CUDA context, over the training loop or the whole run, whichever is larger: a run that dies loading is an OOM
+too) stays under the GPU's memory minus a safety ``margin`` (default 5 %: the planner's error on
 litgpt's published LoRA and full rows is under 3 %, on QLoRA larger).
 """
 
@@ -133,7 +134,7 @@ class _Judge:
         return self.asked[key]
 
     def fits(self, spec: TrainingSpec) -> bool:
-        return self.plan(spec).gpu_used_gib <= self.budget_gib
+        return self.plan(spec).worst_gpu_used_gib <= self.budget_gib
 
 
 def largest(
@@ -249,7 +250,7 @@ def fit(
 
     recipe_plan = judge.plan(spec)
     best_batch = largest(
-        lambda b: judge.plan(_with_micro_batch(spec, b, per_device_batch)).gpu_used_gib,
+        lambda b: judge.plan(_with_micro_batch(spec, b, per_device_batch)).worst_gpu_used_gib,
         judge.budget_gib,
         start=min(spec.micro_batch_size, batch_limit),
         low=1,
@@ -259,7 +260,7 @@ def fit(
     best_seq = None
     if sequence:  # off: one question fewer to ask (the what-if explorer asks only for the batch)
         best_seq = largest(
-            lambda t: judge.plan(dataclasses.replace(spec, seq_len=t)).gpu_used_gib,
+            lambda t: judge.plan(dataclasses.replace(spec, seq_len=t)).worst_gpu_used_gib,
             judge.budget_gib,
             # where not even micro batch 1 fits, the model states alone may not: one question at the shortest says so
             start=spec.seq_len if best_batch is not None else 2,
@@ -273,17 +274,17 @@ def fit(
         budget_gib=judge.budget_gib,
         recipe_micro_batch_size=spec.micro_batch_size,
         recipe_seq_len=spec.seq_len,
-        recipe_used_gib=recipe_plan.gpu_used_gib,
-        recipe_fits=recipe_plan.gpu_used_gib <= judge.budget_gib,
+        recipe_used_gib=recipe_plan.worst_gpu_used_gib,
+        recipe_fits=recipe_plan.worst_gpu_used_gib <= judge.budget_gib,
         max_micro_batch_size=best_batch,
         max_micro_batch_used_gib=None
         if best_batch is None
-        else judge.plan(_with_micro_batch(spec, best_batch, per_device_batch)).gpu_used_gib,
+        else judge.plan(_with_micro_batch(spec, best_batch, per_device_batch)).worst_gpu_used_gib,
         micro_batch_limit=batch_limit,
         max_seq_len=best_seq,
         max_seq_used_gib=None
         if best_seq is None
-        else judge.plan(dataclasses.replace(spec, seq_len=best_seq)).gpu_used_gib,
+        else judge.plan(dataclasses.replace(spec, seq_len=best_seq)).worst_gpu_used_gib,
         seq_len_limit=seq_limit,
         seq_searched=sequence,
     )
@@ -311,8 +312,8 @@ def alternatives_for(spec: TrainingSpec, judge: _Judge) -> list[Alternative]:
         except (PlanError, PlannerUnavailable) as err:
             out.append(Alternative(change, None, note=f"not modelled: {err}"))
             return False
-        fits = plan.gpu_used_gib <= judge.budget_gib
-        out.append(Alternative(change, fits, plan.gpu_used_gib, plan.peak_alloc_gib))
+        fits = plan.worst_gpu_used_gib <= judge.budget_gib
+        out.append(Alternative(change, fits, plan.worst_gpu_used_gib, plan.peak_alloc_gib))
         return fits
 
     if spec.precision != "bf16-true":

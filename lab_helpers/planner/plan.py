@@ -51,6 +51,11 @@ class MemoryPlan:
     def to_dict(self) -> dict:
         return json.loads(json.dumps(asdict(self)))
 
+    @property
+    def worst_gpu_used_gib(self) -> float:
+        """What ``fits`` is judged on: the larger of the training loop's and the whole run's GPU memory used."""
+        return max(self.gpu_used_gib, self.whole_run_gpu_used_gib)
+
     def summary(self) -> str:
         where = f" per GPU x{self.devices}" if self.devices > 1 else ""
         if self.gpu_memory_gib is None:
@@ -106,7 +111,7 @@ def _predict(spec: TrainingSpec) -> MemoryPlan:
         {"all": whole["bytes"]}, whole["phase"], outside_allocator_bytes=breakdown.outside_allocator_bytes
     )
     whole_used_gib = analytic.gpu_used_bytes(whole_breakdown, spec.device) / GIB
-    fits = None if spec.gpu_memory_gib is None else max(used_gib, whole_used_gib) <= spec.gpu_memory_gib
+    fits = None if spec.gpu_memory_gib is None else max(used_gib, whole_used_gib) <= spec.gpu_memory_gib  # = worst_gpu_used_gib
     notes = [*result.notes, *breakdown.notes]
     if whole["bytes"] > breakdown.allocated_bytes:
         notes.append(f"the whole run peaks outside the training loop, in {whole['phase']}")
