@@ -26,6 +26,9 @@ REPORT_DIR_ENV = "LAB_REPORT_DIR"
 #   rank: int | None, world_size: int
 #   peak_alloc_gib, peak_reserved_gib: float | None   (None on a CPU, never 0)
 #   peak_tensor_gib: float | None      -- on a CPU: the peak of live tensor bytes over training (tensor_peak)
+#   peak_alloc_whole_run_gib: float | None  -- max_memory_allocated over the whole process (load included), as
+#                                        litgpt prints it; peak_alloc_gib starts when training starts
+#   peak_tensor_whole_run_gib: float | None -- on a CPU: the same over the whole process
 #   train_s: float                     -- inside the training loop after the warm-up step, validation excluded
 #   warmup_s: float | None             -- the first optimizer step's iterations (None: not timed apart)
 #   warmup_iterations: int | None      -- micro-batches of warm-up (0: the run was too short to exclude any)
@@ -81,11 +84,21 @@ def cuda_peaks_gib() -> tuple[float | None, float | None]:
     return torch.cuda.max_memory_allocated() / GIB, torch.cuda.max_memory_reserved() / GIB
 
 
-def reset_cuda_peaks() -> None:
+def reset_cuda_peaks() -> float | None:
+    """Start the training run's peak here; returns the peak allocated so far (GiB: the load phase's), or None."""
     import torch
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
+        before = torch.cuda.max_memory_allocated() / GIB
         torch.cuda.reset_peak_memory_stats()
+        return before
+    return None
+
+
+def whole_run_peak_gib(before_reset: float | None, since_reset: float | None) -> float | None:
+    """The whole process's peak allocated from the peak before the training run's reset and the one since."""
+    known = [v for v in (before_reset, since_reset) if v is not None]
+    return max(known) if known else None
 
 
 OOM_MARKERS = ("out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed")
