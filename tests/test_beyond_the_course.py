@@ -82,6 +82,7 @@ def test_act_ckpt_is_full_7b_with_checkpointing_and_its_run_asks_for_it(tmp_path
     assert "--activation-checkpointing" not in launcher_for(plain).command(plain, tmp_path / "plain")
 
 
+@pytest.mark.slow
 def test_the_planner_trades_activations_for_nothing_else_with_checkpointing():
     ckpt, plain = predict_experiment("act-ckpt", profile="ci"), predict_experiment("full-7b", profile="ci")
     for part in ("parameters", "gradients", "optimizer_states"):
@@ -119,6 +120,7 @@ def test_eight_bit_stand_in_allocates_what_it_says_and_pages_the_large_moments()
     assert paged.paged_bytes == 2 * big.numel()  # uint8 moments in managed memory; absmax on the allocator
 
 
+@pytest.mark.slow
 def test_eight_bit_arithmetic_and_planner_agree_on_the_7b():
     """Optimizer states: 4 B/param for bf16 AdamW, ~2 for 8-bit; the planner's trace of the real 7B agrees."""
     eight, plain = arithmetic.model_states("adamw-8bit"), arithmetic.model_states("full-7b")
@@ -155,6 +157,7 @@ def test_litgpt_can_build_the_eight_bit_optimizer_from_the_recipe_string():
 # ------------------------------------------------------------------------------------------- SHARD_GRAD_OP
 
 
+@pytest.mark.slow
 def test_grad_op_keeps_the_whole_model_gathered_while_full_shard_keeps_two_blocks():
     full, grad_op = predict_experiment("fsdp", profile="gpu"), predict_experiment("fsdp-grad-op", profile="gpu")
     for part in ("parameters", "gradients", "optimizer_states", "activations"):
@@ -228,6 +231,7 @@ def test_zero2_runs_through_deepspeed_with_a_stage_2_config(tmp_path):
     assert "stage=2" in commands.strategy_lines("deepspeed-zero2-offload")
 
 
+@pytest.mark.slow
 def test_zero2_offload_keeps_every_weight_on_each_gpu_and_the_same_host_bytes_per_param():
     """Same 7B on the same 4 GPUs: ZeRO-2 holds all the bf16 weights per GPU (ZeRO-3 a quarter), the host the
     same 16 B/param of offloaded optimizer state."""
@@ -248,6 +252,7 @@ def test_zero2_offload_keeps_every_weight_on_each_gpu_and_the_same_host_bytes_pe
 # ------------------------------------------------------------------------------------------- the nodes
 
 
+@pytest.mark.slow
 def test_every_node_kind_decides_the_new_experiments():
     """CPU: act-ckpt, SHARD_GRAD_OP and ZeRO-2 run on stand-ins, 8-bit AdamW is skipped; one GPU: SHARD_GRAD_OP
     needs two; four H100s run the multi-GPU ones as defined."""

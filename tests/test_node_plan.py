@@ -143,6 +143,7 @@ def test_h200_says_full_13b_fits_and_demonstrates_the_oom_with_the_planners_batc
     assert ("full-13b", step.overrides) in planner.calls  # the chosen batch was checked against this GPU
 
 
+@pytest.mark.slow
 def test_a10g_skips_what_cannot_fit_and_offers_smaller_micro_batches():
     steps, planner = decide_all("A10G-24GB", SINGLE)
     for exp_id in ("full-3b", "full-7b", "full-13b-sgd", "lora-13b"):

@@ -79,6 +79,7 @@ def peak(s: TrainingSpec) -> float:
     return predict(s).peak_alloc_gib
 
 
+@pytest.mark.slow
 def test_bf16_true_below_32_true():
     assert peak(spec(precision="bf16-true")) < peak(spec(precision="32-true"))
 
@@ -91,6 +92,7 @@ def test_lora_below_full():
     assert peak(spec("lora")) < peak(spec("full"))
 
 
+@pytest.mark.slow
 def test_qlora_below_lora_on_a_larger_model():
     big = tiny_config(n_embd=512, n_head=8, n_query_groups=8)
     lora, qlora = predict(spec("lora", config=big, mb=1, seq=32)), predict(spec("qlora", config=big, mb=1, seq=32))
@@ -105,6 +107,7 @@ def test_nf4_double_quant_smaller():
     assert dq.breakdown_gib["parameters"] < plain.breakdown_gib["parameters"]
 
 
+@pytest.mark.slow
 def test_fsdp_per_gpu_below_ddp():
     cfg = tiny_config(n_layer=4, n_embd=256)
     ddp = predict(spec(config=cfg, devices=4, strategy="ddp", mb=1, seq=32))
@@ -125,6 +128,7 @@ def test_ddp_bucket_copy_only_without_gradient_as_bucket_view():
     assert views.peak_alloc_gib < copies.peak_alloc_gib
 
 
+@pytest.mark.slow
 def test_peak_grows_with_micro_batch_and_sequence():
     assert peak(spec(mb=1)) < peak(spec(mb=2)) < peak(spec(mb=4))
     assert peak(spec(seq=32)) < peak(spec(seq=128))
@@ -182,6 +186,7 @@ def test_traced_bytes_equal_real_objects(precision, dtype, optimizer):
     assert traced.trainable_param_numel == sum(p.numel() for p in model.parameters())
 
 
+@pytest.mark.slow
 def test_extrapolated_trace_equals_full_trace():
     s = spec("lora", config=tiny_config(n_layer=6), mb=1, seq=16, gradient_accumulation_iters=2)
     full, scaled = trace_training(s), trace(s)
@@ -329,6 +334,7 @@ def test_a_micro_batch_replayed_from_two_traces_equals_its_own_trace():
     assert scaled_trace(f2, f3, 2, 3, 5) is None
 
 
+@pytest.mark.slow
 def test_repeated_predictions_at_other_batch_sizes_reuse_the_traces(monkeypatch):
     """A batch-size search (plan --fit) traces two sizes and replays the rest; the answers equal full traces."""
     from lab_helpers.planner import plan as plan_module
@@ -374,6 +380,7 @@ def test_alternating_layers_are_traced_in_pairs():
     assert [p.peak_bytes for p in trace(s).phases] == [p.peak_bytes for p in trace_training(s).phases]
 
 
+@pytest.mark.slow
 def test_qlora_dequantizes_to_fp16_then_to_the_compute_dtype():
     """bitsandbytes 0.49 MatMul4Bit: dequantize_4bit gives the quant state's fp16, .to(A.dtype) a bf16 copy;
     both are alive at once, so a step's temporaries hold at least two copies of the largest weight."""
@@ -385,6 +392,7 @@ def test_qlora_dequantizes_to_fp16_then_to_the_compute_dtype():
     assert saved.breakdown_gib["activations"] > plan.breakdown_gib["activations"]  # 0.42's saved inputs: not default
 
 
+@pytest.mark.slow
 def test_the_whole_run_has_a_load_phase_and_fits_is_judged_on_the_larger():
     from lab_helpers.planner import whole_run
 
