@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from litgpt import Config  # noqa: E402
 
 from lab_helpers.planner import TrainingSpec, predict  # noqa: E402
+from lab_helpers.record_schema import GIB
 
-GIB = 2**30
 A10G_USABLE_GIB = 22.0  # 24 GB A10G: 22.35 GiB total as reported by CUDA
 
 

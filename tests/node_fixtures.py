@@ -11,8 +11,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from lab_helpers.record_schema import GIB
+
 MIB = 2**20
-GIB = 2**30
 
 PACKAGES = {"torch": "2.8.0", "lightning": "2.6.6", "litgpt": "0.5.13", "deepspeed": "0.19.8", "bitsandbytes": "0.48.1"}
 

@@ -26,8 +26,7 @@ from lab_helpers.planner.errors import PlanError
 from lab_helpers.planner.optim8bit import AdamW8bitStandIn, bytes_per_param, state_bytes
 from lab_helpers.planner.spec import spec_from_recipe
 from lab_helpers.predict import planner_inputs
-
-GIB = 2**30
+from lab_helpers.record_schema import GIB
 
 
 def _tiny_gpt(n_layer: int = 2):
