@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", default=str(ROOT / "reference_results" / "ci-cpu.jsonl"))
     args = parser.parse_args(argv)
-    from lab_helpers.planner.timing import _read_jsonl, predicted_vs_measured
+    from lab_helpers.planner.timing import predicted_vs_measured
+    from lab_helpers.records import read_records
 
     shown = Path(args.records).resolve()
     shown = shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         "$ python benchmarks/planner_time_check.py"
         + (f" --records {shown}" if args.records != parser.get_default("records") else "")
     )
-    records = _read_jsonl(Path(args.records))
+    records = read_records(Path(args.records))
     rows = predicted_vs_measured(records)
     print(f"# {len(records)} records from {shown}; MFU and overhead for each row fitted to the other records")
     if any(not record.get("device_name") for record in records):

@@ -124,6 +124,11 @@ def gpu_memory_gib(node: Mapping[str, Any]) -> float | None:
     return min(sizes) if sizes and all(isinstance(s, (int, float)) for s in sizes) else None
 
 
+def this_gpu_memory_gib() -> float | None:
+    """``gpu_memory_gib`` of this node (NVML, read once per process by ``describe_node``)."""
+    return gpu_memory_gib(describe_node())
+
+
 def offload_host_ram_needed_gib(params: float = DEEPSPEED_OFFLOAD_PARAMS, devices: int = 1) -> float:
     """Host RAM of the ZeRO-3 optimizer-offload run, in GiB: the planner's own number (fp32 master weights,
     Adam moments and fp32 gradient partitions, 16 bytes per parameter, plus each rank's process)."""

@@ -106,10 +106,9 @@ def default_gpu_memory_gib(profile: str) -> float:
     """This node's GPU memory (GiB); without a GPU, a pretend size (ci) or 80 GiB (gpu)."""
     if profile == "ci":
         return CI_PRETEND_GPU_GIB
-    from lab_helpers.node import describe_node
-    from lab_helpers.node_plan import gpu_memory_gib
+    from lab_helpers.node import this_gpu_memory_gib
 
-    return gpu_memory_gib(describe_node()) or NO_GPU_GIB
+    return this_gpu_memory_gib() or NO_GPU_GIB
 
 
 def spec_for(values: dict[str, Any], profile: str):

@@ -26,6 +26,7 @@ from lab_helpers.planner.timing import (
     predicted_vs_measured,
     trainable_params,
 )
+from lab_helpers.records import read_records
 
 ROOT = Path(__file__).resolve().parent.parent
 CI = ROOT / "configs" / "ci"
@@ -159,7 +160,7 @@ def test_prediction_against_the_shipped_ci_records(ci_assets, tmp_path):
     prediction, benchmarks/planner_time_check.out.txt): a median error under 15 % and every row within a
     factor of 2 on the tiny CPU models. A wrong FLOP count, a lost overhead term or a unit slip (ms for s,
     per-step for per-micro-batch) breaks these."""
-    records = timing._read_jsonl(ROOT / "reference_results" / "ci-cpu.jsonl")
+    records = read_records(ROOT / "reference_results" / "ci-cpu.jsonl")
     [bf16] = [r for r in records if r["experiment"] == "bf16-true"]
     [alone] = predicted_vs_measured([bf16], leave_one_out=False)  # its MFU from itself: exact
     assert alone["error_pct"] == pytest.approx(0, abs=1e-6) and alone["mfu_source"].startswith("median of 1")

@@ -231,7 +231,9 @@ def fit(
     ``gpu_memory_gib`` defaults to ``spec.gpu_memory_gib``, then this node's GPU."""
     gpu_gib = gpu_memory_gib if gpu_memory_gib is not None else spec.gpu_memory_gib
     if gpu_gib is None:
-        gpu_gib = _this_gpu_gib()
+        from lab_helpers.node import this_gpu_memory_gib
+
+        gpu_gib = this_gpu_memory_gib()
     if gpu_gib is None:
         raise PlanError("no GPU memory to fit into: pass --gpu-memory-gib G (no GPU found on this machine)")
     if gpu_gib <= 0:
@@ -374,8 +376,3 @@ def _sharded(spec: TrainingSpec, strategy: str, devices: int, *, offload: bool) 
         optimizer="DeepSpeedCPUAdam" if offload else spec.optimizer,
     )
 
-
-def _this_gpu_gib() -> float | None:
-    from lab_helpers.node import describe_node, gpu_memory_gib
-
-    return gpu_memory_gib(describe_node())

@@ -385,25 +385,10 @@ def _precision(record: Mapping[str, Any]) -> str | None:
 def default_records() -> list[dict[str, Any]]:
     """The lab's own results (``$LAB_RESULTS/runs.jsonl``) and the shipped reference results."""
     from lab_helpers.paths import reference_dir, results_dir
+    from lab_helpers.records import read_records
 
     paths = [results_dir() / "runs.jsonl", *sorted(reference_dir().glob("*.jsonl"))]
-    records: list[dict[str, Any]] = []
-    for path in paths:
-        if path.is_file():
-            records += _read_jsonl(path)
-    return records
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by a crash: the others still count
-        if isinstance(item, dict):
-            out.append(item)
-    return out
+    return [record for path in paths for record in read_records(path)]
 
 
 # ------------------------------------------------------------------------------------------------ records
