@@ -20,8 +20,6 @@ fi
 
 EXTRAS=dev source scripts/setup-env.sh
 
-# DeepSpeed JIT-builds its cpu_adam op once (~2 min); keep the build between runs.
-export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}"
 export LAB_PROFILE=ci
 python -m lab_helpers prepare --profile ci
 

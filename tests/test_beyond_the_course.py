@@ -213,7 +213,9 @@ def test_zero2_config_has_stage_2_the_planners_buckets_and_cpu_adam():
     assert zero["reduce_bucket_size"] == analytic.DS_REDUCE_BUCKET_NUMEL
     assert zero["allgather_bucket_size"] == analytic.DS_ALLGATHER_BUCKET_NUMEL
     assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
-    assert optimizer_class_path(recipe, strategy="deepspeed-zero2", offload_optimizer=True) == CPU_ADAM_CLASS
+    assert (
+        optimizer_class_path(recipe, strategy="deepspeed-zero2", offload_optimizer=True, on_cuda=True) == CPU_ADAM_CLASS
+    )
     with pytest.raises(ValueError, match="stage 2 or 3"):
         deepspeed_config(recipe, world_size=4, stage=1)
 

@@ -42,7 +42,7 @@ def test_deepspeed_zero2_with_optimizer_offload_runs_on_cpu(ci_assets, results):
         assert record["status"] == "ok", record.get("error")
         assert record["strategy_used"].startswith("deepspeed zero2 + cpu offload")
     log = (results / records[0]["log_path"]).read_text()
-    assert "optimizer: DeepSpeedCPUAdam" in log
+    assert "optimizer: AdamW" in log  # torch's, without CUDA (DeepSpeedCPUAdam on a GPU: test_distributed_config)
 
 
 def test_eight_bit_adamw_is_recorded_as_skipped_on_a_cpu(ci_assets, results):

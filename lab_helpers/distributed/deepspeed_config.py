@@ -4,7 +4,8 @@ One function builds it from the recipe, so the JSON a student can read in the ru
 training process hands to Lightning's ``DeepSpeedStrategy`` and the unit tests all see the same thing.
 Why these settings: stage 3 shards parameters, gradients and optimizer states across ranks; offloading the
 optimizer moves the 12 bytes/param of fp32 master weights and Adam moments to host RAM, where
-``DeepSpeedCPUAdam`` (a vectorised C++ Adam) steps them while the GPU waits: the idle gap in the timeline.
+``DeepSpeedCPUAdam`` (a vectorised C++ Adam) steps them while the GPU waits: the idle gap in the timeline
+(without CUDA, torch's AdamW steps them: see ``optimizer_class_path``).
 Stage 2 (the ``deepspeed-zero2`` strategy, the 8B blog run's setup) shards only gradients and optimizer
 states: every GPU keeps all the weights, so forward and backward gather nothing; its bucket sizes are written
 out so that the planner (``planner.analytic.deepspeed_zero2``) and the run use the same ones.
@@ -68,13 +69,18 @@ def deepspeed_config(
     return config
 
 
-def optimizer_class_path(recipe: Mapping[str, Any], *, strategy: str, offload_optimizer: bool) -> str:
+def optimizer_class_path(recipe: Mapping[str, Any], *, strategy: str, offload_optimizer: bool, on_cuda: bool) -> str:
     """The optimizer class the training process builds: DeepSpeedCPUAdam whenever the optimizer is offloaded.
 
-    A torch optimizer cannot step states that ZeRO keeps in host memory efficiently; DeepSpeed requires its
-    CPU Adam there. Otherwise the recipe's own optimizer (``torch.optim.AdamW`` in the lab's recipes).
+    A torch optimizer steps the states ZeRO keeps in host memory several times slower than DeepSpeed's
+    vectorised C++ Adam, so on a GPU DeepSpeed requires its CPU Adam there. Without CUDA (the ci profile's
+    tiny models) the recipe's torch optimizer steps them instead: DeepSpeed's ``cpu_adam`` op is compiled with
+    g++ on first use, 3-5 minutes of a 2-core machine for a few thousand parameters, and the rest of ZeRO's
+    offload (fp32 partitions in host memory, gradients copied out, weights copied back) runs the same.
+    ``CPUDeepSpeedStrategy`` sets ``zero_force_ds_cpu_optimizer: false`` so DeepSpeed accepts it.
+    Otherwise the recipe's own optimizer (``torch.optim.AdamW`` in the lab's recipes).
     """
-    if strategy in ZERO_STAGES and offload_optimizer:
+    if strategy in ZERO_STAGES and offload_optimizer and on_cuda:
         return CPU_ADAM_CLASS
     optimizer = recipe.get("optimizer") or "AdamW"
     path = optimizer if isinstance(optimizer, str) else optimizer.get("class_path", "torch.optim.AdamW")

@@ -7,6 +7,12 @@ with g++ on first use). Everything else -- ``deepspeed.zero.Init`` around ``conf
 what CI runs is what a GPU runs minus the device. What changes is only about device placement: the two
 checks are skipped and DeepSpeed's engine is given the local rank as its device rank (a CPU device has no
 index, which DeepSpeed cannot compare).
+
+Two of DeepSpeed's C++ ops are not built here, each 2-3 minutes of g++ on a 2-core machine and useless to the
+ci profile's tiny models: the shared-memory all-reduce its CPU accelerator compiles when the process group
+starts (used only by ``inference_all_reduce``; training's collectives go through gloo), and ``cpu_adam``
+(torch's AdamW steps the offloaded states: ``deepspeed_config.optimizer_class_path``; the config gets
+``zero_force_ds_cpu_optimizer: false`` so DeepSpeed accepts it).
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ class CPUDeepSpeedStrategy(DeepSpeedStrategy):
 
     strategy_name = "deepspeed_cpu"
 
+    def __init__(self, *, config: dict, **kwargs) -> None:
+        # a torch optimizer steps the offloaded states on a CPU (see the module docstring)
+        super().__init__(config={**config, "zero_force_ds_cpu_optimizer": False}, **kwargs)
+
     def setup_environment(self) -> None:
         # skip DeepSpeedStrategy's "only supported on CUDA GPUs" check; DDPStrategy's setup is what it calls next
         DDPStrategy.setup_environment(self)
@@ -34,6 +44,7 @@ class CPUDeepSpeedStrategy(DeepSpeedStrategy):
         # DeepSpeedStrategy.setup_distributed minus _validate_device_index_selection (CPU devices have no index)
         reset_seed()
         self.set_world_ranks()
+        _skip_inference_shm_build()
         self._init_deepspeed_distributed()
 
     def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):
@@ -50,3 +61,12 @@ class CPUDeepSpeedStrategy(DeepSpeedStrategy):
             dist_init_required=False,
         )
         return deepspeed_engine, deepspeed_optimizer
+
+
+def _skip_inference_shm_build() -> None:
+    """Mark DeepSpeed's shared-memory all-reduce op incompatible, so starting the process group does not
+    compile it (``deepspeed.comm.torch.build_shm_op`` builds only ops marked compatible; only
+    ``inference_all_reduce`` would use it)."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False

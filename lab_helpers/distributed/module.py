@@ -15,7 +15,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from lab_helpers.distributed.deepspeed_config import CPU_ADAM_CLASS, cpu_adam_kwargs, optimizer_class_path
+from lab_helpers.distributed.deepspeed_config import CPU_ADAM_CLASS, cpu_adam_kwargs
 from lab_helpers.distributed.model_loading import build_gpt_zero3, load_gpt, mapped_state_dict, param_dtype
 
 
@@ -28,7 +28,7 @@ class LitGPTFinetune(L.LightningModule):
         strategy: str,
         fsdp_impl: str | None = None,
         wrap: str | None = None,
-        offload_optimizer: bool = False,
+        optimizer_class: str,
         reshard_after_forward: bool = True,
     ) -> None:
         super().__init__()
@@ -37,7 +37,7 @@ class LitGPTFinetune(L.LightningModule):
         self.strategy_name = strategy
         self.fsdp_impl = fsdp_impl
         self.wrap = wrap
-        self.offload_optimizer = offload_optimizer
+        self.optimizer_class = optimizer_class  # deepspeed_config.optimizer_class_path, derived by the caller
         self.reshard_after_forward = reshard_after_forward  # False: SHARD_GRAD_OP (ZeRO-2), FSDP2's form
         self.model: torch.nn.Module | None = None
         self.train_args = recipe.get("train") or {}
@@ -98,9 +98,7 @@ class LitGPTFinetune(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def build_optimizer(self, params) -> torch.optim.Optimizer:
-        class_path = optimizer_class_path(
-            self.recipe, strategy=self.strategy_name, offload_optimizer=self.offload_optimizer
-        )
+        class_path = self.optimizer_class
         if class_path == CPU_ADAM_CLASS:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 

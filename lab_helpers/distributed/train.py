@@ -94,6 +94,7 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
 
     from lab_helpers import child_report
     from lab_helpers.distributed import peers
+    from lab_helpers.distributed.deepspeed_config import optimizer_class_path
     from lab_helpers.distributed.module import LitGPTFinetune
     from lab_helpers.distributed.reporting import ReportCallback
     from lab_helpers.distributed.strategies import make_strategy
@@ -136,7 +137,7 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
         strategy=args.strategy,
         fsdp_impl=choice.fsdp_impl,
         wrap=choice.wrap,
-        offload_optimizer=offload,
+        optimizer_class=optimizer_class_path(recipe, strategy=args.strategy, offload_optimizer=offload, on_cuda=on_cuda),
         reshard_after_forward=choice.sharding != "grad-op",
     )
     data = build_data(recipe, checkpoint_dir)
