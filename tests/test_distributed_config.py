@@ -229,3 +229,58 @@ def test_deepspeed_strategy_on_cpu_is_lightnings_own_class():
 def test_exit_descriptions():
     assert describe_exit(-signal.SIGKILL) == "was killed by SIGKILL"
     assert describe_exit(3) == "exited with code 3"
+
+
+def _finished_ranks(exp_id: str, strategy_used: str, world_size: int = 2) -> list[dict]:
+    """Two ranks' records as a finished run leaves them (the fields the check reads; the rest is conformed)."""
+    row = {"iter": 2, "loss": 1.0, "iter_time_s": 0.1, "tokens": 64}
+    return [
+        {
+            "experiment": exp_id, "profile": "ci", "overrides": {}, "section": "multi", "rank": rank,
+            "world_size": world_size, "status": "ok", "train_s": 0.1, "warmup_s": 0.2, "warmup_iterations": 1,
+            "iterations": 1, "per_iteration": [row], "device_name": "cpu (x86_64)", "strategy_used": strategy_used,
+        }
+        for rank in range(world_size)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("on_cuda", [False, True])
+def test_the_notebooks_check_accepts_what_each_strategy_reports_and_refuses_another(on_cuda):
+    """notebook 02's last cell (check_records) is what CI relies on for the multi-GPU runs: it must accept the label
+    make_strategy gives the experiment's own strategy, on a CPU and on CUDA, and refuse any other strategy's."""
+    from lab_helpers.distributed.notebook import check_records
+
+    labels = {}
+    for exp_id in ("ddp", "fsdp", "fsdp-grad-op", "deepspeed-offload", "deepspeed-zero2-offload"):
+        run = resolve(exp_id, "ci", check_files=False)
+        opts = run.options
+        config = None
+        if run.experiment.strategy.startswith("deepspeed"):
+            stage = int(run.experiment.strategy[-1])
+            config = deepspeed_config(
+                run.recipe, world_size=2, offload_optimizer=opts["offload_optimizer"], stage=stage
+            )
+        choice = make_strategy(
+            run.experiment.strategy, on_cuda=on_cuda, world_size=2, wrap=opts.get("wrap") or "block",
+            deepspeed_config=config, sharding=opts.get("sharding") or "full",
+        )  # fmt: skip
+        labels[exp_id] = choice.label
+    for exp_id, label in labels.items():
+        assert check_records({exp_id: _finished_ranks(exp_id, label)}, {exp_id: {"ok"}}) == [], (exp_id, label)
+        for other, other_label in labels.items():
+            if other != exp_id:
+                problems = check_records({exp_id: _finished_ranks(exp_id, other_label)}, {exp_id: {"ok"}})
+                assert any("strategy_used" in p for p in problems), (exp_id, other_label)
+
+
+def test_the_notebooks_check_names_a_rank_without_timed_iterations_or_with_the_wrong_world_size():
+    from lab_helpers.distributed.notebook import check_records
+
+    label = "ddp (DDPStrategy, gloo, CPU)"
+    ranks = _finished_ranks("ddp", label)
+    ranks[1] = {**ranks[1], "iterations": 0, "train_s": 0.0}
+    [problem] = check_records({"ddp": ranks}, {"ddp": {"ok"}})
+    assert problem.startswith("ddp rank 1: no timed iterations")
+    alone = _finished_ranks("ddp", label, world_size=1)
+    assert any("world size 1, the experiment asks for 2" in p for p in check_records({"ddp": alone}, {"ddp": {"ok"}}))
+    assert check_records({"ddp": [{**ranks[0], "peak_alloc_gib": "lots"}]}, {"ddp": {"ok"}})  # schema: not a number

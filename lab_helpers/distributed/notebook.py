@@ -54,10 +54,12 @@ def rank_rows(records: Sequence[Mapping[str, Any]]):
 
 
 def check_records(records: Mapping[str, Sequence[Mapping[str, Any]]], expected: Mapping[str, set[str]]) -> list[str]:
-    """Problems with the notebook's runs: each experiment needs one record per rank with an expected status.
+    """Problems with the notebook's runs: each experiment needs one record per rank with an expected status, and
+    each finished rank a record that follows the schema, reports the timed loop and ran the strategy asked for.
 
     ``expected`` maps an experiment to the statuses accepted for it (e.g. {"ok"}, or {"ok", "skipped"} where a
-    machine may lack what it needs). A skipped run has a single record with its reason.
+    machine may lack what it needs). A skipped run has a single record with its reason. This is the check CI
+    relies on for the multi-GPU section: nbval runs the notebook's last cell on the ci profile.
     """
     problems = []
     for exp_id, allowed in expected.items():
@@ -76,4 +78,41 @@ def check_records(records: Mapping[str, Sequence[Mapping[str, Any]]], expected: 
         ranks = sorted(r.get("rank") or 0 for r in recs)
         if ranks != list(range(world)):
             problems.append(f"{exp_id}: ranks {ranks}, expected one record per rank of {world}")
+        problems += [
+            f"{exp_id} rank {r.get('rank')}: {p}" for r in recs if r.get("status") == "ok" for p in _ok_rank_problems(r)
+        ]
     return problems
+
+
+def _ok_rank_problems(record: Mapping[str, Any]) -> list[str]:
+    """What is wrong with one finished rank's record: schema, the timed loop (warm-up apart), the strategy."""
+    from lab_helpers.experiments import resolve
+    from lab_helpers.record_schema import record_problems
+
+    problems = record_problems(record)
+    if not (record.get("train_s") or 0) > 0 or not (record.get("iterations") or 0) >= 1:
+        problems.append(
+            f"no timed iterations after warm-up (train_s {record.get('train_s')}, iterations {record.get('iterations')})"
+        )
+    if not record.get("per_iteration") or not record.get("device_name"):
+        problems.append("no per-iteration rows or no device name")
+    run = resolve(str(record["experiment"]), str(record["profile"]), record.get("overrides"), check_files=False)
+    if record.get("world_size") != run.world_size:
+        problems.append(f"world size {record.get('world_size')}, the experiment asks for {run.world_size}")
+    used = str(record.get("strategy_used") or "")
+    wanted = strategy_words(run.experiment.strategy, run.options)
+    missing = [w for w in wanted if w not in used]
+    if missing or ("SHARD_GRAD_OP" in used) != ("SHARD_GRAD_OP" in wanted):
+        problems.append(f"strategy_used {used!r} is not the {run.experiment.strategy} asked for ({', '.join(wanted)})")
+    return problems
+
+
+def strategy_words(strategy: str, options: Mapping[str, Any]) -> list[str]:
+    """Words ``strategy_used`` must contain for a run of ``strategy`` with these launch options (whichever
+    Lightning class ran it: FSDP1 or FSDP2, CUDA or CPU)."""
+    if strategy == "fsdp":
+        return ["fsdp", "SHARD_GRAD_OP"] if options.get("sharding") == "grad-op" else ["fsdp"]
+    if strategy.startswith("deepspeed-zero"):
+        words = [f"deepspeed zero{strategy.removeprefix('deepspeed-zero')}"]
+        return words + (["cpu offload"] if options.get("offload_optimizer") else [])
+    return {"single": ["single device"]}.get(strategy, [strategy])
