@@ -14,7 +14,7 @@ import pytest
 from conftest import cli, sigint_as_in_a_terminal
 
 from lab_helpers.lab import run_experiment
-from lab_helpers.records import read_records
+from lab_helpers.records import append_record, read_records
 
 pytestmark = pytest.mark.slow
 SHORT = {"train.max_steps": 2}
@@ -29,8 +29,9 @@ def _processes_mentioning(text: str) -> list[psutil.Process]:
     return found
 
 
-def test_a_run_records_every_field_the_cpu_provides(ci_assets, results):
-    [record] = run_experiment("grad-accum", profile="ci", overrides=SHORT, echo=False)
+def test_a_run_records_every_field_the_cpu_provides_and_never_a_token(ci_assets, results, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)  # and in the recipe: neither may reach a stored log or record
+    [record] = run_experiment("grad-accum", profile="ci", overrides={**SHORT, "access_token": FAKE_TOKEN}, echo=False)
     assert record["status"] == "ok" and record["rank"] is None
     assert record["experiment"] == "grad-accum" and record["profile"] == "ci"
     for gpu_field in ("peak_alloc_gib", "peak_reserved_gib", "gpu_used_peak_gib", "mfu"):
@@ -56,6 +57,10 @@ def test_a_run_records_every_field_the_cpu_provides(ci_assets, results):
     assert (run_dir / "output.log").read_text().count("iter ") >= 4
     assert (results / record["timeline_path"]).read_text().startswith("t_s,gpu,util_pct")
     assert read_records(results / "runs.jsonl") == [record]
+    stored = [p for p in results.rglob("*") if p.is_file()]
+    assert any(p.name == "recipe.yaml" for p in stored)
+    for path in stored:
+        assert FAKE_TOKEN not in path.read_text(errors="replace"), path
 
 
 def test_skipped_experiment_is_recorded_with_its_reason(results):
@@ -88,13 +93,13 @@ def test_cuda_oom_in_the_child_is_recorded_as_oom_with_the_allocator_message(ci_
         )
     )
     monkeypatch.setenv("PYTHONPATH", f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    run_experiment("small-batch", profile="ci", overrides=SHORT, echo=False)  # an earlier record ...
+    earlier = {"run_id": "earlier", "experiment": "small-batch", "status": "ok", "rank": None}
+    append_record(earlier)  # an earlier run's record ...
     [record] = run_experiment("baseline", profile="ci", overrides=SHORT, echo=False)
     assert record["status"] == "oom"
     assert message in record["error"] and "Tried to allocate 20.00 GiB" in record["reason"]
     assert record["returncode"] == 3
-    statuses = [r["status"] for r in read_records(results / "runs.jsonl")]
-    assert statuses == ["oom", "oom"]  # ... stays intact beside the new one (both hit the fixture)
+    assert read_records(results / "runs.jsonl") == [earlier, record]  # ... stays intact beside the new one
     assert not _processes_mentioning(record["run_id"])  # the child (and its GPU memory) is gone
 
 
@@ -140,16 +145,6 @@ def test_killed_launcher_leaves_no_training_process_behind(ci_assets, results):
     while _processes_mentioning(run_dir.name) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _processes_mentioning(run_dir.name)
-
-
-def test_a_hugging_face_token_never_reaches_a_stored_log_or_record(ci_assets, results, monkeypatch):
-    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
-    [record] = run_experiment("grad-accum", profile="ci", overrides={**SHORT, "access_token": FAKE_TOKEN}, echo=False)
-    assert record["status"] == "ok"
-    stored = [p for p in results.rglob("*") if p.is_file()]
-    assert any(p.name == "output.log" for p in stored) and any(p.name == "recipe.yaml" for p in stored)
-    for path in stored:
-        assert FAKE_TOKEN not in path.read_text(errors="replace"), path
 
 
 def test_cli_run_and_results(ci_assets, results):
