@@ -1,9 +1,10 @@
 """The planner asked about a resolved run, with exactly the settings the run is launched with.
 
 ``planner_inputs`` is the one translation from a ``ResolvedRun`` to the planner's arguments: the world size, the
-strategy and the launch options (offload, FSDP wrap policy) come from the run itself (``ResolvedRun.options``,
-``recipe_defaults``), the same values the launcher writes into the command. The planner memoizes its own
-predictions (``planner.plan.predict``) and hands back a copy: there is no second cache here.
+strategy and the launch options (offload, FSDP wrap policy, sharding and implementation) come from the run
+itself (``ResolvedRun.options``, ``recipe_defaults``), the same values the launcher writes into the command.
+The planner memoizes its own predictions (``planner.plan.predict``) and hands back a copy: there is no second
+cache here.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lab_helpers.experiments import ResolvedRun, resolve, runnable_recipe
+from lab_helpers.recipe_defaults import resolve_fsdp_impl
 
 OOM_DEMO_MARGIN = 0.2
 """An OOM demonstration must be predicted this far over the GPU's memory (20 %): the planner can be off by
@@ -29,13 +31,16 @@ def planner_inputs(run: ResolvedRun, gpu_memory_gib: float | None, *, device: st
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     options = run.options
+    strategy = run.experiment.strategy
+    fsdp_impl = resolve_fsdp_impl(options["fsdp_impl"], on_cuda=device == "cuda") if strategy == "fsdp" else None
     return {
         "recipe": runnable_recipe(run.recipe),
         "devices": run.world_size,
-        "strategy": run.experiment.strategy,
+        "strategy": strategy,
         "offload_optimizer": bool(options["offload_optimizer"]),
         "fsdp_wrap_blocks": options["wrap"] == "block",
         "fsdp_reshard_after_forward": options["sharding"] != "grad-op",  # grad-op: SHARD_GRAD_OP (ZeRO-2)
+        "fsdp_impl": fsdp_impl,  # what the training process will resolve "auto" to on this hardware
         "activation_checkpointing": bool(options["activation_checkpointing"]),
         "gpu_memory_gib": gpu_memory_gib,
         "device": device,

@@ -35,6 +35,10 @@ LAUNCH_OPTION_DEFAULTS: Mapping[str, Any] = {
 """Launch settings of an experiment (``options:`` in configs/experiments/*.yaml); all but
 ``activation_checkpointing`` concern ``lightning-strategy`` experiments only."""
 
+FSDP_IMPLS = ("auto", "fsdp1", "fsdp2")
+"""``fsdp_impl``: FSDP1 (Lightning's ``FSDPStrategy``, flat parameters), FSDP2 (``ModelParallelStrategy`` +
+``fully_shard``, per-parameter DTensors), or auto: whichever this hardware runs."""
+
 OFFLOADING_STRATEGIES = ("deepspeed-zero2", "deepspeed-zero3")
 """Strategies that can move the optimizer to the host (the planner models offload for these only)."""
 
@@ -53,3 +57,18 @@ def lora_settings(recipe: Mapping[str, Any]) -> dict[str, Any]:
     if not any(str(key).startswith("lora_") for key in recipe):
         return {}
     return {key: recipe.get(key, default) for key, default in LORA_DEFAULTS.items()}
+
+
+def resolve_fsdp_impl(requested: str, *, on_cuda: bool) -> str:
+    """fsdp1 (``FSDPStrategy``) on CUDA; fsdp2 (``ModelParallelStrategy`` + ``fully_shard``) on a CPU.
+
+    Lightning's ``FSDPStrategy`` refuses a CPU accelerator, so asking for fsdp1 there is an error, not a
+    silent switch.
+    """
+    if requested not in FSDP_IMPLS:
+        raise ValueError(f"fsdp_impl {requested!r} is not one of {', '.join(FSDP_IMPLS)}")
+    if requested == "auto":
+        return "fsdp1" if on_cuda else "fsdp2"
+    if requested == "fsdp1" and not on_cuda:
+        raise ValueError("fsdp_impl 'fsdp1' needs CUDA (Lightning's FSDPStrategy refuses a CPU); use 'fsdp2' or 'auto'")
+    return requested

@@ -19,7 +19,7 @@ from lab_helpers.experiments import load_experiments, resolve
 from lab_helpers.launch import launcher_for
 from lab_helpers.planner.spec import spec_from_recipe
 from lab_helpers.predict import planner_inputs
-from lab_helpers.recipe_defaults import lora_settings
+from lab_helpers.recipe_defaults import lora_settings, resolve_fsdp_impl
 from lab_helpers.run_record import base_record, records_from
 from lab_helpers.runner import ProcessOutcome
 from lab_helpers.sampler import TimelineSummary
@@ -47,6 +47,10 @@ def _check_same_settings(run, run_dir: Path) -> None:
         if spec.strategy == "fsdp":
             assert (_arg(argv, "--wrap") == "block") == spec.fsdp_wrap_blocks
             assert (_arg(argv, "--sharding") in (None, "full")) == spec.fsdp_reshard_after_forward
+            # the training process resolves --fsdp-impl by its hardware (a CPU here): the planner was told the same
+            assert resolve_fsdp_impl(_arg(argv, "--fsdp-impl"), on_cuda=False) == spec.fsdp_impl == "fsdp2"
+        else:
+            assert spec.fsdp_impl is None
         ds_path = _arg(argv, "--deepspeed-config")
         if ds_path:
             ds = json.loads(Path(ds_path).read_text())
@@ -111,3 +115,14 @@ def test_a_single_gpu_and_a_distributed_record_have_the_same_fields_and_units(tm
         assert record["tokens_per_s"] == 450.0 and record["train_s"] == 2.0
         shapes[exp_id] = {key: record_schema.UNITS[key] for key in record}
     assert shapes["small-batch"] == shapes["one-gpu"]
+
+
+def test_the_fsdp_implementation_reaches_the_planner_and_is_said_in_its_notes(ci_assets):
+    """fsdp1 on CUDA, fsdp2 on a CPU: the planner is told which one runs (modelled alike, which a note says)."""
+    run = resolve("fsdp", "ci", check_files=False)
+    assert planner_inputs(run, 80.0, device="cuda")["fsdp_impl"] == "fsdp1"
+    assert planner_inputs(run, None, device="cpu")["fsdp_impl"] == "fsdp2"
+    assert planner_inputs(resolve("ddp", "ci", check_files=False), None, device="cpu")["fsdp_impl"] is None
+    from lab_helpers.predict import plan_for
+
+    assert any(note.startswith("fsdp2: ") for note in plan_for(run, None).notes)

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from lab_helpers.recipe_defaults import resolve_fsdp_impl  # the one rule, shared with the planner
+
 STRATEGIES = ("single", "ddp", "fsdp", "deepspeed-zero2", "deepspeed-zero3")
-FSDP_IMPLS = ("auto", "fsdp1", "fsdp2")
 WRAP_POLICIES = ("block", "none")
 # FSDP sharding: full = FULL_SHARD (ZeRO-3: weights freed after each unit's forward, gathered again for backward);
 # grad-op = SHARD_GRAD_OP (ZeRO-2: weights kept from forward to backward; FSDP2's reshard_after_forward=False)
@@ -38,21 +39,6 @@ class StrategyChoice:
 
 def collective_timeout() -> timedelta:
     return timedelta(seconds=float(os.environ.get("LAB_DIST_TIMEOUT_S", DEFAULT_COLLECTIVE_TIMEOUT_S)))
-
-
-def resolve_fsdp_impl(requested: str, *, on_cuda: bool) -> str:
-    """fsdp1 (``FSDPStrategy``) on CUDA; fsdp2 (``ModelParallelStrategy`` + ``fully_shard``) on a CPU.
-
-    Lightning's ``FSDPStrategy`` refuses a CPU accelerator, so asking for fsdp1 there is an error, not a
-    silent switch.
-    """
-    if requested not in FSDP_IMPLS:
-        raise ValueError(f"fsdp_impl {requested!r} is not one of {', '.join(FSDP_IMPLS)}")
-    if requested == "auto":
-        return "fsdp1" if on_cuda else "fsdp2"
-    if requested == "fsdp1" and not on_cuda:
-        raise ValueError("fsdp_impl 'fsdp1' needs CUDA (Lightning's FSDPStrategy refuses a CPU); use 'fsdp2' or 'auto'")
-    return requested
 
 
 def make_strategy(

@@ -21,7 +21,8 @@ from typing import Any
 
 import yaml
 
-from lab_helpers.distributed.strategies import FSDP_IMPLS, SHARDINGS, STRATEGIES, WRAP_POLICIES
+from lab_helpers.distributed.strategies import SHARDINGS, STRATEGIES, WRAP_POLICIES
+from lab_helpers.recipe_defaults import FSDP_IMPLS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -159,6 +159,11 @@ def fsdp(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
     best.host_bytes = host_bytes(spec, trace)
     if unsharded_accumulation:
         best.notes.append("gradient accumulation under FSDP no_sync keeps unsharded gradients on every rank")
+    if spec.fsdp_impl:
+        best.notes.append(
+            f"{spec.fsdp_impl}: FSDP1's flat parameters and FSDP2's per-parameter shards are modelled alike "
+            "(the same units gathered, the same shards kept)"
+        )
     return best
 
 

@@ -72,6 +72,9 @@ class TrainingSpec:
     # FSDP FULL_SHARD (ZeRO-3) frees each unit's gathered weights after its forward and gathers them again for
     # backward; SHARD_GRAD_OP (ZeRO-2; FSDP2's reshard_after_forward=False) keeps them until backward.
     fsdp_reshard_after_forward: bool = True
+    # Which FSDP runs it: "fsdp1" (FSDPStrategy, flat parameters) or "fsdp2" (fully_shard, per-parameter DTensors);
+    # None where unknown. Both gather the same units and keep the same shards: modelled alike, said in a note.
+    fsdp_impl: str | None = None
     # Fabric's FSDP no_backward_sync keeps *unsharded* gradients while accumulating (litgpt full.py uses it).
     fsdp_unsharded_grad_accumulation: bool = True
     # Run one validation forward (no grad, unchunked loss) as litgpt does every eval.interval steps.
@@ -130,6 +133,8 @@ class TrainingSpec:
             )
         if self.optimizer in EIGHT_BIT_OPTIMIZERS and self.strategy in DEEPSPEED_STRATEGIES:
             raise PlanError(f"{self.optimizer} is modelled on one GPU, DDP or FSDP, not under DeepSpeed")
+        if self.fsdp_impl is not None and (self.fsdp_impl not in ("fsdp1", "fsdp2") or self.strategy != "fsdp"):
+            raise PlanError(f"fsdp_impl {self.fsdp_impl!r}: fsdp1 or fsdp2, with --strategy fsdp")
         if not self.fsdp_reshard_after_forward and self.strategy != "fsdp":
             raise PlanError("reshard_after_forward=False (SHARD_GRAD_OP) is an FSDP setting: use --strategy fsdp")
         if self.method == "qlora":
@@ -286,6 +291,7 @@ def spec_from_recipe(
     activation_checkpointing: bool | None = None,
     device: str = "cuda",
     fsdp_reshard_after_forward: bool = True,
+    fsdp_impl: str | None = None,
 ) -> TrainingSpec:
     """Read a litgpt finetune recipe into a :class:`TrainingSpec`.
 
@@ -396,6 +402,7 @@ def spec_from_recipe(
         offload_optimizer=offload_optimizer,
         fsdp_wrap_blocks=fsdp_wrap_blocks,
         fsdp_reshard_after_forward=fsdp_reshard_after_forward,
+        fsdp_impl=fsdp_impl,
         # litgpt finetune_full wraps each Block with FSDP *and* activation checkpointing on several devices.
         activation_checkpointing=(
             activation_checkpointing
