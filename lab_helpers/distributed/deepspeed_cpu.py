@@ -1,10 +1,9 @@
 """Lightning's ``DeepSpeedStrategy`` let through on a CPU, so CI exercises the real ZeRO-3 + CPU-offload path.
 
 Lightning refuses a non-CUDA accelerator in ``setup_environment`` and checks CUDA device indices in
-``setup_distributed``; DeepSpeed itself runs on a CPU (``DS_ACCELERATOR=cpu``, gloo, its ``cpu_adam`` op built
-with g++ on first use). Everything else -- ``deepspeed.zero.Init`` around ``configure_model``,
-``deepspeed.initialize``, the engine's backward and step -- is Lightning's and DeepSpeed's own code, so
-what CI runs is what a GPU runs minus the device. What changes is only about device placement: the two
+``setup_distributed``; DeepSpeed itself runs on a CPU (``DS_ACCELERATOR=cpu``, gloo). Everything else --
+``deepspeed.zero.Init`` around ``configure_model``, ``deepspeed.initialize``, the engine's backward and step --
+is Lightning's and DeepSpeed's own code, so what CI runs is what a GPU runs minus the device. What changes is only about device placement: the two
 checks are skipped and DeepSpeed's engine is given the local rank as its device rank (a CPU device has no
 index, which DeepSpeed cannot compare).
 
