@@ -3,9 +3,9 @@
 Lightning refuses a non-CUDA accelerator in ``setup_environment`` and checks CUDA device indices in
 ``setup_distributed``; DeepSpeed itself runs on a CPU (``DS_ACCELERATOR=cpu``, gloo). Everything else --
 ``deepspeed.zero.Init`` around ``configure_model``, ``deepspeed.initialize``, the engine's backward and step --
-is Lightning's and DeepSpeed's own code, so what CI runs is what a GPU runs minus the device. What changes is only about device placement: the two
-checks are skipped and DeepSpeed's engine is given the local rank as its device rank (a CPU device has no
-index, which DeepSpeed cannot compare).
+is Lightning's and DeepSpeed's own code, so what CI runs is what a GPU runs minus the device and the C++ Adam
+kernel (below). The changes: the two checks are skipped, and DeepSpeed's engine is given the local rank as its
+device rank (a CPU device has no index, which DeepSpeed cannot compare).
 
 Two of DeepSpeed's C++ ops are not built here, each 2-3 minutes of g++ on a 2-core machine and useless to the
 ci profile's tiny models: the shared-memory all-reduce its CPU accelerator compiles when the process group
