@@ -78,15 +78,19 @@ def check_records(records: Mapping[str, Sequence[Mapping[str, Any]]], expected: 
         ranks = sorted(r.get("rank") or 0 for r in recs)
         if ranks != list(range(world)):
             problems.append(f"{exp_id}: ranks {ranks}, expected one record per rank of {world}")
-        problems += [
-            f"{exp_id} rank {r.get('rank')}: {p}" for r in recs if r.get("status") == "ok" for p in _ok_rank_problems(r)
-        ]
+        finished = [r for r in recs if r.get("status") == "ok"]
+        if finished:  # every rank ran the same resolved experiment: resolve it once
+            from lab_helpers.experiments import resolve
+
+            first = finished[0]
+            run = resolve(str(first["experiment"]), str(first["profile"]), first.get("overrides"), check_files=False)
+            problems += [f"{exp_id} rank {r.get('rank')}: {p}" for r in finished for p in _ok_rank_problems(r, run)]
     return problems
 
 
-def _ok_rank_problems(record: Mapping[str, Any]) -> list[str]:
-    """What is wrong with one finished rank's record: schema, the timed loop (warm-up apart), the strategy."""
-    from lab_helpers.experiments import resolve
+def _ok_rank_problems(record: Mapping[str, Any], run) -> list[str]:
+    """What is wrong with one finished rank's record of ``run`` (its ResolvedRun): schema, the timed loop (warm-up
+    apart), the world size, the strategy."""
     from lab_helpers.record_schema import record_problems
 
     problems = record_problems(record)
@@ -96,7 +100,6 @@ def _ok_rank_problems(record: Mapping[str, Any]) -> list[str]:
         )
     if not record.get("per_iteration") or not record.get("device_name"):
         problems.append("no per-iteration rows or no device name")
-    run = resolve(str(record["experiment"]), str(record["profile"]), record.get("overrides"), check_files=False)
     if record.get("world_size") != run.world_size:
         problems.append(f"world size {record.get('world_size')}, the experiment asks for {run.world_size}")
     used = str(record.get("strategy_used") or "")
