@@ -19,7 +19,8 @@ How, in three pip steps whose command lines are built by the pure functions belo
    (``pip install --no-index --no-deps``: no resolving there, so the node's torch and its CUDA wheels are
    never re-checked or touched).
 
-bitsandbytes (about 58 MiB) is only collected with ``--with qlora``. ``--node-has FILE`` (the node's
+bitsandbytes (about 58 MiB) is only collected with ``--with qlora``; ``--cuda 13.0`` keeps only the library that
+the node's torch loads (3.5 MiB). ``--node-has FILE`` (the node's
 ``pip list --format=freeze``, or one name per line) leaves out what the node already has, so that a wheelhouse
 for a well-stocked image is a few MiB instead of ~140: kept are the packages whose listed version differs from
 the resolution, and every package litgpt caps or pins (a name without a version could break the cap). The wheelhouse also holds
@@ -59,6 +60,10 @@ DEFAULT_GLIBC = "2.28"  # torch's own wheels need manylinux_2_28, so every node 
 EXTRAS_FILE = "lab-extras.txt"
 MANIFEST_FILE = "manifest.json"
 PLACEHOLDER_LOCAL = "node"  # torch==X+node: the placeholder's version, so only it can satisfy the pin
+IMPORTED_WHEN_PRESENT = ("transformers",)
+"""Node packages that the lab's stack imports whenever they are installed (torchmetrics and DeepSpeed import
+transformers), so they must agree with litgpt's caps: transformers 5.17 needs huggingface_hub>=1.5 and fails at
+``import lightning`` beside litgpt's huggingface_hub<1.4. A node that has one gets a compatible version carried."""
 
 
 class WheelhouseError(LabConfigError):
@@ -359,14 +364,56 @@ def left_to_collect(resolved: Sequence[Resolved], node_has: dict[str, str | None
     return keep
 
 
+def node_imported_requirements(node_has: dict[str, str | None] | None) -> list[str]:
+    """The IMPORTED_WHEN_PRESENT packages the node has, unpinned: resolved with the lab's so that they agree."""
+    return [name for name in IMPORTED_WHEN_PRESENT if node_has and canonicalize_name(name) in node_has]
+
+
+def bitsandbytes_library(cuda: str) -> str:
+    """The file name of bitsandbytes' library for the CUDA ``cuda`` ("13.0"); a one-line error for anything else."""
+    if not re.fullmatch(r"\d{2}\.\d", cuda):
+        raise WheelhouseError(f"--cuda {cuda!r}: give the node's torch CUDA as MAJOR.MINOR, e.g. 13.0")
+    return f"libbitsandbytes_cuda{cuda.replace('.', '')}.so"
+
+
+def trim_bitsandbytes(wheel: Path, cuda: str) -> tuple[int, int]:
+    """Rewrite a bitsandbytes wheel in place with only the CUDA ``cuda`` ("13.0") library and the CPU one.
+
+    Why: the wheel holds one library per CUDA release and ROCm (about 58 MiB); bitsandbytes loads only the one of
+    the node's torch (``torch.version.cuda``), 3.5 MiB for CUDA 13.0, so a trimmed wheel fits beside the rest of
+    a wheelhouse on a size-limited transfer. RECORD is rewritten to match. Returns (bytes before, bytes after).
+    """
+    keep = {bitsandbytes_library(cuda), "libbitsandbytes_cpu.so"}
+    with zipfile.ZipFile(wheel) as archive:
+        entries = [(info, archive.read(info)) for info in archive.infolist()]
+    libraries = {Path(info.filename).name for info, _ in entries if Path(info.filename).name.startswith("libbitsandbytes_")}
+    if not keep <= libraries:
+        raise WheelhouseError(f"{wheel.name} has no {sorted(keep - libraries)[0]}: no bitsandbytes build for CUDA {cuda}")
+    kept = [(info, data) for info, data in entries
+            if not Path(info.filename).name.startswith("libbitsandbytes_") or Path(info.filename).name in keep]
+    names = {info.filename for info, _ in kept}
+    before = wheel.stat().st_size
+    tmp = wheel.with_suffix(".tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as archive:
+        for info, data in kept:
+            if info.filename.endswith(".dist-info/RECORD"):
+                lines = [line for line in data.decode().splitlines() if line.split(",", 1)[0] in names]
+                data = ("\n".join(lines) + "\n").encode()
+            archive.writestr(info, data)
+    tmp.replace(wheel)
+    return before, wheel.stat().st_size
+
+
 def build_wheelhouse(
     target: Target, dest: Path, *, with_groups: Iterable[str] = (), torch_version: str | None = None,
-    node_has: dict[str, str | None] | None = None, echo: Callable[[str], None] = print,
+    node_has: dict[str, str | None] | None = None, cuda: str | None = None, echo: Callable[[str], None] = print,
 ) -> dict:
     """Collect the wheels into ``dest`` and write its extras and manifest files; returns the manifest."""
+    if cuda is not None:
+        bitsandbytes_library(cuda)  # checked before anything is downloaded
     pyproject = read_pyproject()
     extras = lab_extras(pyproject, with_groups=with_groups)
-    requirements = lab_requirements(pyproject, extras)
+    requirements = lab_requirements(pyproject, extras) + node_imported_requirements(node_has)
     all_pins = read_constraints(drop=())
     constraints = read_constraints()
     node_torch = torch_version or pinned_version(all_pins, NODE_PROVIDES)
@@ -426,6 +473,11 @@ def build_wheelhouse(
 
         _run(download_command(target, pins, dest, [local]), "downloading the wheels", on_line=progress)
 
+    for wheel in dest.glob("bitsandbytes-*.whl"):
+        if cuda:
+            before, after = trim_bitsandbytes(wheel, cuda)
+            echo(f"wheelhouse: {wheel.name}: only the CUDA {cuda} and CPU libraries kept, "
+                 f"{before / 2**20:.0f} -> {after / 2**20:.1f} MiB")
     wheels = sorted(p.name for p in dest.glob("*.whl"))
     missing = [r.name for r in resolved if not any(_wheel_name(w) == canonicalize_name(r.name) for w in wheels)]
     if missing:
@@ -440,6 +492,7 @@ def build_wheelhouse(
         "node_torch": node_torch,
         "litgpt_caps": [str(c) for c in caps],
         "node_has": sorted(node_has) if node_has else None,  # None: a whole wheelhouse
+        "bitsandbytes_cuda": cuda,  # None: every CUDA library bitsandbytes ships
         "wheels": wheels,
         "size_mib": round(size_mib, 1),
         "install": f"LAB_WHEELHOUSE={dest} bash scripts/run-lab.sh",
@@ -469,11 +522,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-has", type=Path, default=None, metavar="FILE",
                         help="the node's `pip list --format=freeze`: collect only what it lacks (or has in another "
                              "version), install with pip install --no-index --no-deps")
+    parser.add_argument("--cuda", default=None, metavar="X.Y",
+                        help="the CUDA of the node's torch (torch.version.cuda): with --with qlora, bitsandbytes keeps "
+                             "only that library (3.5 MiB for 13.0 instead of ~58 MiB)")
 
 
 def run(args: argparse.Namespace) -> int:
     target = Target(python=args.python, glibc=args.glibc)
     node_has = read_node_packages(args.node_has) if args.node_has else None
     build_wheelhouse(target, args.dest.resolve(), with_groups=args.with_groups, torch_version=args.torch_version,
-                     node_has=node_has, echo=lambda line: print(line, flush=True))
+                     node_has=node_has, cuda=args.cuda, echo=lambda line: print(line, flush=True))
     return 0

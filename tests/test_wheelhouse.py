@@ -198,3 +198,61 @@ def test_a_node_torch_older_than_the_lab_allows_stops_before_pip(tmp_path: Path,
     assert main(["wheelhouse", "--python", "3.12", "--dest", str(tmp_path / "w"), "--torch", "2.5.0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --torch 2.5.0: the lab needs torch") and "\n" not in err
+
+
+def test_a_node_package_that_the_stack_imports_is_resolved_with_litgpts_caps() -> None:
+    """Seen on the device image (torch 2.11, transformers 5.17): torchmetrics imports transformers whenever it is
+    installed, and transformers 5.17 refuses litgpt's huggingface_hub<1.4 at `import lightning`. So a node that has
+    transformers gets it resolved (unpinned) with the lab's requirements; a node without it gets nothing extra."""
+    from torchmetrics.utilities import imports
+
+    assert imports._TRANSFORMERS_GREATER_EQUAL_4_4.requirement.startswith("transformers")  # still a soft import
+    assert wh.node_imported_requirements({"transformers": "5.17.0", "jax": "0.8"}) == ["transformers"]
+    assert wh.node_imported_requirements({"jax": "0.8"}) == []
+    assert wh.node_imported_requirements(None) == []
+
+
+def fake_bitsandbytes_wheel(folder: Path, libraries: list[str]) -> Path:
+    """A wheel laid out as bitsandbytes 0.49.2's (one library per CUDA release), with small stand-in libraries."""
+    wheel = folder / "bitsandbytes-0.49.2-py3-none-manylinux_2_24_x86_64.whl"
+    files = {"bitsandbytes/__init__.py": b"__version__ = '0.49.2'\n"}
+    files |= {f"bitsandbytes/{name}": name.encode() * 1000 for name in libraries}
+    files["bitsandbytes-0.49.2.dist-info/METADATA"] = b"Metadata-Version: 2.1\nName: bitsandbytes\nVersion: 0.49.2\n"
+    files["bitsandbytes-0.49.2.dist-info/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\n"
+                                                    b"Tag: py3-none-manylinux_2_24_x86_64\n")
+    record = [f"{path},sha256=x,{len(data)}" for path, data in files.items()]
+    files["bitsandbytes-0.49.2.dist-info/RECORD"] = ("\n".join([*record, "bitsandbytes-0.49.2.dist-info/RECORD,,"])
+                                                     + "\n").encode()
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+    return wheel
+
+
+def test_bitsandbytes_keeps_only_the_nodes_cuda_library(tmp_path: Path) -> None:
+    """The device's transfer limit (64 MiB) cannot take the whole bitsandbytes wheel beside the rest; the node's
+    torch loads one library. The trimmed wheel installs with pip and its RECORD lists exactly what it holds."""
+    libraries = ["libbitsandbytes_cpu.so", "libbitsandbytes_cuda121.so", "libbitsandbytes_cuda130.so",
+                 "libbitsandbytes_rocm72.so"]
+    wheel = fake_bitsandbytes_wheel(tmp_path, libraries)
+    before, after = wh.trim_bitsandbytes(wheel, "13.0")
+    assert after < before
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        record = archive.read("bitsandbytes-0.49.2.dist-info/RECORD").decode()
+    assert {Path(n).name for n in names if "libbitsandbytes" in n} == {"libbitsandbytes_cpu.so",
+                                                                       "libbitsandbytes_cuda130.so"}
+    assert {line.split(",")[0] for line in record.splitlines()} == names
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site),
+                    str(wheel)], check=True)
+    assert sorted(p.name for p in (site / "bitsandbytes").glob("*.so")) == ["libbitsandbytes_cpu.so",
+                                                                          "libbitsandbytes_cuda130.so"]
+
+
+def test_bitsandbytes_trim_errors_are_one_line(tmp_path: Path) -> None:
+    wheel = fake_bitsandbytes_wheel(tmp_path, ["libbitsandbytes_cpu.so", "libbitsandbytes_cuda121.so"])
+    with pytest.raises(wh.WheelhouseError, match="no libbitsandbytes_cuda130.so: no bitsandbytes build for CUDA 13.0"):
+        wh.trim_bitsandbytes(wheel, "13.0")
+    with pytest.raises(wh.WheelhouseError, match="--cuda 'cu130': give the node's torch CUDA as MAJOR.MINOR"):
+        wh.bitsandbytes_library("cu130")
