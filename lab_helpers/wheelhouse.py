@@ -192,22 +192,44 @@ def deepspeed_wheel_command(version: str, dest: Path, python: str = sys.executab
 
 
 def resolve_command(
-    target: Target, requirements_file: Path, constraints_file: Path, find_links: Sequence[Path], report: Path,
-    scratch: Path, python: str = sys.executable,
+    target: Target,
+    requirements_file: Path,
+    constraints_file: Path,
+    find_links: Sequence[Path],
+    report: Path,
+    scratch: Path,
+    python: str = sys.executable,
 ) -> list[str]:
     """Resolve for the node from metadata alone (``--dry-run``), with local wheels (DeepSpeed's, torch's
     placeholder) beside the index. ``--target`` keeps this interpreter's own packages out of the answer."""
-    command = [python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--progress-bar", "off",
-               *target.pip_args()]
+    command = [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--ignore-installed",
+        "--progress-bar",
+        "off",
+        *target.pip_args(),
+    ]
     for folder in find_links:
         command += ["--find-links", str(folder)]
     return command + [
-        "--target", str(scratch), "--report", str(report), "-c", str(constraints_file), "-r", str(requirements_file),
+        "--target",
+        str(scratch),
+        "--report",
+        str(report),
+        "-c",
+        str(constraints_file),
+        "-r",
+        str(requirements_file),
     ]
 
 
-def download_command(target: Target, pins: Sequence[str], dest: Path, find_links: Sequence[Path],
-                     python: str = sys.executable) -> list[str]:
+def download_command(
+    target: Target, pins: Sequence[str], dest: Path, find_links: Sequence[Path], python: str = sys.executable
+) -> list[str]:
     """Fetch exactly the resolved pins, nothing more (``--no-deps``), for the node's Python and platform."""
     command = [python, "-m", "pip", "download", "--no-deps", "--progress-bar", "off", *target.pip_args()]
     for folder in find_links:
@@ -296,11 +318,19 @@ def _name(requirement: str) -> str:
     return canonicalize_name(Requirement(requirement).name)
 
 
-def _run(command: Sequence[str], what: str, *, env: dict[str, str] | None = None,
-         on_line: Callable[[str], None] | None = None) -> None:
+def _run(
+    command: Sequence[str],
+    what: str,
+    *,
+    env: dict[str, str] | None = None,
+    on_line: Callable[[str], None] | None = None,
+) -> None:
     """Run pip, passing selected lines to ``on_line``; on failure raise one line: what failed and pip's reason."""
     process = subprocess.Popen(
-        list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        list(command),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", **(env or {})},
     )
     tail: list[str] = []
@@ -349,8 +379,9 @@ def read_node_packages(path: Path) -> dict[str, str | None]:
     return have
 
 
-def left_to_collect(resolved: Sequence[Resolved], node_has: dict[str, str | None],
-                    caps: Sequence[Requirement]) -> list[Resolved]:
+def left_to_collect(
+    resolved: Sequence[Resolved], node_has: dict[str, str | None], caps: Sequence[Requirement]
+) -> list[Resolved]:
     """The resolution less what the node already has in the resolved version (or, unversioned, any version that
     nothing caps): a node's own package stays in use, a differing or capped one is carried."""
     capped = {canonicalize_name(c.name) for c in caps}
@@ -386,11 +417,18 @@ def trim_bitsandbytes(wheel: Path, cuda: str) -> tuple[int, int]:
     keep = {bitsandbytes_library(cuda), "libbitsandbytes_cpu.so"}
     with zipfile.ZipFile(wheel) as archive:
         entries = [(info, archive.read(info)) for info in archive.infolist()]
-    libraries = {Path(info.filename).name for info, _ in entries if Path(info.filename).name.startswith("libbitsandbytes_")}
+    libraries = {
+        Path(info.filename).name for info, _ in entries if Path(info.filename).name.startswith("libbitsandbytes_")
+    }
     if not keep <= libraries:
-        raise WheelhouseError(f"{wheel.name} has no {sorted(keep - libraries)[0]}: no bitsandbytes build for CUDA {cuda}")
-    kept = [(info, data) for info, data in entries
-            if not Path(info.filename).name.startswith("libbitsandbytes_") or Path(info.filename).name in keep]
+        raise WheelhouseError(
+            f"{wheel.name} has no {sorted(keep - libraries)[0]}: no bitsandbytes build for CUDA {cuda}"
+        )
+    kept = [
+        (info, data)
+        for info, data in entries
+        if not Path(info.filename).name.startswith("libbitsandbytes_") or Path(info.filename).name in keep
+    ]
     names = {info.filename for info, _ in kept}
     before = wheel.stat().st_size
     tmp = wheel.with_suffix(".tmp")
@@ -405,8 +443,14 @@ def trim_bitsandbytes(wheel: Path, cuda: str) -> tuple[int, int]:
 
 
 def build_wheelhouse(
-    target: Target, dest: Path, *, with_groups: Iterable[str] = (), torch_version: str | None = None,
-    node_has: dict[str, str | None] | None = None, cuda: str | None = None, echo: Callable[[str], None] = print,
+    target: Target,
+    dest: Path,
+    *,
+    with_groups: Iterable[str] = (),
+    torch_version: str | None = None,
+    node_has: dict[str, str | None] | None = None,
+    cuda: str | None = None,
+    echo: Callable[[str], None] = print,
 ) -> dict:
     """Collect the wheels into ``dest`` and write its extras and manifest files; returns the manifest."""
     if cuda is not None:
@@ -426,8 +470,10 @@ def build_wheelhouse(
     stale = [p.name for p in dest.glob("*.whl")]
     if stale:
         raise WheelhouseError(f"{dest} already holds {len(stale)} wheels; give an empty or new --dest")
-    echo(f"wheelhouse: CPython {target.python}, manylinux (glibc >= {target.glibc}) {target.arch}, "
-         f"extras [{','.join(extras)}], the node's own torch {node_torch} left out")
+    echo(
+        f"wheelhouse: CPython {target.python}, manylinux (glibc >= {target.glibc}) {target.arch}, "
+        f"extras [{','.join(extras)}], the node's own torch {node_torch} left out"
+    )
 
     with tempfile.TemporaryDirectory(prefix="lab-wheelhouse-") as tmp:
         scratch = Path(tmp)
@@ -452,15 +498,20 @@ def build_wheelhouse(
                 seen += 1
                 echo(f"wheelhouse: resolving ({seen}) {line.removeprefix('Collecting ').split(' (')[0]}")
 
-        _run(resolve_command(target, req_file, con_file, [local], report_path, scratch / "target"),
-             f"resolving for Python {target.python}", on_line=resolving)
+        _run(
+            resolve_command(target, req_file, con_file, [local], report_path, scratch / "target"),
+            f"resolving for Python {target.python}",
+            on_line=resolving,
+        )
         resolved = parse_report(json.loads(report_path.read_text()))
         caps = check_caps(resolved, "litgpt", target)
         echo(f"wheelhouse: {len(resolved)} packages; litgpt's caps met: {', '.join(map(str, caps))}")
 
         if node_has:
             carried = left_to_collect(resolved, node_has, caps)
-            echo(f"wheelhouse: the node has {len(resolved) - len(carried)} of them; collecting the other {len(carried)}")
+            echo(
+                f"wheelhouse: the node has {len(resolved) - len(carried)} of them; collecting the other {len(carried)}"
+            )
             resolved = carried
         pins = [f"{r.name}=={r.version}" for r in resolved]
         count = 0
@@ -476,8 +527,10 @@ def build_wheelhouse(
     for wheel in dest.glob("bitsandbytes-*.whl"):
         if cuda:
             before, after = trim_bitsandbytes(wheel, cuda)
-            echo(f"wheelhouse: {wheel.name}: only the CUDA {cuda} and CPU libraries kept, "
-                 f"{before / 2**20:.0f} -> {after / 2**20:.1f} MiB")
+            echo(
+                f"wheelhouse: {wheel.name}: only the CUDA {cuda} and CPU libraries kept, "
+                f"{before / 2**20:.0f} -> {after / 2**20:.1f} MiB"
+            )
     wheels = sorted(p.name for p in dest.glob("*.whl"))
     missing = [r.name for r in resolved if not any(_wheel_name(w) == canonicalize_name(r.name) for w in wheels)]
     if missing:
@@ -513,23 +566,54 @@ def _wheel_name(filename: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--python", required=True, metavar="X.Y", help="the node's Python, e.g. 3.12")
     parser.add_argument("--dest", required=True, type=Path, metavar="DIR", help="an empty or new folder")
-    parser.add_argument("--with", dest="with_groups", action="append", default=[], choices=OPTIONAL_GROUPS,
-                        help="also collect an optional group: qlora = bitsandbytes, about 58 MiB")
-    parser.add_argument("--glibc", default=DEFAULT_GLIBC, metavar="2.N",
-                        help=f"the node's glibc (ldd --version); default {DEFAULT_GLIBC}, what torch needs")
-    parser.add_argument("--torch", dest="torch_version", default=None, metavar="VERSION",
-                        help="the node's torch version (default: scripts/constraints.txt's pin)")
-    parser.add_argument("--node-has", type=Path, default=None, metavar="FILE",
-                        help="the node's `pip list --format=freeze`: collect only what it lacks (or has in another "
-                             "version), install with pip install --no-index --no-deps")
-    parser.add_argument("--cuda", default=None, metavar="X.Y",
-                        help="the CUDA of the node's torch (torch.version.cuda): with --with qlora, bitsandbytes keeps "
-                             "only that library (3.5 MiB for 13.0 instead of ~58 MiB)")
+    parser.add_argument(
+        "--with",
+        dest="with_groups",
+        action="append",
+        default=[],
+        choices=OPTIONAL_GROUPS,
+        help="also collect an optional group: qlora = bitsandbytes, about 58 MiB",
+    )
+    parser.add_argument(
+        "--glibc",
+        default=DEFAULT_GLIBC,
+        metavar="2.N",
+        help=f"the node's glibc (ldd --version); default {DEFAULT_GLIBC}, what torch needs",
+    )
+    parser.add_argument(
+        "--torch",
+        dest="torch_version",
+        default=None,
+        metavar="VERSION",
+        help="the node's torch version (default: scripts/constraints.txt's pin)",
+    )
+    parser.add_argument(
+        "--node-has",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the node's `pip list --format=freeze`: collect only what it lacks (or has in another "
+        "version), install with pip install --no-index --no-deps",
+    )
+    parser.add_argument(
+        "--cuda",
+        default=None,
+        metavar="X.Y",
+        help="the CUDA of the node's torch (torch.version.cuda): with --with qlora, bitsandbytes keeps "
+        "only that library (3.5 MiB for 13.0 instead of ~58 MiB)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     target = Target(python=args.python, glibc=args.glibc)
     node_has = read_node_packages(args.node_has) if args.node_has else None
-    build_wheelhouse(target, args.dest.resolve(), with_groups=args.with_groups, torch_version=args.torch_version,
-                     node_has=node_has, cuda=args.cuda, echo=lambda line: print(line, flush=True))
+    build_wheelhouse(
+        target,
+        args.dest.resolve(),
+        with_groups=args.with_groups,
+        torch_version=args.torch_version,
+        node_has=node_has,
+        cuda=args.cuda,
+        echo=lambda line: print(line, flush=True),
+    )
     return 0

@@ -23,8 +23,13 @@ TARGET = wh.Target(python="3.12")
 def test_target_platform_tags_cover_every_older_manylinux() -> None:
     tags = TARGET.platform_tags()
     assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_29_x86_64" not in tags
-    for tag in ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64",
-                "manylinux_2_5_x86_64"):
+    for tag in (
+        "manylinux_2_17_x86_64",
+        "manylinux2014_x86_64",
+        "manylinux2010_x86_64",
+        "manylinux1_x86_64",
+        "manylinux_2_5_x86_64",
+    ):
         assert tag in tags
     assert wh.Target(python="3.12", glibc="2.35").platform_tags()[0] == "manylinux_2_35_x86_64"
     args = TARGET.pip_args()
@@ -66,15 +71,26 @@ def test_constraints_leave_the_nodes_torch_alone() -> None:
 def test_pip_command_lines(tmp_path: Path) -> None:
     command, env = wh.deepspeed_wheel_command("0.19.8", tmp_path, python="py")
     assert env == {"DS_BUILD_OPS": "0"}
-    assert command == ["py", "-m", "pip", "wheel", "--no-deps", "--progress-bar", "off", "-w", str(tmp_path),
-                       "deepspeed==0.19.8"]
+    assert command == [
+        "py",
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--progress-bar",
+        "off",
+        "-w",
+        str(tmp_path),
+        "deepspeed==0.19.8",
+    ]
 
-    resolve = wh.resolve_command(TARGET, Path("r.txt"), Path("c.txt"), [Path("local")], Path("rep.json"),
-                                 Path("scratch"), python="py")
+    resolve = wh.resolve_command(
+        TARGET, Path("r.txt"), Path("c.txt"), [Path("local")], Path("rep.json"), Path("scratch"), python="py"
+    )
     assert resolve[:5] == ["py", "-m", "pip", "install", "--dry-run"]
     assert "--ignore-installed" in resolve and "--python-version" in resolve
     tail = ["--find-links", "local", "--target", "scratch", "--report", "rep.json", "-c", "c.txt", "-r", "r.txt"]
-    assert resolve[-len(tail):] == tail
+    assert resolve[-len(tail) :] == tail
 
     download = wh.download_command(TARGET, ["a==1", "b==2"], Path("dest"), [Path("local")], python="py")
     assert download[:5] == ["py", "-m", "pip", "download", "--no-deps"]
@@ -111,13 +127,26 @@ def test_a_node_list_leaves_out_what_the_node_has_but_keeps_litgpts_capped_packa
     litgpt): its own packages are not collected again, a differing version is, and so is everything litgpt caps,
     also when the list gives no version (psutil below)."""
     listing = tmp_path / "node.txt"
-    listing.write_text("# the node's image\nlightning==2.6.6\nPandas==2.3.1\nhuggingface-hub==1.33.0\npsutil\n"
-                       "hjson==3.0.0\nmy_tool @ file:///opt/build/my_tool-1.0-py3-none-any.whl\n")
+    listing.write_text(
+        "# the node's image\nlightning==2.6.6\nPandas==2.3.1\nhuggingface-hub==1.33.0\npsutil\n"
+        "hjson==3.0.0\nmy_tool @ file:///opt/build/my_tool-1.0-py3-none-any.whl\n"
+    )
     have = wh.read_node_packages(listing)
-    assert have == {"lightning": "2.6.6", "pandas": "2.3.1", "huggingface-hub": "1.33.0", "psutil": None,
-                    "hjson": "3.0.0", "my-tool": None}
-    resolved = [*resolved_set("1.3.7"), wh.Resolved("lightning", "2.6.6", ()), wh.Resolved("pandas", "2.3.1", ()),
-                wh.Resolved("hjson", "3.1.0", ()), wh.Resolved("pydantic", "2.12.0", ())]
+    assert have == {
+        "lightning": "2.6.6",
+        "pandas": "2.3.1",
+        "huggingface-hub": "1.33.0",
+        "psutil": None,
+        "hjson": "3.0.0",
+        "my-tool": None,
+    }
+    resolved = [
+        *resolved_set("1.3.7"),
+        wh.Resolved("lightning", "2.6.6", ()),
+        wh.Resolved("pandas", "2.3.1", ()),
+        wh.Resolved("hjson", "3.1.0", ()),
+        wh.Resolved("pydantic", "2.12.0", ()),
+    ]
     caps = wh.check_caps(resolved, "litgpt", TARGET)
     kept = {r.name for r in wh.left_to_collect(resolved, have, caps)}
     assert kept == {"litgpt", "huggingface_hub", "jsonargparse", "psutil", "hjson", "pydantic"}
@@ -133,10 +162,12 @@ def test_a_bad_node_list_is_one_line(tmp_path: Path) -> None:
 
 
 def test_report_drops_the_torch_placeholder() -> None:
-    report = {"install": [
-        {"metadata": {"name": "torch", "version": "2.13.0+node"}},
-        {"metadata": {"name": "Hjson", "version": "3.1.0", "requires_dist": None}},
-    ]}
+    report = {
+        "install": [
+            {"metadata": {"name": "torch", "version": "2.13.0+node"}},
+            {"metadata": {"name": "Hjson", "version": "3.1.0", "requires_dist": None}},
+        ]
+    }
     assert wh.parse_report(report) == [wh.Resolved("Hjson", "3.1.0", ())]
 
 
@@ -148,9 +179,25 @@ def test_placeholder_torch_satisfies_pip_offline(tmp_path: Path) -> None:
         assert "Version: 2.11.0+node" in archive.read("torch-2.11.0+node.dist-info/METADATA").decode()
     report = tmp_path / "report.json"
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--find-links", str(tmp_path),
-         "--target", str(tmp_path / "t"), "--report", str(report), "--quiet", "torch==2.11.0+node"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--no-index",
+            "--find-links",
+            str(tmp_path),
+            "--target",
+            str(tmp_path / "t"),
+            "--report",
+            str(report),
+            "--quiet",
+            "torch==2.11.0+node",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     installed = [item["metadata"]["name"] for item in json.loads(report.read_text())["install"]]
@@ -177,8 +224,7 @@ def test_pip_errors_become_one_line() -> None:
         "    The user requested torch<2.14 and >=2.11",
         "    The user requested torch==2.5.0+node",
         "",
-        "Additionally, some packages in these conflicts have no matching distributions available for your "
-        "environment:",
+        "Additionally, some packages in these conflicts have no matching distributions available for your environment:",
         "    torch",
         "",
         "To fix this you could try to:",
@@ -193,8 +239,9 @@ def test_pip_errors_become_one_line() -> None:
     assert wh.pip_error(["Collecting x", "Killed"]) == "Killed"
 
 
-def test_a_node_torch_older_than_the_lab_allows_stops_before_pip(tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_node_torch_older_than_the_lab_allows_stops_before_pip(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["wheelhouse", "--python", "3.12", "--dest", str(tmp_path / "w"), "--torch", "2.5.0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --torch 2.5.0: the lab needs torch") and "\n" not in err
@@ -218,11 +265,13 @@ def fake_bitsandbytes_wheel(folder: Path, libraries: list[str]) -> Path:
     files = {"bitsandbytes/__init__.py": b"__version__ = '0.49.2'\n"}
     files |= {f"bitsandbytes/{name}": name.encode() * 1000 for name in libraries}
     files["bitsandbytes-0.49.2.dist-info/METADATA"] = b"Metadata-Version: 2.1\nName: bitsandbytes\nVersion: 0.49.2\n"
-    files["bitsandbytes-0.49.2.dist-info/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\n"
-                                                    b"Tag: py3-none-manylinux_2_24_x86_64\n")
+    files["bitsandbytes-0.49.2.dist-info/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: py3-none-manylinux_2_24_x86_64\n"
+    )
     record = [f"{path},sha256=x,{len(data)}" for path, data in files.items()]
-    files["bitsandbytes-0.49.2.dist-info/RECORD"] = ("\n".join([*record, "bitsandbytes-0.49.2.dist-info/RECORD,,"])
-                                                     + "\n").encode()
+    files["bitsandbytes-0.49.2.dist-info/RECORD"] = (
+        "\n".join([*record, "bitsandbytes-0.49.2.dist-info/RECORD,,"]) + "\n"
+    ).encode()
     with zipfile.ZipFile(wheel, "w") as archive:
         for path, data in files.items():
             archive.writestr(path, data)
@@ -232,22 +281,32 @@ def fake_bitsandbytes_wheel(folder: Path, libraries: list[str]) -> Path:
 def test_bitsandbytes_keeps_only_the_nodes_cuda_library(tmp_path: Path) -> None:
     """The device's transfer limit (64 MiB) cannot take the whole bitsandbytes wheel beside the rest; the node's
     torch loads one library. The trimmed wheel installs with pip and its RECORD lists exactly what it holds."""
-    libraries = ["libbitsandbytes_cpu.so", "libbitsandbytes_cuda121.so", "libbitsandbytes_cuda130.so",
-                 "libbitsandbytes_rocm72.so"]
+    libraries = [
+        "libbitsandbytes_cpu.so",
+        "libbitsandbytes_cuda121.so",
+        "libbitsandbytes_cuda130.so",
+        "libbitsandbytes_rocm72.so",
+    ]
     wheel = fake_bitsandbytes_wheel(tmp_path, libraries)
     before, after = wh.trim_bitsandbytes(wheel, "13.0")
     assert after < before
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         record = archive.read("bitsandbytes-0.49.2.dist-info/RECORD").decode()
-    assert {Path(n).name for n in names if "libbitsandbytes" in n} == {"libbitsandbytes_cpu.so",
-                                                                       "libbitsandbytes_cuda130.so"}
+    assert {Path(n).name for n in names if "libbitsandbytes" in n} == {
+        "libbitsandbytes_cpu.so",
+        "libbitsandbytes_cuda130.so",
+    }
     assert {line.split(",")[0] for line in record.splitlines()} == names
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site),
-                    str(wheel)], check=True)
-    assert sorted(p.name for p in (site / "bitsandbytes").glob("*.so")) == ["libbitsandbytes_cpu.so",
-                                                                          "libbitsandbytes_cuda130.so"]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site), str(wheel)],
+        check=True,
+    )
+    assert sorted(p.name for p in (site / "bitsandbytes").glob("*.so")) == [
+        "libbitsandbytes_cpu.so",
+        "libbitsandbytes_cuda130.so",
+    ]
 
 
 def test_bitsandbytes_trim_errors_are_one_line(tmp_path: Path) -> None:
