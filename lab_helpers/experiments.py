@@ -430,15 +430,25 @@ def resolve(
     skip_reason = hardware_skip_reason(experiment, recipe)
     run = ResolvedRun(experiment, profile, recipe_path, recipe, dict(overrides or {}), command, devices, skip_reason)
     if check_files and run.skip_reason is None:
-        checkpoint_dir = resolve_path(recipe["checkpoint_dir"])
-        check_checkpoint(checkpoint_dir, profile, experiment.model)
-        check_seq_length(recipe, checkpoint_dir)
-        data_args = (recipe.get("data") or {}).get("init_args") or {}
-        if data_args.get("json_path") and not resolve_path(data_args["json_path"]).exists():
-            raise LabConfigError(
-                f"no data set at {resolve_path(data_args['json_path'])}: run `python -m lab_helpers prepare --profile {profile}`"
-            )
+        check_run_files(run)
     return run
+
+
+def check_run_files(run: ResolvedRun) -> None:
+    """The checkpoint and data a run reads are there (LabConfigError naming the command that makes them).
+
+    Separate from resolving so that the lab can first say what no download would fix (an offload run that the
+    node's RAM cannot hold, with the model that fits) before asking for a 26 GB checkpoint.
+    """
+    recipe, profile = run.recipe, run.profile
+    checkpoint_dir = resolve_path(recipe["checkpoint_dir"])
+    check_checkpoint(checkpoint_dir, profile, run.experiment.model)
+    check_seq_length(recipe, checkpoint_dir)
+    data_args = (recipe.get("data") or {}).get("init_args") or {}
+    if data_args.get("json_path") and not resolve_path(data_args["json_path"]).exists():
+        raise LabConfigError(
+            f"no data set at {resolve_path(data_args['json_path'])}: run `python -m lab_helpers prepare --profile {profile}`"
+        )
 
 
 GENERATED_ALPACA2K = "data/gpu/alpaca2k_like.json"  # `prepare --profile gpu --random-weights` writes it

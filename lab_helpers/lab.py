@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lab_helpers import predict
-from lab_helpers.experiments import LabConfigError, load_experiments, parse_set_args, resolve
+from lab_helpers.experiments import LabConfigError, check_run_files, load_experiments, parse_set_args, resolve
 from lab_helpers.host_gate import host_ram_skip_reason
 from lab_helpers.launch import launcher_for
 from lab_helpers.paths import lab_home, results_dir
@@ -105,11 +105,12 @@ def run_experiment(
     if isinstance(overrides, list):
         overrides = parse_set_args(overrides)
     _check_profile_hardware(profile, node)
-    run = resolve(exp_id, profile, overrides)
+    run = resolve(exp_id, profile, overrides, check_files=False)  # files after the host gate, below
     launcher = launcher_for(run)
     quick = (quick_from_env() if quick is None else quick) and launcher.supports_quick
     if quick:
-        run = resolve(exp_id, profile, {**(overrides or {}), **quick_overrides(run.recipe["train"], run.world_size)})
+        quick_set = quick_overrides(run.recipe["train"], run.world_size)
+        run = resolve(exp_id, profile, {**(overrides or {}), **quick_set}, check_files=False)
     base = base_record(run, node)
     base["mode"] = "quick" if quick else "full"
     if run.skip_reason:
@@ -118,7 +119,8 @@ def run_experiment(
     base.update(predict.prediction_fields(run))
     base["time_limit_s"] = limit_s
     if host_reason := host_ram_skip_reason(run, base.get("predicted")):
-        return _skip(base, host_reason, results_path, summary)
+        return _skip(base, host_reason, results_path, summary)  # said before asking for a checkpoint
+    check_run_files(run)
     run_dir = results_dir() / "runs" / base["run_id"]
     command = launcher.command(run, run_dir)
     with InterruptShield() as shield:  # armed by the runner at the first interrupt, or when the process ends

@@ -360,3 +360,34 @@ def test_an_offload_run_the_host_cannot_hold_is_skipped_naming_the_model_that_fi
     assert "needs ~500 GiB of host RAM" in reason and "--set checkpoint_dir=checkpoints/lab-ci/ci-llama-xs" in reason
     assert "no model" in host_ram_skip_reason(run, {"host_gib": 500.0}, ram_total_gib=0.01)
     assert host_ram_skip_reason(resolve("fsdp", "ci", check_files=False), {"host_gib": 500.0}, ram_total_gib=1) is None
+
+
+def test_an_offload_run_too_big_for_the_host_is_skipped_before_its_checkpoint_is_asked_for(
+    ci_assets, results, tmp_path, monkeypatch
+):
+    """Seen on the H100 device (126 GiB RAM): deepspeed-offload stopped on 'no checkpoint at .../open_llama_13b',
+    asking for a 26 GB download that could never run there. The host gate now speaks first; the missing
+    checkpoint is still an error for a run the node can hold. The checkpoints below hold configs only (no
+    weights), and the node's RAM is a fixture number that only the smallest ci model fits."""
+    import shutil
+
+    from lab_helpers import host_gate
+    from lab_helpers.arithmetic import count_params
+    from lab_helpers.planner.analytic import offload_host_bytes
+
+    configs_only = tmp_path / "checkpoints"
+    for model_dir in (ci_assets["ci-llama-xs"].parent).iterdir():
+        if (model_dir / "model_config.yaml").is_file():
+            (configs_only / "lab-ci" / model_dir.name).mkdir(parents=True)
+            shutil.copy(model_dir / "model_config.yaml", configs_only / "lab-ci" / model_dir.name)
+    monkeypatch.setenv("LAB_CHECKPOINTS", str(configs_only))
+    run = resolve("deepspeed-offload", "ci", check_files=False)
+    small = count_params(str(configs_only / "lab-ci" / "ci-llama-xs")).total
+    monkeypatch.setattr(host_gate, "host_memory_gib", lambda: offload_host_bytes(small, small, run.devices) / 2**30)
+
+    (record,) = lab.run_experiment("deepspeed-offload", profile="ci", echo=False, summary=False)
+    assert record["status"] == "skipped"
+    assert "of host RAM" in record["reason"] and "--set checkpoint_dir=checkpoints/lab-ci/ci-llama-xs" in record["reason"]
+    monkeypatch.setattr(host_gate, "host_memory_gib", lambda: 10_000.0)
+    with pytest.raises(LabConfigError, match="no checkpoint at .*ci-llama"):
+        lab.run_experiment("deepspeed-offload", profile="ci", echo=False, summary=False)
