@@ -412,3 +412,19 @@ def test_concurrent_builds_of_the_same_checkpoint(ci, tmp_path):
     ref = torch.load(ci["paths"]["ci-llama-s"] / "lit_model.pth", weights_only=True)
     state = torch.load(dest / "lit_model.pth", weights_only=True)
     assert all(torch.equal(ref[k], state[k]) for k in ref)
+
+
+def test_large_tensors_fill_in_seeded_chunks_on_every_core(monkeypatch):
+    """Random weights of the real 7B/13B sizes are filled chunk by chunk on all cores (one core took minutes on the
+    GPU device); the values depend on (seed, name) only, not on the number of threads, and no chunk repeats."""
+    from lab_helpers.assets import checkpoints
+
+    n = 3 * checkpoints.FILL_CHUNK_ELEMENTS + 5
+    threaded = checkpoints._fill_normal(torch.empty(n, dtype=torch.bfloat16), 0, "w")
+    monkeypatch.setattr(checkpoints.os, "cpu_count", lambda: 1)
+    single = checkpoints._fill_normal(torch.empty(n, dtype=torch.bfloat16), 0, "w")
+    assert torch.equal(threaded, single)
+    chunks = threaded.split(checkpoints.FILL_CHUNK_ELEMENTS)
+    assert not torch.equal(chunks[0], chunks[1])
+    assert abs(threaded.float().std().item() - 0.02) < 1e-3 and abs(threaded.float().mean().item()) < 1e-4
+    assert not torch.equal(threaded, checkpoints._fill_normal(torch.empty(n, dtype=torch.bfloat16), 1, "w"))

@@ -15,7 +15,9 @@ import dataclasses
 import datetime as _dt
 import hashlib
 import importlib.metadata
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +38,10 @@ if TYPE_CHECKING:
     import litgpt
 
 MARKER = "RANDOM_WEIGHTS"
-CKPT_FORMAT = "lab-random-checkpoint-v1"
+CKPT_FORMAT = "lab-random-checkpoint-v2"  # v2: large tensors are filled in chunks, each with its own seed
+
+FILL_CHUNK_ELEMENTS = 1 << 22
+"""Elements per independently seeded chunk of a tensor: the chunks fill on all cores (see ``_fill_normal``)."""
 
 CI_ORG = "lab-ci"
 """``checkpoints_dir() / CI_ORG / <name>`` holds the ci models, as ``<org>/<name>`` does for downloads."""
@@ -117,8 +122,28 @@ def _init_tensor(module: torch.nn.Module, attr: str, shape: torch.Size, dtype: t
         return t.fill_(1.0)
     if not t.is_floating_point():
         return t.zero_()
-    g = torch.Generator().manual_seed(_tensor_seed(seed, key))
-    return t.normal_(0.0, 0.02, generator=g)
+    return _fill_normal(t, seed, key)
+
+
+def _fill_normal(t: torch.Tensor, seed: int, key: str) -> torch.Tensor:
+    """Fill ``t`` with N(0, 0.02), chunk by chunk, each chunk from its own generator, on a pool of threads.
+
+    Why: ``normal_`` with an explicit generator runs on one core. Measured on the H100 device machine, building
+    the 1.1B and 7B checkpoints took 316 s that way (13B would take most of a 10-minute call). Seeded chunks keep
+    the values a function of (seed, name) alone, whatever the number of threads.
+    """
+    chunks = t.view(-1).split(FILL_CHUNK_ELEMENTS)
+
+    def fill(index: int) -> None:
+        name = key if index == 0 else f"{key}#{index}"
+        chunks[index].normal_(0.0, 0.02, generator=torch.Generator().manual_seed(_tensor_seed(seed, name)))
+
+    if len(chunks) == 1:
+        fill(0)
+    else:
+        with ThreadPoolExecutor(max_workers=min(len(chunks), os.cpu_count() or 1)) as pool:
+            list(pool.map(fill, range(len(chunks))))
+    return t
 
 
 def random_state_dict(config: litgpt.Config, *, dtype: torch.dtype = torch.float32, seed: int = 0) -> dict:
