@@ -8,7 +8,7 @@ This wrapper runs litgpt's unmodified CLI but wraps the finetune module's ``fit`
 of live tensor bytes, ``tensor_peak``) and the same peaks over the whole process (checkpoint load included, as
 litgpt prints them: ``peak_alloc_whole_run_gib``, ``peak_tensor_whole_run_gib``), seconds inside the training
 loop minus validation with the first optimizer step timed apart as warm-up, and the token counts of the timed
-part. In quick mode (``quick_mode``) the longest samples are trained right after the warm-up step. No weights are
+part. In quick mode (``quick_mode``) the longest samples open the second optimizer step, which is warm-up too. No weights are
 saved unless asked. ``--activation-checkpointing`` (the lab's switch, not litgpt's) wraps every transformer block
 in ``torch.utils.checkpoint`` before ``fit`` (``activation_checkpointing``). A CUDA OOM ends the process with
 status ``oom`` and the allocator's message; the GPU is freed because the process is gone.
@@ -35,7 +35,7 @@ from lab_helpers.child_report import (
     write_report,
 )
 from lab_helpers.orphan_guard import start_orphan_guard
-from lab_helpers.quick_mode import quick_from_env
+from lab_helpers.quick_mode import QUICK_WARMUP_STEPS, quick_from_env
 from lab_helpers.record_schema import GIB
 from lab_helpers.tensor_peak import LiveTensorPeak
 
@@ -47,7 +47,8 @@ SAVE_ENV = "LAB_SAVE_CHECKPOINT"  # "1" keeps litgpt's final checkpoint; the lab
 class _TrainingClock:
     """Time inside ``fit`` minus validation and example generation, with the first optimizer step timed apart.
 
-    The first optimizer step is warm-up (kernel selection, allocator growth, optimizer states being created):
+    The first optimizer step is warm-up (kernel selection, allocator growth, optimizer states being created;
+    in quick mode the peak step after it too, ``QUICK_WARMUP_STEPS``):
     ``train_s`` and the token counts cover the iterations after it, ``warmup_s`` the iterations of it. The
     clock sees each training batch as litgpt asks for it (``watch_batches``), so it needs nothing from litgpt's
     loop beyond the batches it draws. A run shorter than two optimizer steps has no steady part: then the
@@ -103,8 +104,8 @@ class _TrainingClock:
 
         return timed
 
-    def watch_batches(self, dataloader, *, accumulation: int, epochs: int | None):
-        self.warmup_iterations, self.epochs = accumulation, epochs
+    def watch_batches(self, dataloader, *, accumulation: int, epochs: int | None, warmup_steps: int = 1):
+        self.warmup_iterations, self.epochs = accumulation * warmup_steps, epochs
         return _WatchedBatches(dataloader, self)
 
     def saw_batch(self, batch: Mapping[str, Any]) -> None:
@@ -180,7 +181,9 @@ def _wrap_get_dataloaders(get_dataloaders, clock: _TrainingClock, *, quick: bool
         if quick:
             _put_longest_batch_in_second_step(data, train.micro_batch_size, accumulation)
         train_loader, val_loader = get_dataloaders(fabric, data, tokenizer, train)
-        return clock.watch_batches(train_loader, accumulation=accumulation, epochs=train.epochs), val_loader
+        steps = QUICK_WARMUP_STEPS if quick else 1  # quick: the peak step is warm-up too (quick_mode)
+        watched = clock.watch_batches(train_loader, accumulation=accumulation, epochs=train.epochs, warmup_steps=steps)
+        return watched, val_loader
 
     return wrapped
 
@@ -197,7 +200,7 @@ def _put_longest_batch_in_second_step(data, micro_batch_size: int, accumulation:
         loader = original()
         lengths = [len(item["input_ids"]) for item in loader.dataset]
         print(f"lab: quick mode: the {micro_batch_size} longest samples (up to {max(lengths)} tokens) form micro-batch "
-              f"{accumulation + 1}, the first after the warm-up step")
+              f"{accumulation + 1}, the first of the second optimizer step (warm-up, not timed)")
         sampler = LongestBatchSecondStepSampler(lengths, batch_size=micro_batch_size, place_at=accumulation)
         return DataLoader(
             loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers, collate_fn=loader.collate_fn

@@ -8,11 +8,15 @@ of a section in minutes. Memory and step time stop changing long before a course
 * activations grow with the batch's padded length, so the peak of a whole epoch is reached at the batch of its
   longest samples -- quick mode puts the longest training samples into the first micro-batch of the second
   optimizer step, where the optimizer states already exist (the worst case of the whole epoch, seen at once);
-* the first optimizer step (kernel selection, allocator growth, optimizer state creation) is warm-up: it is
-  timed separately and never counted in ``train_s``.
+* the first optimizer step (kernel selection, allocator growth, optimizer state creation) is warm-up, and so is
+  the second, the peak step: its first micro-batch is the first of the longest shape, which pays once for
+  growing the allocator to the epoch's peak and for new kernel shapes. Measured on an H100 (reference_results/
+  h100-80gb.jsonl, the records of 2026-11-22): that micro-batch took 1.8 s in bf16-true and 2.1 s in full-7b
+  against 0.1-0.4 s for the others, a third to a half of the timed span. In a full epoch it is paid once in
+  hundreds of iterations, so it is warm-up here too; neither step is counted in ``train_s``.
 
-So a quick run takes ``quick_max_steps`` optimizer steps: one of warm-up and enough to time at least
-``MIN_MEASURED_ITERATIONS`` micro-batches. Records say which mode ran (``mode``: ``quick`` or ``full``).
+So a quick run takes ``quick_max_steps`` optimizer steps: ``QUICK_WARMUP_STEPS`` of warm-up and enough to time at
+least ``MIN_MEASURED_ITERATIONS`` micro-batches. Records say which mode ran (``mode``: ``quick`` or ``full``).
 """
 
 from __future__ import annotations
@@ -29,16 +33,20 @@ QUICK_ENV = "LAB_QUICK"
 MIN_MEASURED_ITERATIONS = 6
 """Micro-batches timed after warm-up: enough for a median step time that one slow iteration does not move."""
 
+QUICK_WARMUP_STEPS = 2
+"""Optimizer steps of warm-up in quick mode: the first and the peak step (the longest batch), see above."""
+
 
 def quick_from_env() -> bool:
     return os.environ.get(QUICK_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def quick_max_steps(accumulation: int) -> int:
-    """Optimizer steps of a quick run: one of warm-up, then at least MIN_MEASURED_ITERATIONS micro-batches (>= 2 steps)."""
+    """Optimizer steps of a quick run: QUICK_WARMUP_STEPS of warm-up, then whole steps of at least
+    MIN_MEASURED_ITERATIONS micro-batches in all."""
     if accumulation < 1:
         raise ValueError(f"gradient accumulation must be >= 1; got {accumulation}")
-    return 1 + max(2, math.ceil(MIN_MEASURED_ITERATIONS / accumulation))
+    return QUICK_WARMUP_STEPS + math.ceil(MIN_MEASURED_ITERATIONS / accumulation)
 
 
 def quick_overrides(train: Mapping[str, Any], ranks: int) -> dict[str, Any]:

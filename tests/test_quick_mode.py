@@ -6,6 +6,7 @@ import pytest
 
 from lab_helpers.quick_mode import (
     MIN_MEASURED_ITERATIONS,
+    QUICK_WARMUP_STEPS,
     LongestBatchSecondStepSampler,
     quick_max_steps,
     quick_overrides,
@@ -13,17 +14,19 @@ from lab_helpers.quick_mode import (
 
 
 @pytest.mark.parametrize("accumulation", [1, 2, 4, 8, 32])
-def test_one_warm_up_step_then_enough_timed_micro_batches(accumulation):
+def test_two_warm_up_steps_then_enough_timed_micro_batches(accumulation):
+    """The first step and the peak step are warm-up; at least one whole step is timed after them."""
     steps = quick_max_steps(accumulation)
-    assert steps >= 3  # warm-up, then at least two steps with the optimizer states in place
-    assert (steps - 1) * accumulation >= MIN_MEASURED_ITERATIONS
+    assert steps >= QUICK_WARMUP_STEPS + 1 == 3
+    assert (steps - QUICK_WARMUP_STEPS) * accumulation >= MIN_MEASURED_ITERATIONS
+    assert (steps - QUICK_WARMUP_STEPS - 1) * accumulation < MIN_MEASURED_ITERATIONS  # no step more than needed
 
 
 def test_quick_overrides_shorten_long_runs_and_keep_the_lr_warm_up_inside_them():
     train = {"global_batch_size": 32, "micro_batch_size": 8, "max_steps": 20, "lr_warmup_steps": 10}
-    assert quick_overrides(train, ranks=1) == {"train.max_steps": 3, "train.lr_warmup_steps": 2}
+    assert quick_overrides(train, ranks=1) == {"train.max_steps": 4, "train.lr_warmup_steps": 3}
     assert quick_overrides({**train, "max_steps": 2}, ranks=1) == {}  # already shorter than a quick run
-    assert quick_overrides({**train, "global_batch_size": 8}, ranks=1)["train.max_steps"] == 1 + MIN_MEASURED_ITERATIONS
+    assert quick_overrides({**train, "global_batch_size": 8}, ranks=1)["train.max_steps"] == 2 + MIN_MEASURED_ITERATIONS
 
 
 def test_the_longest_batch_is_the_first_of_the_second_step_and_every_sample_appears_once():
