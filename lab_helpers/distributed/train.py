@@ -99,6 +99,7 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
     from lab_helpers.distributed.module import LitGPTFinetune
     from lab_helpers.distributed.reporting import ReportCallback
     from lab_helpers.distributed.strategies import make_strategy
+    from lab_helpers.distributed.teardown import FreeTrainingStateAtEnd
     from lab_helpers.experiments import resolve_path
 
     recipe: dict[str, Any] = yaml.safe_load(args.recipe.read_text())
@@ -223,6 +224,7 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
         callbacks=[
             WatchChildren(),
             ReportCallback(report, total_iterations=max_steps * accum, metrics_csv=_metrics_csv(out_dir, report.rank)),
+            FreeTrainingStateAtEnd(),  # after the report: Lightning's teardown would copy it all to host memory
         ],
     )
     trainer.fit(module, datamodule=data)
