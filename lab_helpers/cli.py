@@ -6,7 +6,7 @@ run-all  --section single|multi --profile P     every experiment of a section, t
 results  [--format json|csv]                    every record
 plan     RECIPE.yaml [...]                      predict memory before a run
 doctor   [--json]                               what this node can run
-compare  [--out DIR]                            the comparison table and figure files
+compare  [--out DIR] [--reference NAME] [--markdown]   the comparison table and figure files
 wheelhouse --python 3.12 --dest DIR [--with qlora]  the wheels an offline GPU node needs (beyond its torch)
 """
 
@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     compare = sub.add_parser("compare", help="write the comparison table and plots")
     compare.add_argument("--out", default=None, help="folder for the figure files (default: results/figures)")
+    compare.add_argument("--reference", default=None, metavar="NAME",
+                         help="compare a shipped reference file (reference_results/NAME.jsonl) instead of your runs")
+    compare.add_argument("--markdown", action="store_true", help="print the headline columns as a Markdown table")
 
     plan = sub.add_parser("plan", help="predict peak memory of a litgpt recipe before running it")
     try:
@@ -136,14 +139,21 @@ def _cmd_run_all(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _print_comparison(out_dir: str | None, profile: str | None = None) -> None:
+def _print_comparison(
+    out_dir: str | None, profile: str | None = None, *, reference: str | None = None, markdown: bool = False
+) -> None:
     """The comparison table on stdout, the figures (and a CSV of the table) in the figures folder."""
     from lab_helpers import compare
     from lab_helpers.records import load_results
 
-    frame = load_results()
+    frame = load_results() if reference is None else compare.load_reference(reference)
+    if reference is not None:
+        print(compare.reference_label(frame))
     table = compare.comparison_table(frame, profile=profile)
-    print(table.to_string(index=False) if len(table) else "no runs recorded yet")
+    if markdown:
+        print(compare.markdown_table(table))
+    else:
+        print(table.to_string(index=False) if len(table) else "no runs recorded yet")
     paths = compare.save_all(frame, out_dir, profile=profile)
     if len(table) and paths:
         table_path = paths[0].parent / "comparison.csv"
@@ -166,7 +176,7 @@ def _cmd_results(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    _print_comparison(args.out)
+    _print_comparison(args.out, reference=args.reference, markdown=args.markdown)
     return 0
 
 

@@ -125,6 +125,40 @@ def comparison_table(
     return table.reset_index(drop=True)
 
 
+MARKDOWN_COLUMNS = {
+    "experiment": "experiment",
+    "status": "status",
+    "peak_alloc_gib": "measured peak GiB",
+    "predicted_peak_alloc_gib": "predicted GiB",
+    "prediction_error_pct": "error %",
+    "train_s": "train s",
+    "tokens_per_s": "tokens/s",
+    "mfu": "MFU",
+}
+
+
+def markdown_table(table: pd.DataFrame) -> str:
+    """The comparison table's headline columns as a Markdown table (for reference_results/README.md): printed
+    from the records by ``python -m lab_helpers compare --reference NAME --markdown``, never typed."""
+    lines = ["| " + " | ".join(MARKDOWN_COLUMNS.values()) + " |", "|" + "---|" * len(MARKDOWN_COLUMNS)]
+    for row in table.to_dict("records"):
+        cells = []
+        for column in MARKDOWN_COLUMNS:
+            value = row.get(column)
+            if isinstance(value, float) and math.isnan(value):
+                cells.append("")
+            elif column == "mfu":
+                cells.append(f"{value:.1%}")
+            elif column == "tokens_per_s":
+                cells.append(f"{value:,.0f}")
+            elif column == "predicted_peak_alloc_gib":
+                cells.append(f"{value:.2f}")
+            else:
+                cells.append(str(value))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _samples(record: Mapping[str, Any]) -> float | None:
     """Training samples one rank saw: micro-batches (``iterations``) x the recipe's micro batch size."""
     iterations = _number(record.get("iterations"))
@@ -160,11 +194,18 @@ def _mapping(value: Any) -> Mapping[str, Any]:
 # ------------------------------------------------------------------------------------------------ reference
 
 
-def load_reference(name: str | None = None) -> pd.DataFrame:
-    """Results recorded on a real GPU node, for students without one; ``name`` picks one file (e.g. "H100").
+GPU_MEASUREMENT = "real GPU measurement"
+CODE_PATH_ONLY = "code path only (ci profile on a CPU: tiny stand-ins, not GPU figures)"
 
-    With no ``name`` all shipped files are concatenated, each row tagged with its file in a ``reference``
-    column. Returns an empty frame, with a warning that says why, when nothing is shipped (yet).
+
+def load_reference(name: str | None = None) -> pd.DataFrame:
+    """Results recorded on a real GPU node, for students without one; ``name`` picks one file (e.g. "h100-80gb").
+
+    With no ``name``: the files measured on a GPU (profile ``gpu``) when any is shipped, else every file (today the
+    CPU code-path run), so that GPU figures and CPU stand-ins never share one table. Each row is tagged with its
+    file (``reference``) and with ``measured_on``: "real GPU measurement (<GPU>)" or "code path only (...)";
+    ``reference_label`` says it in one line. Returns an empty frame, with a warning that says why, when nothing is
+    shipped (yet).
     """
     folder = reference_dir()
     if name is not None:
@@ -191,11 +232,37 @@ def load_reference(name: str | None = None) -> pd.DataFrame:
     for path in files:
         frame = load_results(path)
         if len(frame):
-            frames.append(frame.assign(reference=path.stem))
+            frames.append(frame.assign(reference=path.stem, measured_on=_measured_on(frame)))
     if not frames:
         warnings.warn(f"the reference files in {folder} hold no records", stacklevel=2)
         return empty_runs_frame().drop(columns="rank_n")
+    if name is None and any(_is_gpu(frame) for frame in frames):
+        frames = [frame for frame in frames if _is_gpu(frame)]
     return pd.concat(frames, ignore_index=True)
+
+
+def _is_gpu(frame: pd.DataFrame) -> bool:
+    return "profile" in frame and bool((frame["profile"] == "gpu").any())
+
+
+def _measured_on(frame: pd.DataFrame) -> list[str]:
+    if not _is_gpu(frame):
+        return [CODE_PATH_ONLY] * len(frame)
+    names = frame["device_name"] if "device_name" in frame else pd.Series([None] * len(frame))
+    return [f"{GPU_MEASUREMENT} ({gpu})" if isinstance(gpu, str) and gpu else GPU_MEASUREMENT for gpu in names]
+
+
+def reference_label(frame: pd.DataFrame) -> str:
+    """One line saying what the reference rows are: which GPU measured them, or that they only show the code path."""
+    if frame.empty or "measured_on" not in frame:
+        return "no reference results"
+    parts = []
+    for (reference, measured), rows in frame.groupby(["reference", "measured_on"], sort=True):
+        modes = sorted({m for m in rows.get("mode", pd.Series(dtype=object)).dropna()})
+        weights = " random weights," if "random_weights" in rows and rows["random_weights"].eq(True).any() else ""
+        mode = f" {'/'.join(modes)} mode" if modes else ""
+        parts.append(f"{reference}.jsonl: {measured},{weights}{mode}, {len(rows)} records")
+    return "; ".join(parts)
 
 
 # ------------------------------------------------------------------------------------------------ plots

@@ -276,3 +276,27 @@ def test_time_per_sample_makes_grad_accum_comparable_with_small_batch(tmp_path):
     assert math.isnan(table.loc["baseline", "ms_per_sample"])  # no time: NaN, never 0
     columns = list(table.reset_index().columns)
     assert columns.index("ms_per_sample") == columns.index("train_s") + 2  # beside train_s, after samples
+
+
+def test_gpu_references_are_labelled_and_never_mixed_with_cpu_stand_ins(tmp_path, monkeypatch):
+    """Rows are tagged real GPU measurement or code path only; with no name, the GPU files alone are loaded, so a
+    table never shows one experiment from an H100 beside another from a CPU. Records here are written by the
+    test (a GPU record's fields as the lab writes them on CUDA)."""
+    monkeypatch.setenv("LAB_HOME", str(tmp_path))
+    folder = tmp_path / "reference_results"
+    gpu = {"experiment": "lora-7b", "status": "ok", "rank": 0, "profile": "gpu", "mode": "quick",
+           "device_name": "NVIDIA H100 80GB HBM3", "random_weights": True, "peak_alloc_gib": 27.8,
+           "predicted_peak_alloc_gib": 27.93, "train_s": 3.4, "tokens_per_s": 2537.8, "mfu": 0.0967}  # fmt: skip
+    append_record(gpu, path=folder / "h100-80gb.jsonl")
+    append_record({"experiment": "full-13b", "status": "ok", "rank": 0, "profile": "ci"}, path=folder / "ci-cpu.jsonl")
+    default = compare.load_reference()
+    assert default["reference"].tolist() == ["h100-80gb"]
+    assert default["measured_on"].tolist() == ["real GPU measurement (NVIDIA H100 80GB HBM3)"]
+    assert compare.reference_label(default) == (
+        "h100-80gb.jsonl: real GPU measurement (NVIDIA H100 80GB HBM3), random weights, quick mode, 1 records"
+    )
+    cpu = compare.load_reference("ci-cpu")
+    assert cpu["measured_on"].tolist() == [compare.CODE_PATH_ONLY] and "code path only" in compare.reference_label(cpu)
+    markdown = compare.markdown_table(compare.comparison_table(default)).splitlines()
+    assert markdown[0].startswith("| experiment | status | measured peak GiB | predicted GiB | error %")
+    assert markdown[2] == "| lora-7b | ok | 27.8 | 27.93 | -0.5 | 3.4 | 2,538 | 9.7% |"
