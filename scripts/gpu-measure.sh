@@ -13,6 +13,8 @@
 #   --wheels DIR      install these wheels first (pip --no-index --no-deps --target, ahead on PYTHONPATH): the
 #                     packages the node lacks, from `python -m lab_helpers wheelhouse --node-has ...` built elsewhere
 #   --full            full runs instead of quick mode (LAB_QUICK=1 is the default here)
+#   --set KEY=VALUE   a recipe override for every experiment of this call (repeatable), e.g. the model that the
+#                     host-RAM gate names for deepspeed-offload: --set checkpoint_dir=checkpoints/openlm-research/open_llama_7b
 #   EXPERIMENT...     ids of configs/experiments/*.yaml, run in this order on the gpu profile
 #
 # Results go to $LAB_RESULTS (default: results-gpu/ in the checkout). Unpack the tarballs of several calls into
@@ -21,7 +23,7 @@ set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo" || exit 1
 
-models="" deadline_s=0 pack="" wheels="" quick=1 experiments=()
+models="" deadline_s=0 pack="" wheels="" quick=1 experiments=() sets=()
 while (($#)); do
     case "$1" in
         --models) models="$2"; shift 2 ;;
@@ -29,7 +31,9 @@ while (($#)); do
         --pack) pack="$2"; shift 2 ;;
         --wheels) wheels="$2"; shift 2 ;;
         --full) quick=0; shift ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        --set) [[ ${2:-} == *=* ]] || { echo "gpu-measure: --set ${2:-}: give KEY=VALUE" >&2; exit 2; }
+               sets+=(--set "$2"); shift 2 ;;
+        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
         -*) echo "gpu-measure: unknown option $1 (see --help)" >&2; exit 2 ;;
         *) experiments+=("$1"); shift ;;
     esac
@@ -65,7 +69,7 @@ pack_results() {  # whatever happened: the records, timelines and logs travel
 }
 trap pack_results EXIT
 
-say "$(date -u +%FT%TZ) on $(hostname -s): ${experiments[*]} (profile $LAB_PROFILE, quick=$quick, deadline ${deadline_s}s)"
+say "$(date -u +%FT%TZ) on $(hostname -s): ${experiments[*]} (profile $LAB_PROFILE, quick=$quick, deadline ${deadline_s}s${sets:+, ${sets[*]}})"
 "$python" -m lab_helpers doctor >"$LAB_RESULTS/doctor.txt" 2>&1
 say "doctor: $(grep -m1 -i 'gpu' "$LAB_RESULTS/doctor.txt" || echo 'see doctor.txt')"
 if [[ -n $models ]]; then
@@ -83,7 +87,8 @@ for experiment in "${experiments[@]}"; do
         limit=(--time-limit "$((left - 10))")  # 10 s to end the run and pack
     fi
     t0=$SECONDS
-    "$python" -m lab_helpers run "$experiment" --profile "$LAB_PROFILE" --quiet "${limit[@]}" 2>&1 | tail -n 2 | tee -a "$log"
+    "$python" -m lab_helpers run "$experiment" --profile "$LAB_PROFILE" --quiet "${limit[@]}" "${sets[@]}" 2>&1 |
+        tail -n 2 | tee -a "$log"
     say "$experiment: exit ${PIPESTATUS[0]} after $((SECONDS - t0)) s"
 done
 exit $status

@@ -31,11 +31,12 @@ def _packed(tmp_path: Path) -> dict[str, bytes]:
 
 @pytest.mark.slow
 def test_a_run_is_recorded_and_packed_with_the_log_and_the_doctors_report(ci_assets, tmp_path: Path) -> None:
-    out = _measure(tmp_path, "small-batch")
+    out = _measure(tmp_path, "--set", "seed=7", "small-batch")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     files = _packed(tmp_path)
     [record] = [json.loads(line) for line in files["runs.jsonl"].decode().splitlines()]
     assert record["experiment"] == "small-batch" and record["status"] == "ok" and record["mode"] == "quick"
+    assert record["overrides"]["seed"] == 7 and record["config"]["seed"] == 7  # --set reached the run
     assert "small-batch: exit 0" in files["gpu-measure.log"].decode()
     assert files["doctor.txt"]
 
@@ -53,6 +54,7 @@ def test_the_deadline_starts_nothing_more_and_still_packs(tmp_path: Path) -> Non
     ((), "name at least one experiment"),
     (("--deadline-s", "soon", "small-batch"), "--deadline-s soon: give whole seconds"),
     (("--bogus", "small-batch"), "unknown option --bogus"),
+    (("--set", "seed", "small-batch"), "--set seed: give KEY=VALUE"),
     (("--wheels", "/nonexistent", "small-batch"), "holds no wheels"),
 ])
 def test_bad_input_is_one_line_and_packs_nothing(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
