@@ -191,3 +191,19 @@ def test_plan_time_cli_prints_the_step_time_beside_the_memory(ci_assets, capsys)
     assert "record" in out["time"]["mfu_source"]  # derived from the shipped ci records
     assert plan_main([recipe, "--device", "cpu", "--json"]) == 0
     assert "time" not in json.loads(capsys.readouterr().out)  # plain `plan` stays as fast as before
+
+
+def test_a_gpu_fit_above_the_datasheet_peak_falls_back_to_the_median():
+    """Seen with the first H100 records (one-off costs inside short timed spans): a least-squares line whose
+    slope gives an MFU above 1. Against a datasheet peak that is impossible, so the median MFU is used. The
+    points are fixture numbers: (ideal_s, measured_s) of three records, the third slower than the line."""
+    records = [
+        {"status": "ok", "method": "full", "device_name": "NVIDIA H100 80GB HBM3", "mfu": mfu, "iterations": 8,
+         "train_s": 8 * micro_s, "tokens_padded": 8 * 4 * 512, "config": {"precision": "bf16-true",
+         "train": {"micro_batch_size": 4, "global_batch_size": 4}}}
+        for mfu, micro_s in ((0.2, 0.10), (0.6, 0.30), (0.9, 0.35))
+    ]  # fmt: skip
+    from lab_helpers.planner.timing import mfu_from_records
+
+    efficiency = mfu_from_records(records, "NVIDIA H100 80GB HBM3", "full", "bf16-true")
+    assert efficiency.source.startswith("median of 3") and efficiency.mfu == pytest.approx(0.6)

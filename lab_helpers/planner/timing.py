@@ -15,8 +15,10 @@ method that measured runs give directly (every GPU record carries ``mfu``). So::
 * **MFU and overhead.** ``mfu_for`` takes them, in this order: fitted to the lab's own records for this device
   and method (``mfu_from_records``: MFU and a fixed per-micro-batch overhead by least squares, preferring
   records with the same precision); else ``MFU_TABLE`` (each entry with its source; overhead 0), whose
-  figures are today ``DEFAULT_MFU``, a conservative assumption, labelled as one. No GPU run of the lab exists yet
-  (reference_results/ holds CPU runs only), so today every GPU prediction uses the assumption, and says so.
+  figures are today ``DEFAULT_MFU``, a conservative assumption, labelled as one. On a GPU a fit whose MFU comes out
+  above 1 is refused (the points do not follow the line) and the median is used. The first GPU records (reference_results/
+  h100-80gb.jsonl, quick mode with one warm-up step) follow the line badly: one-off costs in their short timed
+  spans (see benchmarks/planner_time_check_h100.out.txt); GPUs without records use the assumption and say so.
 * **A CPU** has no datasheet peak: its "peak" is this machine's measured fp32 matmul rate (a short torch timing,
   cached), and its MFU comes from the ci records (``reference_results/ci-cpu.jsonl``), so predicted and measured
   time can be compared on every machine (``benchmarks/planner_time_check.py``).
@@ -314,7 +316,9 @@ def mfu_from_records(
         slope, overhead = _line(points)
         if overhead < 0 or slope <= 0:  # through the origin instead: no negative fixed cost
             slope, overhead = sum(x * y for x, y in points) / sum(x * x for x, _ in points), 0.0
-        if slope > 0:
+        # against a datasheet peak an MFU above 1 is impossible: the points do not follow the line (the median
+        # below); a CPU's "peak" is a measured matmul rate, which its training steps may beat
+        if slope > 0 and (slope >= 1 or key == CPU):
             return Efficiency(1 / slope, overhead, f"fitted to {what}")
     return Efficiency(statistics.median(x / y for x, y in points), 0.0, f"median of {what}")
 
