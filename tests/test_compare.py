@@ -300,3 +300,18 @@ def test_gpu_references_are_labelled_and_never_mixed_with_cpu_stand_ins(tmp_path
     markdown = compare.markdown_table(compare.comparison_table(default)).splitlines()
     assert markdown[0].startswith("| experiment | status | measured peak GiB | predicted GiB | error %")
     assert markdown[2] == "| lora-7b | ok | 27.8 | 27.93 | -0.5 | 3.4 | 2,538 | 9.7% |"
+
+
+def test_the_readme_table_is_what_compare_prints_from_the_shipped_gpu_records(capsys):
+    """reference_results/README.md's table is `compare --reference h100-80gb --markdown`'s output (never typed):
+    the same function on the shipped records gives the same rows. An unknown name is one line naming the shipped."""
+    from lab_helpers.cli import main
+
+    frame = compare.load_reference("h100-80gb")
+    assert compare.reference_label(frame).startswith("h100-80gb.jsonl: real GPU measurement (NVIDIA H100 80GB HBM3)")
+    rows = compare.markdown_table(compare.comparison_table(frame)).splitlines()[2:]
+    assert len(rows) == 12 and rows[0].startswith("| baseline | oom |")
+    readme = (compare.reference_dir() / "README.md").read_text()
+    assert all(row in readme for row in rows)
+    assert main(["compare", "--reference", "v100"]) == 2
+    assert "--reference v100: no such file" in capsys.readouterr().err
