@@ -35,7 +35,7 @@ from lab_helpers.child_report import (
     write_report,
 )
 from lab_helpers.orphan_guard import start_orphan_guard
-from lab_helpers.quick_mode import QUICK_WARMUP_STEPS, quick_from_env
+from lab_helpers.quick_mode import put_longest_batch_in_second_step, quick_from_env, quick_warmup_steps
 from lab_helpers.record_schema import GIB
 from lab_helpers.tensor_peak import LiveTensorPeak
 
@@ -48,7 +48,7 @@ class _TrainingClock:
     """Time inside ``fit`` minus validation and example generation, with the first optimizer step timed apart.
 
     The first optimizer step is warm-up (kernel selection, allocator growth, optimizer states being created;
-    in quick mode the peak step after it too, ``QUICK_WARMUP_STEPS``):
+    in quick mode the peak step after it too, ``quick_warmup_steps``):
     ``train_s`` and the token counts cover the iterations after it, ``warmup_s`` the iterations of it. The
     clock sees each training batch as litgpt asks for it (``watch_batches``), so it needs nothing from litgpt's
     loop beyond the batches it draws. A run shorter than two optimizer steps has no steady part: then the
@@ -179,34 +179,13 @@ def _wrap_get_dataloaders(get_dataloaders, clock: _TrainingClock, *, quick: bool
     def wrapped(fabric, data, tokenizer, train):
         accumulation = train.gradient_accumulation_iters(fabric.world_size, 1)  # devices x nodes = world size
         if quick:
-            _put_longest_batch_in_second_step(data, train.micro_batch_size, accumulation)
+            put_longest_batch_in_second_step(data, train.micro_batch_size, accumulation)
         train_loader, val_loader = get_dataloaders(fabric, data, tokenizer, train)
-        steps = QUICK_WARMUP_STEPS if quick else 1  # quick: the peak step is warm-up too (quick_mode)
+        steps = quick_warmup_steps(train.max_steps) if quick else 1  # quick: the peak step is warm-up too
         watched = clock.watch_batches(train_loader, accumulation=accumulation, epochs=train.epochs, warmup_steps=steps)
         return watched, val_loader
 
     return wrapped
-
-
-def _put_longest_batch_in_second_step(data, micro_batch_size: int, accumulation: int) -> None:
-    """Quick mode: the data module's training loader puts its longest samples right after the first step."""
-    from torch.utils.data import DataLoader
-
-    from lab_helpers.quick_mode import LongestBatchSecondStepSampler
-
-    original = data.train_dataloader
-
-    def train_dataloader():
-        loader = original()
-        lengths = [len(item["input_ids"]) for item in loader.dataset]
-        print(f"lab: quick mode: the {micro_batch_size} longest samples (up to {max(lengths)} tokens) form micro-batch "
-              f"{accumulation + 1}, the first of the second optimizer step (warm-up, not timed)")
-        sampler = LongestBatchSecondStepSampler(lengths, batch_size=micro_batch_size, place_at=accumulation)
-        return DataLoader(
-            loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers, collate_fn=loader.collate_fn
-        )
-
-    data.train_dataloader = train_dataloader
 
 
 def _skip_final_save(module) -> None:

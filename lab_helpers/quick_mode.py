@@ -37,6 +37,14 @@ QUICK_WARMUP_STEPS = 2
 """Optimizer steps of warm-up in quick mode: the first and the peak step (the longest batch), see above."""
 
 
+def quick_warmup_steps(max_steps: int | None) -> int:
+    """Warm-up steps of a quick run of ``max_steps``: QUICK_WARMUP_STEPS, but always one step left to time (a run
+    already shorter than a quick run keeps its own length, see ``quick_overrides``)."""
+    if max_steps is None:
+        return QUICK_WARMUP_STEPS
+    return max(1, min(QUICK_WARMUP_STEPS, int(max_steps) - 1))
+
+
 def quick_from_env() -> bool:
     return os.environ.get(QUICK_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -68,26 +76,84 @@ class LongestBatchSecondStepSampler:
 
     ``place_at`` is the number of micro-batches in one optimizer step, so the longest batch is the first
     micro-batch of the second step: the epoch's peak activation memory, reached while the optimizer states
-    exist. A DataLoader ``batch_sampler``: yields lists of dataset indices; every sample appears exactly once.
+    exist. A DataLoader ``batch_sampler``: yields lists of dataset indices. With ``world_size`` ranks (the
+    Lightning path's DDP, FSDP, DeepSpeed) each rank gets its own share: the ``batch_size x world_size`` longest
+    samples are split so that every rank's second step opens with its longest batch at the same iteration, and
+    the other batches are dealt out in turn, the same number to each rank (the tail that cannot be shared evenly
+    is left out, so that no rank waits in a collective for a batch its peers do not have). With one rank every
+    sample appears exactly once.
     """
 
-    def __init__(self, lengths: Sequence[int], *, batch_size: int, place_at: int, seed: int = 42) -> None:
+    def __init__(
+        self, lengths: Sequence[int], *, batch_size: int, place_at: int, seed: int = 42, rank: int = 0,
+        world_size: int = 1,
+    ) -> None:  # fmt: skip
         if batch_size < 1 or place_at < 0:
             raise ValueError(f"batch_size must be >= 1 and place_at >= 0; got {batch_size}, {place_at}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"need 0 <= rank < world_size; got rank {rank} of {world_size}")
+        if len(lengths) < batch_size * world_size:
+            raise ValueError(f"{len(lengths)} samples cannot fill one batch of {batch_size} on each of {world_size} ranks")
         self.lengths = list(lengths)
         self.batch_size = batch_size
         self.place_at = place_at
         self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
         self._epoch = 0
 
+    def _rest_batches(self) -> int:
+        """Batches of the shuffled rest that this rank gets."""
+        rest = math.ceil((len(self.lengths) - self.batch_size * self.world_size) / self.batch_size)
+        return rest if self.world_size == 1 else rest // self.world_size
+
     def __len__(self) -> int:
-        return math.ceil(len(self.lengths) / self.batch_size)
+        return self._rest_batches() + 1
 
     def __iter__(self) -> Iterator[list[int]]:
+        size, ranks = self.batch_size, self.world_size
         order = sorted(range(len(self.lengths)), key=lambda i: (-self.lengths[i], i))
-        longest, rest = order[: self.batch_size], order[self.batch_size :]
-        random.Random(self.seed + self._epoch).shuffle(rest)
+        longest, rest = order[self.rank * size : (self.rank + 1) * size], order[size * ranks :]
+        random.Random(self.seed + self._epoch).shuffle(rest)  # the same order on every rank: the same seed
         self._epoch += 1
-        batches = [rest[i : i + self.batch_size] for i in range(0, len(rest), self.batch_size)]
+        batches = [rest[i : i + size] for i in range(0, len(rest), size)]
+        batches = batches[self.rank :: ranks][: self._rest_batches()]
         batches.insert(min(self.place_at, len(batches)), longest)
         yield from batches
+
+
+def put_longest_batch_in_second_step(data: Any, micro_batch_size: int, accumulation: int) -> None:
+    """Quick mode: the data module's training loader puts its longest samples at the start of the second step.
+
+    Used by both launch paths (litgpt's CLI in ``child_litgpt``, the Lightning script in ``distributed.train``).
+    The rank and world size are read when the loader is made, after the process group exists (one rank when
+    there is none); the Lightning Trainer must then leave the sampler alone (``use_distributed_sampler=False``).
+    """
+    from torch.utils.data import DataLoader
+
+    original = data.train_dataloader
+
+    def train_dataloader():
+        loader = original()
+        rank, world_size = _rank_and_world_size()
+        lengths = [len(item["input_ids"]) for item in loader.dataset]
+        sampler = LongestBatchSecondStepSampler(
+            lengths, batch_size=micro_batch_size, place_at=accumulation, rank=rank, world_size=world_size
+        )
+        if rank == 0:
+            print(f"lab: quick mode: the {micro_batch_size} longest samples (up to {max(lengths)} tokens) form "
+                  f"micro-batch {accumulation + 1}, the first of the second optimizer step (warm-up, not timed)"
+                  + (f", on each of {world_size} ranks" if world_size > 1 else ""), flush=True)  # fmt: skip
+        return DataLoader(
+            loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers, collate_fn=loader.collate_fn
+        )
+
+    data.train_dataloader = train_dataloader
+
+
+def _rank_and_world_size() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1

@@ -26,7 +26,9 @@ pytestmark = pytest.mark.slow
 SMALL = {"checkpoint_dir": "checkpoints/lab-ci/ci-llama-xs"}  # the smallest model: process start dominates
 
 
-def _assert_one_ok_record_per_rank(records: list[dict], world_size: int, strategy_word: str) -> None:
+def _assert_one_ok_record_per_rank(
+    records: list[dict], world_size: int, strategy_word: str, *, warmup: int = 1, timed: int = 1
+) -> None:
     assert sorted(r["rank"] for r in records) == list(range(world_size))
     for record in records:
         assert record["status"] == "ok", record.get("error")
@@ -34,19 +36,28 @@ def _assert_one_ok_record_per_rank(records: list[dict], world_size: int, strateg
         assert strategy_word in record["strategy_used"]
         assert record["peak_alloc_gib"] is None  # a CPU has no CUDA peaks: null, never 0
         assert record["train_s"] > 0 and record["tokens_padded"] >= record["tokens"] > 0
-        # 2 steps, no accumulation: the first is warm-up (timed apart), train_s and tokens cover the second
-        assert record["warmup_iterations"] == 1 and record["iterations"] == 1 and record["warmup_s"] > 0
+        # no accumulation: by default 2 steps, the first warm-up (timed apart), train_s and tokens cover the second
+        assert record["warmup_iterations"] == warmup and record["iterations"] == timed and record["warmup_s"] > 0
         # the same report contract as the litgpt child: the device named the same way, one row per micro-batch
         assert record["device_name"].startswith("cpu (")
-        assert [row["iter"] for row in record["per_iteration"]] == [1, 2]
+        assert [row["iter"] for row in record["per_iteration"]] == list(range(1, warmup + timed + 1))
         assert all(row["iter_time_s"] > 0 and row["tokens"] > 0 for row in record["per_iteration"])
 
 
-def test_fsdp_on_cpu_runs_fsdp2_and_leaves_one_record_per_rank(ci_assets, results):
-    records = run_experiment("fsdp", profile="ci", overrides=SMALL, echo=False)
-    _assert_one_ok_record_per_rank(records, 2, "fsdp2 (ModelParallelStrategy")
+def test_fsdp_on_cpu_runs_fsdp2_in_quick_mode_and_leaves_one_record_per_rank(ci_assets, results):
+    """Quick mode on the Lightning path: each rank's second step opens with its share of the longest samples,
+    both steps are warm-up, then MIN_MEASURED_ITERATIONS timed micro-batches (no accumulation here)."""
+    from lab_helpers.quick_mode import MIN_MEASURED_ITERATIONS, QUICK_WARMUP_STEPS
+
+    asked = {**SMALL, "train.max_steps": 20}  # longer than a quick run: quick mode decides the steps
+    records = run_experiment("fsdp", profile="ci", overrides=asked, echo=False, quick=True)
+    _assert_one_ok_record_per_rank(
+        records, 2, "fsdp2 (ModelParallelStrategy", warmup=QUICK_WARMUP_STEPS, timed=MIN_MEASURED_ITERATIONS
+    )
+    assert all(record["mode"] == "quick" for record in records)
     assert read_records(results / "runs.jsonl") == records
-    assert "iter 2" in (results / "runs" / records[0]["run_id"] / "output.log").read_text()
+    log = (results / "runs" / records[0]["run_id"] / "output.log").read_text()
+    assert "form micro-batch 2, the first of the second optimizer step" in log and "on each of 2 ranks" in log
 
 
 def _kill_rank1_after_first_iteration(results: Path, killed: dict, timeout_s: float = 240) -> None:

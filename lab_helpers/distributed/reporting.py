@@ -80,12 +80,16 @@ class RankReport:
 class ReportCallback(L.Callback):
     """Times the loop, counts tokens of this rank, prints litgpt-style progress on rank 0, writes the report.
 
-    As in the litgpt path, the first optimizer step is warm-up: ``train_s``, ``iterations`` and the token counts
-    cover what comes after it, ``warmup_s`` the step itself (unless the run has no second step).
+    As in the litgpt path, the first optimizer step is warm-up (in quick mode the first ``warmup_steps``, the peak
+    step included): ``train_s``, ``iterations`` and the token counts cover what comes after it, ``warmup_s`` the
+    warm-up itself (unless the run has no step after it).
     """
 
-    def __init__(self, report: RankReport, *, total_iterations: int, metrics_csv: Path | None = None) -> None:
+    def __init__(
+        self, report: RankReport, *, total_iterations: int, metrics_csv: Path | None = None, warmup_steps: int = 1
+    ) -> None:
         self.report = report
+        self.warmup_steps = warmup_steps
         self.total_iterations = total_iterations
         self.metrics_csv = metrics_csv  # rank 0 writes its per-iteration rows here
         self._tokens_seen = 0  # this rank's tokens without padding, warm-up included (litgpt's "tokens" column)
@@ -116,9 +120,9 @@ class ReportCallback(L.Callback):
         self._tokens_seen += tokens
         fields["tokens_padded"] += int(batch["input_ids"].numel())
         fields["train_s"] = now - (self._train_t0 or self._iter_t0)
-        if self._seen == accum:  # the warm-up step ends here: what follows is timed and counted
+        if self._seen == accum * self.warmup_steps:  # the warm-up ends here: what follows is timed and counted
             self._warmup = {"t": now, **{k: fields[k] for k in ("iterations", "samples", "tokens", "tokens_padded")}}
-            fields["warmup_s"], fields["warmup_iterations"] = fields["train_s"], accum
+            fields["warmup_s"], fields["warmup_iterations"] = fields["train_s"], self._seen
             for key in ("iterations", "samples", "tokens", "tokens_padded"):
                 fields[key] = 0
         elif self._warmup is not None:

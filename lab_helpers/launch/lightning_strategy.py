@@ -9,7 +9,7 @@ from lab_helpers.experiments import ResolvedRun
 
 class LightningStrategyLauncher:
     name = "lightning-strategy"
-    supports_quick = False  # quick mode reorders litgpt's data loader; the Lightning script has no such hook yet
+    supports_quick = True  # the script reorders the data module's loader per rank (quick_mode)
 
     def command(self, run: ResolvedRun, run_dir: Path) -> list[str]:
         from lab_helpers.distributed.command import build_command
