@@ -93,7 +93,9 @@ class LongestBatchSecondStepSampler:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size; got rank {rank} of {world_size}")
         if len(lengths) < batch_size * world_size:
-            raise ValueError(f"{len(lengths)} samples cannot fill one batch of {batch_size} on each of {world_size} ranks")
+            raise ValueError(
+                f"{len(lengths)} samples cannot fill one batch of {batch_size} on each of {world_size} ranks"
+            )
         self.lengths = list(lengths)
         self.batch_size = batch_size
         self.place_at = place_at
