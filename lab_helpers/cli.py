@@ -177,13 +177,12 @@ def _cmd_results(args: argparse.Namespace) -> int:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     if args.reference is not None:
-        from pathlib import Path
-
+        from lab_helpers.compare import reference_stem, shipped_references
         from lab_helpers.experiments import LabConfigError
         from lab_helpers.paths import reference_dir
 
-        shipped = sorted(p.stem for p in reference_dir().glob("*.jsonl"))
-        if Path(args.reference).name.removesuffix(".jsonl") not in shipped:
+        shipped = shipped_references()
+        if reference_stem(args.reference) not in shipped:
             raise LabConfigError(f"--reference {args.reference}: no such file in {reference_dir()}; shipped: "
                                  + (", ".join(shipped) or "none"))  # fmt: skip
     _print_comparison(args.out, reference=args.reference, markdown=args.markdown)

@@ -198,6 +198,17 @@ GPU_MEASUREMENT = "real GPU measurement"
 CODE_PATH_ONLY = "code path only (ci profile on a CPU: tiny stand-ins, not GPU figures)"
 
 
+def shipped_references() -> list[str]:
+    """The names of the reference files shipped in reference_results/ (``h100-80gb``, ``ci-cpu``), sorted."""
+    folder = reference_dir()
+    return sorted(p.stem for p in folder.glob("*.jsonl")) if folder.is_dir() else []
+
+
+def reference_stem(name: str) -> str:
+    """A reference file's name as the user may give it ("h100-80gb", "h100-80gb.jsonl", a path) -> "h100-80gb"."""
+    return Path(name).name.removesuffix(".jsonl")
+
+
 def load_reference(name: str | None = None) -> pd.DataFrame:
     """Results recorded on a real GPU node, for students without one; ``name`` picks one file (e.g. "h100-80gb").
 
@@ -208,11 +219,11 @@ def load_reference(name: str | None = None) -> pd.DataFrame:
     shipped (yet).
     """
     folder = reference_dir()
+    shipped = shipped_references()
     if name is not None:
-        stem = Path(name).name.removesuffix(".jsonl")
+        stem = reference_stem(name)
         files = [folder / f"{stem}.jsonl"]
-        if not files[0].exists():
-            shipped = sorted(p.stem for p in folder.glob("*.jsonl")) if folder.is_dir() else []
+        if stem not in shipped:
             warnings.warn(
                 f"no reference results named {stem!r} in {folder}"
                 + (f"; shipped: {', '.join(shipped)}" if shipped else "; none are shipped yet"),
@@ -220,7 +231,7 @@ def load_reference(name: str | None = None) -> pd.DataFrame:
             )
             return empty_runs_frame().drop(columns="rank_n")
     else:
-        files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
+        files = [folder / f"{stem}.jsonl" for stem in shipped]
         if not files:
             warnings.warn(
                 f"no reference results are shipped yet (looked for {folder}/<gpu-name>.jsonl); "

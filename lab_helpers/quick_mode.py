@@ -107,7 +107,7 @@ class LongestBatchSecondStepSampler:
     def _rest_batches(self) -> int:
         """Batches of the shuffled rest that this rank gets."""
         rest = math.ceil((len(self.lengths) - self.batch_size * self.world_size) / self.batch_size)
-        return rest if self.world_size == 1 else rest // self.world_size
+        return rest // self.world_size
 
     def __len__(self) -> int:
         return self._rest_batches() + 1

@@ -417,9 +417,7 @@ def trim_bitsandbytes(wheel: Path, cuda: str) -> tuple[int, int]:
     keep = {bitsandbytes_library(cuda), "libbitsandbytes_cpu.so"}
     with zipfile.ZipFile(wheel) as archive:
         entries = [(info, archive.read(info)) for info in archive.infolist()]
-    libraries = {
-        Path(info.filename).name for info, _ in entries if Path(info.filename).name.startswith("libbitsandbytes_")
-    }
+    libraries = {Path(info.filename).name for info, _ in entries if _is_bitsandbytes_library(info.filename)}
     if not keep <= libraries:
         raise WheelhouseError(
             f"{wheel.name} has no {sorted(keep - libraries)[0]}: no bitsandbytes build for CUDA {cuda}"
@@ -427,7 +425,7 @@ def trim_bitsandbytes(wheel: Path, cuda: str) -> tuple[int, int]:
     kept = [
         (info, data)
         for info, data in entries
-        if not Path(info.filename).name.startswith("libbitsandbytes_") or Path(info.filename).name in keep
+        if not _is_bitsandbytes_library(info.filename) or Path(info.filename).name in keep
     ]
     names = {info.filename for info, _ in kept}
     before = wheel.stat().st_size
@@ -440,6 +438,10 @@ def trim_bitsandbytes(wheel: Path, cuda: str) -> tuple[int, int]:
             archive.writestr(info, data)
     tmp.replace(wheel)
     return before, wheel.stat().st_size
+
+
+def _is_bitsandbytes_library(filename: str) -> bool:
+    return Path(filename).name.startswith("libbitsandbytes_")
 
 
 def build_wheelhouse(
@@ -524,13 +526,12 @@ def build_wheelhouse(
 
         _run(download_command(target, pins, dest, [local]), "downloading the wheels", on_line=progress)
 
-    for wheel in dest.glob("bitsandbytes-*.whl"):
-        if cuda:
-            before, after = trim_bitsandbytes(wheel, cuda)
-            echo(
-                f"wheelhouse: {wheel.name}: only the CUDA {cuda} and CPU libraries kept, "
-                f"{before / 2**20:.0f} -> {after / 2**20:.1f} MiB"
-            )
+    for wheel in dest.glob("bitsandbytes-*.whl") if cuda else ():
+        before, after = trim_bitsandbytes(wheel, cuda)
+        echo(
+            f"wheelhouse: {wheel.name}: only the CUDA {cuda} and CPU libraries kept, "
+            f"{before / 2**20:.0f} -> {after / 2**20:.1f} MiB"
+        )
     wheels = sorted(p.name for p in dest.glob("*.whl"))
     missing = [r.name for r in resolved if not any(_wheel_name(w) == canonicalize_name(r.name) for w in wheels)]
     if missing:
