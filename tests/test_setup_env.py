@@ -35,6 +35,8 @@ if [[ $1 == -c ]]; then
         *sys.path*) echo "$FAKE_TORCH_SITE" ;;
         *) exit 3 ;;
     esac
+elif [[ $* == "-m pip config list" ]]; then
+    printf '%b' "${FAKE_PIP_CONFIG:-}"
 elif [[ $1 == -m && $2 == venv ]]; then
     [[ -n ${FAKE_NO_VENV:-} ]] && { echo "ensurepip is not available" >&2; mkdir -p "${!#}"; exit 1; }
     mkdir -p "${!#}/bin" && cp "$0" "${!#}/bin/python" && echo "$version" >"${!#}/fake-version"
@@ -73,7 +75,15 @@ def node(tmp_path: Path):
 
 
 def pip_installs(calls: list[str]) -> list[str]:
-    return [c for c in calls if " -m pip install " in f" {c} " and "--upgrade pip" not in c]
+    """pip's installs of the lab (not of pip itself, nor of uv)."""
+    return [c for c in calls if " -m pip install " in f" {c} " and "--upgrade pip" not in c and not c.endswith(" uv")]
+
+
+# A stand-in uv: records its command line; $FAKE_UV_FAILS makes it fail like an unreachable index.
+FAKE_UV = """#!/usr/bin/env bash
+echo "uv $*" >>"$CALL_LOG"
+[[ -z ${FAKE_UV_FAILS:-} ]] || { echo "error: Failed to fetch" >&2; exit 2; }
+"""
 
 
 def test_ubuntu_2204_python310_says_what_to_install(node) -> None:
@@ -199,3 +209,52 @@ def test_run_lab_leaves_extras_to_setup_env() -> None:
     text = (REPO / "scripts" / "run-lab.sh").read_text()
     assert "EXTRAS=" not in text.replace("EXTRAS, ", "")
     assert "source scripts/setup-env.sh" in text
+
+
+def test_uv_installs_the_same_pins_from_where_pip_would(node) -> None:
+    """uv reads neither pip.conf nor PIP_*: the index, extra indexes, find-links and global constraints that pip
+    would use go with it (a file:// index that is not there is left out, as pip only warns about it)."""
+    node.add("python3")
+    node.add("uv", FAKE_UV)
+    config = (
+        "global.constraint='/etc/xdg/pip/constraints.txt'\n"
+        f"global.extra-index-url='file:///nonexistent/simple file://{node.tmp}'\n"
+        f"global.find-links='{node.tmp}'\n"
+        ":env:.index-url='https://mirror.example/simple'\n"
+        ":env:.default-timeout='180'\n"
+    )
+    result = node(FAKE_PIP_CONFIG=config)
+    assert result.returncode == 0, result.stderr
+    (uv,) = [c for c in result.calls if c.startswith("uv ")]
+    assert uv == (
+        f"uv pip install --quiet --python {node.tmp}/venv/bin/python --index-strategy unsafe-best-match "
+        "-c /etc/xdg/pip/constraints.txt "
+        f"--extra-index-url file://{node.tmp} --find-links {node.tmp} --index-url https://mirror.example/simple "
+        f"-c {REPO}/scripts/constraints.txt -e {REPO}[dev]"
+    )
+    assert not pip_installs(result.calls)
+
+
+def test_a_failing_uv_falls_back_to_pip_and_pip_alone_when_asked(node) -> None:
+    node.add("python3")
+    node.add("uv", FAKE_UV)
+    failed = node(FAKE_UV_FAILS="1")
+    assert failed.returncode == 0, failed.stderr
+    assert "uv could not install the lab; trying pip" in failed.stderr
+    assert pip_installs(failed.calls)[-1].endswith(f"--no-compile -c {REPO}/scripts/constraints.txt -e {REPO}[dev]")
+
+    for stamp in (node.tmp / "venv").glob(".lab-installed-*"):
+        stamp.unlink()
+    asked = node(LAB_INSTALLER="pip")
+    assert not [c for c in asked.calls[len(failed.calls):] if c.startswith("uv ")]
+    assert pip_installs(asked.calls[len(failed.calls):])
+
+
+def test_uv_is_not_used_over_the_nodes_torch(node) -> None:
+    """uv counts only the venv's own packages as installed: over a node's torch it would install a second one."""
+    node.add("python3")
+    node.add("uv", FAKE_UV)
+    result = node(LAB_SYSTEM_TORCH="1", FAKE_TORCH_SITE=str(node.tmp / "site"))
+    assert result.returncode == 0, result.stderr
+    assert not [c for c in result.calls if c.startswith("uv ")]
+    assert pip_installs(result.calls)
