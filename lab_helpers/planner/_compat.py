@@ -68,6 +68,18 @@ def fake_tensor_mode():
     return FakeTensorMode()
 
 
+def metadata_queries() -> tuple[dict, type | None]:
+    """FakeTensorMode's own answers to metadata queries (device, size, stride, storage offset) and the FakeTensor
+    type they apply to, or ({}, None) where this torch has none. The autograd engine asks a tensor's device
+    thousands of times per backward pass; answering those in the tracker, exactly as the fake mode would as the
+    first thing it does, skips a round trip through the mode stack (about a tenth of a trace)."""
+    try:
+        from torch._subclasses.fake_tensor import _DISPATCH_META_HANDLERS, FakeTensor
+    except ImportError:  # pragma: no cover - depends on the torch build
+        return {}, None
+    return dict(_DISPATCH_META_HANDLERS), FakeTensor
+
+
 def dispatch_mode_base():
     return _imports()[1]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._compat import dispatch_mode_base, pytree
+from ._compat import dispatch_mode_base, metadata_queries, pytree
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "temporaries")
 _CUDA_ROUND_BYTES = 512  # CUDA caching allocator rounds every block up to a multiple of 512 bytes
@@ -186,8 +186,13 @@ def make_dispatch_tracker(accountant: StorageAccountant):
     base = dispatch_mode_base()
     tree_leaves, _ = pytree()
 
+    queries, fake_type = metadata_queries()
+
     class _Tracker(base):  # type: ignore[misc, valid-type]
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            query = queries.get(func)
+            if query is not None and len(args) == 1 and type(args[0]) is fake_type:
+                return query(args)  # a device or size: no storage to report
             out = func(*args, **(kwargs or {}))
             for leaf in tree_leaves(out):
                 if isinstance(leaf, torch.Tensor):
