@@ -57,7 +57,7 @@ lab_pip_settings_for_uv() {
     done < <("$venv/bin/python" -m pip config list 2>/dev/null)
 }
 
-# Install with uv (the same pins; ~20 s where pip takes two to three minutes, most of it byte-compiling torch):
+# Install with uv (the same pins; under a minute on 2 cores where pip takes two and a half):
 # uv from PATH, else pip-installed into the venv. Returns non-zero (and the caller falls back to pip) when uv
 # cannot be had or fails; LAB_INSTALLER=pip skips it. Not over a node's torch (LAB_SYSTEM_TORCH=1): uv counts only
 # the venv's own packages as installed and would install a second torch beside the node's.
@@ -70,8 +70,11 @@ lab_uv_install() {
         [[ -x $uv ]] || return 1
     fi
     mapfile -t settings < <(lab_pip_settings_for_uv)
-    # unsafe-best-match: pip's way, the best version from any index (uv's own stops at the first that has the name)
-    if ! "$uv" pip install --quiet --python "$venv/bin/python" --index-strategy unsafe-best-match "${settings[@]}" "$@"; then
+    # unsafe-best-match: pip's way, the best version from any index (uv's own stops at the first that has the name).
+    # --compile-bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set (CI images, this lab's machines) Python
+    # never writes .pyc itself, and every process would compile torch and litgpt again (15 s per import, not 6).
+    if ! "$uv" pip install --quiet --python "$venv/bin/python" --index-strategy unsafe-best-match --compile-bytecode \
+        "${settings[@]}" "$@"; then
         echo "setup: uv could not install the lab; trying pip" >&2
         return 1
     fi
@@ -160,8 +163,7 @@ else
     echo "setup: installing the lab [$extras] into $venv (a minute or two)"
     if ! lab_uv_install "-c" "$constraints" -e "${repo}[${extras}]"; then
         "$venv/bin/python" -m pip install --quiet --upgrade pip || exit 1
-        # --no-compile: byte-compiling all of torch is most of pip's time; Python compiles what it imports.
-        "$venv/bin/python" -m pip install --quiet --no-compile -c "$constraints" -e "${repo}[${extras}]" || exit 1
+        "$venv/bin/python" -m pip install --quiet -c "$constraints" -e "${repo}[${extras}]" || exit 1
     fi
     rm -f "$venv"/.lab-installed-*
     touch "$stamp"

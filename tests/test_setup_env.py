@@ -228,7 +228,7 @@ def test_uv_installs_the_same_pins_from_where_pip_would(node) -> None:
     (uv,) = [c for c in result.calls if c.startswith("uv ")]
     assert uv == (
         f"uv pip install --quiet --python {node.tmp}/venv/bin/python --index-strategy unsafe-best-match "
-        "-c /etc/xdg/pip/constraints.txt "
+        "--compile-bytecode -c /etc/xdg/pip/constraints.txt "
         f"--extra-index-url file://{node.tmp} --find-links {node.tmp} --index-url https://mirror.example/simple "
         f"-c {REPO}/scripts/constraints.txt -e {REPO}[dev]"
     )
@@ -241,7 +241,7 @@ def test_a_failing_uv_falls_back_to_pip_and_pip_alone_when_asked(node) -> None:
     failed = node(FAKE_UV_FAILS="1")
     assert failed.returncode == 0, failed.stderr
     assert "uv could not install the lab; trying pip" in failed.stderr
-    assert pip_installs(failed.calls)[-1].endswith(f"--no-compile -c {REPO}/scripts/constraints.txt -e {REPO}[dev]")
+    assert pip_installs(failed.calls)[-1].endswith(f"--quiet -c {REPO}/scripts/constraints.txt -e {REPO}[dev]")
 
     for stamp in (node.tmp / "venv").glob(".lab-installed-*"):
         stamp.unlink()
