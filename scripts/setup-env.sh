@@ -70,10 +70,12 @@ lab_uv_install() {
         [[ -x $uv ]] || return 1
     fi
     mapfile -t settings < <(lab_pip_settings_for_uv)
+    # Where PYTHONDONTWRITEBYTECODE is set (CI images, some containers) Python never writes .pyc itself, and every
+    # process would compile torch and litgpt again (15 s per import, not 6): compile everything now, as pip does
+    # (a minute on 2 cores). Elsewhere the first import writes what is used.
+    [[ -z ${PYTHONDONTWRITEBYTECODE:-} ]] || settings+=(--compile-bytecode)
     # unsafe-best-match: pip's way, the best version from any index (uv's own stops at the first that has the name).
-    # --compile-bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set (CI images, this lab's machines) Python
-    # never writes .pyc itself, and every process would compile torch and litgpt again (15 s per import, not 6).
-    if ! "$uv" pip install --quiet --python "$venv/bin/python" --index-strategy unsafe-best-match --compile-bytecode \
+    if ! "$uv" pip install --quiet --python "$venv/bin/python" --index-strategy unsafe-best-match \
         "${settings[@]}" "$@"; then
         echo "setup: uv could not install the lab; trying pip" >&2
         return 1

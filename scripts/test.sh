@@ -18,6 +18,10 @@ if ((${#missing[@]})); then
     fi
 fi
 
+# The suite starts ~60 Python processes that import torch and litgpt. With PYTHONDONTWRITEBYTECODE (set on CI
+# images) each would compile them from source again; without it the first import writes the .pyc for the rest
+# (and setup-env.sh need not compile all of site-packages up front).
+unset PYTHONDONTWRITEBYTECODE
 EXTRAS=dev source scripts/setup-env.sh
 
 export LAB_PROFILE=ci

@@ -2,7 +2,7 @@
 
 Notebook 02 runs every multi-GPU experiment on the ci profile in CI (two loopback nodes included) and its last
 cell checks each rank's record (``distributed.notebook.check_records``); the runs here cover what it does not:
-the full report contract, bf16 DeepSpeed, torchrun, and failures.
+the full report contract, bf16 DeepSpeed in quick mode, torchrun, and failures.
 
 Each test starts real training processes (20-60 s each on 2 cores). DeepSpeed compiles none of its C++ ops
 here: without CUDA torch's AdamW steps the offloaded states (``deepspeed_cpu``), so no test waits minutes for g++.
@@ -36,28 +36,12 @@ def _assert_one_ok_record_per_rank(
         assert strategy_word in record["strategy_used"]
         assert record["peak_alloc_gib"] is None  # a CPU has no CUDA peaks: null, never 0
         assert record["train_s"] > 0 and record["tokens_padded"] >= record["tokens"] > 0
-        # no accumulation: by default 2 steps, the first warm-up (timed apart), train_s and tokens cover the second
+        # `warmup` micro-batches timed apart (by default 2 steps without accumulation: the first), then `timed`
         assert record["warmup_iterations"] == warmup and record["iterations"] == timed and record["warmup_s"] > 0
         # the same report contract as the litgpt child: the device named the same way, one row per micro-batch
         assert record["device_name"].startswith("cpu (")
         assert [row["iter"] for row in record["per_iteration"]] == list(range(1, warmup + timed + 1))
         assert all(row["iter_time_s"] > 0 and row["tokens"] > 0 for row in record["per_iteration"])
-
-
-def test_fsdp_on_cpu_runs_fsdp2_in_quick_mode_and_leaves_one_record_per_rank(ci_assets, results):
-    """Quick mode on the Lightning path: each rank's second step opens with its share of the longest samples,
-    both steps are warm-up, then MIN_MEASURED_ITERATIONS timed micro-batches (no accumulation here)."""
-    from lab_helpers.quick_mode import MIN_MEASURED_ITERATIONS, QUICK_WARMUP_STEPS
-
-    asked = {**SMALL, "train.max_steps": 20}  # longer than a quick run: quick mode decides the steps
-    records = run_experiment("fsdp", profile="ci", overrides=asked, echo=False, quick=True)
-    _assert_one_ok_record_per_rank(
-        records, 2, "fsdp2 (ModelParallelStrategy", warmup=QUICK_WARMUP_STEPS, timed=MIN_MEASURED_ITERATIONS
-    )
-    assert all(record["mode"] == "quick" for record in records)
-    assert read_records(results / "runs.jsonl") == records
-    log = (results / "runs" / records[0]["run_id"] / "output.log").read_text()
-    assert "form micro-batch 2, the first of the second optimizer step" in log and "on each of 2 ranks" in log
 
 
 def _kill_rank1_after_first_iteration(results: Path, killed: dict, timeout_s: float = 240) -> None:
@@ -108,19 +92,28 @@ def test_killing_one_rank_ends_every_rank_and_records_the_failure(ci_assets, res
     assert stored[0] == earlier and stored[1:] == records
 
 
-def test_deepspeed_zero3_with_cpu_offload_runs_on_cpu_in_bf16(ci_assets, results):
-    # bf16-true as on a GPU (the notebook's ci run is 32-true for speed): DeepSpeed's bf16 engine, bf16 shards
-    # and fp32 master weights in the offloaded optimizer, runs for real
-    overrides = {**SMALL, "precision": "bf16-true"}
-    records = run_experiment("deepspeed-offload", profile="ci", overrides=overrides, echo=False)
-    assert sorted(r["rank"] for r in records) == [0, 1]
-    for record in records:
-        assert record["status"] == "ok", record.get("error")
-        assert record["strategy_used"].startswith("deepspeed zero3 + cpu offload (DeepSpeedStrategy on CPU")
-        # 2 steps x accumulate 2 (global 4 = micro 1 x 2 ranks x 2); the first step is warm-up
-        assert record["warmup_iterations"] == 2 and record["iterations"] == 2
+def test_deepspeed_zero3_with_cpu_offload_runs_on_cpu_in_bf16_in_quick_mode(ci_assets, results):
+    """bf16-true as on a GPU (the notebook's ci run is 32-true for speed): DeepSpeed's bf16 engine, bf16 shards and
+    fp32 master weights in the offloaded optimizer run for real. In quick mode, as the GPU session runs it: each
+    rank's second step opens with its share of the longest samples, QUICK_WARMUP_STEPS steps are warm-up, then
+    whole steps of at least MIN_MEASURED_ITERATIONS micro-batches are timed."""
+    from lab_helpers.quick_mode import MIN_MEASURED_ITERATIONS, QUICK_WARMUP_STEPS, quick_max_steps
+
+    accumulation = 2  # global 4 = micro 1 x 2 ranks x 2
+    asked = {**SMALL, "precision": "bf16-true", "train.max_steps": 20}  # quick mode decides the steps
+    records = run_experiment("deepspeed-offload", profile="ci", overrides=asked, echo=False, quick=True)
+    warmup = QUICK_WARMUP_STEPS * accumulation
+    timed = (quick_max_steps(accumulation) - QUICK_WARMUP_STEPS) * accumulation
+    assert timed >= MIN_MEASURED_ITERATIONS
+    _assert_one_ok_record_per_rank(
+        records, 2, "deepspeed zero3 + cpu offload (DeepSpeedStrategy on CPU", warmup=warmup, timed=timed
+    )
+    assert all(record["mode"] == "quick" for record in records)
+    assert read_records(results / "runs.jsonl") == records
     run_dir = results / "runs" / records[0]["run_id"]
     log = (run_dir / "output.log").read_text()
+    assert f"form micro-batch {accumulation + 1}, the first of the second optimizer step" in log
+    assert "on each of 2 ranks" in log
     assert "[lab] optimizer: AdamW" in log  # torch's steps the offloaded states without CUDA
     assert "deepspeed_shm_comm" not in log  # DeepSpeed's inference-only shared-memory all-reduce was not compiled
     config = json.loads((run_dir / "deepspeed.json").read_text())

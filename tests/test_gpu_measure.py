@@ -37,7 +37,8 @@ def test_a_run_is_recorded_and_packed_with_the_log_and_the_doctors_report(ci_ass
     [record] = [json.loads(line) for line in files["runs.jsonl"].decode().splitlines()]
     assert record["experiment"] == "small-batch" and record["status"] == "ok" and record["mode"] == "quick"
     assert record["overrides"]["seed"] == 7 and record["config"]["seed"] == 7  # --set reached the run
-    assert "small-batch: exit 0" in files["gpu-measure.log"].decode()
+    log = files["gpu-measure.log"].decode()
+    assert "small-batch: ok" in log and "small-batch: exit 0" in log  # the CLI's own line, then the script's
     assert files["doctor.txt"]
 
 

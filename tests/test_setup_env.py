@@ -228,7 +228,7 @@ def test_uv_installs_the_same_pins_from_where_pip_would(node) -> None:
     (uv,) = [c for c in result.calls if c.startswith("uv ")]
     assert uv == (
         f"uv pip install --quiet --python {node.tmp}/venv/bin/python --index-strategy unsafe-best-match "
-        "--compile-bytecode -c /etc/xdg/pip/constraints.txt "
+        "-c /etc/xdg/pip/constraints.txt "
         f"--extra-index-url file://{node.tmp} --find-links {node.tmp} --index-url https://mirror.example/simple "
         f"-c {REPO}/scripts/constraints.txt -e {REPO}[dev]"
     )
@@ -258,3 +258,15 @@ def test_uv_is_not_used_over_the_nodes_torch(node) -> None:
     assert result.returncode == 0, result.stderr
     assert not [c for c in result.calls if c.startswith("uv ")]
     assert pip_installs(result.calls)
+
+
+def test_uv_compiles_bytecode_only_where_python_will_not_write_it(node) -> None:
+    """With PYTHONDONTWRITEBYTECODE set, nothing would ever write the .pyc: every import would compile torch again."""
+    node.add("python3")
+    node.add("uv", FAKE_UV)
+    result = node(PYTHONDONTWRITEBYTECODE="1")
+    (uv,) = [c for c in result.calls if c.startswith("uv ")]
+    assert uv.endswith(f"--compile-bytecode -c {REPO}/scripts/constraints.txt -e {REPO}[dev]")
+    for stamp in (node.tmp / "venv").glob(".lab-installed-*"):
+        stamp.unlink()
+    assert "--compile-bytecode" not in [c for c in node().calls if c.startswith("uv ")][-1]
