@@ -54,6 +54,9 @@ else
     export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export LAB_PROFILE="${LAB_PROFILE:-gpu}" LAB_QUICK="$quick" PYTHONUNBUFFERED=1
+# The wheels above are installed --no-compile (device seconds): the first import writes their .pyc for every later
+# run of the call, which PYTHONDONTWRITEBYTECODE (set on some images) would stop, recompiling litgpt every run.
+unset PYTHONDONTWRITEBYTECODE
 export LAB_RESULTS="${LAB_RESULTS:-$repo/results-gpu}"
 mkdir -p "$LAB_RESULTS"
 log="$LAB_RESULTS/gpu-measure.log"
