@@ -35,7 +35,7 @@ from lab_helpers.child_report import (
     write_report,
 )
 from lab_helpers.orphan_guard import start_orphan_guard
-from lab_helpers.quick_mode import put_longest_batch_in_second_step, quick_from_env, quick_warmup_steps
+from lab_helpers.quick_mode import put_longest_batch_in_second_step, quick_from_env, warmup_steps
 from lab_helpers.record_schema import GIB
 from lab_helpers.tensor_peak import LiveTensorPeak
 
@@ -181,7 +181,7 @@ def _wrap_get_dataloaders(get_dataloaders, clock: _TrainingClock, *, quick: bool
         if quick:
             put_longest_batch_in_second_step(data, train.micro_batch_size, accumulation)
         train_loader, val_loader = get_dataloaders(fabric, data, tokenizer, train)
-        steps = quick_warmup_steps(train.max_steps) if quick else 1  # quick: the peak step is warm-up too
+        steps = warmup_steps(train.max_steps, quick=quick)  # quick: the peak step is warm-up too
         watched = clock.watch_batches(train_loader, accumulation=accumulation, epochs=train.epochs, warmup_steps=steps)
         return watched, val_loader
 

@@ -45,6 +45,12 @@ def quick_warmup_steps(max_steps: int | None) -> int:
     return max(1, min(QUICK_WARMUP_STEPS, int(max_steps) - 1))
 
 
+def warmup_steps(max_steps: int | None, *, quick: bool) -> int:
+    """Optimizer steps of warm-up, timed apart from ``train_s``, in both launch paths: the first step of a full
+    run; ``quick_warmup_steps`` of a quick one."""
+    return quick_warmup_steps(max_steps) if quick else 1
+
+
 def quick_from_env() -> bool:
     return os.environ.get(QUICK_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
     from lab_helpers.distributed.strategies import make_strategy
     from lab_helpers.distributed.teardown import FreeTrainingStateAtEnd
     from lab_helpers.experiments import resolve_path
-    from lab_helpers.quick_mode import put_longest_batch_in_second_step, quick_from_env, quick_warmup_steps
+    from lab_helpers.quick_mode import put_longest_batch_in_second_step, quick_from_env, warmup_steps
 
     recipe: dict[str, Any] = yaml.safe_load(args.recipe.read_text())
     train = recipe.get("train") or {}
@@ -232,7 +232,7 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
                 report,
                 total_iterations=max_steps * accum,
                 metrics_csv=_metrics_csv(out_dir, report.rank),
-                warmup_steps=quick_warmup_steps(max_steps) if quick else 1,
+                warmup_steps=warmup_steps(max_steps, quick=quick),
             ),
             FreeTrainingStateAtEnd(),  # after the report: Lightning's teardown would copy it all to host memory
         ],
