@@ -25,6 +25,7 @@ from lab_helpers.interrupts import InterruptShield
 from lab_helpers.orphan_guard import LAUNCHER_PID_ENV
 from lab_helpers.sampler import TimelineSampler, TimelineSummary
 from lab_helpers.secrets import redact, secret_values
+from lab_helpers.warm_start import WarmProcess, start_process
 
 ITER_PATTERN = re.compile(r"\biter (\d+)\b")
 TERMINATE_GRACE_S = 10.0
@@ -74,7 +75,7 @@ def terminate_grace_s() -> float:
         return TERMINATE_GRACE_S
 
 
-def _end_group(proc: subprocess.Popen, pgid: int) -> None:
+def _end_group(proc: subprocess.Popen | WarmProcess, pgid: int) -> None:
     """SIGTERM the whole group, give it a moment to write its reports, then SIGKILL whatever is left.
 
     The SIGKILL is in a ``finally``: whatever happens while waiting, a rank that ignores SIGTERM (one stuck in
@@ -97,7 +98,7 @@ class _Deadline:
     ending its group closes its output, so the runner's read loop finishes and the run is recorded as timeout.
     """
 
-    def __init__(self, proc: subprocess.Popen, pgid: int, limit_s: float | None) -> None:
+    def __init__(self, proc: subprocess.Popen | WarmProcess, pgid: int, limit_s: float | None) -> None:
         self.passed = threading.Event()
         self._done = threading.Event()
         self._proc, self._pgid = proc, pgid
@@ -179,26 +180,21 @@ def run_command(
     interrupted = False
     t0, t0_monotonic = time.perf_counter(), time.monotonic()
     log = _Log(log_path)
-    proc = subprocess.Popen(
-        list(command),
-        cwd=cwd,
-        env=child_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group: we end it as a whole, the terminal's Ctrl-C reaches us
-    )
-    pgid = proc.pid
-    deadline = _Deadline(proc, pgid, time_limit_s)
-    sampler = TimelineSampler(
-        run_dir / "timeline.csv",
-        root_pid=proc.pid,
-        interval_s=sample_interval_s,
-        visible_devices=child_env.get("CUDA_VISIBLE_DEVICES"),
-    )
+    timeline_path = run_dir / "timeline.csv"
+    proc = deadline = sampler = None
     try:
-        with sampler:
-            try:
+        try:
+            # a launcher's second run may first wait seconds for its warm server's imports: inside this `try`,
+            # so that an interrupt then is recorded like one during a cold start's imports
+            proc = start_process(list(command), env=child_env, cwd=None if cwd is None else str(cwd))
+            deadline = _Deadline(proc, proc.pid, time_limit_s)
+            sampler = TimelineSampler(
+                timeline_path,
+                root_pid=proc.pid,
+                interval_s=sample_interval_s,
+                visible_devices=child_env.get("CUDA_VISIBLE_DEVICES"),
+            )
+            with sampler:
                 assert proc.stdout is not None
                 for raw in proc.stdout:
                     line = redact(raw.decode("utf-8", errors="replace").rstrip("\r\n"), secrets)
@@ -210,24 +206,28 @@ def run_command(
                         bar.n = int(match.group(1))
                         bar.refresh()
                 proc.wait()
-            except KeyboardInterrupt:
-                shield.arm()  # from here on a second or third interrupt is counted, not raised
-                interrupted = True
-                message = (
-                    "lab: interrupted; ending the whole process group "
-                    f"(further interrupts are ignored; whatever is left after {terminate_grace_s():.0f} s is killed)"
-                )
-                log.write(message)
-                _show(message, bar)
-                _end_group(proc, pgid)
+        except KeyboardInterrupt:
+            shield.arm()  # from here on a second or third interrupt is counted, not raised
+            interrupted = True
+            message = (
+                "lab: interrupted; ending the whole process group "
+                f"(further interrupts are ignored; whatever is left after {terminate_grace_s():.0f} s is killed)"
+            )
+            log.write(message)
+            _show(message, bar)
+            if proc is not None:
+                _end_group(proc, proc.pid)
     finally:
         shield.arm()  # the process is over: an interrupt now must not cost the record
-        deadline.cancel()
-        if proc.poll() is None:  # an unexpected error in this process: still leave nothing behind
-            _end_group(proc, pgid)
-        else:
-            _kill_group(pgid, signal.SIGKILL)  # stray grandchildren of a finished run
-        if deadline.passed.is_set():
+        if deadline is not None:
+            deadline.cancel()
+        if proc is not None:
+            if proc.poll() is None:  # an unexpected error in this process: still leave nothing behind
+                _end_group(proc, proc.pid)
+            else:
+                _kill_group(proc.pid, signal.SIGKILL)  # stray grandchildren of a finished run
+        timed_out = deadline is not None and deadline.passed.is_set()
+        if timed_out:
             log.write(f"lab: the time limit of {time_limit_s:.0f} s passed; the whole process group was ended")
         log.close()
         if bar is not None:
@@ -235,17 +235,17 @@ def run_command(
         if own_shield:
             shield.release()
     return ProcessOutcome(
-        returncode=proc.returncode,
+        returncode=None if proc is None else proc.returncode,
         interrupted=interrupted,
         wall_s=time.perf_counter() - t0,
         log_path=log_path,
-        timeline=sampler.summary,
+        timeline=TimelineSummary(path=timeline_path) if sampler is None else sampler.summary,
         reports=read_reports(report_dir),
         tail=list(tail),
-        timed_out=deadline.passed.is_set() and not interrupted,
+        timed_out=timed_out and not interrupted,
         time_limit_s=time_limit_s,
         log_error=log.error,
-        pid=proc.pid,
+        pid=None if proc is None else proc.pid,
         started_monotonic_s=t0_monotonic,
     )
 
