@@ -129,25 +129,25 @@ class _Server:
         return self.proc.poll() is None
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> WarmProcess:
-        """Fork one run; OSError when the server is gone (the caller then starts the run cold)."""
+        """Fork one run; OSError when the server is gone (the caller then starts the run cold).
+
+        An interrupt at any point in here leaves no run behind: once the request may have reached the server,
+        the answer is awaited and the run it started is killed before the interrupt goes on.
+        """
         read_fd, write_fd = os.pipe()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        request = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd}).encode()
         try:
-            request = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd}).encode()
-            socket.send_fds(self.ctl, [request], [write_fd, theirs.fileno()])
-        except OSError:
-            os.close(read_fd)
-            ours.close()
-            raise
-        finally:
-            os.close(write_fd)
-            theirs.close()
-        try:
+            try:
+                socket.send_fds(self.ctl, [request], [write_fd, theirs.fileno()])
+            finally:  # the server holds its own copies now; without them, `ours` reads EOF when it has none
+                os.close(write_fd)
+                theirs.close()
             data = ours.recv(4096)
-        except BaseException:  # an interrupt while the fork is answered: do not leave that run behind
-            data = _recv_within(ours, 5.0)
-            if data:
-                _end_forked_run(int(json.loads(data)["pid"]))
+        except BaseException:
+            answer = _recv_within(ours, 5.0)
+            if answer:
+                _end_forked_run(int(json.loads(answer)["pid"]))
             os.close(read_fd)
             ours.close()
             raise
@@ -167,8 +167,11 @@ class _Server:
 
 
 def _recv_within(sock: socket.socket, timeout_s: float) -> bytes:
-    ready, _, _ = select.select([sock], [], [], timeout_s)
-    return sock.recv(4096) if ready else b""
+    try:
+        ready, _, _ = select.select([sock], [], [], timeout_s)
+        return sock.recv(4096) if ready else b""
+    except OSError:
+        return b""
 
 
 def _end_forked_run(pid: int) -> None:
@@ -195,7 +198,7 @@ class WarmStarter:
         cwd = os.path.abspath(cwd or os.getcwd())
         reason = self._why_cold(argv, env)
         if reason is None:
-            key = _environment_key(env, cwd)
+            key = (threading.get_ident(), *_environment_key(env, cwd))  # a server dies with the thread that started it
             with self._lock:
                 self._starts[key] += 1
                 if self._starts[key] < 2:
@@ -234,7 +237,11 @@ class WarmStarter:
         if server is None:
             while len(self._servers) >= self.max_servers:
                 self._drop(next(iter(self._servers)))
-            server = _Server(env, cwd, self.preload)
+            try:
+                server = _Server(env, cwd, self.preload)
+            except OSError as exc:
+                self._cold_reasons[key] = f"the warm server could not start: {exc}"
+                return None
             try:
                 ok = server.wait_ready(READY_TIMEOUT_S)
             except BaseException:  # an interrupt while it imports: nothing has started yet
@@ -323,34 +330,44 @@ def _set_command_line(text: str) -> None:
 class _CudaProbes:
     """Record every call that may initialise CUDA while the server imports (torch is imported first for it)."""
 
-    NAMES = ("is_available", "init", "_lazy_init", "current_device", "get_device_properties", "mem_get_info")
+    NAMES = ("is_available", "device_count", "init", "_lazy_init", "current_device", "get_device_properties")
+    C_NAMES = ("_cuda_getDeviceCount", "_cuda_init")  # what those call in a CUDA build of torch
 
     def __init__(self) -> None:
         self.calls: list[str] = []
-        self._originals: dict[str, object] = {}
+        self._originals: list[tuple[object, str, object]] = []
 
     def __enter__(self) -> _CudaProbes:
         try:
             import torch.cuda
         except ImportError:
             return self
-        for name in self.NAMES:
-            original = getattr(torch.cuda, name, None)
-            if original is None:
-                continue
-            self._originals[name] = original
+        for owner, names, prefix in ((torch.cuda, self.NAMES, "torch.cuda."), (torch._C, self.C_NAMES, "torch._C.")):
+            for name in names:
+                original = getattr(owner, name, None)
+                if original is None:
+                    continue
+                self._originals.append((owner, name, original))
 
-            def probe(*args, _original=original, _name=name, **kwargs):
-                self.calls.append(_name)
-                return _original(*args, **kwargs)
+                def probe(*args, _original=original, _name=prefix + name, **kwargs):
+                    self.calls.append(_name)
+                    return _original(*args, **kwargs)
 
-            setattr(torch.cuda, name, probe)
+                setattr(owner, name, probe)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        torch = sys.modules.get("torch")
-        for name, original in self._originals.items():
-            setattr(torch.cuda, name, original)
+        for owner, name, original in self._originals:
+            setattr(owner, name, original)
+
+
+def _cuda_driver_loaded() -> bool:
+    """libcuda is loaded on the first CUDA call of any library (torch, bitsandbytes, DeepSpeed), never before."""
+    try:
+        with open("/proc/self/maps") as fh:
+            return "libcuda.so" in fh.read()
+    except OSError:
+        return False
 
 
 class _NoProbes(_CudaProbes):
@@ -363,7 +380,9 @@ def _why_not_fork_safe(probes: list[str]) -> str | None:
     if torch is not None and torch.cuda.is_initialized():
         return "CUDA was initialised while importing"
     if probes:
-        return f"the imports called torch.cuda.{probes[0]}"
+        return f"the imports called {probes[0]}"
+    if _cuda_driver_loaded():
+        return "the imports loaded the CUDA driver (libcuda)"
     if threading.active_count() > 1:
         return f"the imports started threads: {[t.name for t in threading.enumerate()]}"
     return None

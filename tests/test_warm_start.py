@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -163,7 +164,7 @@ def test_a_server_whose_imports_touch_cuda_is_not_used(probe_dir: Path):
             proc = _start(starter, probe_dir, LAB_PROBE="0")
             _finish(proc)
             assert isinstance(proc, subprocess.Popen)
-        assert "torch.cuda.is_available" in starter.last_cold_reason
+        assert "the imports called torch.cuda.is_available" in starter.last_cold_reason
     finally:
         starter.close()
 
@@ -228,3 +229,36 @@ def test_an_interrupt_during_a_forked_run_ends_its_group_and_is_recorded(probe_d
     assert warm_start._starter.last_cold_reason is None  # the second run was forked
     assert second.interrupted and second.returncode == -signal.SIGTERM
     assert not psutil.pid_exists(second.pid) or psutil.Process(second.pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_an_interrupt_while_the_fork_is_answered_leaves_no_run_behind(probe_dir: Path, monkeypatch):
+    """The request reached the server, the interrupt came before its answer: the run it forked is killed."""
+    starter = WarmStarter(preload=("json",))
+    try:
+        for _ in range(2):  # cold, then warm: the server is up
+            _finish(_start(starter, probe_dir, LAB_PROBE="0"))
+        [server] = starter._servers.values()
+        original = socket.socket.recv
+        calls = []
+
+        def interrupted_once(self, *args):
+            if not calls:
+                calls.append(1)
+                time.sleep(0.5)  # the server has forked by now
+                raise KeyboardInterrupt
+            return original(self, *args)
+
+        monkeypatch.setattr(socket.socket, "recv", interrupted_once)
+        with pytest.raises(KeyboardInterrupt):
+            _start(starter, probe_dir, LAB_PROBE="sleep")
+        monkeypatch.undo()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _live_children(server.proc.pid):
+            time.sleep(0.1)
+        assert calls and not _live_children(server.proc.pid)
+    finally:
+        starter.close()
+
+
+def _live_children(pid: int) -> list[psutil.Process]:
+    return [p for p in psutil.Process(pid).children() if p.status() != psutil.STATUS_ZOMBIE]
