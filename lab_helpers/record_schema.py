@@ -133,6 +133,7 @@ RECORD_FIELDS: tuple[Field, ...] = _reported(
     ("host_rss_peak_gib", "GiB", "peak resident memory of the run's process tree"),
     # time and throughput
     ("wall_s", "s", "from launch to exit"),
+    ("process_start", None, "warm (forked from the launcher's warm Python: warm_start) | cold (a new Python)"),
     ("tokens_per_s", "tokens/s", "tokens / train_s"),
     ("tokens_per_s_padded", "tokens/s", "tokens_padded / train_s"),
     ("flops_per_step", "FLOP", "model FLOPs of one micro-batch (forward + backward), the MFU numerator's unit"),

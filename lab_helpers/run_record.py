@@ -102,6 +102,7 @@ def records_from(
             "warmup_s": report.get("warmup_s"),
             "warmup_iterations": report.get("warmup_iterations"),
             "wall_s": outcome.wall_s,
+            "process_start": outcome.process_start,
             "tokens": tokens,
             "tokens_padded": tokens_padded,
             "iterations": iterations,

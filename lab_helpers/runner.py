@@ -49,6 +49,7 @@ class ProcessOutcome:
     log_error: str | None = None  # the log could not be written to the end (a full disk); the run went on
     pid: int | None = None  # the launched process, to match against the kernel's OOM-killer lines
     started_monotonic_s: float | None = None  # time.monotonic() at launch (the kernel log's clock)
+    process_start: str | None = None  # "warm" (forked by warm_start) or "cold"; None: interrupted before it started
 
 
 def _progress_bar(total: int | None, label: str, enabled: bool):
@@ -247,6 +248,7 @@ def run_command(
         log_error=log.error,
         pid=None if proc is None else proc.pid,
         started_monotonic_s=t0_monotonic,
+        process_start=None if proc is None else "warm" if isinstance(proc, WarmProcess) else "cold",
     )
 
 

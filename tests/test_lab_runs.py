@@ -13,6 +13,7 @@ import psutil
 import pytest
 from conftest import cli, sigint_as_in_a_terminal
 
+from lab_helpers import warm_start
 from lab_helpers.lab import run_experiment
 from lab_helpers.records import append_record, read_records
 
@@ -61,6 +62,22 @@ def test_a_run_records_every_field_the_cpu_provides_and_never_a_token(ci_assets,
     assert any(p.name == "recipe.yaml" for p in stored)
     for path in stored:
         assert FAKE_TOKEN not in path.read_text(errors="replace"), path
+
+
+def test_a_warm_started_run_measures_what_a_cold_one_does(ci_assets, results, monkeypatch):
+    """A launcher's second run is forked from its warm Python (warm_start): the same measurements, the same
+    training (same losses: same seed, same data order), seconds sooner."""
+    monkeypatch.setattr(warm_start, "_starter", warm_start.WarmStarter())  # this test's own: its first run is cold
+    try:
+        [cold] = run_experiment("grad-accum", profile="ci", overrides=SHORT, echo=False)
+        [warm] = run_experiment("grad-accum", profile="ci", overrides=SHORT, echo=False)
+    finally:
+        warm_start._starter.close()
+    assert (cold["process_start"], warm["process_start"]) == ("cold", "warm")
+    assert cold["status"] == warm["status"] == "ok"
+    same = ("peak_tensor_gib", "peak_tensor_whole_run_gib", "tokens", "tokens_padded", "iterations", "device_name")
+    assert {k: warm[k] for k in same} == {k: cold[k] for k in same}
+    assert [row["loss"] for row in warm["per_iteration"]] == [row["loss"] for row in cold["per_iteration"]]
 
 
 def test_skipped_experiment_is_recorded_with_its_reason(results):
