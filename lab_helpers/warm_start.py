@@ -15,9 +15,10 @@ launcher (``PR_SET_PDEATHSIG``), so the run's orphan guard still ends the run wh
 
 A run starts cold, as before, whenever the warm path is not certainly the same: ``LAB_WARM_START=0``; not Linux;
 a command other than ``python -m MODULE``; the server failed to start or died; the server's imports touched
-CUDA (a fork after CUDA is initialised leaves the child unable to use it) or started a thread. The server is
-shared only by runs whose environment is the same apart from the lab's own ``LAB_*`` settings, which only
-``lab_helpers`` reads, and each run imports ``lab_helpers`` afresh.
+CUDA (a fork after CUDA is initialised leaves the child unable to use it) or started a thread (then every later
+run of the launcher starts cold too). The server is shared only by runs whose environment is the same apart
+from the lab's own ``LAB_*`` settings, which only ``lab_helpers`` reads, and each run imports ``lab_helpers``
+afresh. Each record says how its process started (``process_start``: ``warm`` or ``cold``).
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ class WarmStarter:
         self.preload = tuple(preload)
         self.max_servers = max_servers
         self._servers: OrderedDict[tuple, _Server] = OrderedDict()
-        self._cold_reasons: dict[tuple, str] = {}  # environments whose server could not serve: cold from then on
+        self._cold_reason: str | None = None  # a server refused (its imports touched CUDA): cold from then on
         self._starts: Counter[tuple] = Counter()
         self._lock = threading.Lock()
         self.last_cold_reason: str | None = None  # why the last run started cold (None: it was forked)
@@ -205,7 +206,7 @@ class WarmStarter:
                     reason = "the launcher's first run in this environment"
                 else:
                     server = self._server_for(key, env, cwd)
-                    reason = self._cold_reasons.get(key) if server is None else None
+                    reason = self._cold_reason if server is None else None
             if reason is None:
                 try:
                     proc = server.spawn(argv, env, cwd)
@@ -228,7 +229,7 @@ class WarmStarter:
         return None
 
     def _server_for(self, key: tuple, env: Mapping[str, str], cwd: str) -> _Server | None:
-        if key in self._cold_reasons:
+        if self._cold_reason is not None:
             return None
         server = self._servers.get(key)
         if server is not None and not server.alive():
@@ -240,7 +241,7 @@ class WarmStarter:
             try:
                 server = _Server(env, cwd, self.preload)
             except OSError as exc:
-                self._cold_reasons[key] = f"the warm server could not start: {exc}"
+                self._cold_reason = f"the warm server could not start: {exc}"
                 return None
             try:
                 ok = server.wait_ready(READY_TIMEOUT_S)
@@ -248,7 +249,7 @@ class WarmStarter:
                 _stop(server)
                 raise
             if not ok:
-                self._cold_reasons[key] = server.cold_reason or "the warm server could not serve"
+                self._cold_reason = server.cold_reason or "the warm server could not serve"
                 _stop(server)
                 return None
             self._servers[key] = server
