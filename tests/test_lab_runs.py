@@ -68,6 +68,7 @@ def test_a_warm_started_run_measures_what_a_cold_one_does(ci_assets, results, mo
     """A launcher's second run is forked from its warm Python (warm_start): the same measurements, the same
     training (same losses: same seed, same data order), seconds sooner."""
     monkeypatch.setattr(warm_start, "_starter", warm_start.WarmStarter())  # this test's own: its first run is cold
+    monkeypatch.delenv(warm_start.WARM_START_ENV, raising=False)
     try:
         [cold] = run_experiment("grad-accum", profile="ci", overrides=SHORT, echo=False)
         [warm] = run_experiment("grad-accum", profile="ci", overrides=SHORT, echo=False)

@@ -61,7 +61,8 @@ def probe_dir(tmp_path: Path) -> Path:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **extra}
+    inherited = {k: v for k, v in os.environ.items() if k != warm_start.WARM_START_ENV}  # CI may turn it off
+    return {**inherited, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **extra}
 
 
 def _start(starter: WarmStarter, cwd: Path, *args: str, **env: str):
@@ -176,7 +177,7 @@ def test_a_killed_launcher_takes_its_warm_run_with_it(probe_dir: Path):
         import os, sys
         from lab_helpers.warm_start import WarmStarter
         starter = WarmStarter(preload=("json",))
-        env = {{**os.environ, "PYTHONUNBUFFERED": "1", "LAB_LAUNCHER_PID": str(os.getpid())}}
+        env = {{**os.environ, "PYTHONUNBUFFERED": "1", "LAB_LAUNCHER_PID": str(os.getpid()), "LAB_WARM_START": "1"}}
         argv = [sys.executable, "-m", "probe"]
         starter.popen(argv, env={{**env, "LAB_PROBE": "0"}}, cwd={str(probe_dir)!r}).wait()
         run = starter.popen(argv, env={{**env, "LAB_PROBE": "orphan"}}, cwd={str(probe_dir)!r})
@@ -205,6 +206,7 @@ def test_a_killed_launcher_takes_its_warm_run_with_it(probe_dir: Path):
 def test_an_interrupt_during_a_forked_run_ends_its_group_and_is_recorded(probe_dir: Path, monkeypatch, tmp_path):
     monkeypatch.setattr(warm_start, "_starter", WarmStarter(preload=("json",)))
     monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.delenv(warm_start.WARM_START_ENV, raising=False)
     command = [sys.executable, "-m", "probe"]
     first = run_command(command, run_dir=tmp_path / "first", env={"LAB_PROBE": "0"}, cwd=probe_dir, echo=False)
     assert first.returncode == 0 and "on stderr" in first.log_path.read_text()
