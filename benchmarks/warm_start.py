@@ -17,6 +17,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -30,7 +31,7 @@ def runs(experiment: str, profile: str, count: int, *, warm: bool) -> list[dict]
     os.environ[warm_start.WARM_START_ENV] = "1" if warm else "0"
     warm_start._starter = warm_start.WarmStarter()
     try:
-        return [run_experiment(experiment, profile=profile, echo=False)[0] for _ in range(count)]
+        return [run_experiment(experiment, profile=profile, echo=False, summary=False)[0] for _ in range(count)]
     finally:
         warm_start._starter.close()
 
@@ -45,7 +46,10 @@ def main() -> None:
         parser.error("--runs must be at least 3: the first is cold and the second starts the server")
     os.environ.setdefault("LAB_RESULTS", tempfile.mkdtemp(prefix="lab-warm-start-"))
     print(f"$ python benchmarks/warm_start.py --profile {args.profile} --runs {args.runs} {args.experiment}")
-    print(f"# {platform.node() or 'host'}: {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    threads = os.environ.get("OMP_NUM_THREADS", "unset")
+    print(
+        f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, Python {platform.python_version()}, OMP_NUM_THREADS={threads}"
+    )
     print(f"{'mode':<5} {'run':>3} {'start':<5} {'status':<6} {'wall_s':>7} {'train_s':>7}")
     steady: dict[str, list[float]] = {}
     for warm in (False, True):
