@@ -32,7 +32,9 @@ trap 'rm -rf "$results"' EXIT
 export LAB_RESULTS="$results"   # notebooks and tests record into a throw-away folder, never the student's
 # Two workers (LAB_TEST_WORKERS=0 runs in one process), a whole file each: a notebook's cells share one kernel
 # and run in order on one worker. (Not --dist loadgroup: pytest-xdist 3.8 cannot regroup items under pytest 9.2.)
+# The notebooks go first: they are the longest files (minutes each), and files are handed out in order, so
+# the short test files fill in around them instead of one worker running a notebook alone at the end.
 # Each training process gets one thread, so that two workers' runs share the 2 cores instead of fighting.
 workers="${LAB_TEST_WORKERS:-2}"
 if [[ "$workers" != 0 ]]; then export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"; fi
-python -m pytest tests notebooks --nbval-lax -p no:cacheprovider -n "$workers" --dist loadfile "$@"
+python -m pytest notebooks tests --nbval-lax -p no:cacheprovider -n "$workers" --dist loadfile "$@"
