@@ -146,17 +146,18 @@ class _Server:
                 theirs.close()
             data = ours.recv(4096)
         except BaseException:
-            answer = _recv_within(ours, 5.0)
-            if answer:
-                _end_forked_run(int(json.loads(answer)["pid"]))
+            answer = json.loads(_recv_within(ours, 5.0) or b"{}")
+            if "pid" in answer:
+                _end_forked_run(int(answer["pid"]))
             os.close(read_fd)
             ours.close()
             raise
-        if not data:
+        answer = json.loads(data) if data else {"reason": "the warm server ended before it started the run"}
+        if "pid" not in answer:
             os.close(read_fd)
             ours.close()
-            raise OSError("the warm server ended before it started the run")
-        return WarmProcess(argv, int(json.loads(data)["pid"]), read_fd, ours)
+            raise OSError(answer["reason"])
+        return WarmProcess(argv, int(answer["pid"]), read_fd, ours)
 
     def close(self) -> None:
         """No more runs: the server exits once the runs it forked have ended (at once, between runs)."""
@@ -389,8 +390,34 @@ def _why_not_fork_safe(probes: list[str]) -> str | None:
     return None
 
 
-def _serve(ctl: socket.socket) -> None:
-    """Fork one run per request; send each run's pid, then its exit status once reaped."""
+def _imported_files(names: Sequence[str]) -> dict[str, int]:
+    """The preloaded packages' files and their mtimes: a reinstall or an edit changes them."""
+    files = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if path and any(getattr(module, "__name__", "").split(".")[0] == name.split(".")[0] for name in names):
+            try:
+                files[path] = os.stat(path).st_mtime_ns
+            except OSError:
+                pass
+    return files
+
+
+def _changed(files: Mapping[str, int]) -> str | None:
+    for path, mtime_ns in files.items():
+        try:
+            if os.stat(path).st_mtime_ns != mtime_ns:
+                return path
+        except OSError:
+            return path
+    return None
+
+
+def _serve(ctl: socket.socket, files: Mapping[str, int]) -> None:
+    """Fork one run per request; send each run's pid, then its exit status once reaped.
+
+    A run is not forked once a file the server imported has changed on disk (a package upgraded or edited
+    since): the launcher is told, drops this server and starts the run cold, then a fresh server."""
     runs: dict[int, socket.socket] = {}
     pidfds: dict[int, int] = {}
     open_ctl = True
@@ -406,6 +433,11 @@ def _serve(ctl: socket.socket) -> None:
             else:
                 out_fd, status_fd = fds
                 status = socket.socket(fileno=status_fd)
+                if changed := _changed(files):
+                    os.close(out_fd)
+                    status.send(json.dumps({"reason": f"{changed} changed since the warm server imported it"}).encode())
+                    status.close()
+                    continue
                 others = [ctl, status, *runs.values(), *pidfds]
                 pid = _fork_run(json.loads(message), out_fd, close_in_child=others)
                 os.close(out_fd)
@@ -544,7 +576,7 @@ def main(argv: Sequence[str]) -> int:
     if reason is not None:
         return 1
     _set_command_line(f"{sys.executable} -m {_SERVER_MODULE} (warm Python for the lab's runs)")
-    _serve(ctl)
+    _serve(ctl, _imported_files(preload))
     return 0
 
 

@@ -139,6 +139,26 @@ def test_only_the_labs_own_settings_may_differ_between_runs_of_one_server(probe_
     assert parents[0] == me and parents[1] != me and parents[2] == me and parents[3] not in (me, parents[1])
 
 
+def test_a_server_whose_imported_files_changed_is_replaced(probe_dir: Path):
+    """An upgraded or edited package (a student hacking litgpt's scripts) must not run from the server's stale copy."""
+    dependency = probe_dir / "probe_dep.py"
+    dependency.write_text("VERSION = 1\n")
+    starter = WarmStarter(preload=("json", "probe_dep"))
+    try:
+        kinds = []
+        for step in range(4):
+            if step == 2:
+                dependency.write_text("VERSION = 2\n")
+                os.utime(dependency, ns=(time.time_ns(), time.time_ns() + 10**9))
+            proc = _start(starter, probe_dir, LAB_PROBE="0")
+            _finish(proc)
+            kinds.append((type(proc).__name__, starter.last_cold_reason))
+    finally:
+        starter.close()
+    assert [kind for kind, _ in kinds] == ["Popen", "WarmProcess", "Popen", "WarmProcess"]
+    assert "probe_dep.py changed since the warm server imported it" in kinds[2][1]
+
+
 def test_lab_warm_start_0_and_other_commands_start_cold(probe_dir: Path):
     starter = WarmStarter(preload=("json",))
     try:
