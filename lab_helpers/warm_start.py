@@ -322,11 +322,24 @@ def _set_command_line(text: str) -> None:
     except (OSError, IndexError, ValueError):
         return
     room = end - start
-    if room < 2:
+    if room < 2 or not _inside_stack(start, end):  # a write anywhere else would corrupt the process
         return
     data = text.encode("utf-8", errors="replace")[: room - 2] + b"\0"
     data += b" " * (room - len(data))
     ctypes.memmove(start, data, room)
+
+
+def _inside_stack(start: int, end: int) -> bool:
+    """The argv area lies at the top of the main thread's stack mapping; check that before writing to it."""
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                if line.rstrip().endswith("[stack]"):
+                    low, high = (int(x, 16) for x in line.split()[0].split("-"))
+                    return low <= start < end <= high
+    except (OSError, ValueError):
+        pass
+    return False
 
 
 class _CudaProbes:
