@@ -1,8 +1,10 @@
 """No stray ranks: each rank watches the processes it depends on and ends itself when one of them dies.
 
 Lightning's launcher re-runs this module for local ranks 1..N-1 as children of rank 0 and starts an observer
-thread, but it only looks every 5 s and SIGKILLs rank 0 without letting it report. A rank blocked in a
-collective on a dead peer can also wait up to the collective timeout. So:
+thread, but it only looks every 5 s and SIGKILLs rank 0 without letting it report: a rank that died just before
+its look cost rank 0 its report (about one run in six, measured on the CPU). So rank 0 does not start it
+(``without_lightning_observer``); the watcher below does its job. A rank blocked in a collective on a dead peer
+can also wait up to the collective timeout. So:
 
 * rank 0 polls its rank children twice a second; when one exits non-zero it writes its own report
   (``error``: which rank died, with which code) and, if the dead rank could not write one (SIGKILL, a
@@ -85,6 +87,16 @@ def watch_children(
     thread = threading.Thread(target=run, name="lab-peer-watch", daemon=True)
     thread.start()
     return thread
+
+
+def without_lightning_observer() -> None:
+    """Keep Lightning's launcher from starting its child-process observer in this process (rank 0).
+
+    ``watch_children`` does the observer's job (end every rank when one dies) every 0.5 s instead of 5 s, and
+    writes the reports first. Ranks started without a watcher still never stray: each watches its parent."""
+    from lightning.pytorch.strategies.launchers import subprocess_script
+
+    subprocess_script._launch_process_observer = lambda child_processes: None  # noqa: ARG005 -- its signature
 
 
 def dead_children(procs: Sequence[subprocess.Popen], *, wait_s: float = 0.0) -> list[tuple[int, str]]:

@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         from lab_helpers.orphan_guard import start_orphan_guard
 
         start_orphan_guard()
+    peers.without_lightning_observer()  # rank 0 watches its children itself (WatchChildren below), reporting first
     try:
         run(args, report, on_cuda=on_cuda)
     except BaseException as exc:  # noqa: BLE001 -- every outcome is reported, then the exception goes on
