@@ -1,10 +1,10 @@
 """No stray ranks: each rank watches the processes it depends on and ends itself when one of them dies.
 
-Lightning's launcher re-runs this module for local ranks 1..N-1 as children of rank 0 and starts an observer
-thread, but it only looks every 5 s and SIGKILLs rank 0 without letting it report: a rank that died just before
-its look cost rank 0 its report (about one run in six, measured on the CPU). So rank 0 does not start it
-(``without_lightning_observer``); the watcher below does its job. A rank blocked in a collective on a dead peer
-can also wait up to the collective timeout. So:
+Lightning's launcher re-runs this module for local ranks 1..N-1 as children of rank 0. It also starts an
+observer thread that looks every 5 s and SIGKILLs rank 0 without letting it report (a rank that died just before
+its look cost rank 0 its report in about one run in six on the CPU), so rank 0 does not start it
+(``without_lightning_observer``). A rank blocked in a collective on a dead peer can also wait up to the
+collective timeout. So:
 
 * rank 0 polls its rank children twice a second; when one exits non-zero it writes its own report
   (``error``: which rank died, with which code) and, if the dead rank could not write one (SIGKILL, a
@@ -96,7 +96,8 @@ def without_lightning_observer() -> None:
     writes the reports first. Ranks started without a watcher still never stray: each watches its parent."""
     from lightning.pytorch.strategies.launchers import subprocess_script
 
-    subprocess_script._launch_process_observer = lambda child_processes: None  # noqa: ARG005 -- its signature
+    if hasattr(subprocess_script, "_launch_process_observer"):  # Lightning 2.x; a later one may have none
+        subprocess_script._launch_process_observer = lambda child_processes: None  # noqa: ARG005 -- its signature
 
 
 def dead_children(procs: Sequence[subprocess.Popen], *, wait_s: float = 0.0) -> list[tuple[int, str]]:
