@@ -116,15 +116,13 @@ class _Server:
         )
         theirs.close()
         self.ctl = ours
-        self.cold_reason: str | None = None
 
-    def wait_ready(self, timeout_s: float) -> bool:
-        """Block until the server has imported everything; False (and ``cold_reason``) when it cannot serve."""
+    def wait_ready(self, timeout_s: float) -> str | None:
+        """Block until the server has imported everything; None when it can serve, else why it cannot."""
         ready, _, _ = select.select([self.ctl], [], [], timeout_s)
         data = self.ctl.recv(4096) if ready else b""
         answer = json.loads(data) if data else {"reason": "the warm server did not start"}
-        self.cold_reason = answer.get("reason")
-        return self.cold_reason is None
+        return answer.get("reason")
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -148,7 +146,7 @@ class _Server:
         except BaseException:
             answer = json.loads(_recv_within(ours, 5.0) or b"{}")
             if "pid" in answer:
-                _end_forked_run(int(answer["pid"]))
+                _kill_group(int(answer["pid"]))
             os.close(read_fd)
             ours.close()
             raise
@@ -176,9 +174,10 @@ def _recv_within(sock: socket.socket, timeout_s: float) -> bytes:
         return b""
 
 
-def _end_forked_run(pid: int) -> None:
+def _kill_group(pgid: int) -> None:
+    """SIGKILL a process group (a forked run, or a server that has forked nothing yet) that may be gone already."""
     try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -245,12 +244,12 @@ class WarmStarter:
                 self._cold_reason = f"the warm server could not start: {exc}"
                 return None
             try:
-                ok = server.wait_ready(READY_TIMEOUT_S)
+                refused = server.wait_ready(READY_TIMEOUT_S)
             except BaseException:  # an interrupt while it imports: nothing has started yet
                 _stop(server)
                 raise
-            if not ok:
-                self._cold_reason = server.cold_reason or "the warm server could not serve"
+            if refused is not None:
+                self._cold_reason = refused
                 _stop(server)
                 return None
             self._servers[key] = server
@@ -270,10 +269,7 @@ class WarmStarter:
 
 def _stop(server: _Server) -> None:
     server.close()
-    try:
-        os.killpg(server.proc.pid, signal.SIGKILL)  # it has forked nothing yet
-    except (ProcessLookupError, PermissionError):
-        pass
+    _kill_group(server.proc.pid)  # it has forked nothing yet
     server.proc.wait()
 
 
@@ -348,11 +344,15 @@ class _CudaProbes:
     NAMES = ("is_available", "device_count", "init", "_lazy_init", "current_device", "get_device_properties")
     C_NAMES = ("_cuda_getDeviceCount", "_cuda_init")  # what those call in a CUDA build of torch
 
-    def __init__(self) -> None:
+    def __init__(self, *, enabled: bool) -> None:
+        """``enabled``: torch is among the preloads (without it nothing of CUDA can be touched by them)."""
+        self.enabled = enabled
         self.calls: list[str] = []
         self._originals: list[tuple[object, str, object]] = []
 
     def __enter__(self) -> _CudaProbes:
+        if not self.enabled:
+            return self
         try:
             import torch.cuda
         except ImportError:
@@ -383,11 +383,6 @@ def _cuda_driver_loaded() -> bool:
             return "libcuda.so" in fh.read()
     except OSError:
         return False
-
-
-class _NoProbes(_CudaProbes):
-    def __enter__(self) -> _CudaProbes:
-        return self
 
 
 def _why_not_fork_safe(probes: list[str]) -> str | None:
@@ -578,7 +573,7 @@ def main(argv: Sequence[str]) -> int:
     _set_command_line(f"{sys.executable} -m {_SERVER_MODULE} (warm Python for the lab's runs; importing)")
     preload = [name for name in argv[1].split(",") if name]
     try:
-        with _CudaProbes() if "torch" in preload else _NoProbes() as probes:
+        with _CudaProbes(enabled="torch" in preload) as probes:
             for name in preload:
                 importlib.import_module(name)
     except Exception as exc:  # noqa: BLE001 -- said to the launcher, which starts its runs cold
