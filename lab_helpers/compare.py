@@ -285,10 +285,13 @@ def _figures_dir(out_dir: Path | str | None) -> Path:
     return folder
 
 
-def _new_figure(width: float, height: float, rows: int = 1, cols: int = 1, **kwargs: Any):
+def _new_figure(
+    width: float, height: float, rows: int = 1, cols: int = 1, *, layout: str | None = "constrained", **kwargs: Any
+):
+    """A figure without pyplot; ``layout=None`` for figures that set their own margins (see ``plot_timeline``)."""
     from matplotlib.figure import Figure  # no pyplot: no backend, no global state (see the module docstring)
 
-    figure = Figure(figsize=(width, height), layout="constrained")
+    figure = Figure(figsize=(width, height), layout=layout)
     axes = figure.subplots(rows, cols, **kwargs)
     return figure, axes
 
@@ -587,7 +590,11 @@ def plot_timeline(record_or_path: Any, *, out_dir: Path | str | None = None) -> 
         ax.set_axis_off()
         ax.text(0.5, 0.5, f"timeline of {name} has no samples", ha="center", va="center", transform=ax.transAxes)
         return _save(figure, out_dir, filename)
-    figure, axes = _new_figure(9, 1.9 * len(all_panels) + 0.6, len(all_panels), 1, sharex=True, squeeze=False)
+    height = 1.9 * len(all_panels) + 0.6
+    # fixed margins, in inches: the panels are always alike, and a constrained layout would take more than half
+    # of each figure's drawing time (save_all draws one per run)
+    figure, axes = _new_figure(9, height, len(all_panels), 1, layout=None, sharex=True, squeeze=False)
+    figure.subplots_adjust(left=0.75 / 9, right=1 - 0.15 / 9, top=1 - 0.35 / height, bottom=0.5 / height, hspace=0.12)
     axes = [row[0] for row in axes]
     idle_spans = _idle_spans(gpu_rows)
     for ax, (kind, column, label) in zip(axes, all_panels, strict=True):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 from conftest import cli
@@ -85,6 +86,14 @@ def test_cli_bad_input_exits_2_with_one_line_and_starts_nothing(results):
     assert len(out.stderr.strip().splitlines()) == 1
     assert not results.exists()  # no run folder, no record: nothing started
 
+
+
+def test_commands_that_trace_nothing_answer_without_importing_torch(results):
+    """``results`` (and the parser every command builds, ``plan`` included) must not pay torch's seconds-long
+    import: the planner is imported when something is traced."""
+    code = "import sys; from lab_helpers.cli import main; rc = main(['results']); print(rc, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split()[-2:] == ["0", "False"], out.stdout[-500:] + out.stderr[-2000:]
 
 def test_qlora_is_skipped_with_the_reason_on_a_cpu():
     import torch

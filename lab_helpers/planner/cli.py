@@ -5,15 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import yaml
 
 from lab_helpers.record_schema import BREAKDOWN_PARTS
 
 from .errors import PlanError, PlannerUnavailable
-from .plan import predict
 from .spec import STRATEGIES, TrainingSpec, spec_from_recipe
-from .timing import TimePlan
+
+if TYPE_CHECKING:
+    from .timing import TimePlan
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         )
         if getattr(args, "fit", False):
             return _run_fit(spec, args)
+        from .plan import predict  # torch: imported once there is something to trace
+
         plan = predict(spec)
         time_plan, time_note = (None, "")
         if getattr(args, "time", False):
