@@ -30,9 +30,29 @@ def _processes_mentioning(text: str) -> list[psutil.Process]:
     return found
 
 
-def test_a_run_records_every_field_the_cpu_provides_and_never_a_token(ci_assets, results, monkeypatch):
-    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)  # and in the recipe: neither may reach a stored log or record
-    [record] = run_experiment("grad-accum", profile="ci", overrides={**SHORT, "access_token": FAKE_TOKEN}, echo=False)
+@pytest.fixture(scope="module")
+def grad_accum_cold_then_warm(ci_assets, tmp_path_factory) -> tuple[dict, dict, Path]:
+    """One launcher's two runs of grad-accum, the first started cold and the second forked from its warm Python
+    (warm_start), in one results folder, with a token in the environment and in the recipe: (cold, warm, folder).
+    Shared by the tests below: each run costs seconds of CPU, and one pair answers both questions."""
+    folder = tmp_path_factory.mktemp("cold-then-warm") / "results"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LAB_RESULTS", str(folder))
+        patch.delenv("LAB_PROFILE", raising=False)
+        patch.setenv("HF_TOKEN", FAKE_TOKEN)  # and in the recipe: neither may reach a stored log or record
+        patch.delenv(warm_start.WARM_START_ENV, raising=False)
+        patch.setattr(warm_start, "_starter", warm_start.WarmStarter())  # its own launcher: the first run is cold
+        overrides = {**SHORT, "access_token": FAKE_TOKEN}
+        try:
+            [cold] = run_experiment("grad-accum", profile="ci", overrides=overrides, echo=False)
+            [warm] = run_experiment("grad-accum", profile="ci", overrides=overrides, echo=False)
+        finally:
+            warm_start._starter.close()
+    return cold, warm, folder
+
+
+def test_a_run_records_every_field_the_cpu_provides_and_never_a_token(grad_accum_cold_then_warm):
+    record, warm, results = grad_accum_cold_then_warm
     assert record["status"] == "ok" and record["rank"] is None
     assert record["experiment"] == "grad-accum" and record["profile"] == "ci"
     for gpu_field in ("peak_alloc_gib", "peak_reserved_gib", "gpu_used_peak_gib", "mfu"):
@@ -57,23 +77,17 @@ def test_a_run_records_every_field_the_cpu_provides_and_never_a_token(ci_assets,
     run_dir = results / "runs" / record["run_id"]
     assert (run_dir / "output.log").read_text().count("iter ") >= 4
     assert (results / record["timeline_path"]).read_text().startswith("t_s,gpu,util_pct")
-    assert read_records(results / "runs.jsonl") == [record]
+    assert read_records(results / "runs.jsonl") == [record, warm]
     stored = [p for p in results.rglob("*") if p.is_file()]
     assert any(p.name == "recipe.yaml" for p in stored)
     for path in stored:
         assert FAKE_TOKEN not in path.read_text(errors="replace"), path
 
 
-def test_a_warm_started_run_measures_what_a_cold_one_does(ci_assets, results, monkeypatch):
+def test_a_warm_started_run_measures_what_a_cold_one_does(grad_accum_cold_then_warm):
     """A launcher's second run is forked from its warm Python (warm_start): the same measurements, the same
     training (same losses: same seed, same data order), seconds sooner."""
-    monkeypatch.setattr(warm_start, "_starter", warm_start.WarmStarter())  # this test's own: its first run is cold
-    monkeypatch.delenv(warm_start.WARM_START_ENV, raising=False)
-    try:
-        [cold] = run_experiment("grad-accum", profile="ci", overrides=SHORT, echo=False)
-        [warm] = run_experiment("grad-accum", profile="ci", overrides=SHORT, echo=False)
-    finally:
-        warm_start._starter.close()
+    cold, warm, _ = grad_accum_cold_then_warm
     assert (cold["process_start"], warm["process_start"]) == ("cold", "warm")
     assert cold["status"] == warm["status"] == "ok"
     same = ("peak_tensor_gib", "peak_tensor_whole_run_gib", "tokens", "tokens_padded", "iterations", "device_name")
