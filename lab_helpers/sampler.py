@@ -152,6 +152,50 @@ def _resident_bytes(proc: psutil.Process) -> int:
         return 0
 
 
+class ProcessTreeMemory:
+    """``process_tree_rss_bytes`` at the sampler's pace without taking a core from the run it measures.
+
+    PSS is dear: the kernel walks every page of the process to split the shared ones (measured 10-15 ms for one
+    process that has imported torch, so 10-20 % of a core at the sampler's 150 ms; a run of two ranks doubles
+    it). RSS costs 0.05 ms. So the tree and each process's PSS are read exactly every ``exact_every_s``; in
+    between, a process counts its last PSS plus what its RSS has grown (or shrunk) since: new pages are the
+    process's own, so the growth of a run's memory is seen at once and shared pages still count once.
+    """
+
+    def __init__(self, root_pid: int, *, exact_every_s: float = 1.0) -> None:
+        self._root_pid = root_pid
+        self._exact_every_s = exact_every_s
+        self._next_exact_s = float("-inf")
+        self._procs: list[psutil.Process] = []
+        self._last_exact: dict[int, tuple[int, int]] = {}  # pid -> (PSS, RSS) at its last exact reading
+
+    def read_bytes(self, now_s: float) -> int:
+        """The tree's memory at monotonic time ``now_s``: exact when due, else estimated from RSS."""
+        exact = now_s >= self._next_exact_s
+        if exact:
+            self._next_exact_s = now_s + self._exact_every_s
+            try:
+                root = psutil.Process(self._root_pid)
+                self._procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                self._procs = []
+            self._last_exact = {}  # every process of the tree is read exactly below
+        total = 0
+        for proc in self._procs:
+            try:
+                rss = int(proc.memory_info().rss)
+            except psutil.Error:
+                continue  # gone since the tree was read
+            if exact:
+                pss = _resident_bytes(proc)
+                self._last_exact[proc.pid] = (pss, rss)
+                total += pss
+            else:
+                pss, rss_then = self._last_exact[proc.pid]
+                total += max(0, pss + rss - rss_then)
+        return total
+
+
 class TimelineSampler:
     """Samples every ``interval_s`` (100-200 ms per LAB.md) until stopped; use as a context manager."""
 
@@ -163,7 +207,7 @@ class TimelineSampler:
             raise ValueError(f"interval_s must be between 0.01 and 10 s; got {interval_s}")
         self.summary = TimelineSummary(path=path)
         self._visible = visible_devices
-        self._root_pid = root_pid
+        self._memory = ProcessTreeMemory(root_pid)
         self._interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="lab-timeline", daemon=True)
@@ -193,17 +237,18 @@ class TimelineSampler:
             writer.writerow(TIMELINE_COLUMNS)
             while True:
                 now = time.monotonic()
-                self._sample(writer, nvml, now - t0)
+                self._sample(writer, nvml, now - t0, now)
                 if now - last_flush >= 1.0:
                     fh.flush()
                     last_flush = now
                 if self._stop.wait(self._interval_s):
-                    self._sample(writer, nvml, time.monotonic() - t0)  # one last reading at the end
+                    end = time.monotonic()
+                    self._sample(writer, nvml, end - t0, end)  # one last reading at the end
                     break
         nvml.close()
 
-    def _sample(self, writer, nvml: _Nvml, t_s: float) -> None:
-        rss_gib = process_tree_rss_bytes(self._root_pid) / GIB
+    def _sample(self, writer, nvml: _Nvml, t_s: float, now_s: float) -> None:
+        rss_gib = self._memory.read_bytes(now_s) / GIB
         cpu_pct = psutil.cpu_percent(None)
         writer.writerow([f"{t_s:.3f}", "", "", "", "", f"{cpu_pct:.1f}", f"{rss_gib:.4f}"])
         summary = self.summary

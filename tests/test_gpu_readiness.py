@@ -20,7 +20,7 @@ from lab_helpers import cuda_compat, doctor, lab, node, run_record
 from lab_helpers.child_report import is_oom_text, is_out_of_memory
 from lab_helpers.distributed.nodes import node_gpus
 from lab_helpers.experiments import LabConfigError, get_experiment, hardware_skip_reason, resolve
-from lab_helpers.sampler import TimelineSampler, process_tree_rss_bytes, visible_nvml_indices
+from lab_helpers.sampler import ProcessTreeMemory, TimelineSampler, process_tree_rss_bytes, visible_nvml_indices
 
 H100 = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_total_gib": 79.6, "compute_capability": "9.0",
         "bf16_native": True, "nvlink_links_active": 18}  # fmt: skip
@@ -241,6 +241,9 @@ def test_process_tree_memory_counts_pages_shared_by_forked_workers_once(tmp_path
         counted = process_tree_rss_bytes(proc.pid)
         assert rss_sum > 3.5 * 300 * 2**20  # what summing RSS reports: the shared pages four times
         assert 300 * 2**20 < counted < 1.5 * 300 * 2**20  # each page once
+        memory = ProcessTreeMemory(proc.pid)  # the sampler's: exact, then estimated from RSS between readings
+        for now_s in (0.0, 0.5):
+            assert 300 * 2**20 < memory.read_bytes(now_s) < 1.5 * 300 * 2**20
     finally:
         import os
         import signal

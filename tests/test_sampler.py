@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from lab_helpers.sampler import TimelineSampler
+from lab_helpers.sampler import ProcessTreeMemory, TimelineSampler
 
 
 def _rows(path):
@@ -66,3 +66,39 @@ def test_gpu_rows_from_nvml(tmp_path, monkeypatch):
 def test_a_nonsense_interval_is_refused(tmp_path):
     with pytest.raises(ValueError, match="interval_s"):
         TimelineSampler(tmp_path / "t.csv", root_pid=1, interval_s=0)
+
+
+def test_tree_memory_reads_pss_once_a_second_and_sees_growth_between(tmp_path, monkeypatch):
+    """PSS costs the kernel a walk over every page (10-15 ms for a torch process): the sampler reads it once a
+    second, and in between adds what RSS has grown, so a process that allocates is seen at the next sample."""
+    import psutil
+
+    reads = []
+    real = psutil.Process.memory_full_info
+    monkeypatch.setattr(psutil.Process, "memory_full_info", lambda self: reads.append(self.pid) or real(self))
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; sys.stdin.readline(); x = bytearray(200 * 2**20); time.sleep(30)"],
+        stdin=subprocess.PIPE,
+    )
+    try:
+        memory = ProcessTreeMemory(child.pid, exact_every_s=1.0)
+        time.sleep(0.5)  # the interpreter has started
+        before = memory.read_bytes(100.0)  # exact
+        child.stdin.write(b"go\n")
+        child.stdin.flush()
+        deadline = time.monotonic() + 10
+        while psutil.Process(child.pid).memory_info().rss < 200 * 2**20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        grown = memory.read_bytes(100.5)  # estimated from RSS: no new PSS read
+        assert reads == [child.pid]
+        assert grown - before > 190 * 2**20
+        memory.read_bytes(101.0)  # a second later: exact again
+        assert reads == [child.pid, child.pid]
+        reads.clear()
+        with TimelineSampler(tmp_path / "t.csv", root_pid=child.pid, interval_s=0.05) as sampler:
+            time.sleep(1.5)
+    finally:
+        child.kill()
+        child.wait()
+    assert sampler.summary.samples >= 10 and 1 <= len(reads) <= 3  # ~30 samples, PSS read once a second
+    assert sampler.summary.host_rss_peak_gib > 0.18
