@@ -130,15 +130,7 @@ def process_tree_rss_bytes(root_pid: int) -> int:
     page among the processes that map it, so the sum over the tree is the memory the run really holds.
     Where PSS cannot be read (not Linux, no permission) RSS is used for that process.
     """
-    try:
-        root = psutil.Process(root_pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return 0
-    total = 0
-    for proc in procs:
-        total += _resident_bytes(proc)
-    return total
+    return ProcessTreeMemory(root_pid).read_bytes(time.monotonic())  # a first reading is exact
 
 
 def _resident_bytes(proc: psutil.Process) -> int:
@@ -190,8 +182,8 @@ class ProcessTreeMemory:
                 pss = _resident_bytes(proc)
                 self._last_exact[proc.pid] = (pss, rss)
                 total += pss
-            else:
-                pss, rss_then = self._last_exact[proc.pid]
+            elif (then := self._last_exact.get(proc.pid)) is not None:  # None: unreadable at the exact reading
+                pss, rss_then = then
                 total += max(0, pss + rss - rss_then)
         return total
 
