@@ -192,14 +192,21 @@ class TimelineSampler:
     """Samples every ``interval_s`` (100-200 ms per LAB.md) until stopped; use as a context manager."""
 
     def __init__(
-        self, path: Path, *, root_pid: int, interval_s: float = 0.15, visible_devices: str | None = None
+        self,
+        path: Path,
+        *,
+        root_pid: int,
+        interval_s: float = 0.15,
+        visible_devices: str | None = None,
+        pss_every_s: float = 1.0,
     ) -> None:
-        """``visible_devices`` is the run's ``CUDA_VISIBLE_DEVICES`` (None: every GPU of the node)."""
+        """``visible_devices`` is the run's ``CUDA_VISIBLE_DEVICES`` (None: every GPU of the node); ``pss_every_s``
+        how often host memory is read exactly (``ProcessTreeMemory``)."""
         if not 0.01 <= interval_s <= 10:
             raise ValueError(f"interval_s must be between 0.01 and 10 s; got {interval_s}")
         self.summary = TimelineSummary(path=path)
         self._visible = visible_devices
-        self._memory = ProcessTreeMemory(root_pid)
+        self._memory = ProcessTreeMemory(root_pid, exact_every_s=pss_every_s)
         self._interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="lab-timeline", daemon=True)
