@@ -147,9 +147,9 @@ def _resident_bytes(proc: psutil.Process) -> int:
 class ProcessTreeMemory:
     """``process_tree_rss_bytes`` at the sampler's pace without taking a core from the run it measures.
 
-    PSS is dear: the kernel walks every page of the process to split the shared ones (measured 10-15 ms for one
-    process that has imported torch, so 10-20 % of a core at the sampler's 150 ms; a run of two ranks doubles
-    it). RSS costs 0.05 ms. So the tree and each process's PSS are read exactly every ``exact_every_s``; in
+    PSS is dear: the kernel walks every page of the process to split the shared ones (14 ms of CPU for a process
+    that has imported torch; read every 150 ms for two such ranks, 19 % of a core: benchmarks/sampler_cost.out.txt).
+    RSS costs 0.03 ms. So the tree and each process's PSS are read exactly every ``exact_every_s``; in
     between, a process counts its last PSS plus what its RSS has grown (or shrunk) since: new pages are the
     process's own, so the growth of a run's memory is seen at once and shared pages still count once.
     """
