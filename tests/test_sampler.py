@@ -19,8 +19,10 @@ def _rows(path):
 
 
 def test_host_rows_and_process_tree_rss_on_a_cpu(tmp_path):
-    child = subprocess.Popen([sys.executable, "-c", "x = bytearray(200 * 2**20); import time; time.sleep(3)"])
+    script = "x = bytearray(200 * 2**20); print('allocated', flush=True); import time; time.sleep(3)"
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout.readline().strip() == "allocated"  # a loaded machine may start the child slowly
         with TimelineSampler(tmp_path / "t.csv", root_pid=child.pid, interval_s=0.1) as sampler:
             time.sleep(1.5)
     finally:
@@ -69,26 +71,27 @@ def test_a_nonsense_interval_is_refused(tmp_path):
 
 
 def test_tree_memory_reads_pss_once_a_second_and_sees_growth_between(tmp_path, monkeypatch):
-    """PSS costs the kernel a walk over every page (10-15 ms for a torch process): the sampler reads it once a
+    """PSS costs the kernel a walk over every page (14 ms for a torch process, benchmarks/sampler_cost.out.txt): the sampler reads it once a
     second, and in between adds what RSS has grown, so a process that allocates is seen at the next sample."""
     import psutil
 
     reads = []
     real = psutil.Process.memory_full_info
     monkeypatch.setattr(psutil.Process, "memory_full_info", lambda self: reads.append(self.pid) or real(self))
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; sys.stdin.readline(); x = bytearray(200 * 2**20); time.sleep(30)"],
-        stdin=subprocess.PIPE,
+    # The child says when it has started and when its 200 MiB are written: waiting on RSS alone raced the memset
+    # (RSS passed 200 MiB with the interpreter's own pages while the last ~10 MiB were still being zeroed).
+    script = (
+        "import sys, time; print('started', flush=True); sys.stdin.readline();"
+        " x = bytearray(200 * 2**20); print('allocated', flush=True); time.sleep(30)"
     )
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout.readline().strip() == "started"
         memory = ProcessTreeMemory(child.pid, exact_every_s=1.0)
-        time.sleep(0.5)  # the interpreter has started
         before = memory.read_bytes(100.0)  # exact
-        child.stdin.write(b"go\n")
+        child.stdin.write("go\n")
         child.stdin.flush()
-        deadline = time.monotonic() + 10
-        while psutil.Process(child.pid).memory_info().rss < 200 * 2**20 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert child.stdout.readline().strip() == "allocated"
         grown = memory.read_bytes(100.5)  # estimated from RSS: no new PSS read
         assert reads == [child.pid]
         assert grown - before > 190 * 2**20
