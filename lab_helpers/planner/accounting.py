@@ -181,19 +181,25 @@ def replay(records: list[AllocRecord], phases: list[Phase], sizes: list[int]) ->
     return out
 
 
-def make_dispatch_tracker(accountant: StorageAccountant):
-    """A dispatch mode that reports every op output's storage to ``accountant``."""
+def make_dispatch_tracker(accountant: StorageAccountant, shortcuts: dict | None = None):
+    """A dispatch mode that reports every op output's storage to ``accountant``. ``shortcuts`` maps an op to a
+    function of its positional arguments that makes its outputs directly, or returns None to let the op run
+    (``loss_outputs.SHORTCUTS``: the same storages, made faster than the op's fake kernel makes them)."""
     base = dispatch_mode_base()
     tree_leaves, _ = pytree()
 
     queries, fake_type = metadata_queries()
+    shortcuts = shortcuts or {}
 
     class _Tracker(base):  # type: ignore[misc, valid-type]
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             query = queries.get(func)
             if query is not None and len(args) == 1 and type(args[0]) is fake_type:
                 return query(args)  # a device or size: no storage to report
-            out = func(*args, **(kwargs or {}))
+            shortcut = None if kwargs else shortcuts.get(func)
+            out = shortcut(args) if shortcut is not None else None
+            if out is None:
+                out = func(*args, **(kwargs or {}))
             for leaf in tree_leaves(out):
                 if isinstance(leaf, torch.Tensor):
                     accountant.track(leaf)

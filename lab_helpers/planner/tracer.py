@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import loss_outputs
 from ._compat import fake_tensor_mode
 from .accounting import AllocRecord, Phase, StorageAccountant, cuda_rounded_bytes, make_dispatch_tracker, replay
 from .errors import PlanError
@@ -370,7 +371,7 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
         trainable = [p for p in params if p.requires_grad]
         hooks = [p.register_post_accumulate_grad_hook(lambda p: acct.mark(p.grad, "gradients")) for p in trainable]
 
-        tracker = make_dispatch_tracker(acct)
+        tracker = make_dispatch_tracker(acct, shortcuts=loss_outputs.SHORTCUTS)
         lora = spec.method != "full"
 
         def loss_of(logits, targets):
