@@ -23,6 +23,7 @@ Usage: python benchmarks/planner_accuracy.py [--records RUNS.jsonl] [--only SUBS
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -125,7 +126,6 @@ def spec_for(name: str, method: str, micro: int, global_bs: int, lora_cfg: dict,
 
 def published_rows(only: str | None) -> tuple[list[float], list[float], int, int]:
     """Rows of the published table; returns (whole-run errors, QLoRA whole-run errors, OOM verdicts right, total)."""
-    import dataclasses
 
     errors: list[float] = []
     qlora_errors: list[float] = []
@@ -207,6 +207,40 @@ def record_rows(path: Path) -> dict[str, list[float]]:
             errors[which].append(err)
             print(f"{label:<24} {gpu:<28} {which:<6} {measured:>12.2f} {predicted:>13.2f} {err:>+8.1%}")
     return errors
+
+
+def qlora_version_rows(path: Path) -> None:
+    """Which bitsandbytes a GPU's QLoRA runs behaved like: each ok QLoRA record's run predicted again with the
+    same settings (``predict.planner_inputs`` of the record's experiment, profile and overrides), as the lab
+    installs bitsandbytes (nothing per token kept for backward) and as 0.42 kept it (each 4-bit layer's input)."""
+    from lab_helpers.experiments import resolve
+    from lab_helpers.planner import spec_from_recipe
+    from lab_helpers.predict import planner_inputs
+
+    rows = []
+    for line in path.read_text().splitlines():
+        rec = json.loads(line) if line.strip() else {}
+        if rec.get("status") == "ok" and rec.get("method") == "qlora" and rec.get("peak_alloc_gib"):
+            rows.append(rec)
+    if not rows:
+        return
+    print(f"\n## QLoRA on a GPU: the measured peak against each bitsandbytes behaviour ({path})")
+    print(
+        f"{'experiment':<12} {'bitsandbytes':<14} {'measured GiB':>12} {'as installed':>12} {'error':>7}"
+        f" {'as 0.42':>8} {'error':>7}"
+    )
+    for rec in rows:
+        run = resolve(rec["experiment"], rec.get("profile", "gpu"), rec.get("overrides") or {}, check_files=False)
+        inputs = planner_inputs(run, None, device="cuda")
+        spec = spec_from_recipe(inputs.pop("recipe"), **inputs)
+        measured = rec["peak_alloc_gib"]
+        installed = predict(spec).peak_alloc_gib
+        old = predict(dataclasses.replace(spec, bnb_saves_input=True)).peak_alloc_gib
+        version = str((rec.get("environment") or {}).get("bitsandbytes", "?"))
+        print(
+            f"{rec['experiment']:<12} {version:<14} {measured:>12.2f} {installed:>12.2f} "
+            f"{(installed - measured) / measured:>+7.1%} {old:>8.2f} {(old - measured) / measured:>+7.1%}"
+        )
 
 
 H100_GIB = 79.1  # an 80 GB H100 as CUDA reports it; LAB.md's "expected on one 80 GB GPU"
@@ -328,6 +362,7 @@ def main() -> int:
         print()
         stats("lab GPU runs, training loop", lab["loop"])
         stats("lab GPU runs, whole run", lab["whole"])
+        qlora_version_rows(args.records)
     return 0
 
 
