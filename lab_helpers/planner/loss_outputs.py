@@ -7,8 +7,8 @@ chunk is a view at another storage offset. A full fine-tune at micro batch 32 sp
 Their outputs are new contiguous tensors whose shapes and dtypes follow from the inputs alone, so the tracker makes
 them with one ``torch.empty`` each: the same storages, in the same order, with the same sizes.
 
-Only the plain case is shortcut (contiguous 2-D input, no class weights, the argument lists of torch 2.4-2.13);
-anything else runs the op as usual. ``tests/test_planner.py`` checks that a trace's timeline is the
+Only the plain case is shortcut (contiguous input, 2-D for nll_loss, no class weights, the argument count the
+schema has); anything else runs the op as usual. ``tests/test_planner.py`` checks that a trace's timeline is the
 same record for record with and without the shortcut.
 """
 
