@@ -142,7 +142,13 @@ def test_gradient_accumulation_holds_gradients_between_micro_batches():
 
 def _offload_spec(cfg: Config) -> TrainingSpec:
     return spec(
-        config=cfg, devices=2, strategy="deepspeed-zero3", offload_optimizer=True, optimizer="DeepSpeedCPUAdam", mb=1, seq=32
+        config=cfg,
+        devices=2,
+        strategy="deepspeed-zero3",
+        offload_optimizer=True,
+        optimizer="DeepSpeedCPUAdam",
+        mb=1,
+        seq=32,
     )
 
 
@@ -344,7 +350,9 @@ def test_repeated_predictions_at_other_batch_sizes_reuse_the_traces(monkeypatch)
     monkeypatch.setattr(tracer, "_TIMELINES", {})
     calls = []
     real = tracer.trace_training
-    monkeypatch.setattr(tracer, "trace_training", lambda s, n_layer=None: calls.append(s.micro_batch_size) or real(s, n_layer))
+    monkeypatch.setattr(
+        tracer, "trace_training", lambda s, n_layer=None: calls.append(s.micro_batch_size) or real(s, n_layer)
+    )
     base = spec("lora", config=tiny_config(n_layer=4), seq=32)
     plans = {b: predict(dataclasses.replace(base, micro_batch_size=b)) for b in (2, 4, 3, 6, 8)}
     assert sorted(set(calls)) == [2, 4]  # two traced sizes (at two depths each); 3, 6 and 8 replayed
@@ -466,3 +474,42 @@ def test_the_loss_shortcut_records_the_same_timeline_as_the_ops_themselves(
     plain = trace_training(s)
     assert set(taken) == set(real)
     assert _timeline(fast) == _timeline(plain)
+
+
+@pytest.mark.slow  # 5 traces of the tiny model
+def test_fields_the_trace_does_not_read_leave_it_unchanged_and_share_it(monkeypatch):
+    """Runs that differ only in ``tracer.UNTRACED_FIELDS`` (or in accumulation beyond 2 micro-batches) share one
+    trace: FSDP over 2, 4 and 8 GPUs in ``--fit``'s alternatives trace once. Each such change must leave the
+    trace exactly as it was, or sharing would hand one run another's timeline."""
+    from lab_helpers.planner import plan as plan_module
+    from lab_helpers.planner import tracer
+
+    fsdp = spec("full", strategy="fsdp", devices=2, gradient_accumulation_iters=2)
+    zero3 = spec("full", strategy="deepspeed-zero3", devices=2, gradient_accumulation_iters=2)
+    changes = {
+        "devices": 4,
+        "fsdp_wrap_blocks": False,
+        "gpu_memory_gib": 10.0,
+        "fsdp_reshard_after_forward": False,
+        "fsdp_impl": "fsdp2",
+        "fsdp_unsharded_grad_accumulation": False,
+        "ddp_gradient_as_bucket_view": False,
+        "generate_example": True,
+        "max_new_tokens": 7,
+    }
+    assert set(changes) | {"offload_optimizer"} == set(tracer.UNTRACED_FIELDS)
+    changed = dataclasses.replace(fsdp, gradient_accumulation_iters=5, **changes)  # all at once: one trace
+    assert _timeline(trace_training(changed)) == _timeline(trace_training(fsdp))
+    offloaded = dataclasses.replace(zero3, offload_optimizer=True, optimizer="DeepSpeedCPUAdam")
+    assert _timeline(trace_training(offloaded)) == _timeline(
+        trace_training(dataclasses.replace(offloaded, offload_optimizer=False))
+    )
+
+    monkeypatch.setattr(plan_module, "_CACHE", {})
+    monkeypatch.setattr(tracer, "_TIMELINES", {})
+    calls = []
+    real = tracer.trace_training
+    monkeypatch.setattr(tracer, "trace_training", lambda s, n_layer=None: calls.append(s.devices) or real(s, n_layer))
+    plans = [predict(dataclasses.replace(fsdp, devices=n, gradient_accumulation_iters=16 // n)) for n in (2, 4, 8)]
+    assert calls == [2]  # one trace; the analytic FSDP terms differ
+    assert plans[0].peak_alloc_gib > plans[1].peak_alloc_gib > plans[2].peak_alloc_gib

@@ -264,8 +264,31 @@ _TIMELINES: dict[str, dict[int, TraceResult]] = {}
 _TIMELINE_KEYS = 16  # specs remembered (each holds a few timelines of ~10^4 records)
 
 
+UNTRACED_FIELDS = (
+    "devices",
+    "fsdp_wrap_blocks",
+    "offload_optimizer",
+    "gpu_memory_gib",
+    "fsdp_reshard_after_forward",
+    "fsdp_impl",
+    "fsdp_unsharded_grad_accumulation",
+    "ddp_gradient_as_bucket_view",
+    "generate_example",
+    "max_new_tokens",
+)
+"""``TrainingSpec`` fields ``trace_training`` never reads: the strategy's analytic terms and the whole-run phases
+use them. Runs that differ only in these (FSDP over 2, 4 or 8 GPUs, a GPU's size) share one trace;
+``tests/test_planner.py`` checks that changing them leaves the trace as it was."""
+
+
 def _batch_free_key(spec: TrainingSpec, n_layer: int | None) -> str:
-    return repr((dataclasses.replace(spec, micro_batch_size=0, gpu_memory_gib=None), n_layer))
+    """What the trace depends on, but the micro-batch size. Accumulation only decides whether a second micro-batch
+    runs before the step (``min(accumulation, 2)``): 2, 4 and 32 trace alike."""
+    defaults = {name: TrainingSpec.__dataclass_fields__[name].default for name in UNTRACED_FIELDS}
+    traced = dataclasses.replace(
+        spec, micro_batch_size=0, gradient_accumulation_iters=min(spec.gradient_accumulation_iters, 2), **defaults
+    )
+    return repr((traced, n_layer))
 
 
 def _same_structure(a: TraceResult, b: TraceResult) -> bool:
