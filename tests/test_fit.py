@@ -55,6 +55,14 @@ def test_largest_needs_few_calls_on_an_affine_curve():
     assert got == 78 and len(calls) <= 4, calls
 
 
+def test_largest_asks_twice_when_the_start_and_the_limit_fit():
+    """The usual --fit: the recipe's micro batch fits, and so does the search limit. Memory proportional to the
+    batch never overshoots an affine memory's crossing, so the second question is the limit itself."""
+    calls: list[int] = []
+    assert largest(lambda v: calls.append(v) or 6.0 + 0.6 * v, 76.0, start=4, low=1, high=16) == 16
+    assert calls == [4, 16]
+
+
 @pytest.mark.slow  # ~6 predictions of the tiny model: 15-30 s on 2 cores
 def test_fit_batch_fits_and_one_more_does_not(ci_assets):
     spec = spec_from_recipe(CI / "ci-llama-xs" / "lora.yaml", device="cpu")

@@ -4,8 +4,8 @@ change that does, each answer a ``predict()`` of the planner.
 Why a search and not a formula: activations grow linearly with batch and (attention aside) with sequence, but
 the peak moves between phases (forward, optimizer step, validation) and the allocator rounds, so only the
 planner itself says what fits. Memory is monotonic in micro batch and in sequence length and close to affine
-in both, so a secant search (``largest``) asks few predictions, typically 3-5 (``FitResult.predictions`` says
-how many), falling back to doubling and bisection where the line guesses wrong.
+in both, so a secant search (``largest``) asks few predictions, typically 2-5 (``FitResult.predictions`` says
+how many), falling back to bisection where the line guesses wrong.
 
 "Fits" means the predicted GPU memory used (``MemoryPlan.worst_gpu_used_gib``: allocated peak + allocator slack
 + CUDA context, over the training loop or the whole run, whichever is larger: a run that dies loading is an OOM
@@ -145,7 +145,8 @@ def largest(
 
     Memory is close to affine in batch and sequence (activations grow with both), so after two answers the
     secant through the two nearest the budget predicts where it is crossed; the guess and its grid neighbour
-    are checked. Where the guess is off, the bracket is bisected. Typically 3-5 calls; never more than the
+    are checked. After one answer under the budget, memory proportional to the value guesses (``_proportional``:
+    below the crossing). Where a guess is off, the bracket is bisected. Typically 2-5 calls; never more than the
     doubling-and-bisection bound (about 2 x log2(high / low))."""
     if low > high:
         raise PlanError(f"empty search range [{low}, {high}]")
@@ -183,14 +184,24 @@ def largest(
         if guess is None or guess in seen or not floor_ < guess < ceiling_:
             if good is None:
                 guess = snap(bad // 2) if snap(bad // 2) < bad else low
-            elif bad is None:
-                guess = snap(max(good * 2, up(good)))
+            elif bad is None:  # memory proportional to the value: for an affine memory, below the crossing
+                guess = snap(max(_proportional(good, seen[good], budget), up(good)))
             else:
                 guess = snap((good + bad) // 2)
             if guess in seen or not floor_ < guess < ceiling_:
                 guess = up(good) if good is not None else low
         ask(guess)
     raise PlanError("the search did not converge: is memory monotonic in this value?")
+
+
+def _proportional(value: int, used: float, budget: float) -> float:
+    """With one answer under the budget, the value where memory proportional to it would reach the budget.
+
+    Memory is affine with a positive constant part (weights, ...): ``c + a v``. Then ``v (budget / used)`` never
+    overshoots the crossing ``(budget - c) / a`` (their difference is ``c (budget - used) / a / used`` >= 0), so
+    the guess fits and gives the secant its second point: where the recipe and the search limit both fit, two
+    questions answer, where doubling would ask once per doubling up to the limit."""
+    return value * 2 if used <= 0 else value * budget / used
 
 
 def _secant(seen: dict[int, float], budget: float, good: int | None, bad: int | None) -> float | None:
@@ -375,4 +386,3 @@ def _sharded(spec: TrainingSpec, strategy: str, devices: int, *, offload: bool) 
         offload_optimizer=offload,
         optimizer="DeepSpeedCPUAdam" if offload else spec.optimizer,
     )
-
