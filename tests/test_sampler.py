@@ -71,8 +71,9 @@ def test_a_nonsense_interval_is_refused(tmp_path):
 
 
 def test_tree_memory_reads_pss_once_a_second_and_sees_growth_between(tmp_path, monkeypatch):
-    """PSS costs the kernel a walk over every page (14 ms for a torch process, benchmarks/sampler_cost.out.txt): the sampler reads it once a
-    second, and in between adds what RSS has grown, so a process that allocates is seen at the next sample."""
+    """PSS costs the kernel a walk over every page (14 ms for a torch process, benchmarks/sampler_cost.out.txt):
+    the sampler reads it once a second, and in between adds what RSS has grown, so a process that allocates is
+    seen at the next sample."""
     import psutil
 
     reads = []
