@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 import time
@@ -182,19 +181,14 @@ RECORD_PAIRS = (  # (label, measured field, predicted field)
 )
 
 
-def record_rows(path: Path) -> dict[str, list[float]]:
-    """Rows from the lab's run records: status ok, a measured peak and a stored prediction, with the GPU's name.
-    Training-loop and whole-run peaks each, where the record has them (records before the whole-run fields
-    existed have the loop's only)."""
+def record_rows(path: Path, finished: list[dict]) -> dict[str, list[float]]:
+    """Rows from the lab's finished run records (read from ``path``): a measured peak and a stored prediction, with
+    the GPU's name. Training-loop and whole-run peaks each, where the record has them (records before the
+    whole-run fields existed have the loop's only)."""
     errors: dict[str, list[float]] = {label: [] for label, _, _ in RECORD_PAIRS}
     print(f"\n## Lab runs measured on a GPU ({path})")
     print(f"{'experiment':<24} {'gpu':<28} {'peak':<6} {'measured GiB':>12} {'predicted GiB':>13} {'error':>8}")
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        rec = json.loads(line)
-        if rec.get("status") != "ok":
-            continue
+    for rec in finished:
         gpu = str(rec.get("device_name") or rec.get("gpu_name") or "?")[:28]
         label = str(rec.get("experiment", "?")) + (
             f" r{rec.get('rank', 0)}" if (rec.get("world_size") or 1) > 1 else ""
@@ -209,7 +203,7 @@ def record_rows(path: Path) -> dict[str, list[float]]:
     return errors
 
 
-def qlora_version_rows(path: Path) -> None:
+def qlora_version_rows(path: Path, finished: list[dict]) -> None:
     """Which bitsandbytes a GPU's QLoRA runs behaved like: each ok QLoRA record's run predicted again with the
     same settings (``predict.planner_inputs`` of the record's experiment, profile and overrides), as the lab
     installs bitsandbytes (nothing per token kept for backward) and as 0.42 kept it (each 4-bit layer's input)."""
@@ -217,11 +211,7 @@ def qlora_version_rows(path: Path) -> None:
     from lab_helpers.planner import spec_from_recipe
     from lab_helpers.predict import planner_inputs
 
-    rows = []
-    for line in path.read_text().splitlines():
-        rec = json.loads(line) if line.strip() else {}
-        if rec.get("status") == "ok" and rec.get("method") == "qlora" and rec.get("peak_alloc_gib"):
-            rows.append(rec)
+    rows = [rec for rec in finished if rec.get("method") == "qlora" and rec.get("peak_alloc_gib")]
     if not rows:
         return
     print(f"\n## QLoRA on a GPU: the measured peak against each bitsandbytes behaviour ({path})")
@@ -358,11 +348,14 @@ def main() -> int:
         agree, total = lab_matrix_rows()
         print(f"lab matrix: {agree}/{total} stated expectations agree with the predictions")
     if args.records:
-        lab = record_rows(args.records)
+        from lab_helpers.records import read_records
+
+        finished = [rec for rec in read_records(args.records) if rec.get("status") == "ok"]
+        lab = record_rows(args.records, finished)
         print()
         stats("lab GPU runs, training loop", lab["loop"])
         stats("lab GPU runs, whole run", lab["whole"])
-        qlora_version_rows(args.records)
+        qlora_version_rows(args.records, finished)
     return 0
 
 

@@ -25,7 +25,7 @@ from lab_helpers.interrupts import InterruptShield
 from lab_helpers.orphan_guard import LAUNCHER_PID_ENV
 from lab_helpers.sampler import TimelineSampler, TimelineSummary
 from lab_helpers.secrets import redact, secret_values
-from lab_helpers.warm_start import WarmProcess, start_process
+from lab_helpers.warm_start import WarmProcess, kill_group, start_process
 
 ITER_PATTERN = re.compile(r"\biter (\d+)\b")
 TERMINATE_GRACE_S = 10.0
@@ -61,13 +61,6 @@ def _progress_bar(total: int | None, label: str, enabled: bool):
     return tqdm(total=total, desc=label, unit="iter", leave=True, dynamic_ncols=True, file=sys.stdout)
 
 
-def _kill_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def terminate_grace_s() -> float:
     """Seconds the ranks get after SIGTERM to write their reports (``$LAB_TERMINATE_GRACE_S``, default 10)."""
     try:
@@ -82,13 +75,13 @@ def _end_group(proc: subprocess.Popen | WarmProcess, pgid: int) -> None:
     The SIGKILL is in a ``finally``: whatever happens while waiting, a rank that ignores SIGTERM (one stuck in
     a collective) never outlives the run.
     """
-    _kill_group(pgid, signal.SIGTERM)
+    kill_group(pgid, signal.SIGTERM)
     try:
         proc.wait(timeout=terminate_grace_s())
     except subprocess.TimeoutExpired:
         pass
     finally:
-        _kill_group(pgid, signal.SIGKILL)  # ranks and workers that outlived their parent too
+        kill_group(pgid, signal.SIGKILL)  # ranks and workers that outlived their parent too
     proc.wait()
 
 
@@ -112,9 +105,9 @@ class _Deadline:
         if self._done.wait(limit_s) or self._proc.poll() is not None:
             return
         self.passed.set()
-        _kill_group(self._pgid, signal.SIGTERM)
+        kill_group(self._pgid, signal.SIGTERM)
         if not self._done.wait(terminate_grace_s()):
-            _kill_group(self._pgid, signal.SIGKILL)
+            kill_group(self._pgid, signal.SIGKILL)
 
     def cancel(self) -> None:
         self._done.set()
@@ -226,7 +219,7 @@ def run_command(
             if proc.poll() is None:  # an unexpected error in this process: still leave nothing behind
                 _end_group(proc, proc.pid)
             else:
-                _kill_group(proc.pid, signal.SIGKILL)  # stray grandchildren of a finished run
+                kill_group(proc.pid, signal.SIGKILL)  # stray grandchildren of a finished run
         timed_out = deadline is not None and deadline.passed.is_set()
         if timed_out:
             log.write(f"lab: the time limit of {time_limit_s:.0f} s passed; the whole process group was ended")

@@ -133,15 +133,12 @@ def process_tree_rss_bytes(root_pid: int) -> int:
     return ProcessTreeMemory(root_pid).read_bytes(time.monotonic())  # a first reading is exact
 
 
-def _resident_bytes(proc: psutil.Process) -> int:
+def _pss_or(proc: psutil.Process, rss: int) -> int:
+    """The process's PSS, or ``rss`` (already read) where PSS cannot be read (not Linux, no permission)."""
     try:
         return int(proc.memory_full_info().pss)
     except (psutil.Error, AttributeError, OSError):
-        pass
-    try:
-        return int(proc.memory_info().rss)
-    except psutil.Error:
-        return 0
+        return rss
 
 
 class ProcessTreeMemory:
@@ -179,7 +176,7 @@ class ProcessTreeMemory:
             except psutil.Error:
                 continue  # gone since the tree was read
             if exact:
-                pss = _resident_bytes(proc)
+                pss = _pss_or(proc, rss)
                 self._last_exact[proc.pid] = (pss, rss)
                 total += pss
             elif (then := self._last_exact.get(proc.pid)) is not None:  # None: unreadable at the exact reading

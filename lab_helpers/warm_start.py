@@ -146,7 +146,7 @@ class _Server:
         except BaseException:
             answer = json.loads(_recv_within(ours, 5.0) or b"{}")
             if "pid" in answer:
-                _kill_group(int(answer["pid"]))
+                kill_group(int(answer["pid"]))
             os.close(read_fd)
             ours.close()
             raise
@@ -174,10 +174,10 @@ def _recv_within(sock: socket.socket, timeout_s: float) -> bytes:
         return b""
 
 
-def _kill_group(pgid: int) -> None:
-    """SIGKILL a process group (a forked run, or a server that has forked nothing yet) that may be gone already."""
+def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal a process group (a run, a forked run, a server that has forked nothing yet) that may be gone already."""
     try:
-        os.killpg(pgid, signal.SIGKILL)
+        os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -269,7 +269,7 @@ class WarmStarter:
 
 def _stop(server: _Server) -> None:
     server.close()
-    _kill_group(server.proc.pid)  # it has forked nothing yet
+    kill_group(server.proc.pid)  # it has forked nothing yet
     server.proc.wait()
 
 
