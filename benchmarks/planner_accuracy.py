@@ -11,11 +11,13 @@ Two sources of truth, printed one row per case with measured, predicted and erro
    the planner's whole-run peak ``whole_run_peak_alloc_gib * 2^30 / 10^9``; the training loop's own peak (what the
    lab records as ``peak_alloc_gib``) is printed beside it. Recipe settings that matter for memory (LoRA rank and
    layers, micro-batch, precision, quantize) are from the recipe files in config_hub/finetune/*/. Every row is
-   predicted as a user's ``plan`` would, with no per-row flags: QLoRA as the lab installs bitsandbytes
-   (>=0.45.2,<0.50), which keeps nothing per token for backward. The table's QLoRA rows were measured when litgpt
-   required bitsandbytes 0.42, which kept each 4-bit layer's input: the "as 0.42" column (information only, not
-   in the statistics) predicts that version. Alpaca2k has samples longer than 512 tokens, so the worst-case batch
-   is padded to ``max_seq_length`` = 512; the recipes validate and generate an example every ``eval.interval``.
+   predicted from its recipe settings with no per-row flags, for the software the table was measured with: litgpt
+   0.4.x, which pinned bitsandbytes==0.42.0 (``TABLE_SOFTWARE``). Two things those releases did differently matter
+   to QLoRA alone: bitsandbytes < 0.43.2 kept each 4-bit layer's input on the autograd node until the graph died,
+   and litgpt < 0.5.0 had no ``StableEmbedding``. The "installed" column predicts the same QLoRA recipe with
+   what the lab installs (bitsandbytes >=0.45.2,<0.50, litgpt 0.5.13), as ``plan`` does for a user: information
+   only, not in the statistics. Alpaca2k has samples longer than 512 tokens, so the worst-case batch is padded to
+   ``max_seq_length`` = 512; the recipes validate and generate an example every ``eval.interval``.
 
 Usage: python benchmarks/planner_accuracy.py [--records RUNS.jsonl] [--only SUBSTRING]
 """
@@ -58,6 +60,11 @@ ALL32 = lora(32, all_layers=True, head=True)  # tiny-llama
 ALL8 = lora(8, all_layers=True, head=True)  # phi-2, phi-3
 GEMMA2B = lora(8, dropout=0.1, all_layers=True, head=True)
 GEMMA_Q16 = lora(16, dropout=0.1, all_layers=True, head=True)  # gemma-7b, gemma-2-9b qlora
+
+# The software behind every row: litgpt's pyproject.toml pinned bitsandbytes==0.42.0 at each commit that added
+# rows (5895df10, 2024-04-26, litgpt 0.4.0.dev0, to fd71063c, 2024-07-24, litgpt 0.4.5); what the planner models is
+# the same across 0.4.x.
+TABLE_SOFTWARE = {"bitsandbytes_version": "0.42.0", "litgpt_version": "0.4.0"}
 
 # (recipe, litgpt model name, method, micro batch, global batch, lora, published peak GB on 1xA10G or "OOM")
 PUBLISHED = [
@@ -106,8 +113,9 @@ IMPLAUSIBLE = {
 
 
 def spec_for(name: str, method: str, micro: int, global_bs: int, lora_cfg: dict, gpu_gib: float | None):
-    """The recipe as ``plan`` reads it: nothing set that a user's recipe would not set."""
+    """The recipe as ``plan`` reads it, run with the table's software: nothing set that its recipe would not set."""
     return TrainingSpec(
+        **TABLE_SOFTWARE,
         model_config=Config.from_name(name),
         method=method,  # type: ignore[arg-type]
         precision="bf16-true",
@@ -132,7 +140,7 @@ def published_rows(only: str | None) -> tuple[list[float], list[float], int, int
     print("## Published figures: litgpt config-hub table, single A10G (24 GB), litgpt's GB = 1e9 bytes")
     print("## measured = max_memory_allocated over the whole process; loop = the training loop's predicted peak")
     print(
-        f"{'recipe':<30} {'measured GB':>11} {'whole GB':>9} {'error':>8} {'loop GB':>8} {'as 0.42':>8} {'s':>5}"
+        f"{'recipe':<30} {'measured GB':>11} {'whole GB':>9} {'error':>8} {'loop GB':>8} {'installed':>9} {'s':>5}"
         "  whole-run peak phase"
     )
     for recipe, name, method, micro, gbs, lcfg, measured in PUBLISHED:
@@ -144,17 +152,17 @@ def published_rows(only: str | None) -> tuple[list[float], list[float], int, int
         secs = time.perf_counter() - t0
         whole_gb = plan.whole_run_peak_alloc_gib * GIB / 1e9
         loop_gb = plan.peak_alloc_gib * GIB / 1e9
-        old = ""
+        installed = ""
         if method == "qlora":
-            old_plan = predict(dataclasses.replace(spec, bnb_saves_input=True))
-            old = f"{old_plan.whole_run_peak_alloc_gib * GIB / 1e9:.2f}"
+            now = predict(dataclasses.replace(spec, bitsandbytes_version=None, litgpt_version=None))
+            installed = f"{now.whole_run_peak_alloc_gib * GIB / 1e9:.2f}"
         if measured == "OOM":
             verdicts += 1
             ok = plan.fits is False
             verdicts_ok += ok
             verdict = "will OOM" if plan.fits is False else "fits"
             print(
-                f"{recipe:<30} {'OOM':>11} {whole_gb:>9.2f} {'':>8} {loop_gb:>8.2f} {old:>8} {secs:>5.1f}"
+                f"{recipe:<30} {'OOM':>11} {whole_gb:>9.2f} {'':>8} {loop_gb:>8.2f} {installed:>9} {secs:>5.1f}"
                 f"  verdict on 22 GiB: {verdict} ({'agrees' if ok else 'DISAGREES'})"
             )
             continue
@@ -163,7 +171,7 @@ def published_rows(only: str | None) -> tuple[list[float], list[float], int, int
         if method == "qlora":
             qlora_errors.append(err)
         print(
-            f"{recipe:<30} {measured:>11.2f} {whole_gb:>9.2f} {err:>+8.1%} {loop_gb:>8.2f} {old:>8} {secs:>5.1f}"
+            f"{recipe:<30} {measured:>11.2f} {whole_gb:>9.2f} {err:>+8.1%} {loop_gb:>8.2f} {installed:>9} {secs:>5.1f}"
             f"  {plan.whole_run_peak_phase}"
         )
     for recipe, (name, method, micro, gbs, lcfg, measured, why) in IMPLAUSIBLE.items():
@@ -205,8 +213,8 @@ def record_rows(path: Path, finished: list[dict]) -> dict[str, list[float]]:
 
 def qlora_version_rows(path: Path, finished: list[dict]) -> None:
     """Which bitsandbytes a GPU's QLoRA runs behaved like: each ok QLoRA record's run predicted again with the
-    same settings (``predict.planner_inputs`` of the record's experiment, profile and overrides), as the lab
-    installs bitsandbytes (nothing per token kept for backward) and as 0.42 kept it (each 4-bit layer's input)."""
+    same settings (``predict.planner_inputs`` of the record's experiment, profile and overrides), with the
+    bitsandbytes the record names, and with 0.42 (each 4-bit layer's input kept until the graph dies)."""
     from lab_helpers.experiments import resolve
     from lab_helpers.planner import spec_from_recipe
     from lab_helpers.predict import planner_inputs
@@ -216,7 +224,7 @@ def qlora_version_rows(path: Path, finished: list[dict]) -> None:
         return
     print(f"\n## QLoRA on a GPU: the measured peak against each bitsandbytes behaviour ({path})")
     print(
-        f"{'experiment':<12} {'bitsandbytes':<14} {'measured GiB':>12} {'as installed':>12} {'error':>7}"
+        f"{'experiment':<12} {'bitsandbytes':<14} {'measured GiB':>12} {'as recorded':>12} {'error':>7}"
         f" {'as 0.42':>8} {'error':>7}"
     )
     for rec in rows:
@@ -224,12 +232,13 @@ def qlora_version_rows(path: Path, finished: list[dict]) -> None:
         inputs = planner_inputs(run, None, device="cuda")
         spec = spec_from_recipe(inputs.pop("recipe"), **inputs)
         measured = rec["peak_alloc_gib"]
-        installed = predict(spec).peak_alloc_gib
-        old = predict(dataclasses.replace(spec, bnb_saves_input=True)).peak_alloc_gib
-        version = str((rec.get("environment") or {}).get("bitsandbytes", "?"))
+        version = (rec.get("environment") or {}).get("bitsandbytes")
+        recorded = predict(dataclasses.replace(spec, bitsandbytes_version=version)).peak_alloc_gib
+        old = predict(dataclasses.replace(spec, bitsandbytes_version="0.42.0")).peak_alloc_gib
+        version = str(version or "?")
         print(
-            f"{rec['experiment']:<12} {version:<14} {measured:>12.2f} {installed:>12.2f} "
-            f"{(installed - measured) / measured:>+7.1%} {old:>8.2f} {(old - measured) / measured:>+7.1%}"
+            f"{rec['experiment']:<12} {version:<14} {measured:>12.2f} {recorded:>12.2f} "
+            f"{(recorded - measured) / measured:>+7.1%} {old:>8.2f} {(old - measured) / measured:>+7.1%}"
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -396,8 +397,66 @@ def test_qlora_dequantizes_to_fp16_then_to_the_compute_dtype():
     plan = predict(spec("qlora", config=cfg, mb=1, seq=16, device="cpu"))
     largest = 4096 * 256
     assert plan.breakdown_gib["temporaries"] * 2**30 >= 2 * 2 * largest
-    saved = predict(spec("qlora", config=cfg, mb=1, seq=16, device="cpu", bnb_saves_input=True))
-    assert saved.breakdown_gib["activations"] > plan.breakdown_gib["activations"]  # 0.42's saved inputs: not default
+    saved = predict(spec("qlora", config=cfg, mb=1, seq=16, device="cpu", bitsandbytes_version="0.42.0"))
+    assert saved.breakdown_gib["activations"] > plan.breakdown_gib["activations"]  # 0.42's kept inputs: not default
+
+
+def _kept_input_bytes(cfg, tokens: int, first_qkv: bool) -> int:
+    """bf16 bytes of the distinct inputs of every 4-bit layer of a LLaMA-style LoRA model: each block's qkv, proj,
+    fc_1 = fc_2 (one tensor) and mlp proj inputs, and the head's; block 0's qkv input only when it needs a grad."""
+    per_block = (2 * cfg.n_embd + cfg.head_size * cfg.n_head + cfg.intermediate_size) * tokens * 2
+    return cfg.n_layer * per_block + cfg.n_embd * tokens * 2 - (0 if first_qkv else cfg.n_embd * tokens * 2)
+
+
+def test_bitsandbytes_before_0_43_2_keeps_every_4bit_input_until_the_graph_dies():
+    """bitsandbytes 0.42's MatMul4Bit sets ``ctx.tensors = (A, B)``: autograd frees saved tensors after a node's
+    backward, but not a node's attributes. So every input is still alive at the optimizer step and at the
+    validation that follows (litgpt's ``logits`` keeps the graph), exactly the bytes of those inputs."""
+    from lab_helpers.planner.tracer import trace_training
+
+    cfg = tiny_config()
+    now = trace_training(spec("qlora", config=cfg, mb=2, seq=32, device="cpu"))
+    old = trace_training(spec("qlora", config=cfg, mb=2, seq=32, device="cpu", bitsandbytes_version="0.42.0"))
+    kept = _kept_input_bytes(cfg, tokens=2 * 32, first_qkv=True)  # the trainable StableEmbedding: all need grads
+    extra = {p.name: o.peak_bytes - p.peak_bytes for p, o in zip(now.phases, old.phases, strict=True)}
+    assert extra["w0-step"] == extra["w1-step"] == extra["validation"] == kept
+    assert extra["w1m0-forward"] > kept  # the last step's graph is alive beside the new inputs
+
+
+@pytest.mark.slow
+def test_litgpt_before_0_5_trains_qlora_on_the_frozen_embedding():
+    """litgpt < 0.5.0 had no StableEmbedding: no trainable embedding copy, no old one kept alive, and block 0's
+    first 4-bit layer sees an input that needs no gradient, so bitsandbytes 0.42 did not keep it."""
+    from lab_helpers.planner.tracer import trace_training
+
+    cfg = tiny_config()
+    runs = {
+        (bnb, lit): trace_training(
+            spec("qlora", config=cfg, mb=2, seq=32, device="cpu", bitsandbytes_version=bnb, litgpt_version=lit)
+        )
+        for bnb in (None, "0.42.0")
+        for lit in (None, "0.4.5")
+    }
+    new, old = runs[None, None], runs[None, "0.4.5"]
+    assert new.kept_alive_bytes > 0 and old.kept_alive_bytes == 0
+    assert new.trainable_param_numel - old.trainable_param_numel == cfg.padded_vocab_size * cfg.n_embd + 2 * cfg.n_embd
+    step = {key: next(p.peak_bytes for p in t.phases if p.kind == "step") for key, t in runs.items()}
+    assert step["0.42.0", "0.4.5"] - step[None, "0.4.5"] == _kept_input_bytes(cfg, tokens=64, first_qkv=False)
+
+
+def test_software_versions_are_read_once_and_checked():
+    from lab_helpers.planner.spec import Software
+
+    assert Software.of(None, None) == Software(bnb_keeps_matmul_input=False, qlora_stable_embedding=True)
+    assert Software.of("0.43.1", "0.4.5") == Software(bnb_keeps_matmul_input=True, qlora_stable_embedding=False)
+    assert Software.of("0.43.2", "0.5.0") == Software()
+    for bnb, lit, message in (
+        ("banana", None, "bitsandbytes version 'banana' is not a version number"),
+        ("0.41.3", None, "bitsandbytes 0.41.3 is older than the planner models (0.42.0 or later)"),
+        (None, "0.3.1", "litgpt 0.3.1 is older than the planner models (0.4.0 or later)"),
+    ):
+        with pytest.raises(PlanError, match=re.escape(message)):
+            spec("qlora", bitsandbytes_version=bnb, litgpt_version=lit).validate()
 
 
 @pytest.mark.slow

@@ -55,15 +55,17 @@ def _dequantized(like: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
 
 class _DequantMatmul(torch.autograd.Function):
     """``bnb.matmul_4bit`` memory in training (``MatMul4Bit``): full-size dequantized weights live only during each
-    matmul. bitsandbytes >= 0.44 keeps nothing per token for backward (``ctx.tensors = (None, B)``,
-    autograd/_functions.py:321-324 in 0.49.2; 0.42 kept ``(A, B)``: ``save_input``, not the lab's version)."""
+    matmul. bitsandbytes >= 0.43.2 keeps nothing per token for backward (``ctx.tensors = (None, B)``,
+    autograd/_functions.py:321-324 in 0.49.2). Earlier releases set ``ctx.tensors = (A, B)`` when an input needs a
+    gradient (``keeps_input``): a plain attribute of the node, not ``save_for_backward``, so autograd does not free
+    ``A`` after the node's backward; it dies with the graph. The stand-in keeps it the same way."""
 
     @staticmethod
-    def forward(ctx, x, packed, out_features, in_features, save_input):
+    def forward(ctx, x, packed, out_features, in_features, keeps_input):
         y = F.linear(x, _dequantized(x, (out_features, in_features)))
         ctx.shape = (out_features, in_features)
-        if save_input:
-            ctx.save_for_backward(x)
+        if keeps_input and ctx.needs_input_grad[0]:
+            ctx.kept_input = x  # bitsandbytes 0.42: ctx.tensors = (A, B)
         return y
 
     @staticmethod
@@ -72,10 +74,10 @@ class _DequantMatmul(torch.autograd.Function):
 
 
 class NF4Linear(nn.Module):
-    def __init__(self, linear: nn.Linear, double_quant: bool, save_input: bool = False) -> None:
+    def __init__(self, linear: nn.Linear, double_quant: bool, keeps_input: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.save_input = save_input
+        self.keeps_input = keeps_input
         device = linear.weight.device
         for name, nbytes in nf4_storage_bytes(linear.weight.numel(), double_quant).items():
             self.register_buffer(name, torch.empty(nbytes, dtype=torch.uint8, device=device))
@@ -89,17 +91,17 @@ class NF4Linear(nn.Module):
         return self.packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _DequantMatmul.apply(x, self.packed, self.out_features, self.in_features, self.save_input)
+        y = _DequantMatmul.apply(x, self.packed, self.out_features, self.in_features, self.keeps_input)
         return y if self.bias is None else y + self.bias
 
 
-def quantize_linears(model: nn.Module, double_quant: bool, save_input: bool = False) -> int:
+def quantize_linears(model: nn.Module, double_quant: bool, keeps_input: bool = False) -> int:
     """Replace every plain ``nn.Linear`` (Lightning's bnb plugin converts them all, lm_head included)."""
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
-                setattr(parent, name, NF4Linear(child, double_quant, save_input))
+                setattr(parent, name, NF4Linear(child, double_quant, keeps_input))
                 count += 1
     return count
 

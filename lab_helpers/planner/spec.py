@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from packaging.version import InvalidVersion, Version
 
 from lab_helpers.recipe_defaults import LORA_DEFAULTS, lora_settings  # noqa: F401 -- LORA_DEFAULTS: planner API
 from lab_helpers.record_schema import PLANNED_PRECISIONS as PRECISIONS
@@ -38,6 +39,50 @@ LORA_LAYER_KEYS: tuple[str, ...] = (
 # bitsandbytes' 8-bit AdamW (``bitsandbytes.optim.AdamW8bit`` / ``PagedAdamW8bit``): both moments in 8 bits.
 EIGHT_BIT_OPTIMIZERS: tuple[str, ...] = ("AdamW8bit", "PagedAdamW8bit")
 OPTIMIZERS: tuple[str, ...] = ("AdamW", "Adam", "SGD", "DeepSpeedCPUAdam", *EIGHT_BIT_OPTIMIZERS)
+
+
+BNB_FIRST_DROPPING_MATMUL_INPUT = "0.43.2"
+"""bitsandbytes PR #1270 ("fix QLoRA mem bug: delete useless buffered activation", first in 0.43.2): ``MatMul4Bit``
+sets ``ctx.tensors = (None, B)`` where earlier releases set ``(A, B)``."""
+LITGPT_FIRST_STABLE_EMBEDDING = "0.5.0"
+"""litgpt PR #1770 (first in 0.5.0): ``finetune/lora.py`` swaps a trainable ``bnb.nn.StableEmbedding`` in for the
+token embedding of a quantized model and keeps the old one referenced."""
+OLDEST_MODELLED = {"bitsandbytes": "0.42.0", "litgpt": "0.4.0"}  # the finetune loop and MatMul4Bit as modelled
+
+
+def _release(package: str, version: str) -> Version:
+    try:
+        release = Version(version)
+    except InvalidVersion:
+        raise PlanError(
+            f"{package} version {version!r} is not a version number (e.g. {OLDEST_MODELLED[package]})"
+        ) from None
+    if release < Version(OLDEST_MODELLED[package]):
+        raise PlanError(f"{package} {version} is older than the planner models ({OLDEST_MODELLED[package]} or later)")
+    return release
+
+
+@dataclass(frozen=True)
+class Software:
+    """The differences between releases that change a run's memory, derived once from the version numbers.
+
+    * ``bnb_keeps_matmul_input``: bitsandbytes < 0.43.2 kept each 4-bit layer's input ``A`` as an attribute of
+      the autograd node (``ctx.tensors = (A, B)``), which autograd never frees after that node's backward: every
+      input lives as long as the graph, which litgpt's loop keeps through the next forward (``logits``).
+    * ``qlora_stable_embedding``: litgpt >= 0.5.0 trains QLoRA with a ``bnb.nn.StableEmbedding`` (a trainable
+      copy of the embedding, its gradient and the old embedding kept alive); before, the frozen embedding stayed.
+    """
+
+    bnb_keeps_matmul_input: bool = False
+    qlora_stable_embedding: bool = True
+
+    @classmethod
+    def of(cls, bitsandbytes_version: str | None, litgpt_version: str | None) -> Software:
+        keeps = bitsandbytes_version is not None and _release("bitsandbytes", bitsandbytes_version) < Version(
+            BNB_FIRST_DROPPING_MATMUL_INPUT
+        )
+        stable = litgpt_version is None or _release("litgpt", litgpt_version) >= Version(LITGPT_FIRST_STABLE_EMBEDDING)
+        return cls(bnb_keeps_matmul_input=keeps, qlora_stable_embedding=stable)
 
 
 @dataclass
@@ -66,9 +111,11 @@ class TrainingSpec:
     # --- extras ---
     gradient_accumulation_iters: int = 1
     optimizer_kwargs: dict = field(default_factory=dict)
-    # bitsandbytes < 0.44 kept each 4-bit layer's input alive for backward; the releases the lab installs
-    # (>=0.45.2,<0.50) do not. False is the installed behaviour; True only re-creates figures measured with 0.42.
-    bnb_saves_input: bool = False
+    # The releases the run uses, where they change what it holds (None: what the lab installs, pyproject's pins:
+    # bitsandbytes >=0.45.2,<0.50 and litgpt 0.5.13). Set them only to predict a run made with older software,
+    # e.g. a published table (``Software`` below says what differs).
+    bitsandbytes_version: str | None = None
+    litgpt_version: str | None = None
     # FSDP FULL_SHARD (ZeRO-3) frees each unit's gathered weights after its forward and gathers them again for
     # backward; SHARD_GRAD_OP (ZeRO-2; FSDP2's reshard_after_forward=False) keeps them until backward.
     fsdp_reshard_after_forward: bool = True
@@ -97,8 +144,14 @@ class TrainingSpec:
     generate_example: bool = False
     max_new_tokens: int = 100
 
+    @property
+    def software(self) -> Software:
+        """What the run's bitsandbytes and litgpt releases do that the planner models."""
+        return Software.of(self.bitsandbytes_version, self.litgpt_version)
+
     def validate(self) -> None:
         """Reject impossible combinations with one clear line."""
+        self.software  # noqa: B018 -- a version the planner cannot read or does not model raises here
         if self.device not in ("cuda", "cpu"):
             raise PlanError(f"device must be 'cuda' or 'cpu', got {self.device!r}")
         if self.method not in ("full", "lora", "qlora"):

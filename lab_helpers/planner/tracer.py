@@ -375,9 +375,11 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
         use_cuda_dropout(model)
         # litgpt builds the optimizer before QLoRA's embedding swap, so the new embedding is never zeroed.
         optimizer = _make_optimizer(spec, model)
+        software = spec.software
         if spec.method == "qlora":
             double_quant = str(spec.quantize).endswith("-dq")
-            quantize_linears(model, double_quant, spec.bnb_saves_input)
+            quantize_linears(model, double_quant, software.bnb_keeps_matmul_input)
+        if spec.method == "qlora" and software.qlora_stable_embedding:
             old = model.transformer.wte
             model.transformer.wte = StableEmbedding(old.num_embeddings, old.embedding_dim, pdtype, old.weight.device)
             keep_alive.append(old)  # lora.py keeps `old_embedding` referenced in main()
@@ -450,6 +452,9 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
                     acct.end()
                     acct.begin(f"w{window}m{micro}-backward", "bwd")
                     (loss / accumulation).backward()
+                    # litgpt turns `loss` into a float at every log_interval (1 in its recipes and the lab's): the
+                    # graph lives on through `logits` alone, until the next forward returns
+                    loss = None
                     acct.end()
                 acct.begin(f"w{window}-step", "step")
                 optimizer.step()

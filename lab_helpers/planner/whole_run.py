@@ -19,6 +19,8 @@ What litgpt 0.5.13 does (``litgpt/finetune/{full,lora}.py``, one device):
   ``max_seq_length`` positions per block, plus a ``(T, T)`` bool mask cache), while the optimizer state and the
   last micro-batch's fp32 ``logits`` are still alive; the prompt's prefill computes its logits (fp32 after Fabric's
   ``convert_output``). The single-token decoding steps of a 4-bit model use ``gemv_4bit`` (no dequantized copy).
+  With bitsandbytes < 0.43.2 the last graph's 4-bit inputs are alive too; this phase leaves them out (only runs
+  with that old release hold them, and the traced validation before generation includes them).
 * **final save**: litgpt saves through ``torch.save`` of GPU tensors (copied to the CPU as they are written) and
   merges LoRA weights on the CPU; the lab skips it altogether (``child_litgpt._skip_final_save``). Not a GPU peak.
 """
@@ -90,4 +92,3 @@ def whole_run(spec: TrainingSpec, trace: TraceResult, training_bytes: int, train
         "phase": worst[1],
         "by_phase_gib": {k: round(v[0] / GIB, 4) for k, v in phases.items()},
     }
-
