@@ -56,15 +56,16 @@ def _dequantized(like: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
 class _DequantMatmul(torch.autograd.Function):
     """``bnb.matmul_4bit`` memory in training (``MatMul4Bit``): full-size dequantized weights live only during each
     matmul. bitsandbytes >= 0.43.2 keeps nothing per token for backward (``ctx.tensors = (None, B)``,
-    autograd/_functions.py:321-324 in 0.49.2). Earlier releases set ``ctx.tensors = (A, B)`` when an input needs a
-    gradient (``keeps_input``): a plain attribute of the node, not ``save_for_backward``, so autograd does not free
-    ``A`` after the node's backward; it dies with the graph. The stand-in keeps it the same way."""
+    autograd/_functions.py:321-324 in 0.49.2). Earlier releases set ``ctx.tensors = (A, B)`` (``keeps_input``): a
+    plain attribute of the node, not ``save_for_backward``, so autograd does not free ``A`` after the node's
+    backward; it dies with the graph. The stand-in keeps it the same way. Where no input needs a gradient (block 0's
+    first layer over a frozen embedding) no node is recorded and ``ctx`` dies at once, as in bitsandbytes."""
 
     @staticmethod
     def forward(ctx, x, packed, out_features, in_features, keeps_input):
         y = F.linear(x, _dequantized(x, (out_features, in_features)))
         ctx.shape = (out_features, in_features)
-        if keeps_input and ctx.needs_input_grad[0]:
+        if keeps_input:
             ctx.kept_input = x  # bitsandbytes 0.42: ctx.tensors = (A, B)
         return y
 
