@@ -375,14 +375,16 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
         use_cuda_dropout(model)
         # litgpt builds the optimizer before QLoRA's embedding swap, so the new embedding is never zeroed.
         optimizer = _make_optimizer(spec, model)
-        software = spec.software
         if spec.method == "qlora":
+            software = spec.software
             double_quant = str(spec.quantize).endswith("-dq")
             quantize_linears(model, double_quant, software.bnb_keeps_matmul_input)
-        if spec.method == "qlora" and software.qlora_stable_embedding:
-            old = model.transformer.wte
-            model.transformer.wte = StableEmbedding(old.num_embeddings, old.embedding_dim, pdtype, old.weight.device)
-            keep_alive.append(old)  # lora.py keeps `old_embedding` referenced in main()
+            if software.qlora_stable_embedding:
+                old = model.transformer.wte
+                model.transformer.wte = StableEmbedding(
+                    old.num_embeddings, old.embedding_dim, pdtype, old.weight.device
+                )
+                keep_alive.append(old)  # lora.py keeps `old_embedding` referenced in main()
         if spec.activation_checkpointing:
             _checkpoint_blocks(model)
         model.max_seq_length = T  # fit(): outside any precision context, so the RoPE cache is fp32
