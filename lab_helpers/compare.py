@@ -13,6 +13,7 @@ figure still displays inline in Jupyter.
 from __future__ import annotations
 
 import math
+import statistics
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -42,6 +43,7 @@ TABLE_COLUMNS = (
     "ms_per_sample",
     "tokens_per_s",
     "mfu",
+    "one_off_pct",
     "reason",
 )
 ROUNDING = {
@@ -57,6 +59,7 @@ ROUNDING = {
     "ms_per_sample": 2,
     "tokens_per_s": 1,
     "mfu": 3,
+    "one_off_pct": 0,
 }
 # When ranks of one run disagree, the table shows the worst outcome (an OOM on rank 3 is the run's story).
 STATUS_SEVERITY = {"oom": 0, "error": 1, "timeout": 2, "interrupted": 3, "skipped": 4, "ok": 5}
@@ -83,7 +86,8 @@ def comparison_table(
     Distributed runs have one record per rank: memory is the maximum over ranks (the rank that runs out first
     decides whether it fits), time, throughput and MFU come from rank 0. ``prediction_error_pct`` is
     (measured - predicted) / predicted x 100 on ``peak_alloc_gib`` -- on a CPU on ``peak_tensor_gib``, the live
-    tensor bytes the planner predicts there: positive means the planner under-predicted. Missing values are NaN,
+    tensor bytes the planner predicts there: positive means the planner under-predicted. ``one_off_pct`` is the
+    share of ``train_s`` that one-off iterations took beyond a typical one (``one_offs``). Missing values are NaN,
     never 0.
     """
     latest = latest_runs(df, profile=profile, order=order)
@@ -110,6 +114,7 @@ def comparison_table(
         row["reason"] = worst["reason"] if isinstance(worst["reason"], str) and worst["reason"] else None
         row["samples"] = _samples(first.to_dict())
         row["ms_per_sample"] = _per_sample_ms(row["train_s"], row["samples"])
+        row["one_off_pct"] = _one_off_pct(first.to_dict(), row["train_s"])
         rows.append(row)
     table = pd.DataFrame(rows)
     measured = pd.to_numeric(table["peak_alloc_gib"], errors="coerce").fillna(
@@ -134,6 +139,7 @@ MARKDOWN_COLUMNS = {
     "train_s": "train s",
     "tokens_per_s": "tokens/s",
     "mfu": "MFU",
+    "one_off_pct": "one-off %",
 }
 
 
@@ -149,6 +155,8 @@ def markdown_table(table: pd.DataFrame) -> str:
                 cells.append("")
             elif column == "mfu":
                 cells.append(f"{value:.1%}")
+            elif column == "one_off_pct":
+                cells.append(f"{value:.0f}")
             elif column == "tokens_per_s":
                 cells.append(f"{value:,.0f}")
             elif column == "predicted_peak_alloc_gib":
@@ -170,6 +178,77 @@ def _per_sample_ms(train_s: float | None, samples: float | None) -> float | None
     """Milliseconds of training loop per sample (rank 0): the fair time comparison between runs that see
     different numbers of samples (grad-accum sees 4x small-batch's samples in the same number of steps)."""
     return 1000 * train_s / samples if train_s is not None and samples else None
+
+
+# ------------------------------------------------------------------------------------------------ one-offs
+
+
+ONE_OFF_FACTOR = 3.0
+"""A timed iteration is a one-off when it took over this many times its run's median timed iteration. In the H100
+records of reference_results/h100-80gb.jsonl the steady iterations of a run stay within 1.6x of their median,
+while the first micro-batch of the longest batch took 5.9x (full-7b) and 7.6x (bf16-true)."""
+
+MIN_TIMED_FOR_ONE_OFFS = 4
+"""Fewer timed iterations than this give no median to judge an iteration against: the share stays unknown (NaN)."""
+
+
+def one_off_iterations(record: Mapping[str, Any]) -> list[dict[str, float]] | None:
+    """The timed iterations of one record (one rank) that took over ONE_OFF_FACTOR x the run's median timed one.
+
+    Why: ``train_s`` is the sum of the timed iterations, so one slow iteration (a new kernel shape, the allocator
+    growing, a hiccup of the host) inflates it, and ``ms_per_sample``, ``tokens_per_s`` and ``mfu`` with it, by
+    far more than the run's steady speed differs from another run's. Each one-off comes with ``excess_s``: its
+    time beyond a median iteration. Warm-up iterations (``iter <= warmup_iterations``) are not judged: they are
+    already outside ``train_s``. None when the record has fewer than MIN_TIMED_FOR_ONE_OFFS timed iterations.
+    """
+    warmup = _number(record.get("warmup_iterations")) or 0
+    rows = record.get("per_iteration")
+    rows = rows if isinstance(rows, Sequence) and not isinstance(rows, str) else []
+    timed = [
+        (_number(row.get("iter")), _number(row.get("iter_time_s")))
+        for row in rows
+        if isinstance(row, Mapping) and (_number(row.get("iter")) or 0) > warmup
+    ]
+    timed = [(int(it), seconds) for it, seconds in timed if it is not None and seconds is not None]
+    if len(timed) < MIN_TIMED_FOR_ONE_OFFS:
+        return None
+    median_s = statistics.median(seconds for _, seconds in timed)
+    return [
+        {"iter": it, "iter_time_s": seconds, "median_s": median_s, "excess_s": seconds - median_s}
+        for it, seconds in timed
+        if seconds > ONE_OFF_FACTOR * median_s
+    ]
+
+
+def _one_off_pct(record: Mapping[str, Any], train_s: float | None) -> float | None:
+    """100 x the one-offs' excess seconds / ``train_s``: 0 for a steady run, None when it cannot be told."""
+    found = one_off_iterations(record)
+    if found is None or not train_s:
+        return None
+    return 100 * sum(one["excess_s"] for one in found) / train_s
+
+
+def one_offs(df: pd.DataFrame, *, order: Sequence[str] | None = None, profile: str | None = None) -> pd.DataFrame:
+    """One row per one-off iteration of each experiment's latest run (rank 0, whose time the table shows): its
+    iteration, seconds, the run's median iteration, how many medians it took, and its excess as a share of
+    ``train_s`` -- the raw samples behind the table's ``one_off_pct``."""
+    columns = ("experiment", "iter", "iter_time_s", "median_s", "x_median", "pct_of_train_s")
+    latest = latest_runs(df, profile=profile, order=order)
+    rows = []
+    for record in latest.groupby("experiment", sort=False).head(1).to_dict("records") if len(latest) else []:
+        train_s = _number(record.get("train_s"))
+        for one in one_off_iterations(record) or []:
+            rows.append(
+                {
+                    "experiment": record["experiment"],
+                    "iter": one["iter"],
+                    "iter_time_s": round(one["iter_time_s"], 3),
+                    "median_s": round(one["median_s"], 3),
+                    "x_median": round(one["iter_time_s"] / one["median_s"], 1),
+                    "pct_of_train_s": round(100 * one["excess_s"] / train_s) if train_s else math.nan,
+                }
+            )
+    return pd.DataFrame(rows, columns=list(columns))
 
 
 def _dtype(column: str) -> str:
@@ -264,7 +343,8 @@ def _measured_on(frame: pd.DataFrame) -> list[str]:
 
 
 def reference_label(frame: pd.DataFrame) -> str:
-    """One line saying what the reference rows are: which GPU measured them, or that they only show the code path."""
+    """One line saying what the reference rows are: which GPU measured them, or that they only show the code path,
+    and which experiments' time columns a one-off iteration inflates (``one_offs``)."""
     if frame.empty or "measured_on" not in frame:
         return "no reference results"
     parts = []
@@ -273,6 +353,10 @@ def reference_label(frame: pd.DataFrame) -> str:
         weights = " random weights," if "random_weights" in rows and rows["random_weights"].eq(True).any() else ""
         mode = f" {'/'.join(modes)} mode" if modes else ""
         parts.append(f"{reference}.jsonl: {measured},{weights}{mode}, {len(rows)} records")
+        table = comparison_table(rows)
+        inflated = table.loc[table["one_off_pct"] >= 1, "experiment"].tolist()
+        if inflated:
+            parts[-1] += f" (the time of {', '.join(inflated)} includes a one-off iteration: see one_off_pct)"
     return "; ".join(parts)
 
 
@@ -435,11 +519,16 @@ def plot_time(
     profile: str | None = None,
 ) -> Any:
     """Three panels per experiment: training time (s, inside the loop), time per training sample (the fair
-    comparison: runs see different numbers of samples) and training tokens per second."""
+    comparison: runs see different numbers of samples) and training tokens per second.
+
+    Where one-off iterations inflate a run's time (``one_off_pct``), the part of its time bars they took beyond a
+    median iteration is hatched, and a hatched outline above its throughput bar shows the throughput without it.
+    """
     table = comparison_table(df, order=order, profile=profile)
     if table.empty:
         return _empty_plot(out_dir, "time.png", "Training time and throughput")
     figure, axes = _new_figure(max(8.0, 0.6 * len(table) + 3), 9.6, 3, 1, sharex=True)  # one row per measure
+    share = (pd.to_numeric(table["one_off_pct"], errors="coerce").fillna(0.0) / 100).clip(0.0, 0.99)
     for ax, column, ylabel, title in (
         (axes[0], "train_s", "seconds", "Training time (rank 0, inside the loop)"),
         (axes[1], "ms_per_sample", "ms / sample", "Time per training sample (rank 0)"),
@@ -451,12 +540,33 @@ def plot_time(
             if pd.isna(value):
                 label = STATUS_LABEL.get(status, "no data") if status != "ok" else "no data"
                 ax.text(i, 0, label, ha="center", va="bottom", rotation=90, color="#b00020", fontsize=9)
+        tops = _one_off_spans(ax, values, share, throughput=column == "tokens_per_s")
         ax.set_xticks(range(len(table)), table["experiment"], rotation=30, ha="right")
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=10)
-        top = values.max()
+        top = max(values.max(), tops)
         ax.set_ylim(0, top * 1.2 if pd.notna(top) and top > 0 else 1.0)
+    if (share > 0.005).any():
+        axes[0].legend(fontsize=8, loc="upper left")
     return _save(figure, out_dir, "time.png")
+
+
+def _one_off_spans(ax: Any, values: pd.Series, share: pd.Series, *, throughput: bool) -> float:
+    """Hatch what one-off iterations added to each bar (``share`` of the run's ``train_s``): the top of a time bar,
+    or, above a throughput bar, the throughput the run had without them. Returns the highest point drawn."""
+    top = 0.0
+    label = "one-off iterations' time beyond a median iteration (one_off_pct)"
+    for i, (value, part) in enumerate(zip(values, share, strict=True)):
+        if pd.isna(value) or part <= 0.005:
+            continue
+        if throughput:
+            bottom, height = value, value / (1 - part) - value  # tokens / (train_s - excess)
+        else:
+            bottom, height = value * (1 - part), value * part
+        ax.bar(i, height, bottom=bottom, color="none", edgecolor="#b00020", hatch="//", linewidth=0.8, label=label)
+        label = None  # one legend entry
+        top = max(top, bottom + height)
+    return top
 
 
 def plot_memory_vs_time(
