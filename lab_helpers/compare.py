@@ -13,7 +13,6 @@ figure still displays inline in Jupyter.
 from __future__ import annotations
 
 import math
-import statistics
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,6 +20,9 @@ from typing import Any
 
 import pandas as pd
 
+from lab_helpers.iteration_times import ONE_OFF_FACTOR as ONE_OFF_FACTOR  # the notebook names it
+from lab_helpers.iteration_times import finite_number as _number
+from lab_helpers.iteration_times import one_off_excess_s, one_off_iterations
 from lab_helpers.paths import lab_home, reference_dir, results_dir
 from lab_helpers.record_schema import BREAKDOWN_PARTS
 from lab_helpers.records import empty_runs_frame, latest_runs, load_results
@@ -183,49 +185,10 @@ def _per_sample_ms(train_s: float | None, samples: float | None) -> float | None
 # ------------------------------------------------------------------------------------------------ one-offs
 
 
-ONE_OFF_FACTOR = 3.0
-"""A timed iteration is a one-off when it took over this many times its run's median timed iteration. In the H100
-records of reference_results/h100-80gb.jsonl the steady iterations of a run stay within 1.6x of their median,
-while the first micro-batch of the longest batch took 5.9x (full-7b) and 7.6x (bf16-true)."""
-
-MIN_TIMED_FOR_ONE_OFFS = 4
-"""Fewer timed iterations than this give no median to judge an iteration against: the share stays unknown (NaN)."""
-
-
-def one_off_iterations(record: Mapping[str, Any]) -> list[dict[str, float]] | None:
-    """The timed iterations of one record (one rank) that took over ONE_OFF_FACTOR x the run's median timed one.
-
-    Why: ``train_s`` is the sum of the timed iterations, so one slow iteration (a new kernel shape, the allocator
-    growing, a hiccup of the host) inflates it, and ``ms_per_sample``, ``tokens_per_s`` and ``mfu`` with it, by
-    far more than the run's steady speed differs from another run's. Each one-off comes with ``excess_s``: its
-    time beyond a median iteration. Warm-up iterations (``iter <= warmup_iterations``) are not judged: they are
-    already outside ``train_s``. None when the record has fewer than MIN_TIMED_FOR_ONE_OFFS timed iterations.
-    """
-    warmup = _number(record.get("warmup_iterations")) or 0
-    rows = record.get("per_iteration")
-    rows = rows if isinstance(rows, Sequence) and not isinstance(rows, str) else []
-    timed = [
-        (_number(row.get("iter")), _number(row.get("iter_time_s")))
-        for row in rows
-        if isinstance(row, Mapping) and (_number(row.get("iter")) or 0) > warmup
-    ]
-    timed = [(int(it), seconds) for it, seconds in timed if it is not None and seconds is not None]
-    if len(timed) < MIN_TIMED_FOR_ONE_OFFS:
-        return None
-    median_s = statistics.median(seconds for _, seconds in timed)
-    return [
-        {"iter": it, "iter_time_s": seconds, "median_s": median_s, "excess_s": seconds - median_s}
-        for it, seconds in timed
-        if seconds > ONE_OFF_FACTOR * median_s
-    ]
-
-
 def _one_off_pct(record: Mapping[str, Any], train_s: float | None) -> float | None:
     """100 x the one-offs' excess seconds / ``train_s``: 0 for a steady run, None when it cannot be told."""
-    found = one_off_iterations(record)
-    if found is None or not train_s:
-        return None
-    return 100 * sum(one["excess_s"] for one in found) / train_s
+    excess_s = one_off_excess_s(record)
+    return None if excess_s is None or not train_s else 100 * excess_s / train_s
 
 
 def one_offs(df: pd.DataFrame, *, order: Sequence[str] | None = None, profile: str | None = None) -> pd.DataFrame:
@@ -253,17 +216,6 @@ def one_offs(df: pd.DataFrame, *, order: Sequence[str] | None = None, profile: s
 
 def _dtype(column: str) -> str:
     return "float64" if column in ROUNDING else "object"
-
-
-def _number(value: Any) -> float | None:
-    """A finite float, or None for missing / NaN / non-numeric values (never 0)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

@@ -21,9 +21,11 @@ from lab_helpers.planner.timing import (
     DEFAULT_MFU,
     QLORA_SPEED_RATIO,
     cpu_speed,
+    measured_step,
     mfu_for,
     predict_time,
     predicted_vs_measured,
+    record_point,
     trainable_params,
 )
 from lab_helpers.records import read_records
@@ -207,3 +209,22 @@ def test_a_gpu_fit_above_the_datasheet_peak_falls_back_to_the_median():
 
     efficiency = mfu_from_records(records, "NVIDIA H100 80GB HBM3", "full", "bf16-true")
     assert efficiency.source.startswith("median of 3") and efficiency.mfu == pytest.approx(0.6)
+
+
+def test_a_one_off_iteration_counts_at_its_runs_median_and_the_ideal_time_stays_the_records():
+    """A record's measured step is its steady time: the one-off (5x the median here) counts at the median. The
+    ideal time (the micro-batch at 100 % MFU) is the record's mfu x the time that mfu was derived from, so it
+    does not move. Fixture numbers: per_iteration rows as run_record reads litgpt's CSV."""
+    seconds = [0.5, 0.2, 1.0, 0.2, 0.2, 0.2]  # iteration 1 is warm-up; iteration 3 is the one-off
+    per_iteration = [{"iter": i + 1, "loss": 1.0, "iter_time_s": t, "tokens": 0.0} for i, t in enumerate(seconds)]
+    record = {"status": "ok", "method": "full", "device_name": "NVIDIA H100 80GB HBM3", "mfu": 0.1,
+              "iterations": 5, "warmup_iterations": 1, "train_s": 1.8, "tokens_padded": 5 * 4 * 512,
+              "per_iteration": per_iteration, "config": {"precision": "bf16-true",
+              "train": {"micro_batch_size": 4, "global_batch_size": 8}}}  # fmt: skip
+    measured = measured_step(record)
+    assert measured["micro_batch_s"] == pytest.approx(1.0 / 5)  # 1.8 s less the one-off's 0.8 s beyond 0.2 s
+    assert measured["step_s"] == pytest.approx(2 * 1.0 / 5)
+    assert measured["tokens_per_s_padded"] == pytest.approx(5 * 4 * 512 / 1.0)
+    assert record_point(record) == pytest.approx((0.1 * 1.8 / 5, 1.0 / 5))
+    steady = {**record, "per_iteration": per_iteration[:2] + per_iteration[3:]}  # no one-off: as recorded
+    assert measured_step({**steady, "train_s": 0.8, "iterations": 4})["micro_batch_s"] == pytest.approx(0.2)

@@ -16,9 +16,11 @@ method that measured runs give directly (every GPU record carries ``mfu``). So::
   and method (``mfu_from_records``: MFU and a fixed per-micro-batch overhead by least squares, preferring
   records with the same precision); else ``MFU_TABLE`` (each entry with its source; overhead 0), whose
   figures are today ``DEFAULT_MFU``, a conservative assumption, labelled as one. On a GPU a fit whose MFU comes out
-  above 1 is refused (the points do not follow the line) and the median is used. The first GPU records (reference_results/
-  h100-80gb.jsonl, quick mode with one warm-up step) follow the line badly: one-off costs in their short timed
-  spans (see benchmarks/planner_time_check_h100.out.txt); GPUs without records use the assumption and say so.
+  above 1 is refused (the points do not follow the line) and the median is used. A record's time is its steady
+  one: an iteration over several times its run's median counts at the median (``measured_step``). The first GPU
+  records (reference_results/h100-80gb.jsonl, quick mode with one warm-up step) still follow the line badly: their
+  timed spans are a few iterations each (see benchmarks/planner_time_check_h100.out.txt); GPUs without records use
+  the assumption and say so.
 * **A CPU** has no datasheet peak: its "peak" is this machine's measured fp32 matmul rate (a short torch timing,
   cached), and its MFU comes from the ci records (``reference_results/ci-cpu.jsonl``), so predicted and measured
   time can be compared on every machine (``benchmarks/planner_time_check.py``).
@@ -46,6 +48,7 @@ from typing import Any
 
 from lab_helpers.flops import train_flops_per_step
 from lab_helpers.gpu_peaks import dense_peak_flops, find_gpu
+from lab_helpers.iteration_times import steady_train_s
 
 from .errors import PlanError
 from .spec import TrainingSpec
@@ -343,7 +346,7 @@ def record_point(record: Mapping[str, Any]) -> tuple[float, float] | None:
         value = record.get("mfu")
         if not isinstance(value, (int, float)) or value <= 0:
             return None
-        return value * measured["micro_batch_s"], measured["micro_batch_s"]
+        return value * measured["recorded_micro_batch_s"], measured["micro_batch_s"]  # mfu x its own time: ideal
     flops = _cpu_record_flops(json.dumps(record, sort_keys=True, default=str))
     if flops is None:
         return None
@@ -399,7 +402,12 @@ def default_records() -> list[dict[str, Any]]:
 
 
 def measured_step(record: Mapping[str, Any]) -> dict[str, float] | None:
-    """A finished record's measured micro-batch and optimizer-step time and its mean padded sequence length."""
+    """A finished record's measured micro-batch and optimizer-step time and its mean padded sequence length.
+
+    The time is the steady one (``iteration_times.steady_train_s``): an iteration that took several times the
+    run's median is counted at the median, since a one-off paid once in a short timed span is not what a step
+    costs. ``recorded_micro_batch_s`` is ``train_s``'s own mean, the time the record's ``mfu`` was derived from.
+    """
     config = record.get("config") if isinstance(record.get("config"), Mapping) else {}
     train = config.get("train") or {}
     iterations, train_s, padded = record.get("iterations"), record.get("train_s"), record.get("tokens_padded")
@@ -408,12 +416,14 @@ def measured_step(record: Mapping[str, Any]) -> dict[str, float] | None:
         return None
     devices = int(record.get("world_size") or 1)
     accumulation = max(1, int(train.get("global_batch_size", micro)) // (int(micro) * devices))
-    micro_s = float(train_s) / int(iterations)
+    steady_s = steady_train_s(record) or float(train_s)
+    micro_s = steady_s / int(iterations)
     return {
         "micro_batch_s": micro_s,
+        "recorded_micro_batch_s": float(train_s) / int(iterations),
         "step_s": micro_s * accumulation,
         "seq_len": max(1, round(float(padded) / (int(iterations) * int(micro)))),
-        "tokens_per_s_padded": float(padded) / float(train_s),
+        "tokens_per_s_padded": float(padded) / steady_s,
     }
 
 
