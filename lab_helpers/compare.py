@@ -182,6 +182,14 @@ def _per_sample_ms(train_s: float | None, samples: float | None) -> float | None
     return 1000 * train_s / samples if train_s is not None and samples else None
 
 
+def _dtype(column: str) -> str:
+    return "float64" if column in ROUNDING else "object"
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 # ------------------------------------------------------------------------------------------------ one-offs
 
 
@@ -212,14 +220,6 @@ def one_offs(df: pd.DataFrame, *, order: Sequence[str] | None = None, profile: s
                 }
             )
     return pd.DataFrame(rows, columns=list(columns))
-
-
-def _dtype(column: str) -> str:
-    return "float64" if column in ROUNDING else "object"
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 # ------------------------------------------------------------------------------------------------ reference
