@@ -39,12 +39,17 @@ def die_with_parent() -> int:
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         except (OSError, AttributeError):  # no prctl: the pid check and the polling guard still apply
             pass
+    global _launcher_pid
     expected = os.environ.pop(LAUNCHER_PID_ENV, "")
     parent = os.getppid()
     if expected.isdigit() and int(expected) != parent:
         print(f"lab: the launcher (pid {expected}) is gone before this run started; exiting", file=sys.stderr)
         os._exit(_EXIT_ORPHANED)  # nothing started yet: nothing to report, nothing to clean up
-    _launcher_pid = int(expected) if expected.isdigit() else parent
+    if expected.isdigit():  # a new process told who its launcher is (a forked run is told again by its server)
+        _launcher_pid = int(expected)
+    elif _launcher_pid is None:  # started without the variable: the parent is the launcher
+        _launcher_pid = parent
+    # else a later call: keep the launcher found first, or a launcher that died in between would hand us init
     return _launcher_pid
 
 
