@@ -123,6 +123,22 @@ def read_pyproject(path: Path = PYPROJECT) -> dict:
     return tomllib.loads(path.read_text())
 
 
+def extra_requirements(pyproject: dict, extra: str) -> list[str]:
+    """The requirements of one extra, with the extras it names of this package itself (``lab_helpers[data]``:
+    each pin lives in one extra) replaced by their own requirements, as pip resolves them."""
+    project = pyproject["project"]
+    own = canonicalize_name(project["name"])
+    found: list[str] = []
+    for text in project["optional-dependencies"][extra]:
+        requirement = Requirement(text)
+        if canonicalize_name(requirement.name) != own:
+            found.append(text)
+            continue
+        for inner in sorted(requirement.extras):
+            found += [r for r in extra_requirements(pyproject, inner) if r not in found]
+    return found
+
+
 def lab_extras(pyproject: dict, *, with_groups: Iterable[str] = ()) -> list[str]:
     """The pip extras a node installs from the wheelhouse: ``gpu`` when every optional group is collected,
     else the extras ``gpu`` is made of less the optional groups left out (``data,multi`` without qlora)."""
@@ -133,14 +149,15 @@ def lab_extras(pyproject: dict, *, with_groups: Iterable[str] = ()) -> list[str]
         raise WheelhouseError(f"--with {','.join(sorted(unknown))}: choose from {', '.join(OPTIONAL_GROUPS)}")
     if chosen == set(OPTIONAL_GROUPS):
         return ["gpu"]
-    gpu = {_name(r) for r in optional["gpu"]}
+    expanded = {extra: extra_requirements(pyproject, extra) for extra in optional}
+    gpu = {_name(r) for r in expanded["gpu"]}
     parts = [
         extra
-        for extra, reqs in optional.items()
+        for extra, reqs in expanded.items()
         if extra not in ("gpu", *OPTIONAL_GROUPS) and reqs and {_name(r) for r in reqs} <= gpu
     ]
-    left_out = {_name(r) for group in set(OPTIONAL_GROUPS) - chosen for r in optional[group]}
-    covered = {_name(r) for extra in parts for r in optional[extra]} | left_out
+    left_out = {_name(r) for group in set(OPTIONAL_GROUPS) - chosen for r in expanded[group]}
+    covered = {_name(r) for extra in parts for r in expanded[extra]} | left_out
     if covered != gpu:
         raise WheelhouseError(f"pyproject: the gpu extra's {sorted(gpu - covered)} are in no smaller extra")
     return sorted(parts)
@@ -152,7 +169,7 @@ def lab_requirements(pyproject: dict, extras: Sequence[str]) -> list[str]:
     project = pyproject["project"]
     requirements = list(project["dependencies"])
     for extra in extras:
-        requirements += project["optional-dependencies"][extra]
+        requirements += extra_requirements(pyproject, extra)
     requirements += pyproject["build-system"]["requires"]
     unique: dict[str, str] = {}
     for text in requirements:

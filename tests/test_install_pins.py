@@ -88,7 +88,22 @@ def test_our_extras_stay_inside_litgpts_ranges(extra: str) -> None:
 
 def test_gpu_extra_is_data_multi_and_qlora() -> None:
     """The wheelhouse installs [data,multi] without bitsandbytes and [gpu] with it: the same requirements."""
-    assert sorted(EXTRAS["gpu"]) == sorted(EXTRAS["data"] + EXTRAS["multi"] + EXTRAS["qlora"])
+    from lab_helpers.wheelhouse import extra_requirements
+
+    assert EXTRAS["gpu"] == ["lab_helpers[data,multi,qlora]"]
+    assert sorted(extra_requirements(PYPROJECT, "gpu")) == sorted(EXTRAS["data"] + EXTRAS["multi"] + EXTRAS["qlora"])
+
+
+def test_each_requirement_is_pinned_in_one_extra() -> None:
+    """An extra that needs another's packages names that extra (``lab_helpers[multi]``) instead of repeating it."""
+    seen: dict[str, str] = {}
+    for extra, texts in EXTRAS.items():
+        for text in texts:
+            name = canonicalize_name(Requirement(text).name)
+            if name == canonicalize_name(PYPROJECT["project"]["name"]):
+                continue
+            assert name not in seen, f"{name} is in both [{seen[name]}] and [{extra}]: name the extra instead"
+            seen[name] = extra
 
 
 def dockerfile_args() -> dict[str, str]:
