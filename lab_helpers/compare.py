@@ -6,8 +6,9 @@ plots a GPU node would give. Missing values stay NaN (an OOM'd run has no traini
 and runs that did not finish are drawn as their status text, not as an empty bar.
 
 Plots use ``matplotlib.figure.Figure`` directly rather than pyplot: no GUI backend is needed (PNG files are
-written with Agg on a machine with no display), no global figure state leaks between calls, and a returned
-figure still displays inline in Jupyter.
+written with Agg on a machine with no display) and no global figure state leaks between calls. Such a figure is
+not pyplot's, so Jupyter shows it as ``<Figure size ...>`` unless something registered a PNG formatter; the
+figures are therefore ``LabFigure``s (lab_helpers.figure_display), which render as a PNG on their own.
 """
 
 from __future__ import annotations
@@ -325,9 +326,9 @@ def _new_figure(
     width: float, height: float, rows: int = 1, cols: int = 1, *, layout: str | None = "constrained", **kwargs: Any
 ):
     """A figure without pyplot; ``layout=None`` for figures that set their own margins (see ``plot_timeline``)."""
-    from matplotlib.figure import Figure  # no pyplot: no backend, no global state (see the module docstring)
+    from lab_helpers.figure_display import LabFigure
 
-    figure = Figure(figsize=(width, height), layout=layout)
+    figure = LabFigure(figsize=(width, height), layout=layout)
     axes = figure.subplots(rows, cols, **kwargs)
     return figure, axes
 
