@@ -19,14 +19,13 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from lab_helpers.gpu_peaks import dense_peak_flops
+from lab_helpers.recipe_defaults import lora_defaults
 
 if TYPE_CHECKING:
     import litgpt
 
 METHODS = ("full", "lora", "qlora")
 LORA_LAYERS = ("query", "key", "value", "projection", "mlp", "head")
-DEFAULT_LORA: dict[str, Any] = {"r": 32, "alpha": 16, **dict.fromkeys(LORA_LAYERS, True)}
-"""LAB.md: LoRA r32 on all linear layers (litgpt's CLI default alpha)."""
 
 
 def train_flops_per_step(
@@ -42,8 +41,8 @@ def train_flops_per_step(
     ``config`` is a ``litgpt.Config`` (or a litgpt model name). ``method`` is "full", "lora" or "qlora";
     QLoRA counts as LoRA: the 4-bit weights are dequantised and then multiplied like LoRA's frozen weights,
     and dequantising is not model arithmetic. ``lora`` gives r, alpha and which layers get adapters
-    (query/key/value/projection/mlp/head booleans; "lora_"-prefixed keys work too); it defaults to the lab's
-    r32 on all linear layers. Counted are the matmuls (as ``torch.utils.flop_counter`` does), not the
+    (query/key/value/projection/mlp/head booleans; "lora_"-prefixed keys work too); a setting left out is
+    litgpt's default (``recipe_defaults.lora_defaults``), as in a run whose recipe leaves it out. Counted are the matmuls (as ``torch.utils.flop_counter`` does), not the
     element-wise work, and no activation recomputation: these are model FLOPs, the numerator of MFU.
     """
     if method not in METHODS:
@@ -102,7 +101,8 @@ def _lora_key(lora: dict[str, Any] | None) -> tuple[tuple[str, Any], ...]:
     unknown = set(given) - {"r", "alpha", "dropout", *LORA_LAYERS}
     if unknown:
         raise ValueError(f"unknown LoRA settings {sorted(unknown)}; use r, alpha and {', '.join(LORA_LAYERS)}")
-    merged = {**DEFAULT_LORA, **{k: v for k, v in given.items() if k != "dropout"}}
+    defaults = {key.removeprefix("lora_"): value for key, value in lora_defaults().items() if key != "lora_dropout"}
+    merged = {**defaults, **{k: v for k, v in given.items() if k != "dropout"}}
     if int(merged["r"]) < 1:
         raise ValueError(f"LoRA r must be >= 1; got {merged['r']!r}")
     if not any(merged[layer] for layer in LORA_LAYERS):

@@ -7,22 +7,37 @@ Bottom layer: imports nothing from the lab.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
-LORA_DEFAULTS: Mapping[str, Any] = {
-    "lora_r": 8,
-    "lora_alpha": 16,
-    "lora_dropout": 0.05,
-    "lora_query": True,
-    "lora_key": False,
-    "lora_value": True,
-    "lora_projection": False,
-    "lora_mlp": False,
-    "lora_head": False,
-}
-"""``litgpt finetune_lora``'s own defaults (its ``setup`` signature): what trains when a recipe leaves a LoRA key
-out. The lab's recipes set every key (LAB.md: r32 on all linear layers)."""
+LORA_KEYS: tuple[str, ...] = (
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_query",
+    "lora_key",
+    "lora_value",
+    "lora_projection",
+    "lora_mlp",
+    "lora_head",
+)
+"""The LoRA settings of ``litgpt finetune_lora`` that change what trains."""
+
+
+@functools.cache
+def lora_defaults() -> Mapping[str, Any]:
+    """``litgpt finetune_lora``'s own defaults, read from its ``setup`` signature (r=8 on query and value in
+    0.5.13): what trains when a recipe leaves a LoRA key out. Read, not restated, so a litgpt upgrade that
+    changes them cannot leave the planner and the FLOP count on the old ones. The lab's recipes set every key
+    (LAB.md: r32 on all linear layers)."""
+    from litgpt.finetune import lora  # imported on first use: this module is read by every process
+
+    parameters = inspect.signature(lora.setup).parameters
+    return MappingProxyType({key: parameters[key].default for key in LORA_KEYS})
+
 
 LAUNCH_OPTION_DEFAULTS: Mapping[str, Any] = {
     "wrap": "block",  # FSDP unit: each transformer Block ("none": the whole model)
@@ -56,7 +71,7 @@ def lora_settings(recipe: Mapping[str, Any]) -> dict[str, Any]:
     no LoRA key (full fine-tuning)."""
     if not any(str(key).startswith("lora_") for key in recipe):
         return {}
-    return {key: recipe.get(key, default) for key, default in LORA_DEFAULTS.items()}
+    return {key: recipe.get(key, default) for key, default in lora_defaults().items()}
 
 
 def resolve_fsdp_impl(requested: str, *, on_cuda: bool) -> str:

@@ -54,28 +54,12 @@ def test_full_step_is_6_params_tokens_plus_attention():
 def test_lora_skips_weight_gradients():
     config = _tiny_llama(n_embd=512, n_head=8, n_query_groups=8, intermediate_size=1376, n_layer=2)
     full = flops.train_flops_per_step(config, method="full", micro_batch_size=2, seq_len=64)
-    lora = flops.train_flops_per_step(
-        config,
-        method="lora",
-        lora={
-            "r": 8,
-            "alpha": 16,
-            "query": True,
-            "key": True,
-            "value": True,
-            "projection": True,
-            "mlp": True,
-            "head": True,
-        },
-        micro_batch_size=2,
-        seq_len=64,
-    )
+    every_layer = {"r": 8, "alpha": 16, **dict.fromkeys(flops.LORA_LAYERS, True)}
+    lora = flops.train_flops_per_step(config, method="lora", lora=every_layer, micro_batch_size=2, seq_len=64)
     assert lora < full
     assert 0.6 < lora / full < 0.75  # about 2/3: no weight gradients for frozen weights
     # QLoRA does the same model arithmetic as LoRA (the 4-bit weights are dequantised, then multiplied)
-    qlora = flops.train_flops_per_step(
-        config, method="qlora", lora={"r": 8, "alpha": 16}, micro_batch_size=2, seq_len=64
-    )
+    qlora = flops.train_flops_per_step(config, method="qlora", lora=every_layer, micro_batch_size=2, seq_len=64)
     assert qlora == pytest.approx(lora)
     # fewer adapted layers: less LoRA work, still above the frozen forward + input-gradient floor
     fewer = flops.train_flops_per_step(
@@ -151,3 +135,24 @@ def test_mfu():
             flops.mfu(**{**kwargs, **bad})
     with pytest.raises(TypeError):
         flops.mfu(1e12, 1, 1.0, "NVIDIA L4", "bf16-true")  # keyword-only
+
+
+def test_lora_left_out_counts_litgpts_defaults():
+    """A LoRA setting left out is counted as litgpt trains it (the planner's and the run's defaults), not the
+    lab's r32 on all layers: the LoRA defaults are defined once (recipe_defaults.lora_defaults)."""
+    import inspect
+
+    import litgpt.finetune.lora
+
+    setup = inspect.signature(litgpt.finetune.lora.setup).parameters
+    litgpts = {layer: setup[f"lora_{layer}"].default for layer in flops.LORA_LAYERS}
+    config = _tiny_llama()
+    bare = flops.train_flops_per_step(config, method="lora", micro_batch_size=1, seq_len=32)
+    explicit = flops.train_flops_per_step(
+        config, method="lora", lora={"r": setup["lora_r"].default, **litgpts}, micro_batch_size=1, seq_len=32
+    )
+    every_layer = flops.train_flops_per_step(
+        config, method="lora", lora=dict.fromkeys(flops.LORA_LAYERS, True), micro_batch_size=1, seq_len=32
+    )
+    assert bare == explicit
+    assert bare < every_layer

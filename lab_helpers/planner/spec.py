@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 from packaging.version import InvalidVersion, Version
 
-from lab_helpers.recipe_defaults import LORA_DEFAULTS, lora_settings  # noqa: F401 -- LORA_DEFAULTS: planner API
+from lab_helpers.recipe_defaults import lora_settings
 from lab_helpers.record_schema import PLANNED_PRECISIONS as PRECISIONS
 
 from .errors import PlanError
