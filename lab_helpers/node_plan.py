@@ -12,8 +12,10 @@ A10G, a V100, four H100s, none) and from the planner's predictions for "does it 
   rank would only measure ``one-gpu`` plus overhead, so they are skipped and say why;
 * **GPUs smaller than 80 GB** -- an experiment that does not fit is offered with a smaller micro batch (the
   global batch, and so the optimizer step, unchanged); one whose model states alone exceed the GPU is skipped;
-* **GPUs larger than 80 GB** -- the OOM demonstrations still demonstrate an OOM, with the batch the planner
-  chose (:func:`lab_helpers.lab.oom_demo_overrides`), and the sentence says what fits as defined;
+* **OOM demonstrations** -- run as the course defines them wherever that is predicted not to fit; only on a GPU
+  that holds the course's batch does :func:`lab_helpers.predict.oom_demo_overrides` raise the batch (baseline)
+  or, where a bigger batch would change the lesson (full-13b on a GPU that holds 13B's states), run a precision
+  whose model states alone do not fit; the sentence says which and why;
 * **no native bf16** (V100) -- bf16 experiments run in ``16-mixed``: fp16 autocast with dynamic loss scaling.
 """
 
@@ -24,9 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lab_helpers.node import gpu_memory_gib  # noqa: F401  (the notebooks call node_plan.gpu_memory_gib)
+from lab_helpers.predict import COURSE_GPU_GIB
 
 MULTI_RANK_STRATEGIES = ("ddp", "fsdp")
-LAB_GPU_GIB = 80.0  # the GPU LAB.md's expectations are written for, used where this node has none
+LAB_GPU_GIB = COURSE_GPU_GIB  # the GPU LAB.md's expectations are written for, used where this node has none
 HOST_RAM_HEADROOM = 1.1  # pinned buffers and the processes themselves, above the offloaded optimizer state
 FP16_ROUTE = "16-mixed"
 LOSS_SCALING = (
@@ -109,7 +112,7 @@ def decide(
 ) -> Step:
     """What this node does with ``exp_id`` on ``profile``. ``predict`` (exp_id, overrides) -> a plan with
     ``gpu_used_gib`` and ``oom_overrides`` default to the lab's planner; tests pass recorded plans."""
-    from lab_helpers import lab
+    from lab_helpers import predict as plans
     from lab_helpers.arithmetic import resolved
 
     defined = resolved(exp_id, profile)
@@ -119,8 +122,19 @@ def decide(
         return _decide_ci(exp_id, experiment, node, profile)
     if not gpus:
         return Step(exp_id, profile, False, {}, "skipped", "no GPU: the gpu profile needs one; use LAB_PROFILE=ci")
-    predict = _advice(predict or (lambda e, o: lab.predict_experiment(e, profile=profile, overrides=dict(o))))
-    oom_overrides = oom_overrides or (lambda e: lab.oom_demo_overrides(e, profile=profile))
+    # the planner is asked about this node's GPU (its size as the node reports it), as the run will use it
+    memory = gpu_memory_gib(node)
+    predict = _advice(
+        predict
+        or (
+            lambda e, o: plans.predict_experiment(
+                e, profile=profile, overrides=dict(o), gpu_memory_gib=memory, device="cuda"
+            )
+        )
+    )
+    oom_overrides = oom_overrides or (
+        lambda e: plans.oom_demo_overrides(e, profile=profile, gpu_memory_gib=memory, device="cuda")
+    )
     recipe = defined.recipe
     notes: list[str] = []
 
@@ -278,17 +292,13 @@ def _oom_demo(
     predict: Predict,
     oom_overrides: OomOverrides,
 ) -> Step:
-    """An OOM demonstration must OOM here: the planner's batch; and say whether it would fit as defined."""
+    """An OOM demonstration keeps the course's lesson here (``predict.oom_demo_overrides`` decides: the course's
+    batch where it does not fit, else a raised batch or, for a model-states lesson, a precision that does not
+    fit); the step expects the OOM the planner predicts for what runs."""
     memory = gpu_memory_gib(node)
-    as_defined = predict(exp_id, overrides)
     demo, why = oom_overrides(exp_id)
     chosen = {**demo, **overrides}
-    plan = predict(exp_id, chosen) if demo else as_defined
-    if memory is not None and as_defined.gpu_used_gib <= memory:
-        notes.append(
-            f"on this {memory:.0f} GiB GPU {exp_id} fits as defined (predicted {as_defined.gpu_used_gib:.1f} GiB "
-            "used): LAB.md's OOM assumes an 80 GB GPU"
-        )
+    plan = predict(exp_id, chosen)
     notes.append(why)
     fits = memory is not None and plan.gpu_used_gib <= memory
     return Step(exp_id, profile, True, chosen, "ok" if fits else "oom", _join(notes))

@@ -16,8 +16,9 @@ from lab_helpers.experiments import ResolvedRun, resolve, runnable_recipe
 from lab_helpers.recipe_defaults import resolve_fsdp_impl
 
 OOM_DEMO_MARGIN = 0.2
-"""An OOM demonstration must be predicted this far over the GPU's memory (20 %): the planner can be off by
-up to ~10 %, and a demonstration that fits by accident teaches the opposite of what it should."""
+"""Where the lab raises an OOM demonstration's batch (only where the course's batch would fit), it raises it until
+the prediction is this far over the GPU's memory (20 %): the planner can be off by up to ~10 %, and a
+demonstration that fits by accident teaches the opposite of what it should."""
 
 
 def planner_inputs(run: ResolvedRun, gpu_memory_gib: float | None, *, device: str | None = None) -> dict[str, Any]:
@@ -47,11 +48,11 @@ def planner_inputs(run: ResolvedRun, gpu_memory_gib: float | None, *, device: st
     }
 
 
-def plan_for(run: ResolvedRun, gpu_memory_gib: float | None):
+def plan_for(run: ResolvedRun, gpu_memory_gib: float | None, *, device: str | None = None):
     """The planner's MemoryPlan for ``run`` (memoized by the planner: the notebook's second ask costs nothing)."""
     from lab_helpers.planner import plan_recipe
 
-    inputs = planner_inputs(run, gpu_memory_gib)
+    inputs = planner_inputs(run, gpu_memory_gib, device=device)
     return plan_recipe(inputs.pop("recipe"), **inputs)
 
 
@@ -70,10 +71,12 @@ def predict_experiment(
     profile: str,
     overrides: Mapping[str, Any] | None = None,
     gpu_memory_gib: float | None = None,
+    device: str | None = None,
 ):
-    """The planner's MemoryPlan for an experiment as it would run here (``.summary()`` prints the verdict)."""
+    """The planner's MemoryPlan for an experiment as it would run here (``.summary()`` prints the verdict);
+    ``device`` "cuda" asks about a GPU from a machine without one (a node fixture)."""
     run = resolve(exp_id, profile, overrides, check_files=False)
-    return plan_for(run, gpu_memory_gib if gpu_memory_gib is not None else _gpu_gib())
+    return plan_for(run, gpu_memory_gib if gpu_memory_gib is not None else _gpu_gib(), device=device)
 
 
 def _gpu_gib() -> float | None:
@@ -95,36 +98,102 @@ def prediction_fields(run: ResolvedRun) -> dict[str, Any]:
     }
 
 
-def oom_demo_overrides(
-    exp_id: str, *, profile: str, max_doublings: int = 6, gpu_memory_gib: float | None = None
-) -> tuple[dict[str, Any], str]:
-    """Overrides that make an OOM demonstration OOM on *this* GPU, and a sentence saying what was chosen.
+COURSE_GPU_GIB = 80.0
+"""The GPU LAB.md's expectations are written for (one 80 GB GPU): an OOM demonstration whose model states alone
+exceed it teaches "no batch size helps" (full-13b); any other teaches that activations grow with the batch."""
 
-    LAB.md's OOM experiments assume an 80 GB GPU; on a larger one they would fit and teach nothing. The
-    planner is asked, and the micro (and global) batch doubled until the prediction exceeds the GPU's memory
-    by at least ``OOM_DEMO_MARGIN``. ``run_all`` and the notebook both use it.
+STATES_SUBSTITUTES = ("bf16-mixed",)
+"""Precisions that store more bytes per parameter, tried in order where a GPU holds a states lesson's model
+states as defined: bf16-mixed keeps fp32 weights, gradients and AdamW moments (16 B/param against 8)."""
+
+
+def teaches_model_states(exp_id: str) -> bool:
+    """Whether the course's OOM for ``exp_id`` comes from the model states alone: on the real models (the gpu
+    profile, whatever profile runs), weights + gradients + optimizer states exceed the course's 80 GB GPU."""
+    from lab_helpers.arithmetic import model_states
+
+    return model_states(exp_id, profile="gpu").gib > COURSE_GPU_GIB
+
+
+def oom_demo_overrides(
+    exp_id: str,
+    *,
+    profile: str,
+    max_doublings: int = 6,
+    gpu_memory_gib: float | None = None,
+    device: str | None = None,
+) -> tuple[dict[str, Any], str]:
+    """Overrides for an OOM demonstration on *this* GPU, and a sentence saying what was chosen and why.
+
+    The course's own batch comes first: where the planner predicts it does not fit, it runs as LAB.md defines
+    it (on an 80 GB GPU: baseline at micro batch 32, full-13b at 1), whatever the margin. Only where the
+    course's batch would fit does the lab change it, and then so that the lesson stays the course's:
+
+    * an activations lesson (baseline): the micro batch doubles until the prediction is ``OOM_DEMO_MARGIN``
+      over the GPU -- the margin decides how far, never whether;
+    * a model-states lesson (full-13b on a GPU that holds 13B's 8 B/param, e.g. a 141 GB H200): a bigger batch
+      would make it an activations OOM, so a precision whose model states alone exceed this GPU runs instead
+      (bf16-mixed, 16 B/param), from the arithmetic, which is exact for model states.
+
+    ``device`` is where the run trains (default: "cuda" where torch has it); ``run_all`` and the notebook
+    (through ``node_plan.decide``) both use this function.
     """
     gpu_gib = gpu_memory_gib if gpu_memory_gib is not None else _gpu_gib()
     if gpu_gib is None:
         return {}, "no GPU here: the experiment runs as defined (an OOM needs a GPU)"
-    run = resolve(exp_id, profile, check_files=False)
-    train = dict(run.recipe["train"])
-    overrides: dict[str, Any] = {}
-    needed_gib = gpu_gib * (1 + OOM_DEMO_MARGIN)
-    for _ in range(max_doublings + 1):
-        plan = plan_for(resolve(exp_id, profile, overrides, check_files=False), gpu_gib)
-        if plan.fits is False and plan.gpu_used_gib >= needed_gib:
-            if not overrides:
-                return {}, f"as defined: {plan.summary()}"
-            return (
-                overrides,
-                f"micro batch raised to {overrides['train.micro_batch_size']} so that it will not fit "
-                f"(at least {OOM_DEMO_MARGIN:.0%} over this GPU, beyond the planner's error): {plan.summary()}",
+
+    def ask(overrides: Mapping[str, Any]):
+        return plan_for(resolve(exp_id, profile, overrides, check_files=False), gpu_gib, device=device)
+
+    defined = ask({})
+    if defined.gpu_used_gib > gpu_gib:
+        return {}, f"runs as the course defines it, predicted not to fit this {gpu_gib:.0f} GiB GPU: {defined.summary()}"
+    fits = (
+        f"as defined {exp_id} would fit this {gpu_gib:.0f} GiB GPU (predicted {defined.gpu_used_gib:.1f} GiB used; "
+        "LAB.md's OOM is for an 80 GB GPU)"
+    )
+    if teaches_model_states(exp_id):
+        return _states_substitute(exp_id, profile, gpu_gib, fits)
+    return _raised_batch(exp_id, profile, gpu_gib, max_doublings, ask, fits)
+
+
+def _states_substitute(exp_id: str, profile: str, gpu_gib: float, fits: str) -> tuple[dict[str, Any], str]:
+    """A states lesson on a GPU that holds its states: the precision whose model states alone exceed it."""
+    from lab_helpers.arithmetic import model_states
+
+    defined = model_states(exp_id, profile="gpu")
+    for precision in STATES_SUBSTITUTES:
+        states = model_states(exp_id, profile="gpu", overrides={"precision": precision})
+        if states.trained.total > defined.trained.total and states.gib > gpu_gib:
+            return {"precision": precision}, (
+                f"{fits}; a bigger batch would make it an activations OOM, not the course's lesson, so it runs in "
+                f"{precision} instead: {states.trained.formula()} × {states.counts.trainable / 1e9:.2f}e9 "
+                f"parameters = {states.gib:.0f} GiB of model states alone, more than this GPU holds, so no batch "
+                "size helps"
             )
+    return {}, (
+        f"{fits}; even at 16 B/param its model states fit this GPU, so nothing here shows the course's lesson "
+        "(the model states alone exceed the GPU): it runs as defined and fits; "
+        "the 80 GB reference results show the OOM"
+    )
+
+
+def _raised_batch(exp_id, profile, gpu_gib, max_doublings, ask, fits) -> tuple[dict[str, Any], str]:
+    """An activations lesson on a GPU that holds the course's batch: double the micro batch until it is
+    predicted ``OOM_DEMO_MARGIN`` over the GPU (beyond the planner's error)."""
+    train = dict(resolve(exp_id, profile, check_files=False).recipe["train"])
+    needed_gib = gpu_gib * (1 + OOM_DEMO_MARGIN)
+    for _ in range(max_doublings):
         train["micro_batch_size"] *= 2
         train["global_batch_size"] = max(train["global_batch_size"], train["micro_batch_size"])
         overrides = {
             "train.micro_batch_size": train["micro_batch_size"],
             "train.global_batch_size": train["global_batch_size"],
         }
-    return {}, f"the planner predicts it fits even at micro batch {train['micro_batch_size']}: runs as defined"
+        plan = ask(overrides)
+        if plan.gpu_used_gib >= needed_gib:
+            return overrides, (
+                f"{fits}: micro batch raised to {train['micro_batch_size']} so that it will not fit "
+                f"(at least {OOM_DEMO_MARGIN:.0%} over this GPU, beyond the planner's error): {plan.summary()}"
+            )
+    return {}, f"{fits}; the planner predicts it fits even at micro batch {train['micro_batch_size']}: runs as defined"

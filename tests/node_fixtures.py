@@ -2,7 +2,7 @@
 
 A CPU cannot produce an NVML reading, so these are fixtures: GPU names, memory totals and compute capabilities
 as NVML reports them for these models (nvidia-smi's totals: H100 80GB HBM3 81559 MiB, H200 143771 MiB, A10G
-23028 MiB, L40S 46068 MiB, V100-SXM2-32GB 32510 MiB; capabilities from NVIDIA's CUDA GPU table), host RAM and
+23028 MiB, A100-SXM4-40GB 40960 MiB, L40S 46068 MiB, V100-SXM2-32GB 32510 MiB; capabilities from NVIDIA's CUDA GPU table), host RAM and
 packages as on typical cloud nodes of each kind. Only the keys the lab reads are filled in.
 """
 
@@ -45,6 +45,7 @@ def _node(gpus: list[dict[str, Any]], ram_gib: float, packages: dict[str, Any] |
 NODES: dict[str, dict[str, Any]] = {
     "H100-80GB": _node([_gpu(0, "NVIDIA H100 80GB HBM3", 81559, "9.0", 0)], ram_gib=128.0),
     "H200-141GB": _node([_gpu(0, "NVIDIA H200", 143771, "9.0", 0)], ram_gib=251.0),
+    "A100-40GB": _node([_gpu(0, "NVIDIA A100-SXM4-40GB", 40960, "8.0", 0)], ram_gib=85.0),
     "A10G-24GB": _node([_gpu(0, "NVIDIA A10G", 23028, "8.6", 0)], ram_gib=62.0),
     "L40S-48GB": _node([_gpu(0, "NVIDIA L40S", 46068, "8.9", 0)], ram_gib=124.0),
     "V100-32GB": _node([_gpu(0, "Tesla V100-SXM2-32GB", 32510, "7.0", 0)], ram_gib=60.0),
