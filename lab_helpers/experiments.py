@@ -79,11 +79,19 @@ class ResolvedRun:
     litgpt_command: str  # finetune_full | finetune_lora
     devices: int  # processes (GPUs) per node
     skip_reason: str | None = None
+    # rank 0 of this world played alone on one device with torch's fake process group (lab_helpers.distributed.
+    # simulated): ``devices`` is then the world it plays, and one process runs (``ranks_run``)
+    simulated_world_size: int | None = None
 
     @property
     def world_size(self) -> int:
         """Ranks of the run: devices per node x nodes."""
         return self.devices * self.experiment.num_nodes
+
+    @property
+    def ranks_run(self) -> int:
+        """Processes really started: 1 for a simulated rank, else every rank of the world."""
+        return 1 if self.simulated_world_size else self.world_size
 
     @property
     def gradient_accumulation(self) -> int:
@@ -107,7 +115,11 @@ class ResolvedRun:
 
 
 def gradient_accumulation_steps(recipe: Mapping[str, Any], *, world_size: int) -> int:
-    """Micro-batches per optimizer step on each rank: global batch / (micro batch x ranks), at least 1."""
+    """Micro-batches per optimizer step on each rank: global batch / (micro batch x ranks), at least 1.
+
+    The lab's one place for it (the launcher, the DeepSpeed config and the Lightning script read it here). It is
+    litgpt's ``TrainArgs.gradient_accumulation_iters``, restated because importing litgpt takes the launcher
+    seconds; the planner asks litgpt itself, and tests/test_settings_drift.py checks that the two agree."""
     train = recipe.get("train") or {}
     micro, global_ = int(train["micro_batch_size"]), int(train["global_batch_size"])
     return max(1, global_ // (micro * world_size))
@@ -413,9 +425,13 @@ def resolve(
     overrides: Mapping[str, Any] | None = None,
     *,
     check_files: bool = True,
+    simulate_world: int | None = None,
 ) -> ResolvedRun:
-    """Turn (experiment, profile, overrides) into the exact recipe to run, or raise LabConfigError."""
+    """Turn (experiment, profile, overrides) into the exact recipe to run, or raise LabConfigError.
+
+    ``simulate_world=N``: the run is rank 0 of a world of N, played alone on this machine's one device."""
     experiment = get_experiment(exp_id)
+    check_simulated_world(experiment, simulate_world)
     check_profile(profile)
     recipe_path = recipe_path_for(experiment, profile)
     merged = {**experiment.set, **(experiment.set_by_profile.get(profile) or {}), **(overrides or {})}
@@ -427,13 +443,27 @@ def resolve(
     check_recipe_types(recipe, command, examples=base_recipe)
     recipe = _generated_data_for_random_weights(recipe)
     check_recipe_keys(recipe, command)
-    devices = count_devices(experiment.devices)
+    devices = simulate_world or count_devices(experiment.devices)
     check_batch_and_precision(recipe, devices=devices, num_nodes=experiment.num_nodes)
-    skip_reason = hardware_skip_reason(experiment, recipe)
-    run = ResolvedRun(experiment, profile, recipe_path, recipe, dict(overrides or {}), command, devices, skip_reason)
+    skip_reason = hardware_skip_reason(experiment, recipe, simulated=bool(simulate_world))
+    run = ResolvedRun(
+        experiment, profile, recipe_path, recipe, dict(overrides or {}), command, devices, skip_reason, simulate_world
+    )
     if check_files and run.skip_reason is None:
         check_run_files(run)
     return run
+
+
+def check_simulated_world(experiment: Experiment, world_size: int | None) -> None:
+    """A simulated rank needs a multi-GPU experiment on one node and a world of at least 2 (LabConfigError)."""
+    if world_size is None:
+        return
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
+        raise LabConfigError(f"--simulate-world must be a whole number of ranks >= 2, got {world_size!r}")
+    if not experiment.distributed or experiment.strategy == "single":
+        raise LabConfigError(f"{experiment.id!r} runs on one device: only multi-GPU experiments have ranks to simulate")
+    if experiment.num_nodes > 1:
+        raise LabConfigError(f"{experiment.id!r} spans nodes: simulated ranks play one node's GPUs, not a network")
 
 
 def check_run_files(run: ResolvedRun) -> None:
@@ -485,8 +515,9 @@ def bitsandbytes_use(method: str, recipe: Mapping[str, Any]) -> str | None:
     return None
 
 
-def hardware_skip_reason(experiment: Experiment, recipe: Mapping[str, Any]) -> str | None:
-    """Why this machine cannot run the experiment at all (recorded as `skipped`), or None."""
+def hardware_skip_reason(experiment: Experiment, recipe: Mapping[str, Any], *, simulated: bool = False) -> str | None:
+    """Why this machine cannot run the experiment at all (recorded as `skipped`), or None. A simulated rank needs
+    one device, whatever the world it plays."""
     import torch
 
     has_cuda = torch.cuda.is_available()
@@ -502,7 +533,7 @@ def hardware_skip_reason(experiment: Experiment, recipe: Mapping[str, Any]) -> s
         major, minor = torch.cuda.get_device_capability()
         if (major, minor) < (8, 0):
             return f"needs bf16: compute capability {major}.{minor} < 8.0 (e.g. V100); try precision=16-mixed"
-    if has_cuda and experiment.distributed:
+    if has_cuda and experiment.distributed and not simulated:
         # the lab plays every node on this machine (loopback), so all of them need GPUs here
         wanted = count_devices(experiment.devices) * experiment.num_nodes
         if wanted > torch.cuda.device_count():

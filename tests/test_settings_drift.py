@@ -126,3 +126,24 @@ def test_the_fsdp_implementation_reaches_the_planner_and_is_said_in_its_notes(ci
     from lab_helpers.predict import plan_for
 
     assert any(note.startswith("fsdp2: ") for note in plan_for(run, None).notes)
+
+
+_BATCHES = [  # (ranks, micro, global) that check_batch_and_precision lets through, and some it does not divide
+    (ranks, micro, global_)
+    for ranks in (1, 2, 3, 4, 8)
+    for micro in (1, 2, 3, 4, 8)
+    for global_ in (8, 12, 16, 32, 36)
+    if global_ >= micro * ranks
+]
+
+
+@pytest.mark.parametrize(("ranks", "micro", "global_"), _BATCHES)
+def test_gradient_accumulation_is_litgpts(ranks: int, micro: int, global_: int) -> None:
+    """The launcher's one restatement of gradient accumulation is litgpt's TrainArgs arithmetic."""
+    from litgpt.args import TrainArgs
+
+    from lab_helpers.experiments import gradient_accumulation_steps
+
+    recipe = {"train": {"micro_batch_size": micro, "global_batch_size": global_}}
+    litgpts = TrainArgs(micro_batch_size=micro, global_batch_size=global_).gradient_accumulation_iters(ranks)
+    assert gradient_accumulation_steps(recipe, world_size=ranks) == litgpts

@@ -406,12 +406,13 @@ def spec_from_recipe(
         raise PlanError(f"unknown strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
     if micro < 1 or global_bs < 1:
         raise PlanError("train.micro_batch_size and train.global_batch_size must be >= 1")
-    per_rank = global_bs // (devices * num_nodes)
-    accumulation = per_rank // micro
-    if accumulation < 1:
+    if global_bs < micro * devices * num_nodes:
         raise PlanError(
             f"global_batch_size {global_bs} is smaller than micro_batch_size {micro} x {devices * num_nodes} devices"
         )
+    # litgpt's own arithmetic (the run's, whichever script trains): the lab never restates it
+    batch = TrainArgs(micro_batch_size=micro, global_batch_size=global_bs)
+    accumulation = batch.gradient_accumulation_iters(devices, num_nodes)
 
     lora: dict = {}
     if has_lora:
