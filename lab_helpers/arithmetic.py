@@ -173,7 +173,8 @@ class ModelStates:
 
     @property
     def transient_gib(self) -> float:
-        return self.counts.trainable * self.trained.transient / GIB
+        """Autocast's half-precision copies of every weight a matmul uses: LoRA's frozen base as well."""
+        return self.counts.total * self.trained.transient / GIB
 
     def markdown(self) -> str:
         """The arithmetic as one Markdown paragraph, every figure computed here."""
@@ -198,7 +199,15 @@ class ModelStates:
                 f", plus {self.trained.transient:g} B/param of half-precision weight copies that autocast makes "
                 f"while forward and backward run (+{self.transient_gib:.1f} GiB, transient)"
             )
-        return head + body + " — before a single activation."
+        paged = ""
+        if self.optimizer.startswith("PagedAdamW"):
+            paged = (
+                " The adapters' 32-bit AdamW states are allocated by bitsandbytes itself, as CUDA managed (paged) "
+                "memory, for every state tensor of 100,000 elements or more: outside PyTorch's allocator, so "
+                "`max_memory_allocated` never sees them and the planner leaves them out of its breakdown (its "
+                "notes give their GiB); NVML's used memory counts them while they are on the GPU."
+            )
+        return head + body + " — before a single activation." + paged
 
 
 def resolved(exp_id: str, profile: str, overrides: Mapping[str, Any] | None = None):
@@ -334,9 +343,10 @@ def offload_host_gib(exp_id: str, *, profile: str = "gpu") -> float:
     return model_states(exp_id, profile=profile).counts.trainable * OFFLOAD_HOST_BYTES_PER_PARAM / GIB
 
 
-def show(exp_id: str, *, profile: str = "gpu") -> None:
-    """Display the arithmetic as Markdown in a notebook (plain text elsewhere)."""
-    _display(model_states(exp_id, profile=profile).markdown())
+def show(exp_id: str, *, profile: str = "gpu", overrides: Mapping[str, Any] | None = None) -> None:
+    """Display the arithmetic as Markdown in a notebook (plain text elsewhere). ``overrides`` are the node's
+    (``node_plan.decide``): on a V100 the bf16 experiments run in 16-mixed, whose frozen LoRA base is fp32."""
+    _display(model_states(exp_id, profile=profile, overrides=overrides).markdown())
 
 
 def _display(text: str) -> None:
@@ -359,7 +369,14 @@ def bf16_over_fp32_text(node: Mapping[str, Any] | None = None) -> str:
     from lab_helpers.gpu_peaks import find_gpu
 
     names = [g.get("name") for g in (node or {}).get("gpus") or []][:1]
-    rows = [peak for peak in (find_gpu(n) for n in names) if peak and peak.bf16 and peak.fp32_matmul]
+    here = [peak for peak in (find_gpu(n) for n in names) if peak]
+    if here and not here[0].bf16 and here[0].fp16 and here[0].fp32_matmul:  # a V100: no bf16, the fp16 route
+        p = here[0]
+        return (
+            f"{p.model}: no bf16 (the bf16 experiments run in 16-mixed here): fp16 {p.fp16:g} vs FP32 "
+            f"{p.fp32_matmul:g} dense TFLOP/s (no TF32 before Ampere) = {p.fp16 / p.fp32_matmul:.1f}x"
+        )
+    rows = [peak for peak in here if peak.bf16 and peak.fp32_matmul]
     if not rows:
         rows = [peak for peak in (find_gpu(n) for n in REFERENCE_GPU_NAMES) if peak]
     return "; ".join(

@@ -95,7 +95,7 @@ def reference_hint() -> str:
     have = ", ".join(shipped) if shipped else "none yet"
     return (
         f"reference results: 03_compare with USE_REFERENCE = True (shipped today: {have}; "
-        "GPU reference files are added once recorded on a GPU node)"
+        "REFERENCE_NAME picks one)"
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from node_fixtures import node
 
 from lab_helpers import arithmetic
 from lab_helpers.arithmetic import GIB, model_states, trainable_bytes
@@ -48,6 +49,32 @@ def test_bf16_over_tf32_is_about_2x_from_the_peak_table():
     text = arithmetic.bf16_over_fp32_text({"gpus": [{"name": "NVIDIA A100-SXM4-80GB"}]})
     assert text == "A100: bf16 312 vs TF32 156 dense TFLOP/s = 2.0x"
     assert "H100" in arithmetic.bf16_over_fp32_text(None)  # no GPU here: the reference GPUs
+
+
+def test_a_v100_gets_the_arithmetic_and_peaks_of_the_precision_that_runs_there():
+    """On a V100 node_plan runs LoRA in 16-mixed: the frozen base is fp32 (4 B/param, not bf16's 2), autocast
+    copies it for the matmuls, and the speed ratio is fp16 against plain FP32 (no TF32 before Ampere)."""
+    from lab_helpers import node_plan
+
+    step = node_plan.decide("lora-1b", node("V100-32GB"), profile="gpu", predict=lambda e, o: _fits())
+    route = model_states("lora-1b", overrides=step.overrides)
+    assert step.overrides["precision"] == "16-mixed" and route.frozen_per_param == 4
+    assert route.transient_gib == pytest.approx(route.counts.total * 2 / GIB)  # the frozen base copied too
+    assert "× 4.00 B" in route.markdown() and model_states("lora-1b").frozen_per_param == 2
+    text = arithmetic.bf16_over_fp32_text(node("V100-32GB"))
+    assert text.startswith("V100 SXM2: no bf16") and "16-mixed" in text and "125 vs FP32 15.7" in text
+
+
+def _fits():
+    from types import SimpleNamespace
+
+    return SimpleNamespace(gpu_used_gib=1.0, peak_alloc_gib=1.0)
+
+
+def test_qlora_says_its_paged_optimizer_states_live_outside_pytorchs_allocator():
+    text = model_states("qlora-7b").markdown()
+    assert "CUDA managed (paged)" in text and "`max_memory_allocated` never sees them" in text
+    assert "outside PyTorch's allocator" not in model_states("lora-7b").markdown()
 
 
 @pytest.mark.slow
