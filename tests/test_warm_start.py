@@ -159,6 +159,27 @@ def test_a_server_whose_imported_files_changed_is_replaced(probe_dir: Path):
     assert "probe_dep.py changed since the warm server imported it" in kinds[2][1]
 
 
+def test_a_change_to_any_module_the_server_imported_replaces_it(probe_dir: Path):
+    """Not only the preloaded packages: a module they import from elsewhere (as the server imports the lab's own
+    modules) is stale too once edited."""
+    (probe_dir / "probe_outer.py").write_text("import probe_inner\n")
+    inner = probe_dir / "probe_inner.py"
+    inner.write_text("VERSION = 1\n")
+    starter = WarmStarter(preload=("json", "probe_outer"))
+    try:
+        kinds = []
+        for step in range(3):
+            if step == 2:
+                inner.write_text("VERSION = 2\n")
+                os.utime(inner, ns=(time.time_ns(), time.time_ns() + 10**9))
+            _finish(_start(starter, probe_dir, LAB_PROBE="0"))
+            kinds.append(starter.last_cold_reason)
+    finally:
+        starter.close()
+    assert kinds[1] is None  # the second run was forked
+    assert kinds[2] and "probe_inner.py changed since the warm server imported it" in kinds[2]
+
+
 def test_lab_warm_start_0_and_other_commands_start_cold(probe_dir: Path):
     starter = WarmStarter(preload=("json",))
     try:
