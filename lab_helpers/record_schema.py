@@ -202,3 +202,108 @@ def _positive(value: Any) -> bool:
     return (
         isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
     )
+
+
+SANE_MAGNITUDE = 1e24
+"""The largest size a number with a unit may have (FLOP/s of a GPU are ~1e15, tokens of a run ~1e12): a value
+beyond it, infinite or NaN is not a measurement but a damaged or hand-edited line."""
+
+MAX_RANK = 1_000_000
+_RECORD_PATH_FIELDS = ("timeline_path", "log_path")
+_MAPPING_FIELDS = ("overrides", "config", "environment", "predicted", "gpu_used_peak_gib_per_gpu")
+
+
+def record_unfit(record: Any) -> str | None:
+    """Why a stored line cannot be read as a record, in a few words, or None when it can.
+
+    Readers set such a line aside (the file is append-only: one bad line must not break every table). Unknown
+    fields are allowed (a newer lab may have written them); what is checked is what readers rely on: an
+    ``experiment`` name, a known status, a whole-number rank, finite numbers in a sane range where a field has a
+    unit, text that is valid Unicode, and run files named by relative paths inside the results folder.
+    """
+    if not isinstance(record, Mapping):
+        return "not a JSON object"
+    experiment = record.get("experiment")
+    if not isinstance(experiment, str) or not experiment.strip():
+        return f"experiment is not a name: {_short(experiment)}"
+    if record.get("status") not in STATUSES:
+        return f"status {_short(record.get('status'))} is not one of {', '.join(STATUSES)}"
+    rank = record.get("rank")
+    if rank is not None and (not _whole(rank) or not 0 <= rank <= MAX_RANK):
+        return f"rank is not a whole number in 0..{MAX_RANK}: {_short(rank)}"
+    for key, unit in UNITS.items():
+        value = record.get(key)
+        if value is None or unit not in _NUMERIC_UNITS:
+            continue
+        if isinstance(value, Mapping | list):  # per GPU, per iteration: the numbers in it are checked
+            values = [v for v in (value.values() if isinstance(value, Mapping) else value) if _number(v)]
+        else:
+            values = [value]
+        for v in values:
+            if not _sane_number(v):
+                return f"{key} ({unit}) is not a finite number within +-{SANE_MAGNITUDE:g}: {_short(v)}"
+    for key in ("run_id", "profile", "section", "mode", "started_at", "method", "strategy", "reason"):
+        if record.get(key) is not None and not isinstance(record.get(key), str):
+            return f"{key} is not text: {_short(record.get(key))}"
+    for key in _MAPPING_FIELDS:
+        if record.get(key) is not None and not isinstance(record.get(key), Mapping):
+            return f"{key} is not a mapping: {_short(record.get(key))}"
+    if record.get("per_iteration") is not None and not isinstance(record.get("per_iteration"), list):
+        return "per_iteration is not a list"
+    for key in _RECORD_PATH_FIELDS:
+        if (problem := run_file_problem(record.get(key))) is not None:
+            return f"{key} {problem}"
+    if (bad := _bad_text(record)) is not None:
+        return f"text that is not valid Unicode in {bad}"
+    return None
+
+
+def run_file_problem(value: Any) -> str | None:
+    """Why ``value`` is not a relative path inside the results folder (``runs/<run_id>/timeline.csv``), or None.
+
+    Only the text is judged here; opening the file (``paths.regular_file_inside``) resolves links too.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        return f"is not a path: {_short(value)}"
+    parts = value.split("/")
+    if value.startswith("/") or ".." in parts or "\\" in value or "\0" in value:
+        return f"is not a relative path inside the results folder: {_short(value)}"
+    return None
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _sane_number(value: Any) -> bool:
+    return _number(value) and math.isfinite(value) and abs(value) <= SANE_MAGNITUDE
+
+
+def _bad_text(value: Any, where: str = "the record") -> str | None:
+    """The first field holding a string that cannot be written as UTF-8 (a lone surrogate from a ``\\ud800``)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if (bad := _bad_text(key, where)) or (bad := _bad_text(item, str(key))):
+                return bad
+    elif isinstance(value, list):
+        for item in value:
+            if bad := _bad_text(item, where):
+                return bad
+    return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -9,22 +9,32 @@ any kind in the middle of the write (an interrupt too) cuts the file back to whe
 
 Every record is redacted as it is written (tokens from the environment and Hugging Face token shapes), so no
 error text or reason ever stores a secret, and ``export-reference`` cannot publish one.
+
+The file is opened without following a symbolic link (``O_NOFOLLOW``) and must be a regular file: a link planted
+as ``runs.jsonl`` must not make a run (perhaps as root) append to the file it points at. When the file cannot be
+opened or written at the end of a run, ``store_records`` puts the record in a fallback file and says how to merge
+it back. Readers set aside, with one warning that counts them, every line that is not a record the schema
+accepts (``record_schema.record_unfit``): one hostile line must not break every table.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
 import numbers
 import os
+import stat
+import sys
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from lab_helpers.iteration_times import steady_timing
 from lab_helpers.paths import results_dir
-from lab_helpers.record_schema import STATUSES, conform
+from lab_helpers.record_schema import STATUSES, conform, record_unfit
 from lab_helpers.secrets import redact_mapping
 
 RESULTS_FILENAME = "runs.jsonl"
@@ -74,8 +84,11 @@ def append_record(record: Mapping[str, Any], *, path: Path | str | None = None) 
         raise ValueError(f"status must be one of {', '.join(STATUSES)}; got {record.get('status')!r}")
     line = (json.dumps(_json_safe(redact_mapping(record)), sort_keys=True, allow_nan=False) + "\n").encode()
     target = results_path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = open_results_file(target)
+    except OSError as exc:
+        raise RecordWriteError(exc.errno, f"could not store the record in {target}: {describe_os_error(exc)}") from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # ranks of one run append at the same moment
         size_before = os.fstat(fd).st_size
@@ -94,6 +107,86 @@ def append_record(record: Mapping[str, Any], *, path: Path | str | None = None) 
     return target
 
 
+def open_results_file(target: Path) -> int:
+    """An fd for appending to ``target``: created if missing, never through a symbolic link, never anything but a
+    regular file (a FIFO would block, a directory or a device is no results file). Raises OSError."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(target, flags, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def describe_os_error(exc: OSError) -> str:
+    """An OSError in words a student can act on."""
+    if exc.errno == errno.ELOOP:
+        return "it is a symbolic link, and the lab does not write through one (remove the link)"
+    if exc.errno == errno.EISDIR:
+        return "it is a directory"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied (another user, e.g. a `sudo` run, may own it)"
+    return exc.strerror or str(exc)
+
+
+def store_records(records: Sequence[Mapping[str, Any]], *, path: Path | str | None, run_dir: Path) -> Path:
+    """Append ``records`` to the results file; where that fails, to a fallback file, and say so in one line.
+
+    A run's record must land somewhere: the fallback is ``runs.<run_id>.jsonl`` beside the results file, else
+    ``record.jsonl`` in the run's own folder; the line names it and the command that merges it back. Raises
+    RecordWriteError only when no file at all could take the records.
+    """
+    target = results_path(path)
+    try:
+        for record in records:
+            append_record(record, path=target)
+        return target
+    except RecordWriteError as exc:
+        first_error = exc
+    stored = read_records(target) if target.is_file() and not target.is_symlink() else []
+    stored_ids = {(r.get("run_id"), r.get("rank")) for r in stored}
+    left = [r for r in records if (r.get("run_id"), r.get("rank")) not in stored_ids]  # a rank's may be in
+    run_id = str(records[0].get("run_id") or "run") if records else "run"
+    for fallback in (target.parent / f"runs.{run_id}.jsonl", run_dir / "record.jsonl"):
+        try:
+            for record in left:
+                append_record(record, path=fallback)
+        except (RecordWriteError, ValueError):
+            continue
+        print(
+            f"lab: {first_error.strerror}; the record is in {fallback} instead: merge it back with "
+            f"`python -m lab_helpers merge-records {fallback}`",
+            file=sys.stderr,
+            flush=True,
+        )
+        return fallback
+    raise first_error
+
+
+def merge_records(source: Path | str, *, path: Path | str | None = None) -> int:
+    """Append the records of a fallback file (``store_records``) to the results file, then remove the fallback.
+    Records already there (same ``run_id`` and ``rank``) are not appended twice. Returns how many were added."""
+    source = Path(source)
+    if not source.is_file():
+        from lab_helpers.config_error import LabConfigError
+
+        raise LabConfigError(f"{source}: no such records file")
+    target = results_path(path)
+    have = {(r.get("run_id"), r.get("rank")) for r in read_records(target)}
+    added = 0
+    for record in read_records(source):
+        if (record.get("run_id"), record.get("rank")) in have:
+            continue
+        append_record(record, path=target)
+        added += 1
+    source.unlink()
+    return added
+
+
 def _last_byte(path: Path, size: int) -> bytes:
     with open(path, "rb") as fh:
         fh.seek(size - 1)
@@ -107,29 +200,72 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
+MAX_RESULTS_BYTES = 1 << 30  # a results file holds thousands of runs in a few MB; more is not a results file
+_SHOWN_PROBLEMS = 3
+
+
 def iter_records(path: Path | str | None = None) -> Iterator[dict[str, Any]]:
-    """Yield the stored records in order, skipping (with a warning) any line that is not a whole record."""
+    """Yield the stored records in order, setting aside every line that is not a record the schema accepts
+    (a damaged line, a hand-edited or hostile one) with one warning that counts them and names the first few."""
     target = results_path(path)
-    if not target.exists():
+    data = _read_results_file(target)
+    if data is None:
         return
-    with open(target, "rb") as fh:
-        lines = fh.read().split(b"\n")
+    lines = data.split(b"\n")
+    set_aside: list[str] = []
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
+        where = "trailing line" if number >= len(lines) - 1 else f"line {number}"
         try:
             record = json.loads(raw)
-            if not isinstance(record, dict):
-                raise ValueError("not an object")
-        except ValueError:
-            where = "trailing line" if number >= len(lines) - 1 else f"line {number}"
-            warnings.warn(f"{target}: skipping damaged {where} (an interrupted write)", stacklevel=2)
+        except (ValueError, RecursionError):  # bad JSON or bad UTF-8 (UnicodeDecodeError is a ValueError)
+            set_aside.append(f"damaged {where} (an interrupted write)")
+            continue
+        if (problem := record_unfit(record)) is not None:
+            set_aside.append(f"{where}: {problem}")
             continue
         yield record
+    if set_aside:
+        shown = "; ".join(set_aside[:_SHOWN_PROBLEMS]) + ("; ..." if len(set_aside) > _SHOWN_PROBLEMS else "")
+        count = f"{len(set_aside)} line" + ("s" if len(set_aside) > 1 else "")
+        warnings.warn(f"{target}: set aside {count} that {'is' if len(set_aside) == 1 else 'are'} not a record "
+                      f"({shown}); the rest is read", stacklevel=2)  # fmt: skip
+
+
+def _read_results_file(target: Path) -> bytes | None:
+    """The file's bytes, or None (with a warning) when it is not a regular file one may read: a symbolic link,
+    a directory, a FIFO (whose read would block), a device, or a file too large to be a results file."""
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        warnings.warn(f"{target}: not read: {describe_os_error(exc)}", stacklevel=3)
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            warnings.warn(f"{target}: not read: not a regular file", stacklevel=3)
+            return None
+        if info.st_size > MAX_RESULTS_BYTES:
+            warnings.warn(f"{target}: not read: {info.st_size / 2**30:.1f} GiB is not a results file", stacklevel=3)
+            return None
+        return fh.read()
 
 
 def read_records(path: Path | str | None = None) -> list[dict[str, Any]]:
     return list(iter_records(path))
+
+
+def conformed(record: dict[str, Any]) -> dict[str, Any]:
+    """A stored record as every reader sees it: every schema field present, the time figures derived from what it
+    measured (``iteration_times.steady_timing``: the same arithmetic for a record written today and for an old
+    one, whose stored tokens/s and MFU came from ``train_s``); a figure it cannot derive keeps what the record
+    stored. Measured values are never changed."""
+    out = conform(record)
+    out.update({key: value for key, value in steady_timing(out).items() if value is not None})
+    return out
 
 
 def load_results(path: Path | str | None = None):
@@ -137,7 +273,7 @@ def load_results(path: Path | str | None = None):
     field of ``record_schema`` as a column (None where an older record lacks it)."""
     import pandas as pd  # keeps `python -m lab_helpers run` from paying pandas' import time
 
-    records = [conform(record) for record in read_records(path)]  # older records: every field, MFU derived
+    records = [conformed(record) for record in read_records(path)]
     if not records:
         return pd.DataFrame(columns=["experiment", "profile", "status", "rank"])
     frame = pd.json_normalize(records, max_level=0)

@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
 import pytest
 
-from lab_helpers.records import append_record, load_results, read_records
+from lab_helpers.records import (
+    RecordWriteError,
+    append_record,
+    load_results,
+    merge_records,
+    read_records,
+    store_records,
+)
 
 
 def _record(i: int, **extra) -> dict:
@@ -121,3 +130,94 @@ def test_killed_writer_never_damages_earlier_records(tmp_path):
     assert first["experiment"] == "exp-0"
     records = read_records(path)  # at most a damaged tail, skipped
     assert records[0]["experiment"] == "exp-0" and all(r["experiment"] == "loop" for r in records[1:])
+
+
+# ------------------------------------------------------------------ issue 31: nothing lost, round two
+
+
+def test_a_symlinked_results_file_is_refused_and_its_target_untouched(tmp_path):
+    secret = tmp_path / "other-file"
+    secret.write_text("not yours\n")
+    link = tmp_path / "runs.jsonl"
+    link.symlink_to(secret)
+    with pytest.raises(RecordWriteError, match="symbolic link"):
+        append_record(_record(0), path=link)
+    assert secret.read_text() == "not yours\n"
+    with pytest.warns(UserWarning, match="symbolic link"):
+        assert read_records(link) == []  # readers do not follow it either
+
+
+def test_a_results_file_that_is_a_directory_or_a_fifo_is_one_line_not_a_hang(tmp_path):
+    folder = tmp_path / "runs.jsonl"
+    folder.mkdir()
+    with pytest.raises(RecordWriteError, match="directory"):
+        append_record(_record(0), path=folder)
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(RecordWriteError):  # no reader: an open for writing would block without O_NONBLOCK
+        append_record(_record(0), path=fifo)
+    with pytest.warns(UserWarning, match="not a regular file"):
+        assert read_records(fifo) == []
+
+
+def test_a_record_that_cannot_reach_the_results_file_lands_in_a_fallback_and_merges_back(tmp_path, capsys):
+    path = tmp_path / "runs.jsonl"
+    path.mkdir()  # what a `sudo` run or a slip leaves: runs.jsonl cannot be opened
+    run_dir = tmp_path / "runs" / "r1"
+    stored = store_records([_record(0, run_id="r1", rank=0), _record(0, run_id="r1", rank=1)], path=path, run_dir=run_dir)
+    assert stored == tmp_path / "runs.r1.jsonl"
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and str(stored) in said[0] and "merge-records" in said[0] and "directory" in said[0]
+    assert [r["rank"] for r in read_records(stored)] == [0, 1]
+    path.rmdir()
+    assert merge_records(stored, path=path) == 2 and not stored.exists()
+    assert [r["rank"] for r in read_records(path)] == [0, 1]
+
+
+def test_the_fallback_goes_to_the_run_folder_when_the_results_folder_takes_nothing(tmp_path, capsys):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "runs.jsonl").mkdir()
+    (results / "runs.r2.jsonl").mkdir()  # the first fallback is blocked too
+    run_dir = tmp_path / "run"
+    stored = store_records([_record(0, run_id="r2")], path=results / "runs.jsonl", run_dir=run_dir)
+    assert stored == run_dir / "record.jsonl" and read_records(stored)[0]["run_id"] == "r2"
+    assert str(stored) in capsys.readouterr().err
+
+
+HOSTILE_LINES = [
+    b'{"experiment": "a", "status": "ok", "rank": 1e400}',
+    b'{"experiment": {"x": 1}, "status": "ok"}',
+    b'{"experiment": "b", "status": "ok", "timeline_path": "/etc/passwd"}',
+    b'{"experiment": "c", "status": "ok", "timeline_path": "../../outside.csv"}',
+    b'{"experiment": "d", "status": "ok", "train_s": -1e30}',
+    b'{"experiment": "d2", "status": "ok", "peak_alloc_gib": "12"}',
+    b'{"experiment": "e", "status": "ok", "reason": "\\ud800"}',  # a lone surrogate: cannot be printed or stored
+    b'{"experiment": "f\xff", "status": "ok"}',  # bad UTF-8
+    b'{"experiment": "g", "status": "ok", "config": [1, 2]}',
+    b"[1, 2, 3]",
+]
+
+
+def test_hostile_lines_are_set_aside_with_one_warning_that_counts_them(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    append_record(_record(0), path=path)
+    with open(path, "ab") as fh:
+        fh.write(b"\n".join(HOSTILE_LINES) + b"\n")
+    append_record(_record(1), path=path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert [r["experiment"] for r in read_records(path)] == ["exp-0", "exp-1"]
+        frame = load_results(path)
+    assert list(frame["experiment"]) == ["exp-0", "exp-1"]
+    said = [str(w.message) for w in caught]
+    assert len(said) == 2 and all(f"set aside {len(HOSTILE_LINES)} lines" in s for s in said), said
+
+
+def test_every_shipped_reference_record_passes_the_readers_checks():
+    from lab_helpers.paths import reference_dir
+
+    for path in reference_dir().glob("*.jsonl"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert read_records(path), path
