@@ -24,7 +24,7 @@ import pandas as pd
 from lab_helpers.iteration_times import ONE_OFF_FACTOR as ONE_OFF_FACTOR  # the notebook names it
 from lab_helpers.iteration_times import finite_number as _number
 from lab_helpers.iteration_times import one_off_excess_s, one_off_iterations
-from lab_helpers.paths import lab_home, reference_dir, results_dir
+from lab_helpers.paths import lab_home, reference_dir, regular_file_inside, results_dir
 from lab_helpers.record_schema import BREAKDOWN_PARTS
 from lab_helpers.records import empty_runs_frame, latest_runs, load_results
 
@@ -314,6 +314,15 @@ def reference_label(frame: pd.DataFrame) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ plots
+
+
+def figures_dir(frame: pd.DataFrame | None = None) -> Path:
+    """Where a frame's figures go: ``results/figures`` for your own runs, ``results/figures/reference-<name>/`` for
+    shipped reference results (rows tagged ``reference`` by ``load_reference``), so that looking at the reference
+    never overwrites your own figures or ``comparison.csv``."""
+    base = results_dir() / "figures"
+    names = sorted(set(frame["reference"].dropna())) if frame is not None and "reference" in frame else []
+    return base / f"reference-{'+'.join(names)}" if names else base
 
 
 def _figures_dir(out_dir: Path | str | None) -> Path:
@@ -613,13 +622,12 @@ def _timeline_path(record_or_path: Any) -> tuple[Path | None, str]:
     if not isinstance(raw, (str, Path)) or not str(raw):
         return None, name
     path = Path(raw)
-    candidates = (
-        [path] if path.is_absolute() else [results_dir() / path, reference_dir() / path, lab_home() / path, path]
-    )
-    for candidate in candidates:
-        if candidate.exists():
-            return candidate, name
-    return None, name
+    if isinstance(record_or_path, (str, Path)):  # the caller's own path: read where it says
+        tried = [path] if path.is_absolute() else [results_dir() / path, reference_dir() / path, lab_home() / path, path]
+        return next((c for c in tried if c.exists()), None), name
+    # a record's path is data anyone can edit: only a regular file inside the results or reference folder is read
+    inside = (regular_file_inside(folder, str(raw)) for folder in (results_dir(), reference_dir()))
+    return next((p for p in inside if p is not None), None), name
 
 
 def plot_timeline(record_or_path: Any, *, out_dir: Path | str | None = None) -> Any:
@@ -729,7 +737,9 @@ def save_all(
     order: Sequence[str] | None = None,
     profile: str | None = None,
 ) -> list[Path]:
-    """Write every plot (and a timeline per latest run that recorded one) as PNG; return the files written."""
+    """Write every plot (and a timeline per latest run that recorded one) as PNG; return the files written.
+    ``out_dir`` defaults to ``figures_dir(df)``: reference results get a folder of their own."""
+    out_dir = out_dir if out_dir is not None else figures_dir(df)
     paths: list[Path] = []
     for plot in (plot_memory, plot_time, plot_memory_vs_time):
         paths.append(plot(df, out_dir=out_dir, order=order, profile=profile).lab_path)
