@@ -11,7 +11,10 @@ A10G, a V100, four H100s, none) and from the planner's predictions for "does it 
 * **one GPU** -- section 02 runs what one GPU can show (``one-gpu``, DeepSpeed offload); DDP and FSDP on one
   rank would only measure ``one-gpu`` plus overhead, so they are skipped and say why;
 * **GPUs smaller than 80 GB** -- an experiment that does not fit is offered with a smaller micro batch (the
-  global batch, and so the optimizer step, unchanged); one whose model states alone exceed the GPU is skipped;
+  global batch, and so the optimizer step, unchanged; small-batch, defined without accumulation, shrinks both);
+  where no batch fits, a substitute keeps the lesson (QLoRA for LoRA-13B; act-ckpt, 8-bit AdamW and SGD on the
+  largest model that fits); what has none (full-3b, full-7b) is skipped naming the experiments that train its
+  model here;
 * **OOM demonstrations** -- run as the course defines them wherever that is predicted not to fit; only on a GPU
   that holds the course's batch does :func:`lab_helpers.predict.oom_demo_overrides` raise the batch (baseline)
   or, where a bigger batch would change the lesson (full-13b on a GPU that holds 13B's states), run a precision
@@ -93,10 +96,7 @@ def reference_hint() -> str:
 
     shipped = sorted(p.stem for p in reference_dir().glob("*.jsonl")) if reference_dir().is_dir() else []
     have = ", ".join(shipped) if shipped else "none yet"
-    return (
-        f"reference results: 03_compare with USE_REFERENCE = True (shipped today: {have}; "
-        "REFERENCE_NAME picks one)"
-    )
+    return f"reference results: 03_compare with USE_REFERENCE = True (shipped today: {have}; REFERENCE_NAME picks one)"
 
 
 # ----------------------------------------------------------------------------------------------- deciding
@@ -304,6 +304,11 @@ def _oom_demo(
     return Step(exp_id, profile, True, chosen, "ok" if fits else "oom", _join(notes))
 
 
+SMALLER_MODEL_SUBSTITUTES = ("act-ckpt", "adamw-8bit", "full-13b-sgd")
+"""Experiments whose lesson is a technique (checkpointing, 8-bit AdamW, SGD), not a model size: where their model
+does not fit, the same technique on the largest model that does keeps the lesson."""
+
+
 def _fit(
     exp_id: str,
     experiment: Any,
@@ -314,47 +319,115 @@ def _fit(
     notes: list[str],
     predict: Predict,
 ) -> Step:
-    """Run as defined where the planner says it fits; else halve the micro batch; else skip."""
-    from lab_helpers.arithmetic import model_states
+    """Run as defined where the planner says it fits; else a smaller micro batch; else a named substitute that
+    keeps the lesson (QLoRA for LoRA, the same technique on a smaller model); else skip, naming what runs."""
+    memory = gpu_memory_gib(node)
+    if memory is None:
+        return Step(exp_id, profile, True, overrides, "ok", _join(notes, "GPU memory unknown: runs as defined"))
+    fitted, why_not = _largest_micro_batch(exp_id, experiment, profile, node, overrides, predict)
+    if fitted is not None:
+        return Step(exp_id, profile, True, fitted, "ok", _join(notes, why_not))
+    substitute = _substitute(exp_id, experiment, recipe, profile, node, overrides, predict)
+    if substitute is not None:
+        trial, what, fit_note = substitute
+        return Step(exp_id, profile, True, trial, "ok", _join(notes, f"{why_not}; runs instead {what}: {fit_note}"))
+    return _skip(exp_id, profile, overrides, f"{why_not}; {_named_elsewhere(experiment)}{reference_hint()}")
+
+
+def _largest_micro_batch(
+    exp_id: str,
+    experiment: Any,
+    profile: str,
+    node: Mapping[str, Any],
+    overrides: dict[str, Any],
+    predict: Predict,
+) -> tuple[dict[str, Any] | None, str]:
+    """(overrides, how it fits) at the largest micro batch that fits, halving from the recipe's; (None, why not).
+
+    An experiment defined without accumulation (global batch = micro batch: small-batch) shrinks both, so it still
+    teaches a small batch; one defined with it keeps its global batch and accumulates more micro-batches.
+    """
+    from lab_helpers.arithmetic import model_states, resolved
 
     memory = gpu_memory_gib(node)
     where = f"this {gpu_words(node)}"
-    if memory is None:
-        return Step(exp_id, profile, True, overrides, "ok", _join(notes, "GPU memory unknown: runs as defined"))
-    if experiment.strategy in ("single", "ddp") and "checkpoint_dir" not in overrides:
+    if experiment.strategy in ("single", "ddp"):
         states = model_states(exp_id, profile=profile, overrides=overrides)
         if states.gib > memory:
-            return _skip(
-                exp_id,
-                profile,
-                overrides,
-                f"its model states alone are {states.gib:.1f} GiB, more than {where} holds; {reference_hint()}",
-            )
-    train = recipe.get("train") or {}
+            return None, f"its model states alone are {states.gib:.1f} GiB, more than {where} holds"
+    train = dict(resolved(exp_id, profile, overrides).recipe.get("train") or {})
     micro = first = int(train.get("micro_batch_size") or 1)
+    no_accumulation = int(train.get("global_batch_size") or first) == first
     while True:
-        trial = {**overrides, **({"train.micro_batch_size": micro} if micro != first else {})}
+        shrink = {"train.micro_batch_size": micro} if micro != first else {}
+        if shrink and no_accumulation:
+            shrink["train.global_batch_size"] = micro
+        trial = {**overrides, **shrink}
         plan = predict(exp_id, trial)
         if plan.gpu_used_gib <= memory:
             break
         if micro == 1:
-            return _skip(
-                exp_id,
-                profile,
-                overrides,
-                f"does not fit {where} even at micro batch 1 (predicted {plan.gpu_used_gib:.1f} GiB used); "
-                f"{reference_hint()}",
-            )
+            return None, f"does not fit {where} even at micro batch 1 (predicted {plan.gpu_used_gib:.1f} GiB used)"
         micro //= 2
+    used = f"predicted {plan.gpu_used_gib:.1f} GiB used"
     if micro == first:
-        notes.append(f"fits {where} as defined: predicted {plan.gpu_used_gib:.1f} GiB used")
-    else:
-        notes.append(
-            f"micro batch {first} -> {micro} so that it fits {where} (predicted {plan.gpu_used_gib:.1f} GiB used); "
-            f"the global batch stays {train.get('global_batch_size')}, so the optimizer step is unchanged and "
-            "gradient accumulation takes more micro-batches"
+        return trial, f"fits {where} as defined: {used}"
+    if no_accumulation:
+        return trial, (
+            f"micro and global batch {first} -> {micro} so that it fits {where} ({used}), without accumulation, "
+            "as the course defines it"
         )
-    return Step(exp_id, profile, True, trial, "ok", _join(notes))
+    return trial, (
+        f"micro batch {first} -> {micro} so that it fits {where} ({used}); the global batch stays "
+        f"{train.get('global_batch_size')}, so the optimizer step is unchanged and gradient accumulation takes "
+        "more micro-batches"
+    )
+
+
+def _substitute(
+    exp_id: str,
+    experiment: Any,
+    recipe: Mapping[str, Any],
+    profile: str,
+    node: Mapping[str, Any],
+    overrides: dict[str, Any],
+    predict: Predict,
+) -> tuple[dict[str, Any], str, str] | None:
+    """A run that keeps the experiment's lesson on this node: (overrides, what it is, how it fits), or None."""
+    candidates: list[tuple[dict[str, Any], str]] = []
+    has_bnb = bool((node.get("packages") or {}).get("bitsandbytes"))
+    if experiment.method == "lora" and not recipe.get("quantize") and has_bnb and "precision" not in overrides:
+        qlora = f"QLoRA-{experiment.model.upper()} (the same LoRA with the frozen weights in 4-bit NF4)"
+        candidates.append(({**overrides, "quantize": "bnb.nf4"}, qlora))
+    if exp_id in SMALLER_MODEL_SUBSTITUTES:
+        for model in reversed(_smaller_models(profile, experiment.model)):
+            smaller = {**overrides, "checkpoint_dir": _smaller_model_checkpoint(profile, model)}
+            candidates.append((smaller, f"{exp_id} on the {model.upper()} model, the largest that fits"))
+    for trial, what in candidates:
+        fitted, how = _largest_micro_batch(exp_id, experiment, profile, node, trial, predict)
+        if fitted is not None:
+            return fitted, what, how
+    return None
+
+
+def _smaller_models(profile: str, model: str) -> list[str]:
+    """The profile's models smaller than ``model``, smallest first (profiles list them so)."""
+    from lab_helpers.experiments import check_profile
+
+    models = list(check_profile(profile)["models"])
+    return models[: models.index(model)]
+
+
+def _named_elsewhere(experiment: Any) -> str:
+    """For a skipped experiment: which experiments of its section train the same model here (their cells say
+    how), so the sentence names what ran instead."""
+    from lab_helpers.experiments import load_experiments
+
+    section = load_experiments(experiment.section).items()
+    others = [e for e, x in section if x.model == experiment.model and x.method != experiment.method]
+    if not others:
+        return ""
+    return f"the {experiment.model.upper()} model is trained here by {' and '.join(others)} (its substitutes); "
 
 
 def _skip(exp_id: str, profile: str, overrides: Mapping[str, Any], why: str) -> Step:
