@@ -56,6 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="progress bar and result only, no training output")
     run.add_argument("--quick", action="store_true", help="only until the peak memory and a steady step time are measured")
     run.add_argument(
+        "--simulate-world",
+        type=int,
+        metavar="N",
+        default=None,
+        help="multi-GPU experiments: run rank 0 of N ranks alone on this one device (torch's fake process group): "
+        "its memory measured, its time without communication",
+    )
+    run.add_argument(
         "--time-limit",
         metavar="SECONDS",
         default=None,
@@ -123,6 +131,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         echo=not args.quiet,
         quick=True if args.quick else None,
         time_limit_s=limit_s,
+        simulate_world=args.simulate_world,
     )
     return 0 if all(r["status"] in ("ok", "skipped", "oom") for r in records) else 1
 

@@ -84,8 +84,13 @@ def run_experiment(
     summary: bool = True,
     quick: bool | None = None,
     time_limit_s: float | None = None,
+    simulate_world: int | None = None,
 ) -> list[dict[str, Any]]:
     """Run one experiment and append its record(s); returns them (one per rank for distributed runs).
+
+    ``simulate_world=N`` runs a multi-GPU experiment as rank 0 of a world of N alone on this machine's one device
+    (torch's fake process group: ``lab_helpers.distributed.simulated``): one record, ``simulated_world_size: N``,
+    its memory measured, its time without communication.
 
     ``echo`` shows the training output live; ``summary`` prints one result line per record. ``quick`` (default:
     ``$LAB_QUICK``) runs only until the true peak memory and a steady step time are measured (quick_mode).
@@ -105,12 +110,14 @@ def run_experiment(
     if isinstance(overrides, list):
         overrides = parse_set_args(overrides)
     _check_profile_hardware(profile, node)
-    run = resolve(exp_id, profile, overrides, check_files=False)  # files after the host gate, below
+    run = resolve(exp_id, profile, overrides, check_files=False, simulate_world=simulate_world)  # files: below
     launcher = launcher_for(run)
     quick = (quick_from_env() if quick is None else quick) and launcher.supports_quick
     if quick:
         quick_set = quick_overrides(run.recipe["train"], run.world_size)
-        run = resolve(exp_id, profile, {**(overrides or {}), **quick_set}, check_files=False)
+        run = resolve(
+            exp_id, profile, {**(overrides or {}), **quick_set}, check_files=False, simulate_world=simulate_world
+        )
     base = base_record(run, node)
     base["mode"] = "quick" if quick else "full"
     if run.skip_reason:
@@ -209,11 +216,12 @@ def record_skipped(
     profile: str | None = None,
     overrides: Mapping[str, Any] | None = None,
     results_path: Path | None = None,
+    simulate_world: int | None = None,
 ) -> list[dict[str, Any]]:
     """Record that the lab chose not to run ``exp_id`` on this node, and why (lab_helpers.node_plan decides:
     too few GPUs, model states larger than the GPU). A skip is a result like any other: tables show its reason.
     """
-    run = resolve(exp_id, profile or default_profile(), overrides, check_files=False)
+    run = resolve(exp_id, profile or default_profile(), overrides, check_files=False, simulate_world=simulate_world)
     return _skip({**base_record(run), "mode": "full"}, reason, results_path, summary=True)
 
 

@@ -117,6 +117,9 @@ RECORD_FIELDS: tuple[Field, ...] = _reported(
     ("environment", None, "GPU names, driver, CUDA, package versions"),
     ("random_weights", None, "the checkpoint has random weights (time and memory valid, loss not)"),
     ("time_limit_s", "s", "the wall-clock limit the run had (None: none)"),
+    ("simulated_world_size", "processes",
+     "rank 0 of a run of this many ranks, measured alone on one device with torch's fake process group "
+     "(world_size 1 really run): memory real, time without communication (None: a real run)"),
     # prediction
     ("predicted_peak_alloc_gib", "GiB", "the planner's predicted peak allocated memory per GPU"),
     ("predicted_peak_alloc_whole_run_gib", "GiB", "the same over the whole process (load, generation included)"),

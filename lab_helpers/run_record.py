@@ -43,7 +43,8 @@ def base_record(run: ResolvedRun, node: Mapping[str, Any] | None = None) -> dict
         "profile": run.profile,
         "started_at": stamp.isoformat(timespec="seconds"),
         "rank": None,
-        "world_size": run.world_size,
+        "world_size": run.ranks_run,  # processes really run: 1 for a simulated rank
+        "simulated_world_size": run.simulated_world_size,
         "method": run.experiment.method,
         "strategy": run.experiment.strategy,
         "recipe_path": str(
@@ -242,6 +243,9 @@ def one_line(record: Mapping[str, Any]) -> str:
         return "n/a" if value is None else f"{value:.3g}{unit}"
 
     rank = "" if record.get("rank") is None else f" rank {record['rank']}"
+    simulated = record.get("simulated_world_size")
+    if simulated:
+        rank += f" of {simulated} (simulated: memory real, time without communication)"
     parts = [
         f"{record['experiment']}{rank}: {record['status']}",
         (

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Create (or reuse) the lab's virtual environment at .venv and install the lab into it, pinned by
 # scripts/constraints.txt. Sourced by run-lab.sh and test.sh; safe to run twice.
-#   EXTRAS            pip extras to install. Default: what the profile needs: gpu (datasets, deepspeed,
-#                     bitsandbytes) with LAB_PROFILE=gpu or, without LAB_PROFILE, where nvidia-smi lists a GPU;
-#                     the wheelhouse's own with LAB_WHEELHOUSE; else dev (the tests' set)
+#   EXTRAS            pip extras to install. Default: what the profile needs: gpu,notebooks (datasets, deepspeed,
+#                     bitsandbytes; JupyterLab) with LAB_PROFILE=gpu or, without LAB_PROFILE, where nvidia-smi lists
+#                     a GPU; the wheelhouse's own with LAB_WHEELHOUSE; else dev (the tests' set, JupyterLab included)
 #   LAB_VENV          where the venv lives (default: .venv)
 #   LAB_BASE_PYTHON   the interpreter the venv is made from (default: the first of python3, python3.13,
 #                     python3.12, python3.11 that is >= 3.11)
@@ -94,9 +94,9 @@ system_torch="${LAB_SYSTEM_TORCH:-$([[ -n $wheelhouse ]] && echo 1 || echo 0)}"
 lab_default_extras() {
     if [[ -n $wheelhouse ]]; then cat "$wheelhouse/lab-extras.txt"; return; fi
     case "${LAB_PROFILE:-}" in
-        gpu) echo gpu ;;
+        gpu) echo gpu,notebooks ;;
         ci) echo dev ;;
-        *) if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then echo gpu; else echo dev; fi ;;
+        *) if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then echo gpu,notebooks; else echo dev; fi ;;
     esac
 }
 extras="${EXTRAS:-$(lab_default_extras)}"

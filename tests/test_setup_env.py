@@ -123,7 +123,7 @@ def test_gpu_node_gets_the_gpu_extras_and_a_cpu_machine_dev(node) -> None:
     # nvidia-smi -L lists a GPU (a recorded line from an H100 node): datasets, deepspeed and bitsandbytes.
     node.add("nvidia-smi", "#!/usr/bin/env bash\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-5a1b)'\n")
     gpu = node()
-    assert pip_installs(gpu.calls)[-1].endswith(f"-e {REPO}[gpu]")
+    assert pip_installs(gpu.calls)[-1].endswith(f"-e {REPO}[gpu,notebooks]")  # JupyterLab too: start-notebooks.sh
     assert node(LAB_PROFILE="ci").returncode == 0
     assert pip_installs(node.tmp.joinpath("calls.log").read_text().splitlines())[-1].endswith("[dev]")
 
