@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Iterable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 from lab_helpers.record_schema import GIB
@@ -54,7 +54,25 @@ class LiveTensorPeak(TorchDispatchMode):
             self._track(tensor)
         self.peak_bytes = self.current_bytes
 
+    def __enter__(self):
+        _watch_storage_resizes()
+        _RESIZE_WATCHERS.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        if self in _RESIZE_WATCHERS:
+            _RESIZE_WATCHERS.remove(self)
+        return super().__exit__(*exc)
+
     def _track(self, tensor: torch.Tensor) -> None:
+        if is_traceable_wrapper_subclass(tensor):
+            # a DTensor (FSDP2's shards) reports its global size but holds only its local tensor: count that
+            attrs, _ = tensor.__tensor_flatten__()
+            for attr in attrs:
+                inner = getattr(tensor, attr)
+                if isinstance(inner, torch.Tensor):
+                    self._track(inner)
+            return
         if tensor.device.type != "cpu" or tensor.is_meta:
             return
         storage = tensor.untyped_storage()
@@ -65,6 +83,19 @@ class LiveTensorPeak(TorchDispatchMode):
         self._sizes[key] = size
         self._refs[key] = weakref.ref(storage, lambda _ref, key=key: self._free(key))
         self.current_bytes += size
+        if self.current_bytes > self.peak_bytes:
+            self.peak_bytes = self.current_bytes
+            if self.current_bytes > self.whole_run_peak_bytes:
+                self.whole_run_peak_bytes = self.current_bytes
+
+    def _resized(self, storage: torch.UntypedStorage) -> None:
+        """A storage changed size in place (FSDP2 frees and re-allocates gathered weights with ``resize_``)."""
+        key = id(storage)
+        if key not in self._sizes:
+            return
+        size = rounded(storage.nbytes())
+        self.current_bytes += size - self._sizes[key]
+        self._sizes[key] = size
         if self.current_bytes > self.peak_bytes:
             self.peak_bytes = self.current_bytes
             if self.current_bytes > self.whole_run_peak_bytes:
@@ -88,3 +119,25 @@ class LiveTensorPeak(TorchDispatchMode):
     @property
     def whole_run_peak_gib(self) -> float:
         return self.whole_run_peak_bytes / GIB
+
+
+_RESIZE_WATCHERS: list[LiveTensorPeak] = []
+"""The active counters. ``UntypedStorage.resize_`` is not an operator a dispatch mode sees: FSDP2 frees each
+unit's gathered weights by resizing their storage to 0 and gathers into the same storage again, so the counter
+hears of a resize through the wrapper below (installed by the first counter, a no-op while none is active)."""
+
+
+def _watch_storage_resizes() -> None:
+    original = torch.UntypedStorage.resize_
+    if getattr(original, "_lab_watched", False):
+        return
+
+    def resize_(storage, size):
+        out = original(storage, size)
+        for watcher in _RESIZE_WATCHERS:
+            watcher._resized(storage)
+        return out
+
+    resize_._lab_watched = True  # type: ignore[attr-defined]
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+

@@ -53,7 +53,7 @@ def build_command(run: ResolvedRun, run_dir: Path) -> list[str]:
         "--strategy",
         strategy,
         "--devices",
-        str(run.devices),
+        str(1 if run.simulated_world_size else run.devices),
         "--num-nodes",
         str(num_nodes),
         "--accumulate",
@@ -76,6 +76,8 @@ def build_command(run: ResolvedRun, run_dir: Path) -> list[str]:
         ds_path = run_dir / DEEPSPEED_FILENAME
         ds_path.write_text(json.dumps(config, indent=2))
         argv += ["--deepspeed-config", str(ds_path)]
+    if run.simulated_world_size:  # rank 0 of the world, alone, on the fake process group (simulated)
+        argv += ["--simulate-world", str(run.simulated_world_size)]
     if num_nodes > 1:
         argv = [sys.executable, "-m", "lab_helpers.distributed.nodes", "--nodes", str(num_nodes), "--", *argv]
     return argv

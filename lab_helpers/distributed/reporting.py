@@ -20,6 +20,7 @@ import lightning as L
 import torch
 
 from lab_helpers import child_report
+from lab_helpers.tensor_peak import LiveTensorPeak
 
 
 class RankReport:
@@ -43,6 +44,10 @@ class RankReport:
         self._written = False
         self._lock = threading.Lock()
         self.alloc_before_train_gib: float | None = None  # the load phase's peak, kept when training resets it
+        # on a CPU: live tensor bytes over the whole process (train.tensor_peak_on_cpu); the loop's peak starts
+        # at on_train_start, as max_memory_allocated's does on CUDA
+        self.tensors: LiveTensorPeak | None = None
+        self._loop_started = False
 
     def write(self, status: str, error: str | None = None) -> None:
         with self._lock:
@@ -50,6 +55,7 @@ class RankReport:
                 return
             self._written = True
             alloc, reserved = child_report.cuda_peaks_gib()
+            tensors = self.tensors
             child_report.write_report(
                 {
                     **self.fields,
@@ -59,6 +65,8 @@ class RankReport:
                     "peak_alloc_gib": alloc,
                     "peak_reserved_gib": reserved,
                     "peak_alloc_whole_run_gib": child_report.whole_run_peak_gib(self.alloc_before_train_gib, alloc),
+                    "peak_tensor_gib": tensors.peak_gib if tensors is not None and self._loop_started else None,
+                    "peak_tensor_whole_run_gib": None if tensors is None else tensors.whole_run_peak_gib,
                 },
                 rank=self.rank,
             )
@@ -103,6 +111,9 @@ class ReportCallback(L.Callback):
         self.report.fields["device_name"] = child_report.device_name(pl_module.device)
         # peaks over the training loop, not the model load; the load's is kept for the whole-run peak
         self.report.alloc_before_train_gib = child_report.reset_cuda_peaks()
+        if self.report.tensors is not None:  # what exists now is already counted: the peak restarts from it
+            self.report.tensors.seed(local_tensors([*pl_module.parameters(), *pl_module.buffers()]))
+            self.report._loop_started = True
         self._train_t0 = time.perf_counter()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
@@ -167,6 +178,11 @@ class ReportCallback(L.Callback):
             if new:
                 writer.writerow(METRICS_COLUMNS)
             writer.writerow([self._seen, loss, iter_time_s, self._tokens_seen])
+
+
+def local_tensors(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """This rank's own pieces: an FSDP2 parameter is a DTensor whose shard is its local tensor."""
+    return [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
 
 
 METRICS_COLUMNS = ("iter", "loss", "iter_time", "tokens")

@@ -50,11 +50,18 @@ def make_strategy(
     fsdp_impl: str = "auto",
     deepspeed_config: dict[str, Any] | None = None,
     sharding: str = "full",
+    simulated: bool = False,
+    ddp_bucket_view: bool = True,
 ) -> StrategyChoice:
-    """The strategy object for ``name`` on this hardware (imports are local: each pulls in heavy modules)."""
+    """The strategy object for ``name`` on this hardware (imports are local: each pulls in heavy modules).
+
+    ``simulated``: rank 0 of a world played alone on torch's fake process group (``simulated``); the same
+    strategy classes, with the backend named ``fake`` and DDP's all-reduce hook replaced (below).
+    ``ddp_bucket_view=False`` is torch's (and the course's) default: gradients and buckets two copies.
+    """
     if name not in STRATEGIES:
         raise ValueError(f"strategy {name!r} is not one of {', '.join(STRATEGIES)}")
-    backend = "nccl" if on_cuda else "gloo"
+    backend = "fake" if simulated else "nccl" if on_cuda else "gloo"
     where = "CUDA" if on_cuda else "CPU"
     if name == "single":
         return StrategyChoice("auto", f"single device ({where})")
@@ -62,11 +69,24 @@ def make_strategy(
         from lightning.pytorch.strategies import DDPStrategy
 
         # gradients as views into the reducer's buckets: without it DDP keeps a second full copy of them
-        # (12.5 GiB for a 7B model in bf16), which is not what the lesson "DDP saves no memory" is about
-        strategy = DDPStrategy(
-            process_group_backend=backend, timeout=collective_timeout(), gradient_as_bucket_view=True
+        # (12.5 GiB for a 7B model in bf16), which is not what the lesson "DDP saves no memory" is about; the
+        # course's scripts keep torch's default (False): the ddp-course experiment shows what that costs
+        hook, cls = None, DDPStrategy
+        if simulated:
+            # the fake group's all-reduce hands back no tensor, which DDP's reducer rejects; torch's noop hook
+            # returns the bucket itself, as an in-place NCCL all-reduce does (no extra memory either way)
+            from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook as hook
+
+            from lab_helpers.distributed.simulated import SimulatedDDPStrategy as cls
+        strategy = cls(
+            process_group_backend=backend,
+            timeout=collective_timeout(),
+            gradient_as_bucket_view=ddp_bucket_view,
+            ddp_comm_hook=hook,
         )
-        return StrategyChoice(strategy, f"ddp (DDPStrategy, {backend}, {where})")
+        views = "" if ddp_bucket_view else ", gradient_as_bucket_view=False"
+        noop = ", all-reduce hook: noop_hook" if simulated else ""
+        return StrategyChoice(strategy, f"ddp (DDPStrategy{views}, {backend}{noop}, {where})")
     if name == "fsdp":
         if wrap not in WRAP_POLICIES:
             raise ValueError(f"wrap {wrap!r} is not one of {', '.join(WRAP_POLICIES)}")

@@ -12,6 +12,7 @@ status of the exception that stopped it, or ``error`` naming the peer whose deat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -45,7 +46,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--deepspeed-config", type=Path, help="DeepSpeed JSON written by build_command")
     parser.add_argument("--out-dir", type=Path, help="where Lightning may write (default: the recipe's out_dir)")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--simulate-world", type=int, metavar="N", help="run only rank 0 of a world of N on this one device, with "
+        "torch's fake process group (lab_helpers.distributed.simulated): memory real, no communication"
+    )
+    args = parser.parse_args(argv)
+    if args.simulate_world is not None and (args.simulate_world < 2 or args.devices != 1 or args.num_nodes != 1):
+        parser.error("--simulate-world N needs N >= 2 with --devices 1 --num-nodes 1 (one process plays rank 0)")
+    return args
+
+
+def world_size_of(args: argparse.Namespace) -> int:
+    """Ranks of the run the process takes part in: N for a simulated rank, else devices x nodes."""
+    return args.simulate_world or args.devices * args.num_nodes
 
 
 def env_global_rank(devices: int) -> int:
@@ -69,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     from lab_helpers.distributed import peers
     from lab_helpers.distributed.reporting import RankReport
 
-    world_size = args.devices * args.num_nodes
-    report = RankReport(rank=env_global_rank(args.devices), world_size=world_size)
+    # a simulated rank is one process really run: its report says world 1 (the record adds simulated_world_size)
+    report = RankReport(rank=env_global_rank(args.devices), world_size=args.devices * args.num_nodes)
     peers.sigterm_as_interrupt()
     if not launched_by_runner:
         peers.watch_parent(lambda message: report.write("error", message))
@@ -80,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         start_orphan_guard()
     peers.without_lightning_observer()  # rank 0 watches its children itself (WatchChildren below), reporting first
     try:
-        run(args, report, on_cuda=on_cuda)
+        with tensor_peak_on_cpu(on_cuda) as tensors:
+            report.tensors = tensors
+            run(args, report, on_cuda=on_cuda)
     except BaseException as exc:  # noqa: BLE001 -- every outcome is reported, then the exception goes on
         if not isinstance(exc, SystemExit):
             report.write_exception(exc)
@@ -106,7 +121,7 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
 
     recipe: dict[str, Any] = yaml.safe_load(args.recipe.read_text())
     train = recipe.get("train") or {}
-    world_size = args.devices * args.num_nodes
+    world_size = world_size_of(args)
     if args.accumulate is not None:  # derived once by the lab (ResolvedRun.gradient_accumulation)
         accum = args.accumulate
     else:  # started by hand
@@ -130,8 +145,17 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
         fsdp_impl=args.fsdp_impl,
         deepspeed_config=ds_config,
         sharding=args.sharding,
+        simulated=bool(args.simulate_world),
     )
     report.fields["strategy_used"] = choice.label
+    trainer_layout: dict[str, Any] = {"devices": args.devices, "num_nodes": args.num_nodes, "plugins": None}
+    if args.simulate_world:
+        from lab_helpers.distributed.simulated import SimulatedRankEnvironment, init_fake_process_group, strategy_label
+
+        report.fields["strategy_used"] = strategy_label(choice.label, world_size)
+        init_fake_process_group(world_size)
+        # node 0 of N one-device nodes: Lightning's rank arithmetic gives rank 0 of N and starts no other process
+        trainer_layout = {"devices": 1, "num_nodes": world_size, "plugins": [SimulatedRankEnvironment(world_size)]}
 
     L.seed_everything(int(recipe.get("seed") or 1337), verbose=False)
     checkpoint_dir = resolve_path(recipe["checkpoint_dir"])
@@ -211,8 +235,7 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
 
     trainer = L.Trainer(
         accelerator="cuda" if on_cuda else "cpu",
-        devices=args.devices,
-        num_nodes=args.num_nodes,
+        **trainer_layout,
         strategy=choice.strategy,
         precision=str(recipe.get("precision") or "32-true"),
         max_steps=max_steps,
@@ -239,6 +262,22 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
         ],
     )
     trainer.fit(module, datamodule=data)
+
+
+@contextlib.contextmanager
+def tensor_peak_on_cpu(on_cuda: bool):
+    """On a CPU, count live tensor bytes over the whole process (``tensor_peak``: the CPU counterpart of
+    max_memory_allocated; the report callback restarts the peak when the loop starts). None on CUDA, or where
+    ``$LAB_TENSOR_PEAK`` is 0."""
+    from lab_helpers.child_litgpt import TENSOR_PEAK_ENV
+
+    if on_cuda or os.environ.get(TENSOR_PEAK_ENV) == "0":
+        yield None
+        return
+    from lab_helpers.tensor_peak import LiveTensorPeak
+
+    with LiveTensorPeak() as tensors:
+        yield tensors
 
 
 def _metrics_csv(out_dir: Path, rank: int) -> Path | None:

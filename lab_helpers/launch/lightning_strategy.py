@@ -17,4 +17,4 @@ class LightningStrategyLauncher:
         return build_command(run, run_dir)
 
     def ranks(self, run: ResolvedRun) -> list[int | None]:
-        return list(range(run.world_size))
+        return list(range(run.ranks_run))  # a simulated rank: rank 0 alone
