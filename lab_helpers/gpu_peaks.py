@@ -63,6 +63,14 @@ _TABLE: tuple[tuple[str, Peak | None], ...] = (
     (r"\bA10G\b", None),
     # A10: NVIDIA A10 datasheet: BF16/FP16 125 (250 sparse), TF32 62.5 (125 sparse).
     (r"\bA10\b", Peak("A10", bf16=125.0, fp16=125.0, fp32_matmul=62.5)),
+    # A40: NVIDIA A40 datasheet: BF16 and FP16 tensor 149.7 (299.4 sparse), TF32 74.8 (149.6 sparse) TFLOPS
+    # (the datasheet table reproduced at ecer.com, .../nvidia-a40-gpu-and-vga-outputs.html).
+    (r"\bA40\b", Peak("A40", bf16=149.7, fp16=149.7, fp32_matmul=74.8)),
+    # RTX A6000 (NVML: "NVIDIA RTX A6000"): FP16/BF16 tensor 154.8 dense (309.7 sparse), from NVIDIA's RTX A6000
+    # datasheet as quoted by Microway's Ampere comparison (llmperf.net/categories/gpu/Nvidia-A6000-GPUs cites it);
+    # TF32 at half that, as on every GA102 part (the A40 datasheet: 74.8 against 149.7). Anchored at the end so
+    # the "RTX 6000 Ada Generation" (Ada, another chip) does not match.
+    (r"\bRTX A6000$", Peak("RTX A6000", bf16=154.8, fp16=154.8, fp32_matmul=77.4)),
     # L40S: NVIDIA L40S datasheet: BF16/FP16 362.05 (733 sparse), TF32 183 (366 sparse)
     # (reproduced at mullet.se/product.html?product_id=355414).
     (r"\bL40S\b", Peak("L40S", bf16=362.05, fp16=362.05, fp32_matmul=183.0)),

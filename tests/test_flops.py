@@ -109,6 +109,13 @@ def test_peak_table_resolves_real_device_names():
     assert "H100 SXM" in known_gpus()
 
 
+def test_peak_table_knows_the_48_gb_gpus_students_rent():
+    assert dense_peak_flops("NVIDIA A40", "bf16-true") == pytest.approx(149.7e12)
+    assert dense_peak_flops("NVIDIA RTX A6000", "bf16-true") == pytest.approx(154.8e12)
+    assert dense_peak_flops("NVIDIA RTX A6000", "32-true") == pytest.approx(77.4e12)  # TF32
+    assert find_gpu("NVIDIA RTX 6000 Ada Generation") is None  # another chip: not the A6000's row
+
+
 @pytest.mark.parametrize(
     "name", ["NVIDIA A10G", "NVIDIA GeForce RTX 3090 Ti", "NVIDIA L40", "Tesla T4", "NVIDIA H100", "", None]
 )
