@@ -4,7 +4,8 @@ prepare  --profile ci|gpu [--random-weights]   build (ci) or download/check (gpu
 run      ID --profile P [--set key=value ...]    run one experiment and record it
 run-all  --section single|multi --profile P     every experiment of a section, then the comparison
 results  [--format json|csv]                    every record
-plan     RECIPE.yaml [...]                      predict memory before a run
+plan     RECIPE.yaml [...]                      predict memory before a run (--time: step time)
+bandwidth [--ranks N]                           measure the bus bandwidth between GPUs (gloo on a CPU)
 doctor   [--json]                               what this node can run
 compare  [--out DIR] [--reference NAME] [--markdown]   the comparison table and figure files
 wheelhouse --python 3.12 --dest DIR [--with qlora]  the wheels an offline GPU node needs (beyond its torch)
@@ -97,6 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
         add_plan_arguments(plan)
     except ImportError:  # the planner is optional at import time; the subcommand then says so
         pass
+
+    bandwidth = sub.add_parser(
+        "bandwidth",
+        help="measure all-reduce and all-gather bus bandwidth between this node's GPUs (NCCL), or over gloo on a "
+        "CPU; plan --time uses it here",
+    )
+    bandwidth.add_argument("--ranks", type=int, default=None, help="processes (default: every GPU; 2 on a CPU)")
+    bandwidth.add_argument("--size-mib", type=float, default=None, help="tensor size per collective (256 GPU, 16 CPU)")
 
     doctor = sub.add_parser("doctor", help="what this node has and which lab sections it can run")
     from lab_helpers.doctor import add_arguments as add_doctor_arguments
@@ -212,6 +221,20 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return run_plan(args)
 
 
+def _cmd_bandwidth(args: argparse.Namespace) -> int:
+    from lab_helpers.bandwidth import measure, save
+
+    size = None if args.size_mib is None else int(args.size_mib * 2**20)
+    try:
+        result = measure(world_size=args.ranks, size_bytes=size)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(result.lines()))
+    print(f"recorded in {save(result)}")
+    return 0
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from lab_helpers.doctor import run as run_doctor
 
@@ -232,6 +255,7 @@ COMMANDS = {
     "compare": _cmd_compare,
     "export-reference": _cmd_export_reference,
     "plan": _cmd_plan,
+    "bandwidth": _cmd_bandwidth,
     "doctor": _cmd_doctor,
     "wheelhouse": _cmd_wheelhouse,
 }

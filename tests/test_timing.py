@@ -136,7 +136,11 @@ def test_offload_adds_the_host_optimizer_step(ci_assets):
     real = sum(p.numel() for p in GPT(spec.model_config).parameters())  # the real model, on the CPU
     assert trainable_params(spec) == real
     assert plan.optimizer_host_s == pytest.approx(real / ADAM)
-    assert plan.step_s == pytest.approx(spec.gradient_accumulation_iters * plan.micro_batch_s + real / ADAM)
+    # each of the 2 GPUs sends its half of the fp32 gradients to the host every micro-batch, gets its half back
+    copied = real * 4 / 2 * (spec.gradient_accumulation_iters + 1)
+    assert plan.offload_transfer_s == pytest.approx(copied / (timing.PCIE4_X16_GBS * 1e9))
+    assert plan.offload_s == pytest.approx(real / ADAM + plan.offload_transfer_s)
+    assert plan.step_s == pytest.approx(spec.gradient_accumulation_iters * plan.micro_batch_s + plan.offload_s)
 
 
 def test_cpu_speed_measures_once_then_reads_the_cache(tmp_path, monkeypatch):
@@ -228,3 +232,93 @@ def test_a_one_off_iteration_counts_at_its_runs_median_and_the_ideal_time_stays_
     assert record_point(record) == pytest.approx((0.1 * 1.8 / 5, 1.0 / 5))
     steady = {**record, "per_iteration": per_iteration[:2] + per_iteration[3:]}  # no one-off: as recorded
     assert measured_step({**steady, "train_s": 0.8, "iterations": 4})["micro_batch_s"] == pytest.approx(0.2)
+
+
+# ------------------------------------------------------------------------------------------------ communication
+
+GPU7B = ROOT / "configs" / "gpu" / "open_llama_7b" / "full.yaml"
+A100 = "NVIDIA A100-SXM4-80GB"
+
+
+def _step(strategy: str, devices: int, global_batch: int, **kwargs):
+    """The 7B full recipe (micro batch 8) on A100s at the table's MFU (records=[]: no file is read)."""
+    spec = spec_from_recipe(
+        GPU7B, devices=devices, strategy=strategy, overrides={"train.global_batch_size": global_batch}, **kwargs
+    )
+    return predict_time(spec, gpu_name=A100, records=[], link_gbs=20), spec
+
+
+def test_communication_makes_ddp_longer_than_one_gpu_and_fsdp_longer_still():
+    """The issue's check: per GPU the same batch (micro 8, one micro-batch per step), 20 GB/s between GPUs."""
+    single, _ = _step("single", 1, 8)
+    ddp, spec = _step("ddp", 4, 32)
+    fsdp, _ = _step("fsdp", 4, 32)
+    grad_op, _ = _step("fsdp", 4, 32, fsdp_reshard_after_forward=False)
+    assert ddp.compute_s == pytest.approx(single.compute_s) and single.communication_s == 0
+    assert single.step_s < ddp.step_s < fsdp.step_s
+    assert grad_op.step_s == pytest.approx(ddp.step_s)  # one micro-batch: gather + reduce-scatter = 2Ψ, as DDP
+    psi = timing._parameter_counts(spec)[0] * 2  # bf16 weights
+    assert ddp.communication_s == pytest.approx(2 * psi * 3 / 4 / 20e9)  # one all-reduce: 2Ψ (N-1)/N
+    assert fsdp.communication_s == pytest.approx(3 * psi * 3 / 4 / 20e9)
+    assert ddp.step_s == pytest.approx(ddp.compute_s + ddp.host_overhead_s + ddp.communication_s + ddp.offload_s)
+
+
+def test_accumulation_multiplies_fsdps_communication_not_ddps():
+    ddp1, _ = _step("ddp", 4, 32)
+    ddp4, _ = _step("ddp", 4, 128)
+    fsdp1, _ = _step("fsdp", 4, 32)
+    fsdp4, _ = _step("fsdp", 4, 128)
+    assert ddp4.gradient_accumulation_iters == 4 and ddp4.communication_s == pytest.approx(ddp1.communication_s)
+    assert fsdp4.communication_s == pytest.approx(4 * fsdp1.communication_s)
+    grad_op2, _ = _step("fsdp", 4, 64, fsdp_reshard_after_forward=False)
+    assert grad_op2.communication_s == pytest.approx(2 * ddp1.communication_s)  # 4Ψ at 2 micro-batches
+
+
+def test_no_link_bandwidth_means_no_communication_term_and_a_note():
+    spec = spec_from_recipe(GPU7B, devices=4, strategy="ddp")
+    plan = predict_time(spec, gpu_name=A100, records=[])
+    assert plan.communication_s == 0 and any("--link-gbs" in note for note in plan.notes)
+    with pytest.raises(PlanError, match="link bandwidth"):
+        predict_time(spec, gpu_name=A100, records=[], link_gbs=0)
+
+
+def test_mean_padded_length_is_the_expected_longest_sample_of_a_micro_batch():
+    assert timing.mean_padded_length([1, 5], 1, 512) == 3  # the mean
+    assert timing.mean_padded_length([1, 5], 2, 512) == 4  # 1/4 x 1 + 3/4 x 5: both short only a quarter of the time
+    assert timing.mean_padded_length([1, 5000], 1, 512) == round((1 + 512) / 2)  # cut at max_seq_length
+    with pytest.raises(PlanError, match="sample lengths"):
+        timing.mean_padded_length([], 2, 512)
+
+
+def test_the_recipes_data_gives_the_lengths(ci_assets):
+    """On ci the recipe's data is here: litgpt's own data module tokenizes it; the time follows its lengths."""
+    from lab_helpers.data_lengths import recipe_sample_lengths
+    from lab_helpers.planner.spec import load_recipe
+
+    recipe = load_recipe(CI / "ci-llama-xs" / "full.yaml")
+    recipe["train"]["max_seq_length"] = 256  # the ci recipe cuts its samples (54-147 tokens) at 64
+    lengths, note = recipe_sample_lengths(recipe)
+    assert note == "" and len(lengths) > 10 and 1 < min(lengths) < max(lengths) < 256
+    spec = _spec("ci-llama-xs", "full", overrides={"train.max_seq_length": 256})
+    plan = predict_time(spec, gpu_name=A100, records=[], sample_lengths=lengths)
+    assert plan.seq_len == timing.mean_padded_length(lengths, spec.micro_batch_size, spec.seq_len) < spec.seq_len
+    missing, why = recipe_sample_lengths({**load_recipe(GPU7B), "checkpoint_dir": "checkpoints/none"})
+    assert missing is None and "--sample-lengths" in why
+
+
+def test_sample_lengths_file(tmp_path):
+    from lab_helpers.data_lengths import read_sample_lengths
+
+    (tmp_path / "a.json").write_text("[3, 4, 5]")
+    (tmp_path / "b.txt").write_text("3\n4\n5\n")
+    (tmp_path / "bad.txt").write_text("three\n")
+    assert read_sample_lengths(tmp_path / "a.json") == read_sample_lengths(tmp_path / "b.txt") == [3, 4, 5]
+    with pytest.raises(PlanError, match="one integer a line"):
+        read_sample_lengths(tmp_path / "bad.txt")
+
+
+def test_time_inputs_without_time_are_one_clear_error(capsys):
+    from lab_helpers.planner.cli import main as plan_main
+
+    assert plan_main([str(GPU7B), "--link-gbs", "20"]) == 2
+    assert "--link-gbs is an input of the time prediction: add --time" in capsys.readouterr().err

@@ -12,7 +12,7 @@ import yaml
 from lab_helpers.record_schema import BREAKDOWN_PARTS
 
 from .errors import PlanError, PlannerUnavailable
-from .spec import STRATEGIES, TrainingSpec, spec_from_recipe
+from .spec import STRATEGIES, TrainingSpec, load_recipe, spec_from_recipe
 
 if TYPE_CHECKING:
     from .timing import TimePlan
@@ -59,6 +59,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="GPU to predict step time for (default: this node's; e.g. 'NVIDIA A100-SXM4-80GB')",
     )
 
+    parser.add_argument(
+        "--link-gbs",
+        type=float,
+        default=None,
+        help="--time: bus bandwidth between the GPUs in GB/s (nccl-tests' busbw; NVLink A100 ~200, PCIe ~10-20); "
+        "default: what `python -m lab_helpers bandwidth` measured on this node",
+    )
+    parser.add_argument(
+        "--sample-lengths",
+        default=None,
+        metavar="FILE",
+        help="--time: the data's sample lengths in tokens (a JSON list, or one number a line); default: the "
+        "recipe's data, tokenized as litgpt does, where it is on this machine",
+    )
 
 def _parse_overrides(items: list[str]) -> dict[str, object]:
     overrides: dict[str, object] = {}
@@ -96,8 +110,9 @@ def run(args: argparse.Namespace) -> int:
             getattr(args, "margin", None) is not None or getattr(args, "max_micro_batch", None) is not None
         ):
             raise PlanError("--margin and --max-micro-batch belong to --fit")
-        if getattr(args, "gpu_name", None) and not getattr(args, "time", False):
-            raise PlanError("--gpu-name says which GPU to predict time for: add --time")
+        for flag in ("gpu_name", "link_gbs", "sample_lengths"):
+            if getattr(args, flag, None) is not None and not getattr(args, "time", False):
+                raise PlanError(f"--{flag.replace('_', '-')} is an input of the time prediction: add --time")
         strategy = args.strategy
         if args.offload_optimizer and strategy is None:
             strategy = "deepspeed-zero3"
@@ -118,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         plan = predict(spec)
         time_plan, time_note = (None, "")
         if getattr(args, "time", False):
-            time_plan, time_note = _time(spec, getattr(args, "gpu_name", None))
+            time_plan, time_note = _time(spec, args)
     except (PlanError, PlannerUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -132,19 +147,44 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _time(spec: TrainingSpec, gpu_name: str | None) -> tuple[TimePlan | None, str]:
-    """(TimePlan, "") or (None, why not): a plan without a known GPU still prints its memory."""
+def _time(spec: TrainingSpec, args: argparse.Namespace) -> tuple[TimePlan | None, str]:
+    """(TimePlan, "") or (None, why not): a plan without a known GPU still prints its memory.
+
+    The inputs the planner does not look up itself are gathered here: the link bandwidth (``--link-gbs``, else
+    this node's measured one) and the data's sample lengths (``--sample-lengths``, else the recipe's data)."""
+    from lab_helpers.bandwidth import measured_link_gbs
+    from lab_helpers.data_lengths import read_sample_lengths, recipe_sample_lengths
+    from lab_helpers.experiments import apply_overrides
+
+            if time_plan:
+                print(f"  time: {time_plan.terms()}")
+                for note in time_plan.notes:
+                    print(f"  time note: {note}")
     from .timing import predict_time
 
     try:
-        return predict_time(spec, gpu_name=gpu_name), ""
+        plan = predict_time(
+            spec, gpu_name=gpu_name, sample_lengths=lengths, link_gbs=link_gbs, link_gbs_source=link_source or ""
+        )
     except PlanError as err:
         return None, f"not predicted ({err})"
 
+    gpu_name = getattr(args, "gpu_name", None)
+    link_gbs, link_source = getattr(args, "link_gbs", None), "--link-gbs"
+    if link_gbs is None and spec.devices > 1:
+        link_gbs, link_source = measured_link_gbs("cpu" if spec.device == "cpu" else gpu_name)
+    path = getattr(args, "sample_lengths", None)
+    if path:
+        lengths, lengths_note = read_sample_lengths(path), ""
+    else:
+        recipe = apply_overrides(load_recipe(args.recipe), _parse_overrides(args.overrides))
+        lengths, lengths_note = recipe_sample_lengths(recipe)
 
 def _run_fit(spec: TrainingSpec, args: argparse.Namespace) -> int:
     from .fit import DEFAULT_MARGIN, fit
 
+    plan.notes.append(lengths_note or f"mean padded length {plan.seq_len} tokens from {len(lengths)} samples' lengths")
+    return plan, ""
     result = fit(
         spec,
         gpu_memory_gib=args.gpu_memory_gib,

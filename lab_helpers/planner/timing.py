@@ -5,8 +5,10 @@ LoRA included), the GPU's dense peak is in the lab's table (``lab_helpers.gpu_pe
 much of that peak litgpt actually reaches, the model-FLOPs utilisation (MFU) -- is a property of the GPU and the
 method that measured runs give directly (every GPU record carries ``mfu``). So::
 
-    micro_batch_s = (model FLOPs + recomputed forward FLOPs) / (dense peak x MFU) + fixed overhead
-    step_s        = gradient_accumulation x micro_batch_s + host optimizer step (CPU offload only)
+    micro_batch_s = (model FLOPs + recomputed forward FLOPs) / (dense peak x MFU) + host overhead
+    step_s        = gradient_accumulation x micro_batch_s            (compute + host overhead)
+                  + bytes each device sends per step / link bandwidth  (communication)
+                  + CPU Adam step + host-device transfers              (offload)
 
 * **Recompute.** Activation checkpointing runs each Block's forward again during backward. The forward is about
   1/3 of a full fine-tuning step (forward 2N, input grads 2N, weight grads 2N FLOPs per token) and about 1/2 of
@@ -27,8 +29,15 @@ method that measured runs give directly (every GPU record carries ``mfu``). So::
 * **CPU offload.** DeepSpeed steps the optimizer on the host: the step adds trainable params / the host's Adam
   rate, measured here with torch's Adam (a lower bound on DeepSpeedCPUAdam's vectorised rate: conservative).
 
-Communication (DDP all-reduce, FSDP gathers) is not modelled separately: it shows up in the MFU of records from
-multi-GPU runs; without them the prediction is the compute time alone, and a note says so.
+* **Communication.** ``communication.communication_per_optimizer_step`` counts the bytes each device sends per
+  optimizer step for the spec's strategy, devices and accumulation (DDP 2Ψ whatever the accumulation; FSDP
+  FULL_SHARD 3Ψ and SHARD_GRAD_OP 2Ψ per micro-batch; DeepSpeed ZeRO-2/3 as that module says), divided by the
+  bus bandwidth given (``link_gbs``: an argument, stated or measured by ``python -m lab_helpers bandwidth``;
+  the planner reads no file and probes no link). It is added, not overlapped with compute: DDP and FSDP overlap
+  part of it with backward, so this is an upper bound of the step when the link is the stated one. MFU and
+  overhead are fitted to single-device records only, so that no communication hides in them.
+* **Offload**: the host Adam step plus each device's gradient partition to the host every micro-batch and its
+  weight partition back once per step, over ``host_link_gbs`` (default PCIe 4.0 x16).
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,11 +59,17 @@ from lab_helpers.flops import train_flops_per_step
 from lab_helpers.gpu_peaks import dense_peak_flops, find_gpu
 from lab_helpers.iteration_times import steady_train_s
 
+from .communication import CommunicationVolume, communication_per_optimizer_step, host_device_bytes_per_optimizer_step
 from .errors import PlanError
 from .spec import TrainingSpec
 
 CPU = "cpu"
 CACHE_ENV = "LAB_CPU_SPEED_CACHE"
+
+PCIE4_X16_GBS = 31.5
+"""Host-device bandwidth for offload's transfers when none is given: PCIe 4.0 x16, 16 GT/s x 16 lanes x 128/130
+encoding / 8 = 31.5 GB/s per direction (the PCI-SIG 4.0 rate; A100 and H100 PCIe hosts; pinned copies reach
+less, so the transfer time is a lower bound)."""
 
 DEFAULT_MFU: dict[str, float] = {"full": 0.25, "lora": 0.20}
 """ASSUMPTION, not a measurement: conservative MFUs for litgpt fine-tuning on a data-centre GPU at the lab's
@@ -121,16 +136,37 @@ class TimePlan:
     micro_batch_size: int
     seq_len: int
     notes: list[str] = field(default_factory=list)
+    # the step's four terms (seconds per optimizer step; they add up to step_s)
+    compute_s: float = 0.0  # accumulation x FLOPs / (peak x MFU)
+    host_overhead_s: float = 0.0  # accumulation x overhead_s
+    communication_s: float = 0.0  # link_bytes_per_gpu / link bandwidth (0 on one device or with no bandwidth)
+    offload_s: float = 0.0  # host Adam step (optimizer_host_s) + host-device transfers (offload_transfer_s)
+    offload_transfer_s: float = 0.0
+    strategy: str = "single"
+    devices: int = 1
+    link_gbs: float | None = None  # bus bandwidth the communication term used
+    link_gbs_source: str = ""
+    communication_bytes_per_gpu: float = 0.0
+    communication: str = ""  # the collectives, in words (communication.CommunicationVolume.describe)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     def summary(self) -> str:
-        host = f" (+{self.optimizer_host_s:.2f} s host optimizer)" if self.optimizer_host_s else ""
         fixed = f" + {self.overhead_s * 1000:.3g} ms per micro-batch" if self.overhead_s else ""
         return (
-            f"predicted step {self.step_s:.3g} s{host}, {self.tokens_per_s_padded:,.0f} tokens/s per device on "
+            f"predicted step {self.step_s:.3g} s, {self.tokens_per_s_padded:,.0f} tokens/s per device on "
             f"{self.device_name} at MFU {self.mfu:.1%}{fixed} ({self.mfu_source})"
+        )
+
+    def terms(self) -> str:
+        """Where the predicted step goes, one line: compute + host overhead + communication + offload."""
+        link = f" at {self.link_gbs:g} GB/s ({self.link_gbs_source})" if self.link_gbs else ""
+        return (
+            f"step {self.step_s:.3g} s = compute {self.compute_s:.3g} + host overhead {self.host_overhead_s:.3g} + "
+            f"communication {self.communication_s:.3g}{link} + offload {self.offload_s:.3g} s; "
+            f"{self.gradient_accumulation_iters} micro-batch(es) of {self.micro_batch_size} x {self.seq_len} tokens "
+            f"per step on each of {self.devices} device(s), {self.strategy}"
         )
 
 
@@ -144,16 +180,28 @@ def predict_time(
     records: Iterable[Mapping[str, Any]] | None = None,
     mfu: float | None = None,
     seq_len: int | None = None,
+    sample_lengths: Sequence[int] | None = None,
+    link_gbs: float | None = None,
+    link_gbs_source: str = "given",
+    host_link_gbs: float = PCIE4_X16_GBS,
 ) -> TimePlan:
     """Predict one optimizer step of ``spec`` (see the module docstring for the model).
 
     ``gpu_name`` is the NVML/torch name of the GPU (default: this node's first GPU); ``spec.device == "cpu"``
     predicts for this CPU. ``records`` are run records to take the MFU from (default: the lab's results and the
     shipped reference results); ``mfu`` overrides it. ``seq_len`` is the mean padded length of a micro-batch
-    (time follows the mean; memory follows the worst case, ``spec.seq_len``, the default).
+    (time follows the mean; memory follows the worst case, ``spec.seq_len``, the default); ``sample_lengths``
+    (the data's samples in tokens) gives it instead (``mean_padded_length``). ``link_gbs`` is the bus bandwidth
+    between the devices in GB/s (nccl-tests' "busbw", what ``python -m lab_helpers bandwidth`` measures):
+    without it a multi-device step has no communication term, and a note says so. ``host_link_gbs`` is the
+    host-device bandwidth optimizer offload's transfers cross.
     """
     spec.validate()
+    if seq_len is None and sample_lengths is not None:
+        seq_len = mean_padded_length(sample_lengths, spec.micro_batch_size, spec.seq_len)
     seq = int(seq_len or spec.seq_len)
+    if link_gbs is not None and not link_gbs > 0:
+        raise PlanError(f"link bandwidth must be > 0 GB/s, got {link_gbs}")
     if seq < 1:
         raise PlanError(f"seq_len must be >= 1, got {seq}")
     device = CPU if spec.device == CPU else (gpu_name or _this_gpu())
@@ -183,17 +231,46 @@ def predict_time(
         seq_len=seq,
     )
     hardware_flops = model_flops + (recompute_flops(model_flops, spec.method) if spec.activation_checkpointing else 0)
-    micro_s = hardware_flops / (peak * used_mfu) + efficiency.overhead_s
-    host_s = 0.0
-    if spec.offload_optimizer:
-        host_s = trainable_params(spec) / cpu_speed()["adam_params_per_s"]
-        notes.append("host optimizer step from this machine's measured torch Adam rate")
-    if spec.devices > 1 and mfu is None and "record" not in source:
-        notes.append("communication between GPUs is not included (no multi-GPU records for this GPU yet)")
+    compute_micro_s = hardware_flops / (peak * used_mfu)
+    micro_s = compute_micro_s + efficiency.overhead_s
     accumulation = spec.gradient_accumulation_iters
-    step_s = accumulation * micro_s + host_s
+    volume = step_communication(spec)
+    communication_s = 0.0
+    if volume.link_bytes_per_gpu and link_gbs is None:
+        notes.append(
+            "communication between devices not included: no link bandwidth (pass --link-gbs, or measure this "
+            "node's with `python -m lab_helpers bandwidth`)"
+        )
+    elif volume.link_bytes_per_gpu:
+        communication_s = volume.link_bytes_per_gpu / (link_gbs * 1e9)
+        notes.append(f"communication: {volume.describe()}; not overlapped with compute (an upper bound)")
+    host_s = transfer_s = 0.0
+    if spec.offload_optimizer:
+        trainable = trainable_params(spec)
+        host_s = trainable / cpu_speed()["adam_params_per_s"]
+        notes.append("host optimizer step from this machine's measured torch Adam rate")
+        if device != CPU:  # on a CPU the "device" is the host: nothing to copy
+            traffic = host_device_bytes_per_optimizer_step(
+                trainable_parameter_count=trainable,
+                bytes_per_parameter=_bytes_per_parameter(spec.precision),
+                world_size=spec.devices,
+                micro_batches_per_step=accumulation,
+            )
+            transfer_s = traffic.total_bytes / (host_link_gbs * 1e9)
+    step_s = accumulation * micro_s + communication_s + host_s + transfer_s
     tokens = spec.micro_batch_size * seq * accumulation
     return TimePlan(
+        compute_s=accumulation * compute_micro_s,
+        host_overhead_s=accumulation * efficiency.overhead_s,
+        communication_s=communication_s,
+        offload_s=host_s + transfer_s,
+        offload_transfer_s=transfer_s,
+        strategy=spec.strategy,
+        devices=spec.devices,
+        link_gbs=link_gbs if volume.link_bytes_per_gpu else None,
+        link_gbs_source=link_gbs_source if volume.link_bytes_per_gpu and link_gbs else "",
+        communication_bytes_per_gpu=volume.link_bytes_per_gpu,
+        communication=volume.describe(),
         step_s=step_s,
         micro_batch_s=micro_s,
         optimizer_host_s=host_s,
@@ -212,6 +289,44 @@ def predict_time(
     )
 
 
+def mean_padded_length(sample_lengths: Sequence[int], micro_batch_size: int, max_seq_length: int) -> int:
+    """The expected padded length of a micro-batch: litgpt pads each batch to its longest sample (cut at
+    ``max_seq_length``), so a batch of ``k`` random samples costs the expected maximum of ``k`` lengths, not the
+    mean length. Drawn with replacement: P(max <= l_(i)) = (i/n)^k over the sorted lengths."""
+    lengths = sorted(min(int(n), max_seq_length) for n in sample_lengths)
+    if not lengths or lengths[0] < 1:
+        raise PlanError("sample lengths must be a non-empty list of token counts >= 1")
+    n, k = len(lengths), int(micro_batch_size)
+    expected = sum(length * ((i / n) ** k - ((i - 1) / n) ** k) for i, length in enumerate(lengths, start=1))
+    return max(1, round(expected))
+
+
+def step_communication(spec: TrainingSpec) -> CommunicationVolume:
+    """What one optimizer step of ``spec`` sends between devices (``communication.py``), from the spec's own
+    parameters, precision, devices, strategy and accumulation: the planner is asked with the run's settings."""
+    if spec.devices == 1:
+        return communication_per_optimizer_step(
+            strategy="single", parameter_count=0, bytes_per_parameter=1, world_size=1, micro_batches_per_step=1
+        )
+    total, trainable = _parameter_counts(spec)
+    return communication_per_optimizer_step(
+        strategy=spec.strategy,
+        parameter_count=total,
+        bytes_per_parameter=_bytes_per_parameter(spec.precision),
+        world_size=spec.devices,
+        micro_batches_per_step=spec.gradient_accumulation_iters,
+        sharding=None if spec.strategy != "fsdp" else ("full" if spec.fsdp_reshard_after_forward else "grad-op"),
+        trainable_parameter_count=trainable,
+    )
+
+
+def _bytes_per_parameter(precision: str) -> int:
+    """Bytes a weight or gradient travels in: mixed precision keeps fp32 weights and gradients."""
+    from lab_helpers.arithmetic import precision_bytes
+
+    return precision_bytes(precision)
+
+
 def recompute_flops(model_flops: float, method: str) -> float:
     """FLOPs activation checkpointing adds: one more forward, 1/3 of a full step, 1/2 of a LoRA/QLoRA step."""
     return model_flops / (3 if method == "full" else 2)
@@ -219,6 +334,11 @@ def recompute_flops(model_flops: float, method: str) -> float:
 
 def trainable_params(spec: TrainingSpec) -> int:
     """Parameters the optimizer steps, counted on the real litgpt model built on the meta device (no memory)."""
+    return _parameter_counts(spec)[1]
+
+
+def _parameter_counts(spec: TrainingSpec) -> tuple[int, int]:
+    """(all, trainable) parameters of the real litgpt model, built on the meta device (no memory)."""
     import torch
 
     with torch.device("meta"):
@@ -231,7 +351,8 @@ def trainable_params(spec: TrainingSpec) -> int:
 
             model = GPT(spec.model_config)
             mark_only_lora_as_trainable(model)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+    params = list(model.parameters())
+    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
 
 
 def _this_gpu() -> str | None:
@@ -305,8 +426,8 @@ def mfu_from_records(
     for record in map(_clean, records):
         if record.get("status") != "ok" or record.get("method") != method:
             continue
-        if device_key(_gpu_name(record)) != key:
-            continue
+        if device_key(_gpu_name(record)) != key or int(record.get("world_size") or 1) != 1:
+            continue  # a multi-device record's time holds communication, which predict_time adds on its own
         point = record_point(record)
         if point is not None:
             (same if _precision(record) == precision else other).append(point)

@@ -1,0 +1,72 @@
+"""The training samples' lengths in tokens, for the time model (``plan --time``).
+
+Why: a step's time follows the *mean* padded length of its micro-batches (litgpt pads each batch to its longest
+sample), while the memory plan takes the worst case, ``max_seq_length``. Alpaca-style samples are far shorter
+than 512 tokens, so predicting time at 512 would overstate it several times. The lengths come from the recipe's
+own data module, tokenized by litgpt with the checkpoint's tokenizer and prompt style (the same code the run
+uses), or from a file a person gives. This module reads data; the planner only gets the numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from lab_helpers.planner.errors import PlanError
+
+
+def read_sample_lengths(path: str | Path) -> list[int]:
+    """Token counts from a file: a JSON list of integers, or one integer a line."""
+    file = Path(path)
+    if not file.is_file():
+        raise PlanError(f"--sample-lengths: no file {file}")
+    text = file.read_text().strip()
+    try:
+        values = json.loads(text) if text.startswith("[") else [int(line) for line in text.split() if line]
+        lengths = [int(value) for value in values]
+    except (ValueError, TypeError) as err:
+        raise PlanError(f"--sample-lengths {file}: expected a JSON list or one integer a line ({err})") from None
+    if not lengths or min(lengths) < 1:
+        raise PlanError(f"--sample-lengths {file}: expected token counts >= 1, got {len(lengths)} values")
+    return lengths
+
+
+def recipe_sample_lengths(recipe: Mapping[str, Any]) -> tuple[list[int] | None, str]:
+    """(lengths of the recipe's training samples, "") or (None, why not): the data or tokenizer is not here."""
+    from lab_helpers.experiments import resolve_path, runnable_recipe
+
+    try:
+        ready = runnable_recipe(dict(recipe))
+        data_config = ready.get("data") or {"class_path": "litgpt.data.Alpaca"}
+        checkpoint = resolve_path(ready["checkpoint_dir"])
+        max_seq_length = int((ready.get("train") or {}).get("max_seq_length") or 0) or None
+        return _tokenized_lengths(data_config, checkpoint, max_seq_length), ""
+    except Exception as err:  # noqa: BLE001 -- any reason the data cannot be read here means "use the worst case"
+        reason = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+        return None, (
+            f"the recipe's data is not readable here ({reason}): time at the worst-case length; "
+            "give --sample-lengths FILE for the mean padded length"
+        )
+
+
+def _tokenized_lengths(data_config: Mapping[str, Any], checkpoint: Path, max_seq_length: int | None) -> list[int]:
+    import importlib
+
+    from litgpt.tokenizer import Tokenizer
+
+    module, _, name = str(data_config["class_path"]).rpartition(".")
+    data_class = getattr(importlib.import_module(module), name)
+    init_args = dict(data_config.get("init_args") or {})
+    if "json_path" in init_args:
+        init_args["json_path"] = Path(init_args["json_path"])
+    if "download_dir" in init_args:
+        init_args["download_dir"] = Path(init_args["download_dir"])
+        if not init_args["download_dir"].exists():
+            raise FileNotFoundError(f"{init_args['download_dir']} is not downloaded")
+    data = data_class(**init_args)
+    data.connect(Tokenizer(checkpoint), batch_size=1, max_seq_length=max_seq_length)
+    data.setup()
+    dataset = data.train_dataset
+    return [len(dataset[i]["input_ids"]) for i in range(len(dataset))]
