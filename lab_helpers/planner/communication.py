@@ -160,15 +160,8 @@ def communication_per_optimizer_step(
         raise PlanError(f"unknown strategy {strategy!r}: single, ddp, fsdp, deepspeed-zero2 or deepspeed-zero3")
     link = sum(c.link_bytes_per_gpu(world_size) for c in collectives)
     multiple = sum(_PSI_UNITS[c.name] * c.size_bytes * c.times_per_step for c in collectives) / psi if psi else 0.0
-    return CommunicationVolume(
-        strategy=strategy if strategy != "fsdp" else f"fsdp ({SHARDINGS.get(sharding or 'full')})",
-        world_size=world_size,
-        micro_batches_per_step=m,
-        psi_bytes=psi,
-        collectives=collectives,
-        link_bytes_per_gpu=link,
-        psi_multiple=multiple,
-    )
+    name = strategy if strategy != "fsdp" else f"fsdp ({SHARDINGS.get(sharding or 'full')})"
+    return CommunicationVolume(name, world_size, m, psi, collectives, link, multiple)
 
 
 @dataclass(frozen=True)
