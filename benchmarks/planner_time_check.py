@@ -14,6 +14,7 @@ depend on how busy the machine is now. A GPU session's results/runs.jsonl can be
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -46,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
             f"# CPU peak = this machine's measured fp32 matmul rate, {cpu_speed()['matmul_flops_per_s'] / 1e9:.1f} "
             "GFLOP/s (cached): an MFU over 1 means that timing ran slower than the training did (a busy machine); "
             "predicted seconds do not depend on it (it cancels out)"
+        )
+        print(
+            f"# this machine now: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (1 min); CPU records "
+            "measured on a shared, busy machine scatter (leave-one-out then shows the scatter, not the model)"
         )
     print(
         f"{'experiment':<14} {'device':<8} {'method':<6} {'precision':<10} {'measured s':>10} {'predicted s':>11} "
