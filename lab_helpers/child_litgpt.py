@@ -22,6 +22,7 @@ import signal
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from lab_helpers import activation_checkpointing
@@ -37,6 +38,8 @@ from lab_helpers.child_report import (
 from lab_helpers.orphan_guard import start_orphan_guard
 from lab_helpers.quick_mode import put_longest_batch_in_second_step, quick_from_env, warmup_steps
 from lab_helpers.record_schema import GIB
+from lab_helpers.step_profile import DIR_ENV as PROFILE_DIR_ENV
+from lab_helpers.step_profile import StepProfiler, steps_from_env
 from lab_helpers.tensor_peak import LiveTensorPeak
 
 COMMANDS = {"finetune_full": "litgpt.finetune.full", "finetune_lora": "litgpt.finetune.lora"}
@@ -70,6 +73,15 @@ class _TrainingClock:
         self.whole_run_tensors: LiveTensorPeak | None = None
         self.tensor_peak_bytes: int | None = None
         self.alloc_before_fit_gib: float | None = None  # on CUDA: max_memory_allocated before fit's reset
+        # the process's CPU time (time.process_time: every thread, the autograd engine's included) and the monotonic
+        # clock where the timed loop starts and ends, and the CPU time of validation inside it: host_core_pct and
+        # loop_monotonic_s
+        self.thread_s: dict[str, float] = {}
+        self.monotonic_s: dict[str, float] = {}
+        self.excluded_thread_s: list[tuple[float, float]] = []  # (perf_counter start, thread seconds)
+        self.profile_steps: int | None = None  # --profile-steps N (step_profile), off by default
+        self.profiler: StepProfiler | None = None
+        self.profile_fields: dict[str, Any] = {}
 
     def wrap_fit(self, fit):
         def timed_fit(*args, **kwargs):
@@ -81,6 +93,7 @@ class _TrainingClock:
                 print(f"lab: activation checkpointing on {wrapped} blocks (torch.utils.checkpoint, non-reentrant)")
             if self.whole_run_tensors is not None and model is not None:
                 self.whole_run_tensors.seed([*model.parameters(), *model.buffers()])  # the training peak starts here
+            self._mark("fit_start")
             self.fit_start = time.perf_counter()
             self.excluded.clear()
             try:
@@ -88,28 +101,44 @@ class _TrainingClock:
             finally:
                 if self.whole_run_tensors is not None and model is not None:
                     self.tensor_peak_bytes = self.whole_run_tensors.peak_bytes
+            self._mark("end")
             self.fit_end = time.perf_counter()
             self.token_counts = dict(result or {})
+            if self.profiler is not None:  # after the clock stopped: writing the trace is not training time
+                self.profile_fields = self.profiler.finish()
             return result
 
         return timed_fit
 
     def wrap_excluded(self, function):
         def timed(*args, **kwargs):
-            start = time.perf_counter()
+            start, thread_start = time.perf_counter(), time.process_time()
             try:
                 return function(*args, **kwargs)
             finally:
                 self.excluded.append((start, time.perf_counter()))
+                self.excluded_thread_s.append((start, time.process_time() - thread_start))
 
         return timed
 
     def watch_batches(self, dataloader, *, accumulation: int, epochs: int | None, warmup_steps: int = 1):
         self.warmup_iterations, self.epochs = accumulation * warmup_steps, epochs
+        if self.profile_steps:
+            out_dir = Path(os.environ.get(PROFILE_DIR_ENV) or "profile")
+            self.profiler = StepProfiler(
+                self.profile_steps, accumulation=accumulation, first_iter=self.warmup_iterations + 1, out_dir=out_dir
+            )
         return _WatchedBatches(dataloader, self)
+
+    def _mark(self, name: str) -> None:
+        self.thread_s[name], self.monotonic_s[name] = time.process_time(), time.monotonic()
 
     def saw_batch(self, batch: Mapping[str, Any]) -> None:
         self.batch_starts.append(time.perf_counter())
+        if len(self.batch_starts) == self.warmup_iterations + 1:
+            self._mark("steady_start")
+        if self.profiler is not None:
+            self.profiler.at_batch(len(self.batch_starts))
         if len(self.batch_starts) <= self.warmup_iterations:  # .item() syncs: only during warm-up
             self.warmup_tokens[0] += int(batch["token_counts"]["raw_plus_prompt_template"].sum().item())
             self.warmup_tokens[1] += int(batch["input_ids"].numel())
@@ -120,6 +149,20 @@ class _TrainingClock:
 
     def _excluded_between(self, start: float, end: float) -> float:
         return sum(max(0.0, min(b, end) - max(a, start)) for a, b in self.excluded)
+
+    def host_fields(self) -> dict[str, Any]:
+        """host_core_pct and loop_monotonic_s over the timed loop (the whole loop where nothing was timed apart)."""
+        start = "steady_start" if self.steady and "steady_start" in self.thread_s else "fit_start"
+        if start not in self.thread_s or "end" not in self.thread_s or self.fit_start is None:
+            return {"host_core_pct": None, "loop_monotonic_s": None}
+        start_perf = self.batch_starts[self.warmup_iterations] if start == "steady_start" else self.fit_start
+        wall_s = self.monotonic_s["end"] - self.monotonic_s[start] - self._excluded_between(start_perf, self.fit_end)
+        thread_s = self.thread_s["end"] - self.thread_s[start]
+        thread_s -= sum(spent for began, spent in self.excluded_thread_s if began >= start_perf)
+        return {
+            "host_core_pct": 100 * thread_s / wall_s if wall_s > 0 else None,
+            "loop_monotonic_s": [self.monotonic_s[start], self.monotonic_s["end"]],
+        }
 
     def timings(self) -> dict[str, Any]:
         """train_s, warmup_s, iterations (timed), warmup_iterations and token counts for the report."""
@@ -224,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     start_orphan_guard()
     module = importlib.import_module(COMMANDS[argv[0]])
     clock = _TrainingClock()
+    clock.profile_steps = steps_from_env()
     if activation_checkpointing.FLAG in argv:  # the lab's switch, not litgpt's: litgpt's CLI never sees it
         argv.remove(activation_checkpointing.FLAG)
         clock.checkpoint_blocks = True
@@ -274,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
             "peak_reserved_gib": peak_reserved_gib,
             "peak_alloc_whole_run_gib": whole_run_peak_gib(clock.alloc_before_fit_gib, peak_alloc_gib),
             **clock.timings(),
+            **clock.host_fields(),
+            **clock.profile_fields,
             "peak_tensor_gib": None if clock.tensor_peak_bytes is None else clock.tensor_peak_bytes / GIB,
             "peak_tensor_whole_run_gib": None if tensors is None else tensors.whole_run_peak_gib,
             "device_name": device_name(),

@@ -71,6 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="end the run as `timeout` after this many seconds (0: no limit; default: from the recipe, or $LAB_TIME_LIMIT_S)",
     )
 
+    run.add_argument(
+        "--profile-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a torch.profiler trace of N optimizer steps after warm-up, with a summary (off by default; the run "
+        "gets N + 1 more steps)",
+    )
     run_all = sub.add_parser("run-all", help="run every experiment of a section, then write the comparison")
     run_all.add_argument("--section", choices=SECTIONS, default="single")
     _add_profile(run_all)
@@ -145,6 +153,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if all(r["status"] in ("ok", "skipped", "oom") for r in records) else 1
 
 
+        profile_steps=args.profile_steps,
 def _cmd_run_all(args: argparse.Namespace) -> int:
     from lab_helpers.lab import default_profile, run_all
 

@@ -30,7 +30,10 @@ from lab_helpers.records import empty_runs_frame, latest_runs, load_results
 
 NO_RUNS = "no runs recorded yet"
 MEMORY_COLUMNS = ("peak_alloc_gib", "peak_tensor_gib", "peak_reserved_gib", "gpu_used_peak_gib", "host_rss_peak_gib")
-RANK0_COLUMNS = ("train_s", "wall_s", "tokens_per_s", "tokens_per_s_padded", "mfu", "predicted_peak_alloc_gib")
+RANK0_COLUMNS = (
+    "train_s", "wall_s", "tokens_per_s", "tokens_per_s_padded", "mfu", "predicted_peak_alloc_gib", "iter_median_s",
+    "iter_iqr_s", "iter_count", "padding_pct", "flops_per_token", "gpu_peak_flops", "gpu_busy_pct", "host_core_pct",
+)  # fmt: skip
 TABLE_COLUMNS = (
     "experiment",
     "status",
@@ -45,7 +48,17 @@ TABLE_COLUMNS = (
     "samples",
     "ms_per_sample",
     "tokens_per_s",
+    "iter_median_s",
+    "iter_iqr_s",
+    "iter_count",
+    "tokens_per_s_padded",
+    "padding_pct",
+    "flops_per_token",
+    "gpu_peak_flops",
     "mfu",
+    "gpu_busy_pct",
+    "host_core_pct",
+    "bound",
     "one_off_pct",
     "reason",
 )
@@ -61,6 +74,13 @@ ROUNDING = {
     "samples": 0,
     "ms_per_sample": 2,
     "tokens_per_s": 1,
+    "iter_median_s": 4,
+    "iter_iqr_s": 4,
+    "iter_count": 0,
+    "tokens_per_s_padded": 1,
+    "padding_pct": 1,
+    "gpu_busy_pct": 0,
+    "host_core_pct": 0,
     "mfu": 3,
     "one_off_pct": 0,
 }
@@ -90,8 +110,11 @@ def comparison_table(
     decides whether it fits), time, throughput and MFU come from rank 0. ``prediction_error_pct`` is
     (measured - predicted) / predicted x 100 on ``peak_alloc_gib`` -- on a CPU on ``peak_tensor_gib``, the live
     tensor bytes the planner predicts there: positive means the planner under-predicted. ``one_off_pct`` is the
-    share of ``train_s`` that one-off iterations took beyond a typical one (``one_offs``). Missing values are NaN,
-    never 0.
+    share of ``train_s`` that one-off iterations took beyond a typical one (``one_offs``). The steady time figures
+    (``iter_median_s`` with ``iter_iqr_s`` and ``iter_count``, both tokens/s, ``mfu``) come from the median timed
+    iteration (``iteration_times.steady_timing``): MFU = tokens_per_s_padded x flops_per_token / gpu_peak_flops,
+    by hand from this table. ``gpu_busy_pct``, ``host_core_pct`` and ``bound`` say where the time went
+    (``time_bound``; None on a CPU). Missing values are NaN, never 0.
     """
     latest = latest_runs(df, profile=profile, order=order)
     if latest.empty:
@@ -115,6 +138,7 @@ def comparison_table(
         for column in RANK0_COLUMNS:
             row[column] = _number(first[column])
         row["reason"] = worst["reason"] if isinstance(worst["reason"], str) and worst["reason"] else None
+        row["bound"] = first.get("bound") if isinstance(first.get("bound"), str) else None  # rank 0's, as its time
         row["samples"] = _samples(first.to_dict())
         row["ms_per_sample"] = _per_sample_ms(row["train_s"], row["samples"])
         row["one_off_pct"] = _one_off_pct(first.to_dict(), row["train_s"])
@@ -140,8 +164,12 @@ MARKDOWN_COLUMNS = {
     "predicted_peak_alloc_gib": "predicted GiB",
     "prediction_error_pct": "error %",
     "train_s": "train s",
-    "tokens_per_s": "tokens/s",
+    "iter_median_s": "median iter ms",
+    "tokens_per_s_padded": "padded tokens/s",
+    "padding_pct": "padding %",
     "mfu": "MFU",
+    "gpu_busy_pct": "GPU busy %",
+    "bound": "bound",
     "one_off_pct": "one-off %",
 }
 
@@ -160,8 +188,14 @@ def markdown_table(table: pd.DataFrame) -> str:
                 cells.append(f"{value:.1%}")
             elif column == "one_off_pct":
                 cells.append(f"{value:.0f}")
-            elif column == "tokens_per_s":
+            elif column in ("tokens_per_s", "tokens_per_s_padded"):
                 cells.append(f"{value:,.0f}")
+            elif column == "iter_median_s":
+                cells.append(f"{1e3 * value:.0f}")
+            elif column in ("padding_pct", "gpu_busy_pct"):
+                cells.append(f"{value:.0f}")
+            elif value is None:
+                cells.append("")
             elif column == "predicted_peak_alloc_gib":
                 cells.append(f"{value:.2f}")
             else:
@@ -480,29 +514,38 @@ def plot_time(
     order: Sequence[str] | None = None,
     profile: str | None = None,
 ) -> Any:
-    """Three panels per experiment: training time (s, inside the loop), time per training sample (the fair
-    comparison: runs see different numbers of samples) and training tokens per second.
+    """Four panels per experiment: training time (s, inside the loop), the median micro-batch time with its
+    interquartile range (the steady figure every rate comes from), time per training sample (the fair comparison:
+    runs see different numbers of samples) and padded tokens per second (MFU's count), each throughput bar
+    labelled with what bounds the run (``bound``, with the GPU's busy share; nothing on a CPU).
 
     Where one-off iterations inflate a run's time (``one_off_pct``), the part of its time bars they took beyond a
-    median iteration is hatched, and a hatched outline above its throughput bar shows the throughput without it.
+    median iteration is hatched; the median and the rates from it do not include them.
     """
     table = comparison_table(df, order=order, profile=profile)
     if table.empty:
         return _empty_plot(out_dir, "time.png", "Training time and throughput")
-    figure, axes = _new_figure(max(8.0, 0.6 * len(table) + 3), 9.6, 3, 1, sharex=True)  # one row per measure
+    figure, axes = _new_figure(max(8.0, 0.6 * len(table) + 3), 12.4, 4, 1, sharex=True)  # one row per measure
     share = (pd.to_numeric(table["one_off_pct"], errors="coerce").fillna(0.0) / 100).clip(0.0, 0.99)
+    table = table.assign(iter_median_ms=pd.to_numeric(table["iter_median_s"], errors="coerce") * 1e3)
     for ax, column, ylabel, title in (
         (axes[0], "train_s", "seconds", "Training time (rank 0, inside the loop)"),
-        (axes[1], "ms_per_sample", "ms / sample", "Time per training sample (rank 0)"),
-        (axes[2], "tokens_per_s", "tokens / s", "Training throughput (rank 0)"),
+        (axes[1], "iter_median_ms", "ms", "Median micro-batch time after warm-up, bars: interquartile range (rank 0)"),
+        (axes[2], "ms_per_sample", "ms / sample", "Time per training sample (rank 0)"),
+        (axes[3], "tokens_per_s_padded", "padded tokens / s",
+         "Training throughput from the median micro-batch (rank 0); label: what bounds the run"),
     ):
         values = pd.to_numeric(table[column], errors="coerce")
         ax.bar(range(len(table)), values.fillna(0.0), color="#4c72b0")  # missing: no bar, a label instead
+        if column == "iter_median_ms":
+            _iqr_bars(ax, table)
+        if column == "tokens_per_s_padded":
+            _bound_labels(ax, table, values)
         for i, (value, status) in enumerate(zip(values, table["status"], strict=True)):
             if pd.isna(value):
                 label = STATUS_LABEL.get(status, "no data") if status != "ok" else "no data"
                 ax.text(i, 0, label, ha="center", va="bottom", rotation=90, color="#b00020", fontsize=9)
-        tops = _one_off_spans(ax, values, share, throughput=column == "tokens_per_s")
+        tops = _one_off_spans(ax, values, share, throughput=False) if column == "train_s" else 0.0
         ax.set_xticks(range(len(table)), table["experiment"], rotation=30, ha="right")
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=10)
@@ -511,6 +554,27 @@ def plot_time(
     if (share > 0.005).any():
         axes[0].legend(fontsize=8, loc="upper left")
     return _save(figure, out_dir, "time.png")
+
+
+def _iqr_bars(ax: Any, table: pd.DataFrame) -> None:
+    """The interquartile range of each run's timed micro-batches, centred on its median, and the count below."""
+    median_ms = pd.to_numeric(table["iter_median_s"], errors="coerce") * 1e3
+    iqr_ms = pd.to_numeric(table["iter_iqr_s"], errors="coerce") * 1e3
+    counts = pd.to_numeric(table["iter_count"], errors="coerce")
+    for i, (median, iqr, count) in enumerate(zip(median_ms, iqr_ms, counts, strict=True)):
+        if pd.notna(median) and pd.notna(iqr):
+            ax.errorbar(i, median, yerr=iqr / 2, color="#222222", capsize=3, linewidth=1)
+        if pd.notna(median) and pd.notna(count):
+            ax.text(i, 0, f"n={count:.0f}", ha="center", va="bottom", fontsize=7, color="white")
+
+
+def _bound_labels(ax: Any, table: pd.DataFrame, values: pd.Series) -> None:
+    """Above each throughput bar: ``bound`` and the GPU's busy share over the loop (``time_bound``)."""
+    for i, (value, bound, busy) in enumerate(zip(values, table["bound"], table["gpu_busy_pct"], strict=True)):
+        if pd.isna(value) or not isinstance(bound, str):
+            continue
+        label = bound if pd.isna(busy) else f"{bound}, GPU {busy:.0f}%"
+        ax.text(i, value, label, ha="center", va="bottom", rotation=90, fontsize=7)
 
 
 def _one_off_spans(ax: Any, values: pd.Series, share: pd.Series, *, throughput: bool) -> float:

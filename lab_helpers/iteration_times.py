@@ -27,8 +27,11 @@ MIN_TIMED_FOR_ONE_OFFS = 4
 
 def timed_iterations(record: Mapping[str, Any]) -> list[tuple[int, float]]:
     """(iteration, seconds) of each logged iteration after warm-up (``iter > warmup_iterations``): those
-    ``train_s`` adds up."""
+    ``train_s`` adds up, less the iterations a torch.profiler trace covered (``torch_profile_iters``, first and
+    last): the profiler slows them, so no time figure counts them."""
     warmup = finite_number(record.get("warmup_iterations")) or 0
+    profiled = record.get("torch_profile_iters")
+    first_profiled, last_profiled = profiled if isinstance(profiled, Sequence) and len(profiled) == 2 else (0, -1)
     rows = record.get("per_iteration")
     timed = []
     for row in rows if isinstance(rows, Sequence) and not isinstance(rows, str) else []:
@@ -36,7 +39,8 @@ def timed_iterations(record: Mapping[str, Any]) -> list[tuple[int, float]]:
             continue
         iteration, seconds = finite_number(row.get("iter")), finite_number(row.get("iter_time_s"))
         if iteration is not None and seconds is not None and iteration > warmup:
-            timed.append((int(iteration), seconds))
+            if not first_profiled <= iteration <= last_profiled:
+                timed.append((int(iteration), seconds))
     return timed
 
 
@@ -81,3 +85,75 @@ def finite_number(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return number if math.isfinite(number) else None
+
+
+# ------------------------------------------------------------------------------------------- steady timing
+
+STEADY_TIMING_FIELDS: tuple[str, ...] = (
+    "iter_median_s", "iter_iqr_s", "iter_count", "iter_halves_pct", "tokens_per_s", "tokens_per_s_padded",
+    "padding_pct", "flops_per_token", "mfu",
+)
+"""What ``steady_timing`` derives: a record's time figures, all from the median of its timed iterations."""
+
+
+def iteration_stats(seconds: Sequence[float]) -> dict[str, float | int | None]:
+    """Median, interquartile range (Q3 - Q1, ``statistics.quantiles``' default method) and count of iteration
+    times, and how far apart the medians of the first and the second half are (% of the whole median): the
+    quick-mode stability rule's figure (``quick_mode.median_is_stable``). Nones where there are too few."""
+    times = [float(s) for s in seconds]
+    if not times:
+        return {"iter_median_s": None, "iter_iqr_s": None, "iter_count": 0, "iter_halves_pct": None}
+    median_s = statistics.median(times)
+    iqr_s = None
+    if len(times) >= 2:
+        q1, _, q3 = statistics.quantiles(times, n=4)
+        iqr_s = q3 - q1
+    halves_pct = None
+    if len(times) >= 4 and median_s > 0:
+        half = len(times) // 2
+        first, second = statistics.median(times[:half]), statistics.median(times[half:])
+        halves_pct = 100 * abs(first - second) / median_s
+    return {"iter_median_s": median_s, "iter_iqr_s": iqr_s, "iter_count": len(times), "iter_halves_pct": halves_pct}
+
+
+def steady_timing(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A record's derived time figures, from what it measured (``STEADY_TIMING_FIELDS``).
+
+    Why from the median: ``train_s`` sums every timed iteration, so one slow one (a new kernel shape, the host
+    swapping) moves it; the median of the timed iterations does not. Throughput is a median micro-batch's:
+    ``tokens_per_s_padded`` = (tokens_padded / iterations) / iter_median_s, the mean tokens of a timed micro-batch
+    over the median micro-batch time (``tokens_per_s`` the same without padding). Where a record has no
+    per-iteration times (fewer than one timed), ``train_s / iterations`` stands in for the median; a record without
+    ``train_s`` (the loop never finished timing) has none of these figures.
+
+    MFU counts ONE token count, the padded one (a GPU multiplies the padding too, and ``flops_per_step`` is
+    counted at the mean padded length): ``mfu = tokens_per_s_padded x flops_per_token / gpu_peak_flops``, with
+    ``flops_per_token`` = flops_per_step x iterations / tokens_padded, the FLOPs of one padded token.
+    ``padding_pct`` says how much of it is padding: 100 x (tokens_padded - tokens) / tokens_padded. Pure
+    arithmetic on the record's own columns: readers re-derive it for old records (``records.load_results``).
+    """
+    train_s = finite_number(record.get("train_s"))
+    if train_s is None:  # the loop never finished timing (an OOM, a crash in warm-up): no time figures at all
+        return {**dict.fromkeys(STEADY_TIMING_FIELDS), "iter_count": 0}
+    stats = iteration_stats([seconds for _, seconds in timed_iterations(record)])
+    iterations = finite_number(record.get("iterations"))
+    median_s = stats["iter_median_s"]
+    if median_s is None and train_s and iterations:
+        median_s = stats["iter_median_s"] = train_s / iterations  # iter_count 0 says it is no median
+    tokens, padded = finite_number(record.get("tokens")), finite_number(record.get("tokens_padded"))
+    flops_per_step, peak = finite_number(record.get("flops_per_step")), finite_number(record.get("gpu_peak_flops"))
+
+    def per_s(count: float | None) -> float | None:
+        return count / iterations / median_s if count and iterations and median_s else None
+
+    padded_per_s = per_s(padded)
+    flops_per_token = flops_per_step * iterations / padded if flops_per_step and iterations and padded else None
+    return {
+        **stats,
+        "tokens_per_s": per_s(tokens),
+        "tokens_per_s_padded": padded_per_s,
+        "padding_pct": 100 * (padded - tokens) / padded if padded and tokens is not None else None,
+        "flops_per_token": flops_per_token,
+        # = tokens_per_s_padded x flops_per_token / peak; written so that it needs no token count
+        "mfu": flops_per_step / median_s / peak if flops_per_step and median_s and peak else None,
+    }

@@ -85,6 +85,7 @@ def run_experiment(
     quick: bool | None = None,
     time_limit_s: float | None = None,
     simulate_world: int | None = None,
+    profile_steps: int | None = None,
 ) -> list[dict[str, Any]]:
     """Run one experiment and append its record(s); returns them (one per rank for distributed runs).
 
@@ -95,7 +96,9 @@ def run_experiment(
     ``echo`` shows the training output live; ``summary`` prints one result line per record. ``quick`` (default:
     ``$LAB_QUICK``) runs only until the true peak memory and a steady step time are measured (quick_mode).
     ``time_limit_s`` overrides the run's wall-clock limit (``lab_helpers.time_limit``; 0: none); a run that
-    reaches it is ended and recorded as ``timeout``.
+    reaches it is ended and recorded as ``timeout``. ``profile_steps=N`` (off by default) captures a torch.profiler
+    trace of N optimizer steps right after warm-up (``step_profile``); the run gets N + 1 more steps, so that its
+    timed ones are as many as without, and the record says it was on (``torch_profile_*``).
 
     Raises LabConfigError for bad input before anything starts, and KeyboardInterrupt after recording
     ``interrupted`` when the student interrupts. A failed or OOM run is a result, not an exception. Once the
@@ -118,6 +121,8 @@ def run_experiment(
         run = resolve(
             exp_id, profile, {**(overrides or {}), **quick_set}, check_files=False, simulate_world=simulate_world
         )
+    if profile_steps := _profile_steps(profile_steps, launcher):
+        run = _with_profiled_steps(run, profile_steps)
     base = base_record(run, node)
     base["mode"] = "quick" if quick else "full"
     if run.skip_reason:
@@ -134,7 +139,7 @@ def run_experiment(
         outcome = run_command(
             command,
             run_dir=run_dir,
-            env={QUICK_ENV: "1" if quick else "0"},
+            env={QUICK_ENV: "1" if quick else "0", **_profile_env(profile_steps, run_dir)},
             cwd=lab_home(),
             total_iters=run.total_iterations,
             label=exp_id,
@@ -159,6 +164,41 @@ def run_experiment(
     if shield.count:
         raise KeyboardInterrupt(f"{exp_id} ended as the interrupt came; recorded as {records[0]['status']!r}")
     return records
+
+
+def _profile_steps(steps: Any, launcher) -> int | None:
+    """``profile_steps`` checked: None/0 is off; the single-GPU launcher only (the Lightning ranks do not profile yet)."""
+    from lab_helpers.step_profile import check_steps
+
+    try:
+        steps = check_steps(steps)
+    except ValueError as exc:
+        raise LabConfigError(str(exc)) from None
+    if steps and launcher.name != "litgpt-cli":
+        raise LabConfigError(f"--profile-steps profiles the single-GPU section's runs; this experiment runs "
+                             f"with {launcher.name}")  # fmt: skip
+    return steps
+
+
+def _with_profiled_steps(run, steps: int):
+    """The run with ``steps`` + 1 more optimizer steps: the profiled ones after warm-up, and one for the micro-batch
+    that stops the profiler (left out of the time figures too), so that as many are timed as without."""
+    import dataclasses
+
+    train = run.recipe["train"]
+    if not train.get("max_steps"):
+        return run  # litgpt trains by epochs: the profiled steps come out of the epoch
+    max_steps = train["max_steps"] + steps + 1
+    recipe = {**run.recipe, "train": {**train, "max_steps": max_steps}}
+    overrides = {**run.overrides, "train.max_steps": max_steps}
+    return dataclasses.replace(run, recipe=recipe, overrides=overrides)
+
+
+def _profile_env(steps: int | None, run_dir: Path) -> dict[str, str]:
+    """What tells the training process to profile, and where to write the trace (the run's ``profile/``)."""
+    from lab_helpers.step_profile import DIR_ENV, STEPS_ENV
+
+    return {STEPS_ENV: str(steps), DIR_ENV: str(run_dir / "profile")} if steps else {STEPS_ENV: ""}
 
 
 def run_all(

@@ -83,6 +83,17 @@ REPORT_FIELDS: tuple[Field, ...] = _fields(
     ("device_name", None, "the GPU's name, or 'cpu (<processor>)' on a CPU"),
     ("device_uuid", None, "the GPU this rank used, as NVML names it ('GPU-...'): maps NVML readings"),
     ("strategy_used", None, "e.g. 'fsdp2 (ModelParallelStrategy)' when a fallback ran"),
+    ("host_core_pct", "%",
+     "CPU time of the training process (every thread: Python, the autograd engine's, which launch the kernels; "
+     "not data-loader worker processes) over the timed loop's wall time, validation excluded: 100 = one host core"),
+    ("loop_monotonic_s", None, "[start, end] seconds of the timed loop on the host's monotonic clock (time.monotonic): "
+     "where in the NVML timeline gpu_busy_pct averages"),
+    ("torch_profile_steps", "optimizer steps", "--profile-steps N: optimizer steps a torch.profiler trace covered "
+     "(None: profiling was off, the default)"),
+    ("torch_profile_iters", None, "[first, last] iteration the trace covered: left out of every time figure"),
+    ("torch_profile_trace_path", None, "the Chrome trace (chrome://tracing, ui.perfetto.dev), relative to the results"),
+    ("torch_profile_summary", None, "the trace in short (lab_helpers.step_profile.summarize): wall, host-op and "
+     "device time per step, device-idle share, ops and kernels per step, top 10 ops"),
 )
 """What every training process (the litgpt child, each Lightning rank) reports back to the launcher."""
 
@@ -101,6 +112,8 @@ RECORD_FIELDS: tuple[Field, ...] = _reported(
     "rank", "world_size", "error", "peak_alloc_gib", "peak_reserved_gib", "peak_tensor_gib",
     "peak_alloc_whole_run_gib", "peak_tensor_whole_run_gib", "train_s", "warmup_s",
     "warmup_iterations", "tokens", "tokens_padded", "iterations", "device_name", "device_uuid", "strategy_used",
+    "host_core_pct", "loop_monotonic_s", "torch_profile_steps", "torch_profile_iters", "torch_profile_trace_path",
+    "torch_profile_summary",
 ) + _fields(
     # who and what
     ("run_id", None, "unique: start time, experiment, random suffix"),
@@ -137,11 +150,31 @@ RECORD_FIELDS: tuple[Field, ...] = _reported(
     # time and throughput
     ("wall_s", "s", "from launch to exit"),
     ("process_start", None, "warm (forked from the launcher's warm Python: warm_start) | cold (a new Python)"),
-    ("tokens_per_s", "tokens/s", "tokens / train_s"),
-    ("tokens_per_s_padded", "tokens/s", "tokens_padded / train_s"),
+    # steady timing (derived from per_iteration and the counts by iteration_times.steady_timing; readers re-derive)
+    ("iter_median_s", "s", "median time of the timed iterations (after warm-up, profiled ones left out); "
+     "train_s / iterations where no per-iteration time was logged"),
+    ("iter_iqr_s", "s", "interquartile range (Q3 - Q1) of the same iterations"),
+    ("iter_count", "micro-batches", "how many timed iterations the median and IQR are of"),
+    ("iter_halves_pct", "%", "|median of the first half - median of the second half| / median: quick mode's "
+     "stability figure (stable below 10 %)"),
+    ("tokens_per_s", "tokens/s", "unpadded tokens of a mean timed micro-batch / iter_median_s"),
+    ("tokens_per_s_padded", "tokens/s", "padded tokens of a mean timed micro-batch / iter_median_s: the ONE token "
+     "count of MFU"),
+    ("padding_pct", "%", "100 x (tokens_padded - tokens) / tokens_padded: the share of tokens_per_s_padded that is padding"),
     ("flops_per_step", "FLOP", "model FLOPs of one micro-batch (forward + backward), the MFU numerator's unit"),
+    ("flops_per_token", "FLOP/token", "flops_per_step x iterations / tokens_padded: model FLOPs of one padded token"),
     ("gpu_peak_flops", "FLOP/s", "the GPU's dense peak for the precision, from the lab's peak table"),
-    ("mfu", "fraction", "flops_per_step x iterations / train_s / gpu_peak_flops (derived; None on a CPU)"),
+    ("mfu", "fraction", "tokens_per_s_padded x flops_per_token / gpu_peak_flops (= flops_per_step / iter_median_s / "
+     "gpu_peak_flops; derived; None on a CPU)"),
+    # where the time goes (lab_helpers.time_bound)
+    ("gpu_busy_pct", "%", "NVML utilisation of this rank's GPU averaged over the timed loop only (loop_monotonic_s); "
+     "None on a CPU, with gpu_busy_reason"),
+    ("gpu_busy_pct_per_gpu", "%", "the same per NVML GPU index"),
+    ("gpu_busy_reason", None, "why gpu_busy_pct is None (no GPU, no NVML samples inside the loop)"),
+    ("bound", None, "what limits the run: gpu (gpu_busy_pct >= 80), else host (host_core_pct >= 80, or one "
+     "process: the GPU waits on Python, kernel launches or the data loader), else communication "
+     "(several ranks: the GPU and the host both wait, on the peers); None on a CPU"),
+    ("bound_reason", None, "the figures and thresholds behind bound, or why there is none"),
     ("mfu_error", None, "why flops_per_step could not be counted"),
     ("per_iteration", None, "rows of " + ", ".join(PER_ITERATION_KEYS) + " (iter_time_s in s)"),
     ("timeline_path", None, "the sampled GPU/host timeline (CSV), relative to the results folder"),
@@ -154,7 +187,8 @@ adds around them. Old records may lack later fields: readers conform."""
 RECORD_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in RECORD_FIELDS)
 UNITS: dict[str, str | None] = {f.name: f.unit for f in RECORD_FIELDS}
 
-_NUMERIC_UNITS = {"GiB", "s", "tokens", "tokens/s", "micro-batches", "FLOP", "FLOP/s", "fraction", "processes"}
+_NUMERIC_UNITS = {"GiB", "s", "tokens", "tokens/s", "micro-batches", "FLOP", "FLOP/s", "fraction", "processes", "%",
+                  "FLOP/token", "optimizer steps"}
 
 
 def record_problems(record: Mapping[str, Any]) -> list[str]:
@@ -173,14 +207,13 @@ def record_problems(record: Mapping[str, Any]) -> list[str]:
 
 
 def conform(record: Mapping[str, Any]) -> dict[str, Any]:
-    """A stored record with every schema field present (None where an older record lacks it), MFU derived.
+    """A stored record with every schema field present (None where an older record lacks it).
 
-    Unknown fields are kept (a newer lab may have written them). Never raises on a record's values.
+    Unknown fields are kept (a newer lab may have written them). Never raises on a record's values. The derived
+    time figures (MFU among them) are re-derived by the reader (``records.load_results``), from the measured ones.
     """
     out = {name: record.get(name) for name in RECORD_FIELD_NAMES}
     out.update({k: v for k, v in record.items() if k not in out})
-    if out["mfu"] is None:
-        out["mfu"] = derived_mfu(out)
     return out
 
 
@@ -189,16 +222,6 @@ def rate(count: float | None, seconds: float | None) -> float | None:
     if not _positive(count) or not _positive(seconds):
         return None
     return float(count) / float(seconds)  # type: ignore[arg-type]
-
-
-def derived_mfu(record: Mapping[str, Any]) -> float | None:
-    """MFU from the record's raw inputs (flops_per_step, iterations, train_s, gpu_peak_flops); None if any is
-    missing. Pure arithmetic: it cannot fail, so a finished run's record never depends on it."""
-    values = [record.get(k) for k in ("flops_per_step", "iterations", "train_s", "gpu_peak_flops")]
-    if not all(_positive(v) for v in values):
-        return None
-    flops, iterations, train_s, peak = (float(v) for v in values)
-    return flops * iterations / train_s / peak
 
 
 def _positive(value: Any) -> bool:

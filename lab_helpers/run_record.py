@@ -21,10 +21,11 @@ from typing import Any
 from lab_helpers.child_report import is_oom_text
 from lab_helpers.exit_cause import describe_returncode, host_memory_gib, host_oom_evidence, kernel_log
 from lab_helpers.experiments import ResolvedRun, resolve_path
+from lab_helpers.iteration_times import steady_timing
 from lab_helpers.paths import lab_home, results_dir
-from lab_helpers.record_schema import derived_mfu, rate
 from lab_helpers.runner import ProcessOutcome
 from lab_helpers.secrets import redact_mapping
+from lab_helpers.time_bound import where_time_goes
 from lab_helpers.time_limit import TIME_LIMIT_ENV
 
 METRICS_GLOB = "out/logs/**/metrics.csv"
@@ -107,8 +108,6 @@ def records_from(
             "tokens": tokens,
             "tokens_padded": tokens_padded,
             "iterations": iterations,
-            "tokens_per_s": rate(tokens, train_s),
-            "tokens_per_s_padded": rate(tokens_padded, train_s),
             "flops_per_step": mfu_inputs["flops_per_step"],
             "gpu_peak_flops": mfu_inputs["gpu_peak_flops"],
             "mfu_error": mfu_inputs["mfu_error"],
@@ -118,10 +117,31 @@ def records_from(
             "per_iteration": per_iteration or None,
             "timeline_path": relative_to_results(outcome.timeline.path),
             "log_path": relative_to_results(outcome.log_path),
+            "host_core_pct": report.get("host_core_pct"),
+            "loop_monotonic_s": report.get("loop_monotonic_s"),
+            **_torch_profile_fields(report),
+            **where_time_goes(
+                report,
+                timeline_path=outcome.timeline.path,
+                timeline_t0_monotonic_s=outcome.timeline.t0_monotonic_s,
+                gpu_index=outcome.timeline.gpu_index_for(number, report.get("device_uuid")),
+                world_size=run.world_size,
+            ),
         }
-        record["mfu"] = derived_mfu(record)  # pure arithmetic on the stored inputs: cannot fail
+        record.update(steady_timing(record))  # pure arithmetic on the stored inputs: cannot fail
         records.append(record)
     return records
+
+
+def _torch_profile_fields(report: Mapping[str, Any]) -> dict[str, Any]:
+    """What a ``--profile-steps`` run reported about its trace (all None when profiling was off)."""
+    trace = report.get("torch_profile_trace_path")
+    return {
+        "torch_profile_steps": report.get("torch_profile_steps"),
+        "torch_profile_iters": report.get("torch_profile_iters"),
+        "torch_profile_trace_path": None if trace is None else relative_to_results(Path(trace)),
+        "torch_profile_summary": report.get("torch_profile_summary"),
+    }
 
 
 def _status(

@@ -34,16 +34,22 @@ class TimelineSummary:
     gpu_uuids: dict[int, str] = field(default_factory=dict)
     visible_order: list[int] = field(default_factory=list)
     host_rss_peak_gib: float | None = None
+    t0_monotonic_s: float | None = None  # time.monotonic() of the timeline's t_s = 0: maps a rank's loop onto it
 
-    def gpu_used_peak_for(self, local_rank: int, device_uuid: str | None = None) -> float | None:
-        """The NVML peak of the GPU a rank used: by the UUID it reported, else by its place among visible GPUs."""
+    def gpu_index_for(self, local_rank: int, device_uuid: str | None = None) -> int | None:
+        """The NVML index of the GPU a rank used: by the UUID it reported, else by its place among visible GPUs."""
         if device_uuid:
             for index, uuid in self.gpu_uuids.items():
                 if uuid == device_uuid:
-                    return self.gpu_used_peak_gib.get(index)
+                    return index
         if 0 <= local_rank < len(self.visible_order):
-            return self.gpu_used_peak_gib.get(self.visible_order[local_rank])
+            return self.visible_order[local_rank]
         return None
+
+    def gpu_used_peak_for(self, local_rank: int, device_uuid: str | None = None) -> float | None:
+        """The NVML peak of the GPU a rank used (``gpu_index_for``)."""
+        index = self.gpu_index_for(local_rank, device_uuid)
+        return None if index is None else self.gpu_used_peak_gib.get(index)
 
 
 def visible_nvml_indices(visible: str | None, uuids: list[str | None]) -> list[int]:
@@ -226,6 +232,7 @@ class TimelineSampler:
         self.summary.gpu_uuids, self.summary.visible_order = dict(nvml.uuids), list(nvml.indices)
         self.summary.path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
+        self.summary.t0_monotonic_s = t0
         last_flush = t0
         psutil.cpu_percent(None)  # the first reading is meaningless; prime it
         with open(self.summary.path, "w", newline="") as fh:
