@@ -149,11 +149,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         quick=True if args.quick else None,
         time_limit_s=limit_s,
         simulate_world=args.simulate_world,
+        profile_steps=args.profile_steps,
     )
     return 0 if all(r["status"] in ("ok", "skipped", "oom") for r in records) else 1
 
 
-        profile_steps=args.profile_steps,
 def _cmd_run_all(args: argparse.Namespace) -> int:
     from lab_helpers.lab import default_profile, run_all
 
