@@ -27,6 +27,7 @@ from lab_helpers.iteration_times import one_off_excess_s, one_off_iterations
 from lab_helpers.paths import lab_home, reference_dir, results_dir
 from lab_helpers.record_schema import BREAKDOWN_PARTS
 from lab_helpers.records import empty_runs_frame, latest_runs, load_results
+from lab_helpers.table_display import ComparisonTable
 
 NO_RUNS = "no runs recorded yet"
 MEMORY_COLUMNS = ("peak_alloc_gib", "peak_tensor_gib", "peak_reserved_gib", "gpu_used_peak_gib", "host_rss_peak_gib")
@@ -118,7 +119,7 @@ def comparison_table(
     """
     latest = latest_runs(df, profile=profile, order=order)
     if latest.empty:
-        return pd.DataFrame({column: pd.Series(dtype=_dtype(column)) for column in TABLE_COLUMNS})
+        return ComparisonTable({column: pd.Series(dtype=_dtype(column)) for column in TABLE_COLUMNS})
     for column in (*MEMORY_COLUMNS, *RANK0_COLUMNS, "reason", "predicted"):
         if column not in latest:
             latest[column] = None
@@ -154,7 +155,7 @@ def comparison_table(
     table = table[list(TABLE_COLUMNS)]
     for column, digits in ROUNDING.items():
         table[column] = pd.to_numeric(table[column], errors="coerce").astype(float).round(digits)
-    return table.reset_index(drop=True)
+    return ComparisonTable(table.reset_index(drop=True))  # shown without empty columns (table_display)
 
 
 MARKDOWN_COLUMNS = {
@@ -176,8 +177,14 @@ MARKDOWN_COLUMNS = {
 
 def markdown_table(table: pd.DataFrame) -> str:
     """The comparison table's headline columns as a Markdown table (for reference_results/README.md): printed
-    from the records by ``python -m lab_helpers compare --reference NAME --markdown``, never typed."""
-    lines = ["| " + " | ".join(MARKDOWN_COLUMNS.values()) + " |", "|" + "---|" * len(MARKDOWN_COLUMNS)]
+    from the records by ``python -m lab_helpers compare --reference NAME --markdown``, never typed. The measured
+    peak is the quantity measured on that device (``_measured_memory``: live tensor bytes on a CPU), named so."""
+    measured, label = _measured_memory(table) if len(table) else ("peak_alloc_gib", "")
+    headers = dict(MARKDOWN_COLUMNS)
+    if measured != "peak_alloc_gib":
+        table = table.assign(peak_alloc_gib=table[measured])
+        headers["peak_alloc_gib"] = "measured peak GiB (" + label.removeprefix("measured ").replace(" (", ", ")[:-1] + ")"
+    lines = ["| " + " | ".join(headers.values()) + " |", "|" + "---|" * len(headers)]
     for row in table.to_dict("records"):
         cells = []
         for column in MARKDOWN_COLUMNS:
@@ -196,8 +203,8 @@ def markdown_table(table: pd.DataFrame) -> str:
                 cells.append(f"{value:.0f}")
             elif value is None:
                 cells.append("")
-            elif column == "predicted_peak_alloc_gib":
-                cells.append(f"{value:.2f}")
+            elif column == "predicted_peak_alloc_gib":  # CPU stand-ins predict tens of MiB: 3 digits, not 0.03
+                cells.append(f"{value:.2f}" if value >= 1 else f"{value:.3g}")
             else:
                 cells.append(str(value))
         lines.append("| " + " | ".join(cells) + " |")

@@ -1,0 +1,78 @@
+"""The comparison table as a person reads it (lab_helpers.table_display), on the shipped records.
+
+The shipped records are the lab's own: ``ci-cpu`` recorded on a CPU by the ci profile, ``h100-80gb`` on an H100
+(its OOM reason is the CUDA message as the GPU gave it). No GPU is needed to read them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from lab_helpers import compare
+from lab_helpers.table_display import REASON_CHARS, first_line, format_number, readable_table
+
+
+def _cpu_table() -> pd.DataFrame:
+    return compare.comparison_table(compare.load_reference("ci-cpu"))
+
+
+def test_a_cpu_table_shows_no_all_empty_column_and_keeps_every_column_as_data():
+    table = _cpu_table()
+    empty = [c for c in table.columns if table[c].isna().all()]
+    assert {"peak_alloc_gib", "mfu", "gpu_used_peak_gib"} <= set(empty)  # what a CPU cannot measure
+    shown = readable_table(table)
+    assert not [c for c in shown.columns if (shown[c] == "").all()]
+    assert not set(empty) & set(shown.columns)
+    assert "NaN" not in repr(table) and "nan" not in table._repr_html_()  # the notebook and print show that view
+    assert "MFU" not in repr(table) and "mfu" not in repr(table)  # never an MFU for a CPU
+    assert list(table.columns) == list(compare.TABLE_COLUMNS)  # the data and the CSV keep them all
+    assert "mfu" in table.to_csv(index=False).splitlines()[0]
+
+
+def test_reason_is_its_first_line_and_the_record_keeps_the_whole_message():
+    frame = compare.load_reference("h100-80gb")
+    full = frame.loc[frame["status"] == "oom", "reason"].iloc[0]
+    shown = readable_table(compare.comparison_table(frame))
+    reason = shown.loc[shown["experiment"] == "baseline", "reason"].iloc[0]
+    assert full.startswith("CUDA out of memory") and len(full) > REASON_CHARS
+    assert "\n" not in reason and len(reason) <= REASON_CHARS and full.startswith(reason.rstrip("…"))
+    assert first_line("\n  first\nsecond") == "first" and first_line(None) == ""
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "text"),
+    [
+        ("tokens_per_s", 1913.4, "1,913"),  # was 1.9e+03
+        ("mfu", 0.2314, "23.1%"),
+        ("peak_tensor_gib", 0.03489, "0.0349"),  # CPU stand-ins: tens of MiB keep 3 digits
+        ("peak_alloc_gib", 64.69, "64.7"),
+        ("prediction_error_pct", -2.25, "-2.2"),
+        ("flops_per_token", 6.43e9, "6.43 G"),
+        ("train_s", 24.31, "24.3"),
+        ("samples", 304.0, "304"),
+        ("mfu", float("nan"), ""),
+    ],
+)
+def test_numbers_are_formatted_for_people(column, value, text):
+    assert format_number(column, value) == text
+
+
+def test_markdown_uses_the_quantity_measured_on_that_device():
+    lines = compare.markdown_table(_cpu_table()).splitlines()
+    assert "measured peak GiB (peak of live tensors, CPU run)" in lines[0]
+    baseline = [cell.strip() for cell in lines[2].split("|")]
+    assert baseline[1:4] == ["baseline", "ok", "0.1236"]  # peak_tensor_gib, not the empty GPU column
+    assert baseline[4] == "0.124"  # the prediction of the same quantity, not rounded to 0.12
+
+
+@pytest.mark.slow
+def test_a_closed_pipe_ends_quietly(results):
+    """`compare | head -1`: head exits after one line; the writer must not print a BrokenPipeError traceback."""
+    shell = f"{sys.executable} -m lab_helpers compare --reference ci-cpu | head -1"
+    result = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=300)
+    assert result.stdout.startswith("ci-cpu.jsonl: code path only") and len(result.stdout.splitlines()) == 1
+    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr, result.stderr
