@@ -96,8 +96,8 @@ class CommunicationVolume:
             return f"{self.strategy}: no communication between GPUs"
         parts = ", ".join(f"{c.name} of {c.purpose} x{c.times_per_step}" for c in self.collectives)
         return (
-            f"{self.strategy} on {self.world_size} GPUs, {self.micro_batches_per_step} micro-batch(es) per step: "
-            f"{parts} = {self.psi_multiple:g}Ψ, {self.link_bytes_per_gpu / 1e9:.3g} GB sent per GPU per step"
+            f"{self.strategy} on {self.world_size} devices, {self.micro_batches_per_step} micro-batch(es) per step: "
+            f"{parts} = {self.psi_multiple:g}Ψ, {self.link_bytes_per_gpu / 1e9:.3g} GB sent per device per step"
         )
 
 
