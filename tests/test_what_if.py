@@ -69,6 +69,8 @@ def test_the_callback_answers_with_real_predictions(ci_assets):
     assert answer.figure is not None and answer.figure.axes[0].patches  # the breakdown's bars were drawn
     text = answer.text()
     assert "largest micro batch that fits" in text and "predicted step" in text
+    assert "MFU" not in text.replace("no MFU on a CPU", "")  # 04 printed "MFU 136.6%" for a CPU
+    assert answer.figure._repr_png_().startswith(b"\x89PNG")  # shows as an image, whatever the backend
 
 
 def test_the_widgets_build_without_a_browser_and_predict_nothing_until_run():
