@@ -64,6 +64,11 @@ def test_a_run_records_every_field_the_cpu_provides_and_never_a_token(grad_accum
     # 2 steps x 32/8 accumulation: the first step is warm-up, timed apart; train_s and tokens cover the second
     assert len(record["per_iteration"]) == 8 and record["warmup_iterations"] == 4 and record["iterations"] == 4
     assert record["warmup_s"] > 0 and record["mode"] == "full"
+    # steady timing from the 4 timed iterations; on a CPU no GPU figures, each with its reason (time_bound)
+    assert record["iter_count"] == 4 and record["iter_median_s"] > 0 and record["iter_iqr_s"] >= 0
+    assert record["gpu_busy_pct"] is None and record["gpu_busy_reason"].startswith("no GPU")
+    assert record["bound"] is None and record["bound_reason"] and record["host_core_pct"] > 0
+    assert record["torch_profile_steps"] is None  # profiling is never on by default
     assert record["device_name"].startswith("cpu (")  # named as the Lightning ranks name it (one report contract)
     # the CPU counterpart of max_memory_allocated, and the planner's prediction of the same quantity
     assert record["peak_tensor_gib"] == pytest.approx(record["predicted_peak_alloc_gib"], rel=0.10)
