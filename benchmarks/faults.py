@@ -46,7 +46,8 @@ SEED_RECORDS = [
 BAD_SET_VALUES = [
     "train.max_steps=abc", "train=5", "data=x", "checkpoint_dir=null", "train.max_steps=[1",
     "out_dir=!!python/object/apply:os.system [ls]", "data.class_path=litgpt.tokenizer.Tokenizer",
-    "train.max_steps=.nan",
+    "train.max_steps=.nan", "train.epochs=0", "train.max_seq_length=0", "train.max_seq_length=-1",
+    "train.log_interval=0", "data.init_args.num_workers=-1", "optimizer.init_args.lr=-0.001",
 ]  # fmt: skip
 IGNORE_SIGTERM = """
     import os, signal
@@ -394,6 +395,148 @@ def token_in_error(root: Path) -> Row:
     )
 
 
+# ------------------------------------------------------------------ issue 31: round two
+
+
+def closed_output(root: Path) -> Row:
+    row = Row("stdout closed after 3 lines (| head -3)", "ok recorded; the run goes on to its end")
+    fault = Fault(root, "head")
+    proc = fault.start("run", "grad-accum", "--set", "train.max_steps=10")
+    for _ in range(3):
+        proc.stdout.readline()
+    proc.stdout.close()  # what `head -3` does when it has its lines
+    proc.wait(timeout=300)
+    err = proc.stderr.read()
+    new = fault.new_records()
+    ok = _statuses(new) == "ok" and "Traceback" not in err
+    return _finish(row, fault, expect_records=1, ok=ok, observed=f"exit {proc.returncode}, {_statuses(new)}")
+
+
+def hang_up(root: Path) -> Row:
+    row = Row("terminal hangs up (SIGHUP) during training", "interrupted recorded, naming SIGHUP")
+    fault = Fault(root, "sighup")
+    proc = fault.start("run", "grad-accum", "--set", "train.max_steps=10000")
+    fault.wait_for_training(proc)
+    proc.send_signal(signal.SIGHUP)
+    proc.communicate(timeout=120)
+    new = fault.new_records()
+    ok = _statuses(new) == "interrupted" and "SIGHUP" in (new[0].get("reason") or "")
+    return _finish(row, fault, expect_records=1, ok=ok, observed=f"exit {proc.returncode}, {_statuses(new)}")
+
+
+def results_file_breaks(root: Path) -> Row:
+    row = Row("runs.jsonl turned into a directory mid-run", "record in a fallback file, said in one line")
+    fault = Fault(root, "fallback")
+    proc = fault.start("run", "grad-accum", "--set", "train.max_steps=6", "--quiet")
+    fault.wait_for_training(proc)
+    (fault.results / "runs.jsonl").rename(fault.results / "seeds.jsonl")
+    (fault.results / "runs.jsonl").mkdir()
+    _, err = proc.communicate(timeout=300)
+    from lab_helpers.records import read_records
+
+    fallback = [r for path in fault.results.glob("runs.*.jsonl") for r in read_records(path)]
+    said = [line for line in err.splitlines() if "merge-records" in line]
+    ok = _statuses(fallback) == "ok" and len(said) == 1 and "Traceback" not in err
+    row.lost = 0 if fallback else 1
+    row.strays = fault.strays()
+    row.ok = ok and row.strays == 0
+    row.observed = f"exit {proc.returncode}, fallback {_statuses(fallback)}, lines {len(said)}"
+    return row
+
+
+def refused_up_front(root: Path) -> list[Row]:
+    """Each bad results folder or limit: one line, exit 2, no run folder, nothing started."""
+    rows = []
+    cases = [
+        ("runs.jsonl a symlink to another file", "link", ["run", "grad-accum"], None),
+        ("LAB_RESULTS=/proc/x", "proc", ["run", "grad-accum"], None),
+        ("results disk full at start (RLIMIT_FSIZE 0)", "full-start", ["run", "grad-accum"], _file_size_limit(0)),
+        ("--time-limit 1e10", "limit", ["run", "grad-accum", "--time-limit", "1e10"], None),
+        ("plan --fit --gpu-memory-gib nan", "nan", ["plan", "configs/ci/ci-llama-xs/full.yaml", "--fit",
+                                                    "--gpu-memory-gib", "nan"], None),
+    ]  # fmt: skip
+    for name, folder, args, preexec in cases:
+        fault = Fault(root, folder)
+        target = fault.dir / "other-file"
+        target.write_text("untouched\n")
+        if folder == "link":
+            (fault.results / "runs.jsonl").unlink()
+            (fault.results / "runs.jsonl").symlink_to(target)
+        if folder == "proc":
+            fault.env["LAB_RESULTS"] = "/proc/x"
+        code, _, err = fault.run(*args, preexec=preexec)
+        lines = err.strip().splitlines()
+        nothing = not (fault.results / "runs").exists() and target.read_text() == "untouched\n"
+        ok = code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and nothing
+        row = Row(name, "exit 2, one line, nothing started")
+        row.strays = fault.strays()
+        row.ok = ok and row.strays == 0
+        row.observed = f"exit {code}: {lines[0] if lines else ''}"
+        rows.append(row)
+    return rows
+
+
+def relative_results(root: Path) -> Row:
+    row = Row("relative LAB_RESULTS, started from another folder", "ok recorded in that folder")
+    fault = Fault(root, "relative")
+    fault.env["LAB_RESULTS"] = "results"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lab_helpers", "run", "grad-accum", "--set", "train.max_steps=2", "--quiet"],
+        cwd=fault.dir, env={**fault.env, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    proc.communicate(timeout=300)
+    new = fault.new_records()
+    return _finish(row, fault, expect_records=1, ok=_statuses(new) == "ok",
+                   observed=f"exit {proc.returncode}, {_statuses(new)}")  # fmt: skip
+
+
+def absurd_micro_batch(root: Path) -> Row:
+    row = Row("plan micro batch 1e9, global batch 1e9", "an answer in seconds, bounded memory")
+    fault = Fault(root, "absurd")
+    started = time.monotonic()
+    proc = fault.start("plan", "configs/ci/ci-llama-xs/full.yaml", "--set", "train.micro_batch_size=1000000000",
+                       "--set", "train.global_batch_size=1000000000")  # fmt: skip
+    rss_gib = 0.0
+    while proc.poll() is None and time.monotonic() - started < 120:
+        try:
+            rss_gib = max(rss_gib, psutil.Process(proc.pid).memory_info().rss / 2**30)
+        except psutil.Error:
+            pass
+        time.sleep(0.2)
+    proc.communicate(timeout=60)
+    seconds = time.monotonic() - started
+    ok = proc.returncode == 0 and seconds < 60 and rss_gib < 2
+    return _finish(row, fault, expect_records=0, ok=ok,
+                   observed=f"exit {proc.returncode} in {seconds:.0f} s, RSS {rss_gib:.1f} GiB")  # fmt: skip
+
+
+def hostile_lines(root: Path) -> Row:
+    row = Row("hostile lines in runs.jsonl (rank 1e400, dict, /etc/passwd)", "compare and export work on the rest")
+    fault = Fault(root, "hostile")
+    secret = fault.dir / "secret.csv"
+    secret.write_text("t_s\nSECRET\n")
+    (fault.results / "runs" / "x").mkdir(parents=True)
+    (fault.results / "runs" / "x" / "timeline.csv").symlink_to(secret)  # a link leading out of the results
+    with open(fault.results / "runs.jsonl", "a") as fh:
+        fh.write('{"experiment": "a", "status": "ok", "rank": 1e400}\n{"experiment": {"x": 1}, "status": "ok"}\n')
+        fh.write('{"experiment": "b", "status": "ok", "timeline_path": "/etc/passwd"}\n')
+        fh.write('{"experiment": "c", "status": "ok", "profile": "ci", "run_id": "x", '
+                 '"timeline_path": "runs/x/timeline.csv"}\n')  # fmt: skip
+    home = fault.dir / "home"
+    home.mkdir()
+    (home / "configs").symlink_to(ROOT / "configs")
+    fault.env["LAB_HOME"] = str(home)
+    compare_code, _, _ = fault.run("compare", "--out", str(fault.dir / "figures"))
+    export_code, _, _ = fault.run("export-reference", "probe", "--profile", "ci")
+    exported = home / "reference_results"
+    leaked = [p for p in exported.rglob("*") if p.is_file() and "SECRET" in p.read_text(errors="replace")]
+    ok = compare_code == 0 and export_code == 0 and not leaked and (exported / "probe.jsonl").is_file()
+    row.ok, row.observed = ok, f"compare {compare_code}, export {export_code}, secrets copied {len(leaked)}"
+    row.strays = fault.strays()
+    return row
+
+
 def main() -> int:
     from lab_helpers.assets import prepare_ci
 
@@ -422,6 +565,13 @@ def main() -> int:
         lambda: damaged_file(root),
         lambda: token_in_error(root),
         lambda: bad_set_values(root),
+        lambda: closed_output(root),
+        lambda: hang_up(root),
+        lambda: results_file_breaks(root),
+        lambda: refused_up_front(root),
+        lambda: relative_results(root),
+        lambda: absurd_micro_batch(root),
+        lambda: hostile_lines(root),
     ]
     print(f"{'fault':<52} | {'expected':<56} | {'observed':<60} | result")
     for step in plan:

@@ -4,6 +4,7 @@ prepare  --profile ci|gpu [--random-weights]   build (ci) or download/check (gpu
 run      ID --profile P [--set key=value ...]    run one experiment and record it
 run-all  --section single|multi --profile P     every experiment of a section, then the comparison
 results  [--format json|csv]                    every record
+merge-records FILE                              append a fallback file's records to the results file
 plan     RECIPE.yaml [...]                      predict memory before a run (--time: step time)
 bandwidth [--ranks N]                           measure the bus bandwidth between GPUs (gloo on a CPU)
 doctor   [--json]                               what this node can run
@@ -14,7 +15,7 @@ wheelhouse --python 3.12 --dest DIR [--with qlora]  the wheels an offline GPU no
 from __future__ import annotations
 
 import argparse
-import signal
+import errno
 import sys
 from collections.abc import Sequence
 
@@ -87,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     results = sub.add_parser("results", help="print every record")
     results.add_argument("--format", choices=("json", "csv"), default="json")
+
+    merge = sub.add_parser("merge-records", help="append the records a run had to store elsewhere to the results file")
+    merge.add_argument("file", help="the fallback file the run named (runs.<run_id>.jsonl or runs/<run_id>/record.jsonl)")
 
     export = sub.add_parser("export-reference", help="ship the latest records of a profile as reference results")
     export.add_argument("name", help="e.g. the GPU: H100-80GB")
@@ -202,6 +206,14 @@ def _cmd_results(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_merge_records(args: argparse.Namespace) -> int:
+    from lab_helpers.records import merge_records, results_path
+
+    added = merge_records(args.file)
+    print(f"merged {added} record(s) into {results_path()}; removed {args.file}")
+    return 0
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     if args.reference is not None:
         from lab_helpers.compare import reference_stem, shipped_references
@@ -261,6 +273,7 @@ COMMANDS = {
     "run": _cmd_run,
     "run-all": _cmd_run_all,
     "results": _cmd_results,
+    "merge-records": _cmd_merge_records,
     "compare": _cmd_compare,
     "export-reference": _cmd_export_reference,
     "plan": _cmd_plan,
@@ -270,21 +283,25 @@ COMMANDS = {
 }
 
 
-def _sigterm_as_interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    from lab_helpers.interrupts import end_runs_on_signals
+    from lab_helpers.runner import say, silence_stdout
+
     args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # `kill` of the CLI still ends and records the run
+    end_runs_on_signals()  # `kill`, a dropped SSH terminal (SIGHUP), ...: the run is ended and recorded
     try:
         return COMMANDS[args.command](args)
     except LabConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}", file=sys.stderr)
         return 2
     except RecordWriteError as exc:  # a full disk: the results file is as it was; say so in one line
-        print(f"error: {exc.strerror}", file=sys.stderr)
+        say(f"error: {exc.strerror}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
-        print(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
-        return 130
+        say(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
+        return 130  # the run is recorded, with the signal that ended it
+    except (BrokenPipeError, OSError) as exc:  # stdout went away while printing (`| head`): nothing left to say
+        if isinstance(exc, BrokenPipeError) or exc.errno == errno.EIO:
+            silence_stdout()
+            return 1
+        raise

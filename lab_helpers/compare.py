@@ -24,7 +24,7 @@ import pandas as pd
 from lab_helpers.iteration_times import ONE_OFF_FACTOR as ONE_OFF_FACTOR  # the notebook names it
 from lab_helpers.iteration_times import finite_number as _number
 from lab_helpers.iteration_times import one_off_excess_s, one_off_iterations
-from lab_helpers.paths import lab_home, reference_dir, results_dir
+from lab_helpers.paths import lab_home, reference_dir, regular_file_inside, results_dir
 from lab_helpers.record_schema import BREAKDOWN_PARTS
 from lab_helpers.records import empty_runs_frame, latest_runs, load_results
 from lab_helpers.table_display import ComparisonTable
@@ -693,13 +693,12 @@ def _timeline_path(record_or_path: Any) -> tuple[Path | None, str]:
     if not isinstance(raw, (str, Path)) or not str(raw):
         return None, name
     path = Path(raw)
-    candidates = (
-        [path] if path.is_absolute() else [results_dir() / path, reference_dir() / path, lab_home() / path, path]
-    )
-    for candidate in candidates:
-        if candidate.exists():
-            return candidate, name
-    return None, name
+    if isinstance(record_or_path, (str, Path)):  # the caller's own path: read where it says
+        tried = [path] if path.is_absolute() else [results_dir() / path, reference_dir() / path, lab_home() / path, path]
+        return next((c for c in tried if c.exists()), None), name
+    # a record's path is data anyone can edit: only a regular file inside the results or reference folder is read
+    inside = (regular_file_inside(folder, str(raw)) for folder in (results_dir(), reference_dir()))
+    return next((p for p in inside if p is not None), None), name
 
 
 def plot_timeline(record_or_path: Any, *, out_dir: Path | str | None = None) -> Any:

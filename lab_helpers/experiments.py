@@ -438,11 +438,13 @@ def resolve(
     base_recipe = _read_yaml(recipe_path)
     recipe = apply_overrides(base_recipe, merged)
     command = "finetune_lora" if experiment.method in ("lora", "qlora") else "finetune_full"
+    from lab_helpers.recipe_ranges import check_recipe_ranges
     from lab_helpers.recipe_types import check_recipe_types  # imports litgpt's signatures: only when resolving
 
     check_recipe_types(recipe, command, examples=base_recipe)
     recipe = _generated_data_for_random_weights(recipe)
     check_recipe_keys(recipe, command)
+    check_recipe_ranges(recipe)  # after the types: impossible numbers (epochs=0, lr<0) before anything starts
     devices = simulate_world or count_devices(experiment.devices)
     check_batch_and_precision(recipe, devices=devices, num_nodes=experiment.num_nodes)
     skip_reason = hardware_skip_reason(experiment, recipe, simulated=bool(simulate_world))

@@ -6,6 +6,10 @@ KeyboardInterrupt out of the runner before the record is appended, and a third b
 rank stuck in a collective -- which then holds the GPU. Once armed, the shield counts SIGINT and SIGTERM
 instead of raising; the caller looks at ``count`` after the record is stored and raises then.
 
+The shield holds every signal that would end the run: SIGINT, and each signal whose default action ends the
+process (SIGHUP from a dropped SSH connection, SIGTERM, SIGQUIT, SIGUSR1, ...) while it still has that default or
+the CLI's ``raise_signal_interrupt``. A handler someone else installed (a test timer's SIGALRM) is left alone.
+
 Python delivers signals to the main thread only, so outside it there is nothing to hold and ``arm`` does nothing.
 """
 
@@ -15,7 +19,50 @@ import signal
 import threading
 from types import FrameType
 
-HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_ENDING_NAMES = (
+    "SIGHUP", "SIGTERM", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF", "SIGXCPU",
+    "SIGPWR", "SIGIO", "SIGSTKFLT",
+)  # fmt: skip
+ENDING_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in _ENDING_NAMES if hasattr(signal, name)
+)
+"""Signals whose default action ends the process (signal(7)), SIGINT apart: the CLI turns each into an interrupt,
+so that a dropped terminal (SIGHUP) ends and records a run as SIGTERM does. SIGPIPE and SIGXFSZ are left out:
+Python ignores both (a write then fails with an error the lab handles); faults (SIGSEGV, SIGBUS) cannot be."""
+
+HELD_SIGNALS = (signal.SIGINT, *ENDING_SIGNALS)
+
+
+class SignalInterrupt(KeyboardInterrupt):
+    """An interrupt that a signal other than SIGINT caused: the record names the signal."""
+
+    def __init__(self, signum: int) -> None:
+        self.signal_name = signal_name(signum)
+        super().__init__(f"ended by {self.signal_name}")
+        self.signum = signum
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def raise_signal_interrupt(signum: int, frame: FrameType | None) -> None:  # noqa: ARG001 -- a handler's signature
+    """The CLI's handler for ``ENDING_SIGNALS``: the run in progress is ended and recorded, as for Ctrl-C."""
+    raise SignalInterrupt(signum)
+
+
+def end_runs_on_signals() -> None:
+    """Install ``raise_signal_interrupt`` for every ending signal that is not ignored (a background job's)."""
+    for signum in ENDING_SIGNALS:
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            signal.signal(signum, raise_signal_interrupt)
+
+
+def _would_end_the_run(handler: object) -> bool:
+    return handler in (signal.SIG_DFL, signal.default_int_handler, raise_signal_interrupt, None)
 
 
 class InterruptShield:
@@ -34,6 +81,8 @@ class InterruptShield:
             return
         for signum in HELD_SIGNALS:
             previous = signal.getsignal(signum)
+            if not _would_end_the_run(previous):
+                continue  # ignored, or someone else's handler
             signal.signal(signum, self._hold)
             self._saved[signum] = signal.SIG_DFL if previous is None else previous
 

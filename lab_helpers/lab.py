@@ -21,12 +21,14 @@ from lab_helpers import predict
 from lab_helpers.experiments import LabConfigError, check_run_files, load_experiments, parse_set_args, resolve
 from lab_helpers.host_gate import host_ram_skip_reason
 from lab_helpers.launch import launcher_for
-from lab_helpers.paths import lab_home, results_dir
+from lab_helpers.paths import absolute_locations, lab_home, results_dir
 from lab_helpers.predict import OOM_DEMO_MARGIN
 from lab_helpers.quick_mode import QUICK_ENV, quick_from_env, quick_overrides
-from lab_helpers.records import append_record
+from lab_helpers.records import append_record, store_records
+from lab_helpers.records import results_path as results_file
+from lab_helpers.results_folder import check_results_folder, remove_if_empty
 from lab_helpers.run_record import base_record, one_line, records_from, relative_to_results
-from lab_helpers.runner import run_command
+from lab_helpers.runner import run_command, say
 
 __all__ = [
     "default_profile",
@@ -114,6 +116,7 @@ def run_experiment(
         overrides = parse_set_args(overrides)
     _check_profile_hardware(profile, node)
     run = resolve(exp_id, profile, overrides, check_files=False, simulate_world=simulate_world)  # files: below
+    check_results_folder(results_file(results_path))  # read-only, full, special: one line, nothing created
     launcher = launcher_for(run)
     quick = (quick_from_env() if quick is None else quick) and launcher.supports_quick
     if quick:
@@ -136,17 +139,22 @@ def run_experiment(
     run_dir = results_dir() / "runs" / base["run_id"]
     command = launcher.command(run, run_dir)
     with InterruptShield() as shield:  # armed by the runner at the first interrupt, or when the process ends
-        outcome = run_command(
-            command,
-            run_dir=run_dir,
-            env={QUICK_ENV: "1" if quick else "0", **_profile_env(profile_steps, run_dir)},
-            cwd=lab_home(),
-            total_iters=run.total_iterations,
-            label=exp_id,
-            echo=echo,
-            time_limit_s=limit_s,
-            shield=shield,
-        )
+        try:
+            outcome = run_command(
+                command,
+                run_dir=run_dir,
+                # the lab's folders made absolute: the child runs in lab_home(), not in this working directory
+                env={QUICK_ENV: "1" if quick else "0", **absolute_locations(), **_profile_env(profile_steps, run_dir)},
+                cwd=lab_home(),
+                total_iters=run.total_iterations,
+                label=exp_id,
+                echo=echo,
+                time_limit_s=limit_s,
+                shield=shield,
+            )
+        except OSError as exc:  # the run folder or its log could not be made: nothing has started
+            remove_if_empty(run_dir)
+            raise LabConfigError(f"the run could not start in {run_dir}: {exc.strerror or exc}") from None
         base["log_error"] = outcome.log_error  # the disk filled up: the log is cut short, the record says so
         try:
             records = records_from(run, base, outcome, run_dir, launcher.ranks(run))
@@ -154,11 +162,10 @@ def run_experiment(
             records = [{**base, "status": "error", "reason": f"the lab could not build the record: {exc!r}",
                         "returncode": outcome.returncode, "wall_s": outcome.wall_s,
                         "log_path": relative_to_results(outcome.log_path)}]  # fmt: skip
-        for record in records:
-            append_record(record, path=results_path)
+        store_records(records, path=results_path, run_dir=run_dir)  # a fallback file where runs.jsonl fails
         if summary:
             for record in records:
-                print(one_line(record))
+                say(one_line(record))  # stdout may be gone (`| head`): the record is stored already
     if outcome.interrupted:
         raise KeyboardInterrupt(f"{exp_id} interrupted; recorded as 'interrupted'")
     if shield.count:

@@ -11,10 +11,11 @@ import os
 import re
 import shutil
 import sys
-from pathlib import Path, PurePosixPath
+import warnings
+from pathlib import Path
 
 from lab_helpers.experiments import LabConfigError
-from lab_helpers.paths import reference_dir, results_dir
+from lab_helpers.paths import reference_dir, regular_file_inside, results_dir
 from lab_helpers.records import append_record, latest_runs, load_results, read_records
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -41,12 +42,8 @@ def export_reference(name: str, *, profile: str, note: str = "") -> Path:
         for record in read_records():  # the stored records themselves, not a DataFrame round trip of them
             if (record.get("run_id"), _rank(record.get("rank"))) not in chosen:
                 continue
-            timeline = record.get("timeline_path")
-            if timeline:
-                _check_inside(timeline, record)
-                if (results_dir() / timeline).is_file():
-                    (folder / timeline).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(results_dir() / timeline, folder / timeline)
+            if record.get("timeline_path"):
+                record["timeline_path"] = _copy_timeline(record, folder)
             record["reference_note"] = note or f"exported with: {' '.join(sys.argv) or 'export_reference'}"
             append_record(record, path=tmp)  # redacted as it is written (records.py)
         os.replace(tmp, target)
@@ -55,15 +52,24 @@ def export_reference(name: str, *, profile: str, note: str = "") -> Path:
     return target
 
 
-def _check_inside(timeline: str, record: dict) -> None:
-    """A timeline path is a relative path inside the results folder: an absolute one or one with '..' would
-    read from, and write to, anywhere (a record is data, and data can be edited by hand)."""
-    path = PurePosixPath(str(timeline))
-    if path.is_absolute() or ".." in path.parts or "\\" in str(timeline):
-        raise LabConfigError(
-            f"record {record.get('run_id')!r}: timeline_path {timeline!r} is not a relative path inside "
-            f"{results_dir()}; fix or remove that record, e.g. runs/<run_id>/timeline.csv"
+def _copy_timeline(record: dict, folder: Path) -> str | None:
+    """Copy the record's timeline into the export and return its path there, or None when it is not a regular
+    file inside the results folder once every link is resolved (a record is data, and data can be edited by
+    hand: a timeline linked to a secret must never be published). Said in one line."""
+    timeline = str(record["timeline_path"])
+    source = regular_file_inside(results_dir(), timeline)
+    destination = folder / timeline
+    if source is None or not destination.resolve().is_relative_to(folder.resolve()):
+        warnings.warn(
+            f"record {record.get('run_id')!r}: timeline {timeline!r} is not a regular file inside {results_dir()} "
+            "(missing, a link leading out, or not a file); exported without it",
+            stacklevel=3,
         )
+        return None
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    destination.unlink(missing_ok=True)  # never write through a link left there
+    shutil.copyfile(source, destination)
+    return timeline
 
 
 def _rank(value) -> int | None:

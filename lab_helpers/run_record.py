@@ -154,13 +154,16 @@ def _status(
     said on the way out (they see the runner's SIGTERM as an interrupt).
     """
     if outcome.interrupted:
-        return "interrupted", "interrupted by the user; every process of the run was ended", None
+        who = f"by {outcome.interrupted_by}" if outcome.interrupted_by else "by the user"
+        return "interrupted", f"interrupted {who}; every process of the run was ended", None
     if outcome.timed_out:
         why = (
             f"no result within the time limit of {outcome.time_limit_s:.0f} s; every process of the run was ended "
             f"(a longer limit: --time-limit SECONDS or ${TIME_LIMIT_ENV})"
         )
         return "timeout", why, "\n".join(outcome.tail[-20:]) or None
+    if outcome.exit_cause:  # e.g. its warm server died: the rank saw a SIGTERM it took for an interrupt
+        return "error", outcome.exit_cause, "\n".join(outcome.tail[-20:]) or None
     if report.get("status") in ("oom", "error", "interrupted"):
         return report["status"], last_line(report.get("error")), report.get("error")
     if report.get("status") == "ok" and (not launched or outcome.returncode == 0):

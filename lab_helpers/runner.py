@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab_helpers.child_report import REPORT_DIR_ENV, read_reports
-from lab_helpers.interrupts import InterruptShield
+from lab_helpers.interrupts import InterruptShield, SignalInterrupt
 from lab_helpers.orphan_guard import LAUNCHER_PID_ENV
 from lab_helpers.sampler import TimelineSampler, TimelineSummary
 from lab_helpers.secrets import redact, secret_values
@@ -50,6 +50,9 @@ class ProcessOutcome:
     pid: int | None = None  # the launched process, to match against the kernel's OOM-killer lines
     started_monotonic_s: float | None = None  # time.monotonic() at launch (the kernel log's clock)
     process_start: str | None = None  # "warm" (forked by warm_start) or "cold"; None: interrupted before it started
+    interrupted_by: str | None = None  # the signal that ended the run ("SIGHUP"); None: Ctrl-C or no interrupt
+    exit_cause: str | None = None  # why the process ended, when the launching side knows better (a dead warm server)
+    echo_error: str | None = None  # the output went away (a closed pipe, a dropped terminal); the run went on
 
 
 def _progress_bar(total: int | None, label: str, enabled: bool):
@@ -113,6 +116,64 @@ class _Deadline:
         self._done.set()
 
 
+class Echo:
+    """The run's output on this process's stdout; when stdout goes away (``| head`` closed the pipe, the SSH
+    terminal dropped: EPIPE, EIO), the echo stops and the run goes on -- losing a view must never lose a run.
+
+    Once stdout failed it is pointed at /dev/null (when it is fd 1), so that no later print of this process
+    (the result line, Python's flush at exit) fails again.
+    """
+
+    def __init__(self, enabled: bool, bar=None) -> None:
+        self.enabled = enabled
+        self.bar = bar
+        self.error: str | None = None
+
+    def show(self, line: str) -> None:
+        if not self.enabled or self.error is not None:
+            return
+        try:
+            _show(line, self.bar)
+        except (OSError, ValueError) as exc:  # ValueError: a closed file object
+            self.stop(exc)
+
+    def progress(self, n: int) -> None:
+        if self.bar is None or self.error is not None:
+            return
+        try:
+            self.bar.n = n
+            self.bar.refresh()
+        except (OSError, ValueError) as exc:
+            self.stop(exc)
+
+    def stop(self, exc: BaseException) -> None:
+        self.error = f"the output went away ({getattr(exc, 'strerror', None) or exc}); the run went on"
+        self.bar = None
+        silence_stdout()
+
+
+def silence_stdout() -> None:
+    """Point fd 1 at /dev/null: after EPIPE or EIO every write there would fail again."""
+    try:
+        if sys.stdout is not None and sys.stdout.fileno() == 1:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real fd (Jupyter's stream): nothing to redirect
+        pass
+
+
+def say(line: str, *, file=None) -> bool:
+    """print(line) that never raises for a vanished stdout or stderr (the record matters more than the line)."""
+    try:
+        print(line, file=file or sys.stdout, flush=True)
+        return True
+    except (OSError, ValueError):
+        if file is None or file is sys.stdout:
+            silence_stdout()
+        return False
+
+
 class _Log:
     """The run's log file; a write that fails (the disk filled up) stops the log, never the run or its record."""
 
@@ -171,7 +232,9 @@ def run_command(
     secrets = secret_values(child_env)
     tail: deque[str] = deque(maxlen=_TAIL_LINES)
     bar = _progress_bar(total_iters, label, echo)
+    shown = Echo(echo, bar)
     interrupted = False
+    interrupted_by: str | None = None
     t0, t0_monotonic = time.perf_counter(), time.monotonic()
     log = _Log(log_path)
     timeline_path = run_dir / "timeline.csv"
@@ -194,21 +257,20 @@ def run_command(
                     line = redact(raw.decode("utf-8", errors="replace").rstrip("\r\n"), secrets)
                     log.write(line)
                     tail.append(line)
-                    if echo:
-                        _show(line, bar)
-                    if bar is not None and (match := ITER_PATTERN.search(line)):
-                        bar.n = int(match.group(1))
-                        bar.refresh()
+                    shown.show(line)
+                    if shown.bar is not None and (match := ITER_PATTERN.search(line)):
+                        shown.progress(int(match.group(1)))
                 proc.wait()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             shield.arm()  # from here on a second or third interrupt is counted, not raised
             interrupted = True
+            interrupted_by = exc.signal_name if isinstance(exc, SignalInterrupt) else None
             message = (
                 "lab: interrupted; ending the whole process group "
                 f"(further interrupts are ignored; whatever is left after {terminate_grace_s():.0f} s is killed)"
             )
             log.write(message)
-            _show(message, bar)
+            Echo(True, shown.bar).show(message)  # said even with --quiet, unless the output is gone
             if proc is not None:
                 _end_group(proc, proc.pid)
     finally:
@@ -224,8 +286,11 @@ def run_command(
         if timed_out:
             log.write(f"lab: the time limit of {time_limit_s:.0f} s passed; the whole process group was ended")
         log.close()
-        if bar is not None:
-            bar.close()
+        if shown.bar is not None:
+            try:
+                shown.bar.close()
+            except (OSError, ValueError):
+                pass
         if own_shield:
             shield.release()
     return ProcessOutcome(
@@ -242,6 +307,9 @@ def run_command(
         pid=None if proc is None else proc.pid,
         started_monotonic_s=t0_monotonic,
         process_start=None if proc is None else "warm" if isinstance(proc, WarmProcess) else "cold",
+        interrupted_by=interrupted_by,
+        exit_cause=getattr(proc, "exit_cause", None),
+        echo_error=shown.error,
     )
 
 

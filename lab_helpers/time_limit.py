@@ -11,6 +11,7 @@ or ``$LAB_TIME_LIMIT_S`` override it; 0 means no limit.
 from __future__ import annotations
 
 import os
+import threading
 
 TIME_LIMIT_ENV = "LAB_TIME_LIMIT_S"
 STARTUP_ALLOWANCE_S = {"ci": 300.0, "gpu": 1800.0}
@@ -23,6 +24,7 @@ def time_limit_s(profile: str, total_iterations: int | None, override: float | N
     if override is None and os.environ.get(TIME_LIMIT_ENV):
         override = parse_time_limit(os.environ[TIME_LIMIT_ENV], source=TIME_LIMIT_ENV)
     if override is not None:
+        override = parse_time_limit(override, source="time_limit_s")
         return float(override) if override > 0 else None
     startup = STARTUP_ALLOWANCE_S.get(profile, STARTUP_ALLOWANCE_S["gpu"])
     if not total_iterations:
@@ -30,14 +32,21 @@ def time_limit_s(profile: str, total_iterations: int | None, override: float | N
     return startup + total_iterations * PER_ITERATION_S.get(profile, PER_ITERATION_S["gpu"])
 
 
-def parse_time_limit(text: str, *, source: str = "--time-limit") -> float:
-    """A number of seconds (0: no limit); anything else is one clear line."""
+MAX_TIME_LIMIT_S = 365 * 24 * 3600.0
+"""The longest limit accepted: a year, well inside what the timer can wait (``threading.TIMEOUT_MAX``); a longer
+one used to overflow the timer's thread and leave the run unlimited while its record said otherwise."""
+
+
+def parse_time_limit(text: str | float, *, source: str = "--time-limit") -> float:
+    """A number of seconds (0: no limit) the timer can hold; anything else is one clear line."""
     from lab_helpers.experiments import LabConfigError
 
     try:
         value = float(text)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         value = float("nan")
-    if value != value or value < 0 or value == float("inf"):
-        raise LabConfigError(f"{source}: expected seconds as a number >= 0 (0: no limit), e.g. 3600; got {text!r}")
+    if not (0 <= value <= min(MAX_TIME_LIMIT_S, threading.TIMEOUT_MAX)):  # NaN fails this too
+        raise LabConfigError(
+            f"{source}: expected seconds from 0 (no limit) to {MAX_TIME_LIMIT_S:.0f} (a year), e.g. 3600; got {text!r}"
+        )
     return value

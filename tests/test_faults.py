@@ -316,7 +316,7 @@ def test_the_time_limit_comes_from_the_recipe_with_an_override(monkeypatch):
     assert time_limit_s("ci", 8, override=5) == 5 and time_limit_s("ci", 8, override=0) is None
     monkeypatch.setenv("LAB_TIME_LIMIT_S", "42")
     assert time_limit_s("gpu", 100) == 42
-    with pytest.raises(LabConfigError, match=r"--time-limit: expected seconds as a number >= 0"):
+    with pytest.raises(LabConfigError, match=r"--time-limit: expected seconds from 0"):
         parse_time_limit("soon")
 
 
@@ -379,7 +379,7 @@ def test_a_process_killed_by_a_signal_is_named_and_a_host_oom_is_said_when_evide
 
 
 @pytest.mark.parametrize("timeline", ["/etc/passwd", "../../outside.csv", "runs/../../x.csv"])
-def test_export_reference_refuses_paths_outside_the_results_and_keeps_the_old_export(
+def test_export_reference_sets_aside_records_with_paths_outside_the_results(
     tmp_path, monkeypatch, results, timeline
 ):
     from lab_helpers.reference import export_reference
@@ -391,9 +391,142 @@ def test_export_reference_refuses_paths_outside_the_results_and_keeps_the_old_ex
     append_record(_record(0, profile="ci", started_at="2026-01-01T00:00:00"))
     old = export_reference("ci-test", profile="ci")
     before = old.read_text()
-    append_record({**_record(1, profile="ci", started_at="2026-01-02T00:00:00"), "timeline_path": timeline})
-    with pytest.raises(LabConfigError, match="is not a relative path inside"):
-        export_reference("ci-test", profile="ci")
-    assert old.read_text() == before  # the earlier export is whole
+    with open(records.results_path(), "a") as fh:  # a hand-edited line: append_record refuses to write it
+        fh.write(json.dumps({**_record(1, profile="ci", started_at="2026-01-02T00:00:00"), "timeline_path": timeline}))
+        fh.write("\n")
+    with pytest.warns(UserWarning, match="is not a relative path inside"):  # set aside, and the rest exported
+        again = export_reference("ci-test", profile="ci")
+    assert again.read_text() == before  # the hostile record is not exported; the good one is
     assert not (home / "reference_results" / "etc").exists()
     assert sorted(p.name for p in (home / "reference_results").iterdir()) == ["ci-test.jsonl"]
+
+
+# --------------------------------------------------------------------------------- issue 31: round two
+
+
+@pytest.mark.parametrize("text", ["1e10", "1e300", "inf", "-1"])
+def test_a_time_limit_the_timer_cannot_hold_is_one_line(text):
+    from lab_helpers.time_limit import parse_time_limit, time_limit_s
+
+    with pytest.raises(LabConfigError, match="--time-limit: expected seconds from 0"):
+        parse_time_limit(text)
+    with pytest.raises(LabConfigError):  # the API too: 1e10 overflowed the timer's thread and ran unlimited
+        time_limit_s("ci", 4, float(text))
+
+
+@pytest.mark.parametrize(
+    ("pair", "key"),
+    [("train.epochs=0", "train.epochs"), ("train.max_seq_length=0", "train.max_seq_length"),
+     ("train.max_seq_length=-3", "train.max_seq_length"), ("train.log_interval=0", "train.log_interval"),
+     ("data.init_args.num_workers=-1", "data.init_args.num_workers"),
+     ("optimizer.init_args.lr=-0.001", "optimizer.init_args.lr")],
+)  # fmt: skip
+def test_impossible_recipe_values_are_refused_with_the_key_and_range(pair, key):
+    with pytest.raises(LabConfigError, match=rf"^{re.escape(key)} must be >=? ?[\d.]+; got"):
+        resolve("grad-accum", "ci", parse_set_args([pair]), check_files=False)
+
+
+@pytest.mark.parametrize("where", ["/proc/x", "file"])
+def test_an_unusable_results_folder_is_one_line_before_anything_starts(where, tmp_path, monkeypatch):
+    from lab_helpers.lab import run_experiment
+
+    if where == "file":
+        (tmp_path / "file").write_text("")
+        where = str(tmp_path / "file" / "results")  # a folder inside a file: ENOTDIR
+    monkeypatch.setenv("LAB_RESULTS", where)
+    with pytest.raises(LabConfigError, match="results folder"):
+        run_experiment("grad-accum", profile="ci", echo=False)
+
+
+def test_a_full_disk_at_start_is_one_line_and_leaves_no_run_folder(results):
+    """RLIMIT_FSIZE=0 stands for a full disk (a CPU test cannot fill one): the probe write fails at once."""
+    script = textwrap.dedent(
+        """
+        import resource, signal, tempfile
+        import lab_helpers.lab, torch  # imported first: their start-up caches need a temporary file
+        tempfile.gettempdir()
+        from lab_helpers.cli import main
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+        raise SystemExit(main(["run", "grad-accum", "--profile", "ci"]))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=300)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "cannot be written" in lines[0], out.stderr
+    assert not (results / "runs").exists()
+
+
+def test_a_symlinked_results_file_stops_a_run_before_it_starts(results, tmp_path):
+    target = tmp_path / "target"
+    target.write_text("mine\n")
+    results.mkdir()
+    (results / "runs.jsonl").symlink_to(target)
+    out = subprocess.run(cli("run", "grad-accum", "--profile", "ci"), capture_output=True, text=True, timeout=300)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "symbolic link" in lines[0], out.stderr
+    assert target.read_text() == "mine\n" and not (results / "runs").exists()
+
+
+def test_relative_lab_folders_are_made_absolute_for_the_child(tmp_path, monkeypatch):
+    from lab_helpers.paths import absolute_locations
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LAB_RESULTS", "rel")
+    monkeypatch.delenv("LAB_DATA", raising=False)
+    assert absolute_locations()["LAB_RESULTS"] == str(tmp_path / "rel")
+    assert "LAB_DATA" not in absolute_locations()  # unset stays unset: the child's default is the lab's own
+
+
+def test_a_closed_output_stops_the_echo_not_the_run(tmp_path):
+    """run_command in a launcher whose stdout is a pipe closed after 2 lines (`| head -2`): the child runs to its
+    end and the log has every line."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from pathlib import Path
+        from lab_helpers.runner import run_command
+        child = "import time\\nfor i in range(200): print('line', i, flush=True); time.sleep(0.005)"
+        outcome = run_command([sys.executable, "-c", child], run_dir=Path({str(tmp_path / "run")!r}))
+        Path({str(tmp_path / "done")!r}).write_text(f"{{outcome.returncode}} {{outcome.echo_error is not None}}")
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    proc.stdout.readline(), proc.stdout.readline()
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=60)
+    assert (tmp_path / "done").read_text() == "0 True", err.decode()[-2000:]
+    assert "line 199" in (tmp_path / "run" / "output.log").read_text()
+    assert b"Traceback" not in err
+
+
+def test_a_run_whose_warm_server_died_is_an_error_with_the_cause(tmp_path, monkeypatch):
+    from lab_helpers import warm_start
+    from lab_helpers.run_record import _status
+    from lab_helpers.warm_start import WarmStarter
+
+    (tmp_path / "probe.py").write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(120)\n")
+    monkeypatch.setattr(warm_start, "_starter", WarmStarter(preload=("json",)))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.delenv(warm_start.WARM_START_ENV, raising=False)
+    command = [sys.executable, "-m", "probe"]
+    run_command(command[:2] + ["json.tool", "--help"], run_dir=tmp_path / "first", cwd=tmp_path, echo=False)
+    log = tmp_path / "second" / "output.log"
+
+    def kill_server_when_sleeping() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (log.exists() and "sleeping" in log.read_text()):
+            time.sleep(0.05)
+        for server in list(warm_start._starter._servers.values()):
+            os.kill(server.proc.pid, signal.SIGKILL)  # the warm server dies mid-run
+
+    import threading
+
+    threading.Thread(target=kill_server_when_sleeping, daemon=True).start()
+    try:
+        outcome = run_command(command, run_dir=tmp_path / "second", cwd=tmp_path, echo=False)
+    finally:
+        warm_start._starter.close()
+    assert outcome.process_start == "warm" and outcome.exit_cause
+    status, reason, _ = _status({"status": "interrupted", "error": "KeyboardInterrupt"}, outcome, launched=True)
+    assert status == "error" and "warm server" in reason

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import TYPE_CHECKING
 
@@ -106,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.devices is not None and args.devices < 1:
             raise PlanError(f"--devices must be at least 1, got {args.devices}")
+        for flag in ("gpu_memory_gib", "margin"):
+            value = getattr(args, flag, None)
+            if value is not None and not (math.isfinite(value) and value >= 0):  # nan, inf: one line, not a traceback
+                raise PlanError(f"--{flag.replace('_', '-')} must be a finite number >= 0, got {value}")
         if not getattr(args, "fit", False) and (
             getattr(args, "margin", None) is not None or getattr(args, "max_micro_batch", None) is not None
         ):

@@ -208,7 +208,12 @@ def trace(spec: TrainingSpec) -> TraceResult:
     lo, hi = depths
     a = _trace_at_batch(spec, lo)
     b = _trace_at_batch(spec, hi)
-    factor = (n_layer - lo) / (hi - lo)
+    notes = [f"traced {lo} and {hi} of {n_layer} blocks and extrapolated (blocks are identical)"]
+    return _extrapolated(a, b, (n_layer - lo) / (hi - lo), notes)
+
+
+def _extrapolated(a: TraceResult, b: TraceResult, factor: float, notes: list[str]) -> TraceResult:
+    """Every size of the trace continued along the line through ``a`` (factor 0) and ``b`` (factor 1)."""
 
     def ext(x: float, y: float) -> int:
         return int(round(x + (y - x) * factor))
@@ -239,8 +244,7 @@ def trace(spec: TrainingSpec) -> TraceResult:
             "paged_optimizer_bytes",
         )
     }
-    notes = [f"traced {lo} and {hi} of {n_layer} blocks and extrapolated (blocks are identical)"]
-    notes += [n for n in b.notes if n not in notes]
+    notes = [*notes, *(n for n in b.notes if n not in notes)]
     return TraceResult(
         phases=phases,
         block_param_bytes=b.block_param_bytes,
@@ -327,16 +331,34 @@ def scaled_trace(a: TraceResult, b: TraceResult, batch_a: int, batch_b: int, bat
     )
 
 
+TRACE_TOKENS_CAP = 1 << 15
+"""Tokens of the largest micro-batch traced op by op (64 x 512). Tracing costs time and host memory in proportion
+to the tokens (the loss runs in 128-row chunks): micro batch 1e9 once took 19.6 GB of RSS and minutes. Beyond the
+cap, memory is continued along the line through two traces at smaller batches -- activations, logits and their
+temporaries are proportional to the batch, weights and optimizer states do not depend on it -- so ``plan`` and
+``run`` answer any batch in seconds. Every micro-batch of the lab's experiments (at most 32 x 512) is traced."""
+
+
 def _trace_at_batch(spec: TrainingSpec, n_layer: int | None) -> TraceResult:
     """``trace_training(spec, n_layer)``, answered from remembered timelines of the same run at other
-    micro-batch sizes when two of them allow it."""
+    micro-batch sizes when two of them allow it, and extrapolated in the batch beyond ``TRACE_TOKENS_CAP``."""
+    batch = spec.micro_batch_size
+    if batch > 4 and batch * spec.seq_len > TRACE_TOKENS_CAP:
+        hi = max(4, TRACE_TOKENS_CAP // spec.seq_len // 2 * 2)
+        lo = hi // 2
+        a = _trace_at_batch(dataclasses.replace(spec, micro_batch_size=lo), n_layer)
+        b = _trace_at_batch(dataclasses.replace(spec, micro_batch_size=hi), n_layer)
+        exact = scaled_trace(a, b, lo, hi, batch)
+        if exact is not None:
+            return exact
+        note = f"micro-batch {batch} continued along the line through the traces at {lo} and {hi} (approximate)"
+        return dataclasses.replace(_extrapolated(a, b, (batch - lo) / (hi - lo), [note]), timeline=None)
     key = _batch_free_key(spec, n_layer)
     known = _TIMELINES.get(key)
     if known is None:
         if len(_TIMELINES) >= _TIMELINE_KEYS:
             _TIMELINES.pop(next(iter(_TIMELINES)))
         known = _TIMELINES[key] = {}
-    batch = spec.micro_batch_size
     if batch in known:
         return known[batch]
     points = sorted((b for b in known if b >= 2), key=lambda b: abs(b - batch))
