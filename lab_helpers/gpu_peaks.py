@@ -92,6 +92,38 @@ _TABLE: tuple[tuple[str, Peak | None], ...] = (
 )
 
 
+# Memory of the models whose NVML name does not say it (those that do, "A100-SXM4-80GB", "H100 80GB HBM3",
+# "V100-SXM2-32GB", are read from the name): the datasheet's nominal size, one size per model. NVML reports a
+# little less (ECC, reserved memory), which --fit's margin is there for; a node's own figure beats both.
+_NOMINAL_MEMORY_GB: tuple[tuple[str, float], ...] = (
+    (r"\bH200\b.*\bNVL\b", 141.0),
+    (r"\bH200\b", 141.0),
+    (r"\bH100\b.*\bNVL\b", 94.0),
+    (r"\bA10G?\b", 24.0),
+    (r"\bA40\b", 48.0),
+    (r"\bRTX A6000$", 48.0),
+    (r"\bL40S\b", 48.0),
+    (r"\bL4\b", 24.0),
+    (r"\bRTX 4090$", 24.0),
+    (r"\bRTX 3090$", 24.0),
+)
+
+
+def nominal_memory_gib(gpu_name: str | None) -> float | None:
+    """A GPU's memory from its NVML name: the size the name carries ("NVIDIA A100-SXM4-80GB" -> 80), else the
+    datasheet's for a model that comes in one size; None when neither says. NVIDIA's "80GB" memories are 80 GiB
+    (2^30-byte units) of HBM/GDDR, so the figure is used as GiB, the planner's unit."""
+    if not gpu_name:
+        return None
+    name = " ".join(str(gpu_name).upper().split())
+    if "GH200" in name:  # "GH200 480GB" counts the Grace CPU's memory too: not the GPU's
+        return None
+    sized = re.search(r"(\d+)\s*GB\b", name)
+    if sized:
+        return float(sized.group(1))
+    return next((size for pattern, size in _NOMINAL_MEMORY_GB if re.search(pattern, name)), None)
+
+
 def precision_unit(precision: str) -> str | None:
     """Which matmul unit a Lightning/litgpt precision string runs on: "bf16", "fp16", "fp32_matmul" or None."""
     p = str(precision).strip().lower()
