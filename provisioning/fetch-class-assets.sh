@@ -63,6 +63,18 @@ A Hugging Face token, if a model needs one, is read from HF_TOKEN in the environ
 EOF
 }
 
+# parse_models LIST: the comma-separated models, empty entries dropped ("a,,b", a trailing comma); none at all
+# (--models , or --models "") is a usage error, not a "bad array subscript" from an empty key.
+parse_models() {
+    local raw=() entry
+    IFS=, read -r -a raw <<<"$1"
+    MODELS=()
+    for entry in "${raw[@]}"; do
+        [[ -n $entry ]] && MODELS+=("$entry")
+    done
+    ((${#MODELS[@]})) || usage_error "--models needs at least one model, e.g. --models ${ALL_MODELS[0]}"
+}
+
 parse_args() {
     while (($#)); do
         case $1 in
@@ -71,7 +83,7 @@ parse_args() {
             --models | --checkpoint-dir | --data-dir | --retries)
                 (($# >= 2)) || usage_error "$1 needs a value"
                 case $1 in
-                    --models) IFS=, read -r -a MODELS <<<"$2" ;;
+                    --models) parse_models "$2" ;;
                     --checkpoint-dir) CHECKPOINT_DIR=$2 ;;
                     --data-dir) DATA_DIR=$2 ;;
                     --retries) RETRIES=$2 ;;

@@ -69,6 +69,16 @@ setup() {
     [[ $output == *"not a gpu-profile model: meta-llama/Llama-2-70b"* ]]
 }
 
+@test "--models with no model in it (a lone comma, empty) is one usage line, not a bash error" {
+    for list in , "" ",,"; do
+        run "$SCRIPT" --models "$list" --dry-run
+        [ "$status" -eq 2 ]
+        [[ $output == *"--models needs at least one model"* ]]
+        [[ $output != *"bad array subscript"* ]]
+    done
+    not_called '^lab-python'
+}
+
 @test "a dropped download is retried and resumes" {
     STUB_LITGPT_FAILS=2 run "$SCRIPT" "${ARGS[@]}" --models openlm-research/open_llama_3b
     echo "$output"
