@@ -37,14 +37,17 @@ def main(argv: list[str] | None = None) -> int:
         "$ python benchmarks/planner_time_check.py"
         + (f" --records {shown}" if args.records != parser.get_default("records") else "")
     )
-    records = read_records(Path(args.records))
-    rows = predicted_vs_measured(records)
-    print(f"# {len(records)} records from {shown}; MFU and overhead for each row fitted to the other records")
-    if any(not record.get("device_name") for record in records):
-        from lab_helpers.planner.timing import cpu_speed
+    from lab_helpers.cpu_speed import measure_cpu_rates
+    from lab_helpers.planner.timing import CPU, device_key
 
+    records = read_records(Path(args.records))
+    on_cpu = any(device_key(record.get("device_name")) == CPU for record in records)
+    cpu_rates = measure_cpu_rates() if on_cpu else None
+    rows = predicted_vs_measured(records, cpu_rates=cpu_rates)
+    print(f"# {len(records)} records from {shown}; MFU and overhead for each row fitted to the other records")
+    if cpu_rates is not None:
         print(
-            f"# CPU peak = this machine's measured fp32 matmul rate, {cpu_speed()['matmul_flops_per_s'] / 1e9:.1f} "
+            f"# CPU peak = this machine's measured fp32 matmul rate, {cpu_rates.matmul_flops_per_s / 1e9:.1f} "
             "GFLOP/s (cached): an MFU over 1 means that timing ran slower than the training did (a busy machine); "
             "predicted seconds do not depend on it (it cancels out)"
         )

@@ -643,10 +643,13 @@ def plot_time_prediction(
     """Per experiment: measured optimizer-step time beside the planner's prediction (lab_helpers.planner.timing),
     like the memory plot. Each prediction takes its MFU from the *other* records (leave-one-out), so a run is
     never predicted from itself; the title gives the median and worst error."""
-    from lab_helpers.planner.timing import predicted_vs_measured
+    from lab_helpers.cpu_speed import measure_cpu_rates
+    from lab_helpers.planner.timing import CPU, device_key, predicted_vs_measured
 
     latest = latest_runs(df, profile=profile, order=order)
-    rows = predicted_vs_measured(latest.to_dict("records")) if not latest.empty else []
+    records = latest.to_dict("records")
+    on_cpu = any(device_key(record.get("device_name")) == CPU for record in records)
+    rows = predicted_vs_measured(records, cpu_rates=measure_cpu_rates() if on_cpu else None) if records else []
     if not rows:
         return _empty_plot(out_dir, "time_predicted.png", "Step time: measured vs predicted")
     figure, ax = _new_figure(max(7.5, 0.8 * len(rows) + 3), 4.2)

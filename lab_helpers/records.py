@@ -258,6 +258,15 @@ def read_records(path: Path | str | None = None) -> list[dict[str, Any]]:
     return list(iter_records(path))
 
 
+def lab_and_reference_records() -> list[dict[str, Any]]:
+    """The lab's own results (``$LAB_RESULTS/runs.jsonl``) and the shipped reference results: what the time
+    model fits its MFU to on this node (``predict.predict_step_time`` passes them in)."""
+    from lab_helpers.paths import reference_dir
+
+    paths = [results_dir() / "runs.jsonl", *sorted(reference_dir().glob("*.jsonl"))]
+    return [record for path in paths for record in read_records(path)]
+
+
 def conformed(record: dict[str, Any]) -> dict[str, Any]:
     """A stored record as every reader sees it: every schema field present, the time figures derived from what it
     measured (``iteration_times.steady_timing``: the same arithmetic for a record written today and for an old

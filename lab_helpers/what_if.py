@@ -144,7 +144,8 @@ def explore(*, profile: str, draw: bool = True, **values: Any) -> Answer:
     """Predict memory, the largest micro batch that fits and the step time for ``values`` (see ``defaults``).
 
     The widgets' callback: a plain function, so nbval and the tests run it without a browser."""
-    from lab_helpers.planner import PlanError, fit, predict, predict_time
+    from lab_helpers.planner import PlanError, fit, predict
+    from lab_helpers.predict import predict_step_time
 
     values = {**defaults(profile), **values}
     spec = spec_for(values, profile)
@@ -163,7 +164,7 @@ def explore(*, profile: str, draw: bool = True, **values: Any) -> Answer:
         gpu_name = NO_GPU_NAME
         answer.notes.append(f"no GPU here: time predicted for an {NO_GPU_NAME}")
     try:
-        answer.time = predict_time(spec, gpu_name=gpu_name)
+        answer.time = predict_step_time(spec, gpu_name=gpu_name)
     except PlanError as err:
         answer.notes.append(f"no time prediction: {err}")
     if profile == "ci":

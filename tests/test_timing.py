@@ -1,26 +1,23 @@
 """The time model (lab_helpers.planner.timing): the formula on real litgpt specs, the MFU sources, the host
 optimizer step for offload, the CPU speed cache, and the prediction against the shipped ci records.
 
-The CPU's measured rates come from a cache file written by the test (``LAB_CPU_SPEED_CACHE``), so the numbers
-are exact and no test depends on how busy the machine is; one test lets the real measurement run.
+The CPU's rates are given (``RATES``: the planner takes every hardware fact as an argument), so the numbers are
+exact and no test depends on how busy the machine is; tests/test_cpu_speed.py lets the real measurement run.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import platform
 from pathlib import Path
 
 import pytest
-import torch
 
+from lab_helpers.cpu_speed import CpuRates
 from lab_helpers.flops import train_flops_per_step
 from lab_helpers.planner import PlanError, spec_from_recipe, timing
 from lab_helpers.planner.timing import (
     DEFAULT_MFU,
     QLORA_SPEED_RATIO,
-    cpu_speed,
     measured_step,
     mfu_for,
     predict_time,
@@ -34,16 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CI = ROOT / "configs" / "ci"
 MATMUL = 20e9
 ADAM = 10e6
-
-
-@pytest.fixture(autouse=True)
-def known_cpu(tmp_path, monkeypatch):
-    """A CPU speed cache with known rates for this machine's key (what cpu_speed would have measured)."""
-    path = tmp_path / "cpu_speed.json"
-    key = f"{platform.node()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}"
-    path.write_text(json.dumps({key: {"matmul_flops_per_s": MATMUL, "adam_params_per_s": ADAM}}))
-    monkeypatch.setenv(timing.CACHE_ENV, str(path))
-    return path
+RATES = CpuRates(matmul_flops_per_s=MATMUL, adam_params_per_s=ADAM)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +47,7 @@ def _spec(name: str, method: str, **kwargs):
 
 def test_step_time_is_flops_over_peak_times_mfu(ci_assets):
     spec = _spec("ci-llama-xs", "full", device="cpu")
-    plan = predict_time(spec, mfu=0.5)
+    plan = predict_time(spec, mfu=0.5, cpu_rates=RATES)
     flops = train_flops_per_step(
         spec.model_config, method="full", micro_batch_size=spec.micro_batch_size, seq_len=spec.seq_len
     )
@@ -72,8 +60,10 @@ def test_step_time_is_flops_over_peak_times_mfu(ci_assets):
 
 @pytest.mark.parametrize(("method", "extra"), [("full", 1 / 3), ("lora", 1 / 2)])
 def test_activation_checkpointing_adds_one_forward(ci_assets, method, extra):
-    plain = predict_time(_spec("ci-llama-xs", method, device="cpu"), mfu=0.5)
-    ckpt = predict_time(_spec("ci-llama-xs", method, device="cpu", activation_checkpointing=True), mfu=0.5)
+    plain = predict_time(_spec("ci-llama-xs", method, device="cpu"), mfu=0.5, cpu_rates=RATES)
+    ckpt = predict_time(
+        _spec("ci-llama-xs", method, device="cpu", activation_checkpointing=True), mfu=0.5, cpu_rates=RATES
+    )
     assert ckpt.model_flops_per_micro_batch == plain.model_flops_per_micro_batch  # MFU stays on model FLOPs
     assert ckpt.hardware_flops_per_micro_batch == pytest.approx(plain.model_flops_per_micro_batch * (1 + extra))
     assert ckpt.step_s == pytest.approx(plain.step_s * (1 + extra))
@@ -130,7 +120,7 @@ def test_the_labs_gpu_records_replace_the_assumption():
 
 def test_offload_adds_the_host_optimizer_step(ci_assets):
     spec = _spec("ci-llama-xs", "full", devices=2, strategy="deepspeed-zero3", offload_optimizer=True)
-    plan = predict_time(spec, gpu_name="NVIDIA A100-SXM4-80GB", records=[])
+    plan = predict_time(spec, gpu_name="NVIDIA A100-SXM4-80GB", records=[], cpu_rates=RATES)
     from litgpt import GPT
 
     real = sum(p.numel() for p in GPT(spec.model_config).parameters())  # the real model, on the CPU
@@ -143,21 +133,20 @@ def test_offload_adds_the_host_optimizer_step(ci_assets):
     assert plan.step_s == pytest.approx(spec.gradient_accumulation_iters * plan.micro_batch_s + plan.offload_s)
 
 
-def test_cpu_speed_measures_once_then_reads_the_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(timing.CACHE_ENV, str(tmp_path / "fresh.json"))
-    first = cpu_speed()
-    assert first["matmul_flops_per_s"] > 1e8 and first["adam_params_per_s"] > 1e5
-
-    def no_measuring(*_args, **_kwargs):
-        raise AssertionError("measured again instead of reading the cache")
-
-    monkeypatch.setattr(timing, "_measure_matmul", no_measuring)
-    assert cpu_speed() == first
-
-
 def test_cpu_without_records_says_how_to_get_them(ci_assets):
     with pytest.raises(PlanError, match="no ci records"):
-        predict_time(_spec("ci-llama-xs", "full", device="cpu"), records=[])
+        predict_time(_spec("ci-llama-xs", "full", device="cpu"), records=[], cpu_rates=RATES)
+
+
+def test_the_planner_probes_nothing_it_is_told(ci_assets):
+    """Every hardware fact is an argument: without one, a one-line error names it instead of a probe."""
+    with pytest.raises(PlanError, match="measured rates"):
+        predict_time(_spec("ci-llama-xs", "full", device="cpu"), mfu=0.5)
+    with pytest.raises(PlanError, match="--gpu-name"):
+        predict_time(_spec("ci-llama-xs", "lora", overrides={"precision": "bf16-true"}), records=[])
+    offload = _spec("ci-llama-xs", "full", devices=2, strategy="deepspeed-zero3", offload_optimizer=True)
+    with pytest.raises(PlanError, match="host step"):
+        predict_time(offload, gpu_name="NVIDIA A100-SXM4-80GB", records=[])
 
 
 @pytest.mark.slow  # counts FLOPs for every ci record: ~20 s on 2 cores
@@ -168,9 +157,9 @@ def test_prediction_against_the_shipped_ci_records(ci_assets, tmp_path):
     per-step for per-micro-batch) breaks these."""
     records = read_records(ROOT / "reference_results" / "ci-cpu.jsonl")
     [bf16] = [r for r in records if r["experiment"] == "bf16-true"]
-    [alone] = predicted_vs_measured([bf16], leave_one_out=False)  # its MFU from itself: exact
+    [alone] = predicted_vs_measured([bf16], leave_one_out=False, cpu_rates=RATES)  # its MFU from itself: exact
     assert alone["error_pct"] == pytest.approx(0, abs=1e-6) and alone["mfu_source"].startswith("median of 1")
-    held_out = predicted_vs_measured(records)
+    held_out = predicted_vs_measured(records, cpu_rates=RATES)
     assert len(held_out) >= 12
     import pandas as pd
 

@@ -59,7 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="GPU to predict step time for (default: this node's; e.g. 'NVIDIA A100-SXM4-80GB')",
     )
-
     parser.add_argument(
         "--link-gbs",
         type=float,
@@ -74,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="--time: the data's sample lengths in tokens (a JSON list, or one number a line); default: the "
         "recipe's data, tokenized as litgpt does, where it is on this machine",
     )
+
 
 def _parse_overrides(items: list[str]) -> dict[str, object]:
     overrides: dict[str, object] = {}
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             devices=args.devices,
             strategy=strategy,
             offload_optimizer=args.offload_optimizer,
-            gpu_memory_gib=args.gpu_memory_gib,
+            gpu_memory_gib=_gpu_memory_gib(args),
             data_max_len=args.data_max_len,
             device=args.device,
         )
@@ -149,7 +149,24 @@ def run(args: argparse.Namespace) -> int:
         _print_table(plan)
         if getattr(args, "time", False):
             print(f"  time: {time_plan.summary() if time_plan else time_note}")
+            if time_plan:
+                print(f"  time: {time_plan.terms()}")
+                for note in time_plan.notes:
+                    print(f"  time note: {note}")
     return 0
+
+
+def _gpu_memory_gib(args: argparse.Namespace) -> float | None:
+    """--gpu-memory-gib, else the size of the GPU --gpu-name names (a plan for an A100-80GB said "GPU size
+    unknown"), else None: this node's GPU. An unknown --gpu-name is one line naming the GPUs the lab knows."""
+    from lab_helpers.gpu_peaks import find_gpu, known_gpus, nominal_memory_gib
+
+    name = getattr(args, "gpu_name", None)
+    if name is not None and find_gpu(name) is None:
+        raise PlanError(f"--gpu-name {name!r}: the lab has no dense peak for it; it knows: {', '.join(known_gpus())}")
+    if args.gpu_memory_gib is not None or name is None:
+        return args.gpu_memory_gib
+    return nominal_memory_gib(name)
 
 
 def _time(spec: TrainingSpec, args: argparse.Namespace) -> tuple[TimePlan | None, str]:
@@ -160,19 +177,7 @@ def _time(spec: TrainingSpec, args: argparse.Namespace) -> tuple[TimePlan | None
     from lab_helpers.bandwidth import measured_link_gbs
     from lab_helpers.data_lengths import read_sample_lengths, recipe_sample_lengths
     from lab_helpers.experiments import apply_overrides
-
-            if time_plan:
-                print(f"  time: {time_plan.terms()}")
-                for note in time_plan.notes:
-                    print(f"  time note: {note}")
-    from .timing import predict_time
-
-    try:
-        plan = predict_time(
-            spec, gpu_name=gpu_name, sample_lengths=lengths, link_gbs=link_gbs, link_gbs_source=link_source or ""
-        )
-    except PlanError as err:
-        return None, f"not predicted ({err})"
+    from lab_helpers.predict import predict_step_time
 
     gpu_name = getattr(args, "gpu_name", None)
     link_gbs, link_source = getattr(args, "link_gbs", None), "--link-gbs"
@@ -184,15 +189,27 @@ def _time(spec: TrainingSpec, args: argparse.Namespace) -> tuple[TimePlan | None
     else:
         recipe = apply_overrides(load_recipe(args.recipe), _parse_overrides(args.overrides))
         lengths, lengths_note = recipe_sample_lengths(recipe)
+    try:
+        plan = predict_step_time(
+            spec, gpu_name=gpu_name, sample_lengths=lengths, link_gbs=link_gbs, link_gbs_source=link_source or ""
+        )
+    except PlanError as err:
+        return None, f"not predicted ({err})"
+    plan.notes.append(lengths_note or f"mean padded length {plan.seq_len} tokens from {len(lengths)} samples' lengths")
+    return plan, ""
+
 
 def _run_fit(spec: TrainingSpec, args: argparse.Namespace) -> int:
     from .fit import DEFAULT_MARGIN, fit
 
-    plan.notes.append(lengths_note or f"mean padded length {plan.seq_len} tokens from {len(lengths)} samples' lengths")
-    return plan, ""
+    gpu_memory_gib = _gpu_memory_gib(args)
+    if gpu_memory_gib is None and spec.gpu_memory_gib is None:  # the planner probes nothing: this node's GPU
+        from lab_helpers.node import this_gpu_memory_gib
+
+        gpu_memory_gib = this_gpu_memory_gib()
     result = fit(
         spec,
-        gpu_memory_gib=args.gpu_memory_gib,
+        gpu_memory_gib=gpu_memory_gib,
         margin=DEFAULT_MARGIN if args.margin is None else args.margin,
         max_micro_batch_size=args.max_micro_batch,
     )

@@ -239,12 +239,9 @@ def fit(
     """What fits: the largest micro batch (up to ``max_micro_batch_size``, default the per-device global batch,
     same global batch), the longest sequence at the spec's micro batch (multiples of ``seq_multiple`` up to the
     block size; skipped with ``sequence=False``), and, when not even micro batch 1 fits, the alternatives in order of cost (``alternatives_for``).
-    ``gpu_memory_gib`` defaults to ``spec.gpu_memory_gib``, then this node's GPU."""
+    ``gpu_memory_gib`` defaults to ``spec.gpu_memory_gib``; the planner probes no hardware (the command line
+    passes this node's GPU)."""
     gpu_gib = gpu_memory_gib if gpu_memory_gib is not None else spec.gpu_memory_gib
-    if gpu_gib is None:
-        from lab_helpers.node import this_gpu_memory_gib
-
-        gpu_gib = this_gpu_memory_gib()
     if gpu_gib is None:
         raise PlanError("no GPU memory to fit into: pass --gpu-memory-gib G (no GPU found on this machine)")
     if gpu_gib <= 0:

@@ -23,11 +23,14 @@ method that measured runs give directly (every GPU record carries ``mfu``). So::
   records (reference_results/h100-80gb.jsonl, quick mode with one warm-up step) still follow the line badly: their
   timed spans are a few iterations each (see benchmarks/planner_time_check_h100.out.txt); GPUs without records use
   the assumption and say so.
-* **A CPU** has no datasheet peak: its "peak" is this machine's measured fp32 matmul rate (a short torch timing,
-  cached), and its MFU comes from the ci records (``reference_results/ci-cpu.jsonl``), so predicted and measured
-  time can be compared on every machine (``benchmarks/planner_time_check.py``).
+* **A CPU** has no datasheet peak: its "peak" is its measured fp32 matmul rate (``cpu_rates``, measured by
+  ``lab_helpers.cpu_speed`` and passed in), and its MFU comes from the ci records
+  (``reference_results/ci-cpu.jsonl``), so predicted and measured time can be compared on every machine
+  (``benchmarks/planner_time_check.py``).
 * **CPU offload.** DeepSpeed steps the optimizer on the host: the step adds trainable params / the host's Adam
-  rate, measured here with torch's Adam (a lower bound on DeepSpeedCPUAdam's vectorised rate: conservative).
+  rate (``cpu_rates``: torch's Adam, a lower bound on DeepSpeedCPUAdam's vectorised rate: conservative).
+* **Inputs, not probes.** The GPU's name, the records to fit to and the CPU's rates are arguments: this module
+  reads no records file and probes no hardware (``predict.predict_step_time`` gathers them for this node).
 
 * **Communication.** ``communication.communication_per_optimizer_step`` counts the bytes each device sends per
   optimizer step for the spec's strategy, devices and accumulation (DDP 2Ψ whatever the accumulation; FSDP
@@ -46,15 +49,12 @@ import dataclasses
 import functools
 import json
 import math
-import os
-import platform
 import statistics
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from lab_helpers.cpu_speed import CpuRates
 from lab_helpers.flops import train_flops_per_step
 from lab_helpers.gpu_peaks import dense_peak_flops, find_gpu
 from lab_helpers.iteration_times import steady_train_s
@@ -64,7 +64,6 @@ from .errors import PlanError
 from .spec import TrainingSpec
 
 CPU = "cpu"
-CACHE_ENV = "LAB_CPU_SPEED_CACHE"
 
 PCIE4_X16_GBS = 31.5
 """Host-device bandwidth for offload's transfers when none is given: PCIe 4.0 x16, 16 GT/s x 16 lanes x 128/130
@@ -100,8 +99,8 @@ class MfuEntry:
 
 
 MFU_TABLE: tuple[MfuEntry, ...] = (
-    MfuEntry("*", "full", DEFAULT_MFU["full"], "assumption (DEFAULT_MFU): no GPU records yet"),
-    MfuEntry("*", "lora", DEFAULT_MFU["lora"], "assumption (DEFAULT_MFU): no GPU records yet"),
+    MfuEntry("*", "full", DEFAULT_MFU["full"], "assumption (DEFAULT_MFU): no records of this GPU and method"),
+    MfuEntry("*", "lora", DEFAULT_MFU["lora"], "assumption (DEFAULT_MFU): no records of this GPU and method"),
     MfuEntry(
         "*",
         "qlora",
@@ -179,7 +178,8 @@ def predict_time(
     spec: TrainingSpec,
     *,
     gpu_name: str | None = None,
-    records: Iterable[Mapping[str, Any]] | None = None,
+    records: Iterable[Mapping[str, Any]] = (),
+    cpu_rates: CpuRates | None = None,
     mfu: float | None = None,
     seq_len: int | None = None,
     sample_lengths: Sequence[int] | None = None,
@@ -189,9 +189,11 @@ def predict_time(
 ) -> TimePlan:
     """Predict one optimizer step of ``spec`` (see the module docstring for the model).
 
-    ``gpu_name`` is the NVML/torch name of the GPU (default: this node's first GPU); ``spec.device == "cpu"``
-    predicts for this CPU. ``records`` are run records to take the MFU from (default: the lab's results and the
-    shipped reference results); ``mfu`` overrides it. ``seq_len`` is the mean padded length of a micro-batch
+    Every fact about the hardware is an argument: the planner reads no records file and probes nothing
+    (``predict.predict_step_time`` gathers them for this node). ``gpu_name`` is the NVML/torch name of the GPU;
+    ``spec.device == "cpu"`` predicts for the CPU whose ``cpu_rates`` are given (also needed for optimizer
+    offload's host step). ``records`` are run records to take the MFU from (none: the assumption table);
+    ``mfu`` overrides it. ``seq_len`` is the mean padded length of a micro-batch
     (time follows the mean; memory follows the worst case, ``spec.seq_len``, the default); ``sample_lengths``
     (the data's samples in tokens) gives it instead (``mean_padded_length``). ``link_gbs`` is the bus bandwidth
     between the devices in GB/s (nccl-tests' "busbw", what ``python -m lab_helpers bandwidth`` measures):
@@ -206,12 +208,15 @@ def predict_time(
         raise PlanError(f"link bandwidth must be > 0 GB/s, got {link_gbs}")
     if seq < 1:
         raise PlanError(f"seq_len must be >= 1, got {seq}")
-    device = CPU if spec.device == CPU else (gpu_name or _this_gpu())
+    device = CPU if spec.device == CPU else gpu_name
     if not device:
-        raise PlanError("no GPU here to predict time for: pass gpu_name (e.g. 'NVIDIA A100-SXM4-80GB')")
+        raise PlanError("no GPU to predict time for: name one with --gpu-name (e.g. 'NVIDIA A100-SXM4-80GB')")
+    if cpu_rates is None and (device == CPU or spec.offload_optimizer):
+        what = "a CPU step" if device == CPU else "optimizer offload's host step"
+        raise PlanError(f"{what} needs the CPU's measured rates: pass cpu_rates (cpu_speed.measure_cpu_rates())")
     notes: list[str] = []
     if device == CPU:
-        peak = cpu_speed()["matmul_flops_per_s"]
+        peak = cpu_rates.matmul_flops_per_s
     else:
         peak = dense_peak_flops(device, spec.precision)
         if peak is None:
@@ -223,7 +228,7 @@ def predict_time(
             raise PlanError(f"mfu must be in (0, 1], got {mfu}")
         efficiency = Efficiency(float(mfu), 0.0, "given")
     else:
-        efficiency = mfu_for(device, spec.method, spec.precision, records=records)
+        efficiency = mfu_for(device, spec.method, spec.precision, records=records, cpu_rates=cpu_rates)
     used_mfu, source = efficiency.mfu, efficiency.source
     model_flops = train_flops_per_step(
         spec.model_config,
@@ -249,8 +254,8 @@ def predict_time(
     host_s = transfer_s = 0.0
     if spec.offload_optimizer:
         trainable = trainable_params(spec)
-        host_s = trainable / cpu_speed()["adam_params_per_s"]
-        notes.append("host optimizer step from this machine's measured torch Adam rate")
+        host_s = trainable / cpu_rates.adam_params_per_s
+        notes.append("host optimizer step from the host's measured torch Adam rate")
         if device != CPU:  # on a CPU the "device" is the host: nothing to copy
             traffic = host_device_bytes_per_optimizer_step(
                 trainable_parameter_count=trainable,
@@ -357,19 +362,13 @@ def _parameter_counts(spec: TrainingSpec) -> tuple[int, int]:
     return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
 
 
-def _this_gpu() -> str | None:
-    from lab_helpers.node import describe_node
-
-    gpus = describe_node().get("gpus") or []
-    return gpus[0].get("name") if gpus else None
-
-
 # ------------------------------------------------------------------------------------------------ MFU
 
 
 def device_key(device_name: str | None) -> str:
     """What MFUs are keyed by: "cpu", the GPU's model in the peak table ("A100"), or the raw name."""
-    if not device_name or device_name == CPU or str(device_name).startswith(f"{CPU} ("):  # "cpu (x86_64)"
+    if not isinstance(device_name, str) or not device_name or device_name == CPU or device_name.startswith(f"{CPU} ("):
+        # no name (None, or NaN from a table), "cpu" or "cpu (x86_64)"
         return CPU
     peak = find_gpu(device_name)
     return peak.model if peak is not None else str(device_name)
@@ -389,12 +388,16 @@ class Efficiency:
 
 
 def mfu_for(
-    device_name: str, method: str, precision: str, *, records: Iterable[Mapping[str, Any]] | None = None
+    device_name: str,
+    method: str,
+    precision: str,
+    *,
+    records: Iterable[Mapping[str, Any]] = (),
+    cpu_rates: CpuRates | None = None,
 ) -> Efficiency:
-    """The Efficiency for ``device_name`` and ``method``: fitted to the lab's records first, then the table."""
-    if records is None:
-        records = default_records()
-    derived = mfu_from_records(records, device_name, method, precision)
+    """The Efficiency for ``device_name`` and ``method``: fitted to ``records`` first, then the table.
+    ``cpu_rates`` (the CPU's measured matmul rate) turns a CPU record's FLOPs into its ideal time."""
+    derived = mfu_from_records(records, device_name, method, precision, cpu_rates=cpu_rates)
     if derived is not None:
         return derived
     key = device_key(device_name)
@@ -413,13 +416,18 @@ MIN_POINTS_FOR_OVERHEAD = 3
 
 
 def mfu_from_records(
-    records: Iterable[Mapping[str, Any]], device_name: str, method: str, precision: str
+    records: Iterable[Mapping[str, Any]],
+    device_name: str,
+    method: str,
+    precision: str,
+    *,
+    cpu_rates: CpuRates | None = None,
 ) -> Efficiency | None:
     """Fit ``micro_batch_s = ideal_s / mfu + overhead_s`` to finished runs of ``method`` on this kind of device.
 
     ``ideal_s`` is a micro-batch's FLOPs over the peak (the time at 100 % MFU): on a GPU ``mfu x micro_batch_s``
     from the record's own ``mfu``; on a CPU (no datasheet peak, no ``mfu`` in its records) the FLOPs counted
-    here over this machine's measured matmul rate. Same-precision runs are used where there are enough to fit.
+    here over ``cpu_rates``' measured matmul rate (no CPU record counts without it). Same-precision runs are used where there are enough to fit.
     With three or more runs of different sizes both terms are fitted (least squares; the overhead is kept
     >= 0); with fewer, the overhead is 0 and the MFU is the runs' median. None when no record matches."""
     key = device_key(device_name)
@@ -430,7 +438,7 @@ def mfu_from_records(
             continue
         if device_key(_gpu_name(record)) != key or int(record.get("world_size") or 1) != 1:
             continue  # a multi-device record's time holds communication, which predict_time adds on its own
-        point = record_point(record)
+        point = record_point(record, cpu_rates)
         if point is not None:
             (same if _precision(record) == precision else other).append(point)
     points = same if len(same) >= MIN_POINTS_FOR_OVERHEAD or not other else same + other
@@ -460,8 +468,9 @@ def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
     return slope, mean_y - slope * mean_x
 
 
-def record_point(record: Mapping[str, Any]) -> tuple[float, float] | None:
-    """(ideal_s, micro_batch_s) of a finished record: its micro-batch at 100 % MFU, and as measured."""
+def record_point(record: Mapping[str, Any], cpu_rates: CpuRates | None = None) -> tuple[float, float] | None:
+    """(ideal_s, micro_batch_s) of a finished record: its micro-batch at 100 % MFU, and as measured. A CPU
+    record needs the CPU's rates (``cpu_rates``) to say what 100 % is."""
     measured = measured_step(record)
     if measured is None:
         return None
@@ -470,10 +479,12 @@ def record_point(record: Mapping[str, Any]) -> tuple[float, float] | None:
         if not isinstance(value, (int, float)) or value <= 0:
             return None
         return value * measured["recorded_micro_batch_s"], measured["micro_batch_s"]  # mfu x its own time: ideal
+    if cpu_rates is None:
+        return None
     flops = _cpu_record_flops(json.dumps(record, sort_keys=True, default=str))
     if flops is None:
         return None
-    return flops / cpu_speed()["matmul_flops_per_s"], measured["micro_batch_s"]
+    return flops / cpu_rates.matmul_flops_per_s, measured["micro_batch_s"]
 
 
 @functools.lru_cache(maxsize=256)
@@ -510,15 +521,6 @@ def _gpu_name(record: Mapping[str, Any]) -> str | None:
 def _precision(record: Mapping[str, Any]) -> str | None:
     config = record.get("config")
     return config.get("precision") if isinstance(config, Mapping) else None
-
-
-def default_records() -> list[dict[str, Any]]:
-    """The lab's own results (``$LAB_RESULTS/runs.jsonl``) and the shipped reference results."""
-    from lab_helpers.paths import reference_dir, results_dir
-    from lab_helpers.records import read_records
-
-    paths = [results_dir() / "runs.jsonl", *sorted(reference_dir().glob("*.jsonl"))]
-    return [record for path in paths for record in read_records(path)]
 
 
 # ------------------------------------------------------------------------------------------------ records
@@ -570,7 +572,11 @@ def record_spec(record: Mapping[str, Any]) -> TrainingSpec:
 
 
 def predicted_vs_measured(
-    records: Iterable[Mapping[str, Any]], *, leave_one_out: bool = True, mfu_records: Iterable[Mapping] | None = None
+    records: Iterable[Mapping[str, Any]],
+    *,
+    leave_one_out: bool = True,
+    mfu_records: Iterable[Mapping] | None = None,
+    cpu_rates: CpuRates | None = None,
 ) -> list[dict[str, Any]]:
     """Per finished record: measured and predicted optimizer-step time (s) and the error.
 
@@ -593,7 +599,11 @@ def predicted_vs_measured(
         device = _gpu_name(record) or CPU
         try:
             plan = predict_time(
-                spec, gpu_name=device if device != CPU else None, records=others, seq_len=measured["seq_len"]
+                spec,
+                gpu_name=device if device != CPU else None,
+                records=others,
+                cpu_rates=cpu_rates,
+                seq_len=measured["seq_len"],
             )
         except PlanError:
             continue
@@ -613,76 +623,3 @@ def predicted_vs_measured(
             }
         )
     return rows
-
-
-# ------------------------------------------------------------------------------------------------ this CPU
-
-
-def cpu_speed(*, refresh: bool = False) -> dict[str, float]:
-    """This machine's fp32 matmul FLOP/s and torch Adam params/s, measured once (about a second) and cached.
-
-    The cache (``$LAB_CPU_SPEED_CACHE``, default ``~/.cache/lab_helpers/cpu_speed.json``) is keyed by host, CPU
-    count, torch threads and torch version, so a different machine or build measures again. On a shared machine
-    a timing is only ever slowed down by other work, so ``refresh=True`` keeps the best of old and new."""
-    import torch
-
-    key = f"{platform.node()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}"
-    path = _cache_path()
-    cache: dict[str, Any] = {}
-    if path.is_file():
-        try:
-            cache = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            cache = {}
-    if (
-        not refresh
-        and isinstance(cache.get(key), dict)
-        and {"matmul_flops_per_s", "adam_params_per_s"} <= set(cache[key])
-    ):
-        return dict(cache[key])
-    measured = {"matmul_flops_per_s": _measure_matmul(), "adam_params_per_s": _measure_adam()}
-    if isinstance(cache.get(key), dict):  # a refresh keeps the best rate seen: other work only slows a timing down
-        measured = {k: max(v, float(cache[key].get(k) or 0.0)) for k, v in measured.items()}
-    cache[key] = measured
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cache, indent=1))
-        tmp.replace(path)  # atomic: a crash leaves the old cache, never half a file
-    except OSError:
-        pass  # a read-only home: measure again next time
-    return measured
-
-
-def _cache_path() -> Path:
-    if env := os.environ.get(CACHE_ENV):
-        return Path(env)
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "lab_helpers" / "cpu_speed.json"
-
-
-def _best_rate(work: float, run, repeats: int = 5) -> float:
-    """``work`` per second of the fastest of ``repeats`` timed calls (the fastest is the least disturbed)."""
-    run()  # warm-up: thread pool, allocation
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return work / max(best, 1e-9)
-
-
-def _measure_matmul(n: int = 1024) -> float:
-    import torch
-
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    return _best_rate(2.0 * n**3 * 2, lambda: [torch.mm(a, b) for _ in range(2)])
-
-
-def _measure_adam(numel: int = 2**22) -> float:
-    import torch
-
-    param = torch.nn.Parameter(torch.zeros(numel))
-    param.grad = torch.randn(numel)
-    optimizer = torch.optim.Adam([param], lr=1e-3)
-    return _best_rate(float(numel), optimizer.step, repeats=3)
