@@ -106,24 +106,42 @@ def show_commands(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | N
         print("in your own Lightning script, the lines that change:\n  " + strategy_lines(exp_id).replace("\n", "\n  "))
 
 
-def closing_text(*, host: str | None = None) -> str:
-    """Where the results are, the rsync line to copy them off the node, and how to stop and give back."""
+def closing_text(*, host: str | None = None, on_gpu_node: bool | None = None, in_container: bool | None = None) -> str:
+    """Where the results are and, only where it applies to this machine, how to copy them off a leased node and
+    give it back: a laptop or a CPU machine gets no rsync line, no ``docker stop`` and no lease (03 printed
+    placeholder paths and ``docker stop lab`` on a laptop). ``on_gpu_node`` defaults to "this machine has a GPU",
+    ``in_container`` to "running in the lab's Docker image" (start-lab.sh sets LAB_HOME; Docker makes
+    /.dockerenv)."""
+    import getpass
+    import os
+    import socket
+    from pathlib import Path
+
     results = results_dir()
-    host = host or "<the node's address you ssh to>"
-    if results.is_relative_to(lab_home()):
+    if on_gpu_node is None:
+        from lab_helpers.node import describe_node
+
+        on_gpu_node = bool(describe_node().get("gpus"))
+    if in_container is None:
+        in_container = bool(os.environ.get("LAB_HOME")) or Path("/.dockerenv").exists()
+    lines = [
+        f"Your results: {results} (runs.jsonl: one line per run and rank; runs/<run_id>/: logs and "
+        "timelines; figures/: the plots and comparison.csv)."
+    ]
+    if not on_gpu_node:
+        lines.append("They are on this machine already: nothing to copy off and no lease to give back.")
+        return "\n".join(lines)
+    host = host or socket.getfqdn()
+    remote = str(results)
+    if in_container and results.is_relative_to(lab_home()):  # the node sees the checkout, not the mount point
         remote = f"<the folder you cloned the lab into on the node>/{results.relative_to(lab_home())}"
-    else:
-        remote = str(results)
-    return "\n".join(
-        [
-            f"Your results: {results} (runs.jsonl: one line per run and rank; runs/<run_id>/: logs and "
-            "timelines; figures/: the plots and comparison.csv).",
-            "Copy them to your own computer before the lease ends (run this there, not on the node):",
-            f"  rsync -avz you@{host}:{remote}/ ./lab-results/",
-            f"  (or: scp -r you@{host}:{remote} ./lab-results)",
-            "Then, on the node (not in this notebook): stop the lab's container with",
-            f"  docker stop {CONTAINER}",
-            "and release the lease (e.g. delete the reservation in your testbed's portal) so that the GPUs stop "
-            "costing money and the next student can have them.",
-        ]
-    )
+    lines += [
+        "Copy them to your own computer before the lease ends (run this there, not on the node):",
+        f"  rsync -avz {getpass.getuser()}@{host}:{remote}/ ./lab-results/",
+        f"  (or: scp -r {getpass.getuser()}@{host}:{remote} ./lab-results)",
+        "Then, on the node (not in this notebook): stop the lab with",
+        f"  docker stop {CONTAINER}" if in_container else "  Ctrl-C in the terminal running scripts/start-notebooks.sh",
+        "and release the lease (e.g. delete the reservation in your testbed's portal) so that the GPUs stop "
+        "costing money and the next student can have them.",
+    ]
+    return "\n".join(lines)

@@ -41,6 +41,15 @@ def test_strategy_lines_are_what_the_lab_builds():
 
 
 def test_closing_text_says_where_results_are_and_how_to_leave(results):
-    text = commands.closing_text()
-    assert str(results) in text and "rsync -avz" in text and "scp -r" in text
+    text = commands.closing_text(host="node.example", on_gpu_node=True, in_container=True)
+    assert str(results) in text and "rsync -avz" in text and "scp -r" in text and "@node.example:" in text
     assert "docker stop lab" in text and "release the lease" in text
+    plain = commands.closing_text(host="node.example", on_gpu_node=True, in_container=False)
+    assert f"@node.example:{results}/ ./lab-results/" in plain and "<the folder" not in plain  # no placeholder path
+    assert "docker" not in plain and "start-notebooks.sh" in plain
+
+
+def test_closing_text_on_a_machine_without_a_gpu_prints_only_what_applies(results):
+    text = commands.closing_text()  # this machine: no GPU
+    assert str(results) in text
+    assert "rsync" not in text and "docker" not in text and "lease" in text and "<the folder" not in text
