@@ -111,8 +111,15 @@ def test_nothing_fits_lists_each_change_with_its_prediction(ci_assets):
 
 def test_fit_with_bad_sizes_is_one_clear_error(ci_assets, capsys):
     recipe = str(CI / "ci-llama-xs" / "lora.yaml")
-    code = plan_main([recipe, "--device", "cpu", "--fit", "--gpu-memory-gib", "-1"])
-    assert code == 2 and capsys.readouterr().err.startswith("error: GPU memory must be positive")
+    for gib in ("-1", "0", "nan", "inf"):  # a 0 GiB GPU is no more sensible than a negative one
+        code = plan_main([recipe, "--device", "cpu", "--fit", "--gpu-memory-gib", gib])
+        said = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and said == [
+            f"error: --gpu-memory-gib must be a finite number of GiB above 0 (e.g. 79), got {float(gib):g}"
+        ], said
+    for margin in ("1", "-0.1", "nan"):
+        assert plan_main([recipe, "--device", "cpu", "--fit", "--gpu-memory-gib", "24", "--margin", margin]) == 2
+        assert capsys.readouterr().err.strip().startswith("error: --margin must be a fraction from 0 up to")
     assert plan_main([recipe, "--device", "cpu", "--margin", "0.1"]) == 2
     assert capsys.readouterr().err.strip() == "error: --margin and --max-micro-batch belong to --fit"
     with pytest.raises(PlanError, match="margin"):

@@ -107,10 +107,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.devices is not None and args.devices < 1:
             raise PlanError(f"--devices must be at least 1, got {args.devices}")
-        for flag in ("gpu_memory_gib", "margin"):
-            value = getattr(args, flag, None)
-            if value is not None and not (math.isfinite(value) and value >= 0):  # nan, inf: one line, not a traceback
-                raise PlanError(f"--{flag.replace('_', '-')} must be a finite number >= 0, got {value}")
+        # nan, inf, 0 and negatives: one line naming the flag, not a traceback (a 0 GiB GPU holds nothing either)
+        gpu_gib = getattr(args, "gpu_memory_gib", None)
+        if gpu_gib is not None and not (math.isfinite(gpu_gib) and gpu_gib > 0):
+            raise PlanError(f"--gpu-memory-gib must be a finite number of GiB above 0 (e.g. 79), got {gpu_gib:g}")
+        margin = getattr(args, "margin", None)
+        if margin is not None and not 0 <= margin < 1:  # nan fails the comparison too
+            raise PlanError(f"--margin must be a fraction from 0 up to (not including) 1 (e.g. 0.05), got {margin:g}")
         if not getattr(args, "fit", False) and (
             getattr(args, "margin", None) is not None or getattr(args, "max_micro_batch", None) is not None
         ):
