@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from lab_helpers.planner.analytic import OFFLOADED_BYTES_PER_TRAINABLE_PARAM
+from lab_helpers.planner.spec import precision_bytes
 from lab_helpers.record_schema import GIB
 
 GB = 1e9
 
-_DTYPE_BYTES = {"32": 4, "bf16": 2, "16": 2}
 # DeepSpeed ZeRO with the optimizer offloaded keeps fp32 master weights (4), both Adam moments (8) and the fp32
 # gradient partitions (4) in host RAM: 16 bytes per trainable parameter -- the planner's own constant, imported.
 OFFLOAD_HOST_BYTES_PER_PARAM = OFFLOADED_BYTES_PER_TRAINABLE_PARAM
@@ -48,17 +48,6 @@ class BytesPerParam:
     def formula(self) -> str:
         """``4 + 4 + 8 = 16 B/param`` (weights + gradients + optimizer states)."""
         return f"{self.weights:g} + {self.gradients:g} + {self.optimizer_states:g} = {self.total:g} B/param"
-
-
-def precision_bytes(precision: str) -> int:
-    """Bytes of the stored weights for a Lightning precision: mixed precision stores fp32 weights."""
-    text = str(precision)
-    if text.endswith("-mixed") or text.startswith("32"):
-        return 4
-    head = text.split("-")[0]
-    if head not in _DTYPE_BYTES:
-        raise ValueError(f"precision {precision!r}: expected 32-true, bf16-true, bf16-mixed, 16-true or 16-mixed")
-    return _DTYPE_BYTES[head]
 
 
 EIGHT_BIT_OPTIMIZERS = ("adamw8bit", "pagedadamw8bit")  # bitsandbytes.optim.AdamW8bit / PagedAdamW8bit

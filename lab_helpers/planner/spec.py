@@ -21,6 +21,20 @@ from lab_helpers.record_schema import PLANNED_PRECISIONS as PRECISIONS
 
 from .errors import PlanError
 
+_DTYPE_BYTES = {"32": 4, "bf16": 2, "16": 2}
+
+
+def precision_bytes(precision: str) -> int:
+    """Bytes of the stored weights for a Lightning precision: mixed precision stores fp32 weights."""
+    text = str(precision)
+    if text.endswith("-mixed") or text.startswith("32"):
+        return 4
+    head = text.split("-")[0]
+    if head not in _DTYPE_BYTES:
+        raise ValueError(f"precision {precision!r}: expected 32-true, bf16-true, bf16-mixed, 16-true or 16-mixed")
+    return _DTYPE_BYTES[head]
+
+
 Method = Literal["full", "lora", "qlora"]
 Strategy = Literal["single", "ddp", "fsdp", "deepspeed-zero2", "deepspeed-zero3"]
 

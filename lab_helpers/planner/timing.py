@@ -61,7 +61,7 @@ from lab_helpers.iteration_times import steady_train_s
 
 from .communication import CommunicationVolume, communication_per_optimizer_step, host_device_bytes_per_optimizer_step
 from .errors import PlanError
-from .spec import TrainingSpec
+from .spec import TrainingSpec, precision_bytes
 
 CPU = "cpu"
 
@@ -329,8 +329,6 @@ def step_communication(spec: TrainingSpec) -> CommunicationVolume:
 
 def _bytes_per_parameter(precision: str) -> int:
     """Bytes a weight or gradient travels in: mixed precision keeps fp32 weights and gradients."""
-    from lab_helpers.arithmetic import precision_bytes
-
     return precision_bytes(precision)
 
 
