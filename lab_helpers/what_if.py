@@ -1,5 +1,5 @@
 """The "what if" explorer of notebook 04: change the model, method, precision, batch, sequence, GPUs, strategy,
-offload or activation checkpointing and see the planner's predicted memory against this GPU, the largest micro
+optimizer, FSDP sharding, DeepSpeed stage, offload or activation checkpointing and see the planner's predicted memory against this GPU, the largest micro
 batch that fits and the predicted step time.
 
 Why a module: the notebook's cells stay two lines long, and ``explore`` -- the widgets' callback -- is a plain
@@ -23,7 +23,18 @@ from lab_helpers.record_schema import BREAKDOWN_PARTS
 
 METHODS = ("full", "lora", "qlora")
 PRECISIONS = ("bf16-true", "bf16-mixed", "32-true", "16-true", "16-mixed")
-STRATEGIES = ("single", "ddp", "fsdp", "deepspeed-zero3")
+STRATEGIES = ("single", "ddp", "fsdp", "deepspeed")
+OPTIMIZERS: dict[str, str | None] = {
+    "AdamW": None,  # the recipe's own torch.optim.AdamW, with its init_args
+    "SGD": "SGD",  # as full-13b-sgd sets it (configs/experiments/single.yaml)
+    "AdamW8bit": "bitsandbytes.optim.AdamW8bit",  # as adamw-8bit sets it
+    "PagedAdamW8bit": "bitsandbytes.optim.PagedAdamW8bit",  # the same, its moments in CUDA managed memory
+}
+"""The explorer's optimizer choices, each with the recipe's ``optimizer`` value a run sets for it (the ``set`` of
+configs/experiments/single.yaml, applied by ``experiments.apply_overrides``). bitsandbytes' paged 8-bit AdamW is
+the paged AdamW the planner models for full fine-tuning and LoRA; QLoRA's recipes keep their own paged AdamW."""
+FSDP_SHARDINGS = ("full", "grad-op")  # FULL_SHARD (ZeRO-3) | SHARD_GRAD_OP (ZeRO-2): an experiment's `sharding`
+DEEPSPEED_STAGES = (2, 3)  # ZeRO-2 (gradients and optimizer states sharded) | ZeRO-3 (parameters too)
 CI_PRETEND_GPU_GIB = 0.05
 """On the ci profile: a pretend device memory for the tiny models (tens of MiB), so that a bigger batch can run
 out of it. Not a real GPU: a CPU has no device memory to exhaust."""
@@ -96,6 +107,9 @@ def defaults(profile: str) -> dict[str, Any]:
         "seq_len": int(train.get("max_seq_length") or 512),
         "devices": 1,
         "strategy": "single",
+        "optimizer": "AdamW",
+        "sharding": "full",
+        "deepspeed_stage": 3,
         "offload": False,
         "activation_checkpointing": False,
         "gpu_memory_gib": default_gpu_memory_gib(profile),
@@ -111,12 +125,38 @@ def default_gpu_memory_gib(profile: str) -> float:
     return this_gpu_memory_gib() or NO_GPU_GIB
 
 
+def planner_strategy(values: dict[str, Any]) -> str:
+    """The planner's strategy name for the explorer's strategy and DeepSpeed stage ("deepspeed", 2 ->
+    "deepspeed-zero2"). CPU offload is modelled under DeepSpeed only, so offload ticked under another strategy
+    means DeepSpeed at the chosen stage (the answer says so). "deepspeed-zero2" / "deepspeed-zero3" are read too."""
+    strategy = str(values["strategy"])
+    if strategy.startswith("deepspeed-zero"):
+        return strategy
+    if strategy == "deepspeed" or values.get("offload"):
+        stage = int(values.get("deepspeed_stage", 3))
+        if stage not in DEEPSPEED_STAGES:
+            raise ValueError(f"DeepSpeed stage {stage}: the lab runs ZeRO stage 2 or 3")
+        return f"deepspeed-zero{stage}"
+    return strategy
+
+
 def spec_for(values: dict[str, Any], profile: str):
-    """The planner's TrainingSpec for the explorer's values, read from the lab's recipe for that model/method."""
-    from lab_helpers.experiments import resolve_path
+    """The planner's TrainingSpec for the explorer's values, read from the lab's recipe for that model/method.
+
+    The optimizer, FSDP sharding and offload reach the planner as a run sets them: the optimizer as the recipe's
+    ``optimizer`` (``apply_overrides``, what an experiment's ``set`` does), sharding and offload through the
+    launch options' defaults (``recipe_defaults.launch_options``) and the same translation as
+    ``predict.planner_inputs``: grad-op is ``fsdp_reshard_after_forward=False``."""
+    from lab_helpers.experiments import apply_overrides, resolve_path
     from lab_helpers.planner.spec import load_recipe, spec_from_recipe
+    from lab_helpers.recipe_defaults import launch_options
 
     recipe = load_recipe(configs_dir() / profile / values["model"] / f"{values['method']}.yaml")
+    optimizer = str(values.get("optimizer") or "AdamW")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer {optimizer!r}: one of {', '.join(OPTIMIZERS)}")
+    if OPTIMIZERS[optimizer] is not None:
+        recipe = apply_overrides(recipe, {"optimizer": OPTIMIZERS[optimizer]})
     recipe["checkpoint_dir"] = str(resolve_path(recipe["checkpoint_dir"]))
     train = recipe.setdefault("train", {})
     micro, devices = int(values["micro_batch_size"]), int(values["devices"])
@@ -126,14 +166,18 @@ def spec_for(values: dict[str, Any], profile: str):
     recipe["precision"] = values["precision"]
     if values["method"] != "full":
         recipe["lora_r"] = int(values["lora_r"])
-    strategy = values["strategy"]
-    if values["offload"]:
-        strategy = "deepspeed-zero3"
+    strategy = planner_strategy(values)
+    sharding = str(values.get("sharding") or "full")
+    if sharding not in FSDP_SHARDINGS:
+        raise ValueError(f"FSDP sharding {sharding!r}: one of {', '.join(FSDP_SHARDINGS)}")
+    options = launch_options(strategy, {"offload_optimizer": bool(values["offload"]), "sharding": sharding})
     return spec_from_recipe(
         recipe,
         devices=devices,
         strategy=None if strategy == "single" else strategy,
-        offload_optimizer=bool(values["offload"]),
+        offload_optimizer=bool(options["offload_optimizer"]),
+        # SHARD_GRAD_OP is an FSDP setting: under another strategy the choice has no meaning and is not passed
+        fsdp_reshard_after_forward=strategy != "fsdp" or options["sharding"] != "grad-op",
         activation_checkpointing=bool(values["activation_checkpointing"]) or None,
         gpu_memory_gib=float(values["gpu_memory_gib"]),
         device="cpu" if profile == "ci" else "cuda",
@@ -144,8 +188,8 @@ def explore(*, profile: str, draw: bool = True, **values: Any) -> Answer:
     """Predict memory, the largest micro batch that fits and the step time for ``values`` (see ``defaults``).
 
     The widgets' callback: a plain function, so nbval and the tests run it without a browser."""
+    from lab_helpers.plan_command import predict_step_time
     from lab_helpers.planner import PlanError, fit, predict
-    from lab_helpers.predict import predict_step_time
 
     values = {**defaults(profile), **values}
     spec = spec_for(values, profile)
@@ -159,6 +203,8 @@ def explore(*, profile: str, draw: bool = True, **values: Any) -> Answer:
         largest_micro_batch=found.max_micro_batch_size,
         micro_batch_limit=found.micro_batch_limit,
     )
+    if values["offload"] and not str(values["strategy"]).startswith("deepspeed"):
+        answer.notes.append(f"CPU offload is a DeepSpeed setting: predicted as {spec.strategy} with offload")
     gpu_name = None
     if spec.device == "cuda" and not _has_gpu():
         gpu_name = NO_GPU_NAME
@@ -202,15 +248,22 @@ def draw_answer(answer: Answer, *, budget_gib: float | None = None):
     ax.set_yticks([])
     ax.set_xlim(0, max(left, answer.gpu_memory_gib, answer.plan.gpu_used_gib) * 1.1)
     ax.set_xlabel("GiB (2^30 bytes)")
-    values = answer.values
-    ax.set_title(
-        f"{values['model']} {values['method']} {values['precision']}, micro batch {values['micro_batch_size']} x "
-        f"{values['seq_len']} tokens, {values['strategy']} on {values['devices']}: "
-        f"{'fits' if answer.plan.fits else 'will OOM'}",
-        fontsize=9,
-    )
+    ax.set_title(f"{_setup_line(answer.values)}: {'fits' if answer.plan.fits else 'will OOM'}", fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return figure
+
+
+def _setup_line(values: dict[str, Any]) -> str:
+    """What was asked, in one line: model, method, precision, batch, optimizer and how the devices share."""
+    strategy = planner_strategy(values)
+    if strategy == "fsdp":
+        strategy = f"fsdp ({values.get('sharding', 'full')} shard)"
+    if values.get("offload"):
+        strategy += " + CPU offload"
+    return (
+        f"{values['model']} {values['method']} {values['precision']}, micro batch {values['micro_batch_size']} x "
+        f"{values['seq_len']} tokens, {values.get('optimizer', 'AdamW')}, {strategy} on {values['devices']}"
+    )
 
 
 def show(*, profile: str, **values: Any) -> Answer:
@@ -242,7 +295,12 @@ def widgets(profile: str):
         "seq_len": w.BoundedIntText(value=start["seq_len"], min=2, max=1 << 20, description="seq length"),
         "devices": w.Dropdown(options=(1, 2, 4, 8), value=1, description="GPUs"),
         "strategy": w.Dropdown(options=STRATEGIES, value="single", description="strategy"),
-        "offload": w.Checkbox(value=False, description="CPU offload (ZeRO-3)"),
+        "optimizer": w.Dropdown(options=tuple(OPTIMIZERS), value=start["optimizer"], description="optimizer"),
+        "sharding": w.Dropdown(options=FSDP_SHARDINGS, value=start["sharding"], description="FSDP sharding"),
+        "deepspeed_stage": w.Dropdown(
+            options=DEEPSPEED_STAGES, value=start["deepspeed_stage"], description="ZeRO stage"
+        ),
+        "offload": w.Checkbox(value=False, description="CPU offload (DeepSpeed)"),
         "activation_checkpointing": w.Checkbox(value=False, description="activation checkpointing"),
         "gpu_memory_gib": w.FloatText(value=start["gpu_memory_gib"], description="GPU GiB"),
     }

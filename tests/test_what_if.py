@@ -77,4 +77,90 @@ def test_the_widgets_build_without_a_browser_and_predict_nothing_until_run():
     ui = what_if.widgets("ci")
     labels = {child.description for child in ui.children if hasattr(child, "description")}
     assert {"model", "method", "precision", "LoRA rank", "micro batch", "seq length", "GPUs", "strategy"} <= labels
-    assert {"CPU offload (ZeRO-3)", "activation checkpointing", "GPU GiB", "Run"} <= labels
+    assert {"CPU offload (DeepSpeed)", "activation checkpointing", "GPU GiB", "Run"} <= labels
+    assert {"optimizer", "FSDP sharding", "ZeRO stage"} <= labels
+    options = {child.description: child.options for child in ui.children if hasattr(child, "options")}
+    assert options["optimizer"] == ("AdamW", "SGD", "AdamW8bit", "PagedAdamW8bit")
+    assert options["FSDP sharding"] == ("full", "grad-op") and options["ZeRO stage"] == (2, 3)
+
+
+# The explorer's choices as the lab's experiments set them: (experiment, explorer values beyond the model's)
+AS_RUNS_SET_THEM = {
+    "adamw-8bit": {"optimizer": "AdamW8bit", "strategy": "single"},
+    "full-13b-sgd": {"optimizer": "SGD", "strategy": "single"},
+    "fsdp-grad-op": {"strategy": "fsdp", "sharding": "grad-op"},
+    "fsdp": {"strategy": "fsdp", "sharding": "full"},
+    "deepspeed-zero2-offload": {"strategy": "deepspeed", "deepspeed_stage": 2, "offload": True},
+    "deepspeed-offload": {"strategy": "deepspeed", "deepspeed_stage": 3, "offload": True},
+}
+
+
+@pytest.mark.parametrize("experiment", sorted(AS_RUNS_SET_THEM))
+def test_optimizer_sharding_and_stage_reach_the_planner_as_the_run_sets_them(experiment):
+    """The explorer's optimizer, FSDP sharding and DeepSpeed stage give the planner the same settings as the
+    experiment that teaches them (its recipe's optimizer, its launch options through predict.planner_inputs)."""
+    from pathlib import Path
+
+    from lab_helpers.experiments import resolve
+    from lab_helpers.planner.spec import spec_from_recipe
+    from lab_helpers.predict import planner_inputs
+
+    run = resolve(experiment, "ci", check_files=False)
+    inputs = planner_inputs(run, None, device="cpu")
+    by_run = spec_from_recipe(inputs.pop("recipe"), **inputs)
+    train = run.recipe["train"]
+    values = {
+        **what_if.defaults("ci"),
+        "model": Path(run.recipe["checkpoint_dir"]).name,
+        "method": run.experiment.method,
+        "precision": run.recipe["precision"],
+        "micro_batch_size": train["micro_batch_size"],
+        "seq_len": train["max_seq_length"],
+        "devices": run.world_size,
+        **AS_RUNS_SET_THEM[experiment],
+    }
+    by_explorer = what_if.spec_for(values, "ci")
+    fields = ("optimizer", "optimizer_kwargs", "strategy", "devices", "offload_optimizer")
+    assert [getattr(by_explorer, f) for f in fields] == [getattr(by_run, f) for f in fields]
+    assert by_explorer.fsdp_reshard_after_forward == by_run.fsdp_reshard_after_forward
+    assert by_explorer.fsdp_reshard_after_forward == (experiment != "fsdp-grad-op")
+
+
+def test_bad_choices_are_one_line():
+    values = {**what_if.defaults("ci"), "method": "full", "devices": 2, "strategy": "deepspeed"}
+    with pytest.raises(ValueError, match="stage 1"):
+        what_if.spec_for({**values, "deepspeed_stage": 1}, "ci")
+    with pytest.raises(ValueError, match="optimizer 'Lion'"):
+        what_if.spec_for({**values, "optimizer": "Lion"}, "ci")
+    with pytest.raises(ValueError, match="sharding 'hybrid'"):
+        what_if.spec_for({**values, "strategy": "fsdp", "sharding": "hybrid"}, "ci")
+
+
+@pytest.mark.slow  # eight predictions of the ci 7b stand-in: ~20 s on 2 cores
+def test_the_cheapest_change_can_be_the_optimizer_or_the_sharding(ci_assets):
+    """Each new choice moves the part it should, so "the cheapest change" can be any of them: the optimizer's
+    states (AdamW 8 B/param in fp32, 8-bit ~2, paged 8-bit's moments outside the allocator, SGD none) and the
+    sharding (grad-op keeps gathered weights from forward to backward: more than full shard; ZeRO-2 keeps every
+    weight on every rank: more than ZeRO-3)."""
+    base = {**what_if.defaults("ci"), "model": "ci-llama-m", "method": "full", "precision": "32-true"}
+    plans = {
+        name: predict(what_if.spec_for({**base, "optimizer": name}, "ci")) for name in what_if.OPTIMIZERS
+    }
+    states = {name: plan.breakdown_gib["optimizer_states"] for name, plan in plans.items()}
+    params = plans["AdamW"].breakdown_gib["parameters"]  # fp32: 4 B/param
+    assert states["AdamW"] == pytest.approx(2 * params, rel=0.01)
+    assert states["AdamW8bit"] == pytest.approx(2 * params * 2.03125 / 8, rel=0.05)
+    assert states["PagedAdamW8bit"] < states["AdamW8bit"] / 4 and states["SGD"] == 0
+    assert plans["SGD"].peak_alloc_gib < plans["AdamW8bit"].peak_alloc_gib < plans["AdamW"].peak_alloc_gib
+    two = {**base, "devices": 2, "micro_batch_size": 2}
+    full = predict(what_if.spec_for({**two, "strategy": "fsdp", "sharding": "full"}, "ci"))
+    grad_op = predict(what_if.spec_for({**two, "strategy": "fsdp", "sharding": "grad-op"}, "ci"))
+    assert grad_op.peak_alloc_gib > full.peak_alloc_gib
+    zero2, zero3 = (
+        predict(what_if.spec_for({**two, "strategy": "deepspeed", "deepspeed_stage": stage}, "ci")) for stage in (2, 3)
+    )
+    assert zero2.breakdown_gib["parameters"] == pytest.approx(2 * zero3.breakdown_gib["parameters"], rel=0.01)
+    # the answer says what was asked: its title names the optimizer and the sharding
+    answer = what_if.explore(profile="ci", **{**two, "strategy": "fsdp", "sharding": "grad-op", "optimizer": "SGD"})
+    title = answer.figure.axes[0].get_title()
+    assert "SGD" in title and "fsdp (grad-op shard)" in title
