@@ -71,7 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="end the run as `timeout` after this many seconds (0: no limit; default: from the recipe, or $LAB_TIME_LIMIT_S)",
     )
-
     run.add_argument(
         "--profile-steps",
         type=int,
@@ -80,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a torch.profiler trace of N optimizer steps after warm-up, with a summary (off by default; the run "
         "gets N + 1 more steps)",
     )
+
     run_all = sub.add_parser("run-all", help="run every experiment of a section, then write the comparison")
     run_all.add_argument("--section", choices=SECTIONS, default="single")
     _add_profile(run_all)
@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = sub.add_parser("plan", help="predict peak memory of a litgpt recipe before running it")
     try:
-        from lab_helpers.planner.cli import add_arguments as add_plan_arguments
+        from lab_helpers.plan_command import add_arguments as add_plan_arguments
 
         add_plan_arguments(plan)
     except ImportError:  # the planner is optional at import time; the subcommand then says so
@@ -237,7 +237,7 @@ def _cmd_export_reference(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from lab_helpers.planner.cli import run as run_plan
+    from lab_helpers.plan_command import run as run_plan
 
     return run_plan(args)
 

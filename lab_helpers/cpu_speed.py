@@ -3,7 +3,7 @@
 Why measured here and not in the planner: the time model (``planner.timing``) takes every fact about the
 hardware as an argument, so that one prediction can be made for any machine and tested with exact numbers.
 On a CPU (the ci profile) the matmul rate stands in for a datasheet peak; with optimizer offload the Adam rate
-is the host's optimizer step. The callers that predict for *this* machine (``predict.predict_step_time``,
+is the host's optimizer step. The callers that predict for *this* machine (``plan_command.predict_step_time``,
 ``benchmarks/planner_time_check.py``) measure it here and pass it in.
 """
 

@@ -65,28 +65,6 @@ def gpu_memory_gib() -> float | None:
     return torch.cuda.get_device_properties(0).total_memory / 2**30
 
 
-def predict_step_time(spec, *, gpu_name: str | None = None, **options: Any):
-    """The time model (``planner.timing.predict_time``) asked about this node, with what it cannot know itself:
-    this node's GPU (unless ``gpu_name`` names another), the lab's and the shipped records to fit the MFU to, and
-    this CPU's measured rates where the step needs them (a CPU step, optimizer offload's host step)."""
-    from lab_helpers.cpu_speed import measure_cpu_rates
-    from lab_helpers.node import describe_node
-    from lab_helpers.planner.timing import predict_time
-    from lab_helpers.records import lab_and_reference_records
-
-    if spec.device != "cpu" and not gpu_name:
-        gpus = describe_node().get("gpus") or []
-        gpu_name = gpus[0].get("name") if gpus else None
-    needs_cpu = spec.device == "cpu" or spec.offload_optimizer
-    return predict_time(
-        spec,
-        gpu_name=gpu_name,
-        records=lab_and_reference_records(),
-        cpu_rates=measure_cpu_rates() if needs_cpu else None,
-        **options,
-    )
-
-
 def predict_experiment(
     exp_id: str,
     *,

@@ -260,7 +260,7 @@ def read_records(path: Path | str | None = None) -> list[dict[str, Any]]:
 
 def lab_and_reference_records() -> list[dict[str, Any]]:
     """The lab's own results (``$LAB_RESULTS/runs.jsonl``) and the shipped reference results: what the time
-    model fits its MFU to on this node (``predict.predict_step_time`` passes them in)."""
+    model fits its MFU to on this node (``plan_command.predict_step_time`` passes them in)."""
     from lab_helpers.paths import reference_dir
 
     paths = [results_dir() / "runs.jsonl", *sorted(reference_dir().glob("*.jsonl"))]

@@ -56,7 +56,7 @@ def test_only_this_hosts_figure_for_this_device_is_used(tmp_path):
 
 def test_plan_time_takes_this_nodes_measured_figure(tmp_path, monkeypatch):
     """The plan command reads the file and passes the number in (the planner itself reads no file)."""
-    from lab_helpers.planner import cli as plan_cli
+    from lab_helpers import plan_command as plan_cli
 
     monkeypatch.setenv("LAB_RESULTS", str(tmp_path))
     save(_result(device_name="NVIDIA A100-SXM4-80GB", backend="nccl", all_gather_busbw_gbs=20.0,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from lab_helpers.plan_command import main as plan_main
 from lab_helpers.planner import PlanError, fit, predict, spec_from_recipe
-from lab_helpers.planner.cli import main as plan_main
 from lab_helpers.planner.fit import largest
 
 ROOT = Path(__file__).resolve().parent.parent

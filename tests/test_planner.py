@@ -12,8 +12,8 @@ import torch
 from litgpt import Config
 from litgpt.utils import save_config
 
+from lab_helpers import plan_command as planner_cli
 from lab_helpers.planner import MemoryPlan, PlanError, TrainingSpec, plan_recipe, predict, spec_from_recipe
-from lab_helpers.planner import cli as planner_cli
 from lab_helpers.planner.tracer import trace, trace_training
 from lab_helpers.record_schema import BREAKDOWN_PARTS
 

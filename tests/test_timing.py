@@ -177,7 +177,7 @@ def test_prediction_against_the_shipped_ci_records(ci_assets, tmp_path):
 
 @pytest.mark.slow  # one prediction of the tiny model and the ci records' MFU
 def test_plan_time_cli_prints_the_step_time_beside_the_memory(ci_assets, capsys):
-    from lab_helpers.planner.cli import main as plan_main
+    from lab_helpers.plan_command import main as plan_main
 
     recipe = str(CI / "ci-llama-xs" / "full.yaml")
     assert plan_main([recipe, "--device", "cpu", "--time", "--json"]) == 0
@@ -307,7 +307,7 @@ def test_sample_lengths_file(tmp_path):
 
 
 def test_time_inputs_without_time_are_one_clear_error(capsys):
-    from lab_helpers.planner.cli import main as plan_main
+    from lab_helpers.plan_command import main as plan_main
 
     assert plan_main([str(GPU7B), "--link-gbs", "20"]) == 2
     assert "--link-gbs is an input of the time prediction: add --time" in capsys.readouterr().err

@@ -2,8 +2,9 @@
 
 The planner traces litgpt's real model, loss and optimizer on fake CPU tensors (``tracer``), accounts every
 storage the step allocates (``accounting``), and adds what one traced device cannot show: sharding, buckets,
-offload, paged state and the CUDA context (``analytic``). ``spec`` reads litgpt recipes; ``cli`` is
-``python -m lab_helpers plan``.
+offload, paged state and the CUDA context (``analytic``). ``spec`` reads litgpt recipes. ``python -m lab_helpers plan``
+is ``lab_helpers.plan_command``, a layer above: it gathers what the planner takes as arguments (this node's GPU,
+records, CPU rates, link bandwidth) and prints.
 
 The names below are imported on first use (PEP 562): tracing needs torch (seconds to import), and
 ``python -m lab_helpers`` builds the ``plan`` subcommand's arguments for every command, ``results`` included.

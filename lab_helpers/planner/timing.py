@@ -30,7 +30,7 @@ method that measured runs give directly (every GPU record carries ``mfu``). So::
 * **CPU offload.** DeepSpeed steps the optimizer on the host: the step adds trainable params / the host's Adam
   rate (``cpu_rates``: torch's Adam, a lower bound on DeepSpeedCPUAdam's vectorised rate: conservative).
 * **Inputs, not probes.** The GPU's name, the records to fit to and the CPU's rates are arguments: this module
-  reads no records file and probes no hardware (``predict.predict_step_time`` gathers them for this node).
+  reads no records file and probes no hardware (``plan_command.predict_step_time`` gathers them for this node).
 
 * **Communication.** ``communication.communication_per_optimizer_step`` counts the bytes each device sends per
   optimizer step for the spec's strategy, devices and accumulation (DDP 2Ψ whatever the accumulation; FSDP
@@ -190,7 +190,7 @@ def predict_time(
     """Predict one optimizer step of ``spec`` (see the module docstring for the model).
 
     Every fact about the hardware is an argument: the planner reads no records file and probes nothing
-    (``predict.predict_step_time`` gathers them for this node). ``gpu_name`` is the NVML/torch name of the GPU;
+    (``plan_command.predict_step_time`` gathers them for this node). ``gpu_name`` is the NVML/torch name of the GPU;
     ``spec.device == "cpu"`` predicts for the CPU whose ``cpu_rates`` are given (also needed for optimizer
     offload's host step). ``records`` are run records to take the MFU from (none: the assumption table);
     ``mfu`` overrides it. ``seq_len`` is the mean padded length of a micro-batch

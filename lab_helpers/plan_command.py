@@ -6,17 +6,16 @@ import argparse
 import json
 import math
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from lab_helpers.planner.errors import PlanError, PlannerUnavailable
+from lab_helpers.planner.spec import STRATEGIES, TrainingSpec, load_recipe, spec_from_recipe
 from lab_helpers.record_schema import BREAKDOWN_PARTS
 
-from .errors import PlanError, PlannerUnavailable
-from .spec import STRATEGIES, TrainingSpec, load_recipe, spec_from_recipe
-
 if TYPE_CHECKING:
-    from .timing import TimePlan
+    from lab_helpers.planner.timing import TimePlan
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -136,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         )
         if getattr(args, "fit", False):
             return _run_fit(spec, args)
-        from .plan import predict  # torch: imported once there is something to trace
+        from lab_helpers.planner.plan import predict  # torch: imported once there is something to trace
 
         plan = predict(spec)
         time_plan, time_note = (None, "")
@@ -172,6 +171,28 @@ def _gpu_memory_gib(args: argparse.Namespace) -> float | None:
     return nominal_memory_gib(name)
 
 
+def predict_step_time(spec: TrainingSpec, *, gpu_name: str | None = None, **options: Any) -> TimePlan:
+    """The time model (``planner.timing.predict_time``) asked about this node, with what it cannot know itself:
+    this node's GPU (unless ``gpu_name`` names another), the lab's and the shipped records to fit the MFU to, and
+    this CPU's measured rates where the step needs them (a CPU step, optimizer offload's host step)."""
+    from lab_helpers.cpu_speed import measure_cpu_rates
+    from lab_helpers.node import describe_node
+    from lab_helpers.planner.timing import predict_time
+    from lab_helpers.records import lab_and_reference_records
+
+    if spec.device != "cpu" and not gpu_name:
+        gpus = describe_node().get("gpus") or []
+        gpu_name = gpus[0].get("name") if gpus else None
+    needs_cpu = spec.device == "cpu" or spec.offload_optimizer
+    return predict_time(
+        spec,
+        gpu_name=gpu_name,
+        records=lab_and_reference_records(),
+        cpu_rates=measure_cpu_rates() if needs_cpu else None,
+        **options,
+    )
+
+
 def _time(spec: TrainingSpec, args: argparse.Namespace) -> tuple[TimePlan | None, str]:
     """(TimePlan, "") or (None, why not): a plan without a known GPU still prints its memory.
 
@@ -180,7 +201,6 @@ def _time(spec: TrainingSpec, args: argparse.Namespace) -> tuple[TimePlan | None
     from lab_helpers.bandwidth import measured_link_gbs
     from lab_helpers.data_lengths import read_sample_lengths, recipe_sample_lengths
     from lab_helpers.experiments import apply_overrides
-    from lab_helpers.predict import predict_step_time
 
     gpu_name = getattr(args, "gpu_name", None)
     link_gbs, link_source = getattr(args, "link_gbs", None), "--link-gbs"
@@ -203,7 +223,7 @@ def _time(spec: TrainingSpec, args: argparse.Namespace) -> tuple[TimePlan | None
 
 
 def _run_fit(spec: TrainingSpec, args: argparse.Namespace) -> int:
-    from .fit import DEFAULT_MARGIN, fit
+    from lab_helpers.planner.fit import DEFAULT_MARGIN, fit
 
     gpu_memory_gib = _gpu_memory_gib(args)
     if gpu_memory_gib is None and spec.gpu_memory_gib is None:  # the planner probes nothing: this node's GPU
