@@ -21,6 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from lab_helpers.planner.analytic import OFFLOADED_BYTES_PER_TRAINABLE_PARAM
+from lab_helpers.planner.communication import (
+    CommunicationVolume,
+    HostDeviceTraffic,
+    communication_per_optimizer_step,
+    host_device_bytes_per_optimizer_step,
+)
 from lab_helpers.planner.spec import precision_bytes
 from lab_helpers.record_schema import GIB
 
@@ -266,64 +272,99 @@ def _optimizer(value: Any) -> tuple[str, dict[str, Any]]:
 
 @dataclass(frozen=True)
 class Communication:
-    """Bytes each GPU sends per optimizer step for one experiment's strategy, in units of Ψ.
+    """What one optimizer step of a section-02 experiment moves, per GPU, with the recipe's own accumulation.
 
-    Ψ is the model's weights in the training precision (what one gradient or one weight copy weighs). With ring
-    collectives every GPU sends (N - 1)/N of the data per all-gather or reduce-scatter, so per GPU:
-    DDP's all-reduce = reduce-scatter + all-gather = 2Ψ; FSDP FULL_SHARD (ZeRO-3) = all-gather (forward) +
-    all-gather (backward, the weights were freed after forward) + reduce-scatter (gradients) = 3Ψ; SHARD_GRAD_OP
-    (ZeRO-2) keeps the weights from forward to backward: 2Ψ; DeepSpeed ZeRO-2 = reduce-scatter of gradients +
-    all-gather of the updated weights = 2Ψ; ZeRO-3 = 3Ψ, like FULL_SHARD. Gradient accumulation multiplies the
-    FSDP/ZeRO-3 all-gathers by the micro-batches per step (each micro-batch gathers again); this counts one
-    micro-batch per step, the lower bound.
+    The byte counts are ``planner.communication``'s (derived once there, for the time model too): Ψ is the model's
+    weights in the training precision; per optimizer step of m micro-batches DDP all-reduces the gradients once
+    (Lightning accumulates under ``no_sync``): 2Ψ whatever m; FSDP FULL_SHARD gathers the weights for forward
+    and again for backward and reduce-scatters the gradients in *every* micro-batch: 3mΨ; SHARD_GRAD_OP 2mΨ;
+    ZeRO-2 (m + 1)Ψ; ZeRO-3 3mΨ. Ring collectives: each GPU sends (N - 1)/N of each; that total is a lower bound of
+    what crosses each GPU's GPU-to-GPU link (NVLink, PCIe peer or the network between nodes): tree algorithms,
+    headers and padding only add. The optimizer offload's copies between GPU and host (PCIe) are apart.
     """
 
     exp_id: str
-    strategy: str
-    psi_multiple: int  # model-sized transfers per step: 2 or 3
-    transfers: tuple[str, ...]
-    psi_gib: float  # Ψ: the weights in the training precision
-    ranks: int
+    volume: CommunicationVolume
+    host_device: HostDeviceTraffic | None  # the offload's GPU<->host bytes per step, None without offload
+
+    @property
+    def psi_multiple(self) -> float:
+        """Model-sized transfers per optimizer step (an all-reduce counted as 2): 2.0 for DDP, 6.0 for FSDP at m=2."""
+        return self.volume.psi_multiple
+
+    @property
+    def psi_gib(self) -> float:
+        return self.volume.psi_bytes / GIB
+
+    @property
+    def ranks(self) -> int:
+        return self.volume.world_size
+
+    @property
+    def micro_batches(self) -> int:
+        return self.volume.micro_batches_per_step
 
     @property
     def per_gpu_gib(self) -> float:
-        """GiB each GPU sends per optimizer step with ring collectives: multiple x Ψ x (N - 1)/N."""
-        return self.psi_multiple * self.psi_gib * (self.ranks - 1) / self.ranks
+        """GiB each GPU sends over the GPU-to-GPU link per optimizer step (ring collectives: a lower bound)."""
+        return self.volume.link_bytes_per_gpu / GIB
 
     def markdown(self) -> str:
-        return (
-            f"**{self.exp_id}** ({self.strategy}): {' + '.join(self.transfers)} = **{self.psi_multiple}Ψ** per step, "
-            f"Ψ = {self.psi_gib:.1f} GiB (the weights in the training precision); on {self.ranks} GPUs each sends "
-            f"{self.psi_multiple} × Ψ × ({self.ranks} − 1)/{self.ranks} = **{self.per_gpu_gib:.1f} GiB** per step"
+        n, m = self.ranks, self.micro_batches
+        parts = " + ".join(f"{c.name} of {c.purpose} × {c.times_per_step}" for c in self.volume.collectives)
+        strategy = _STRATEGY_WORDS.get(self.volume.strategy, self.volume.strategy)
+        text = (
+            f"**{self.exp_id}** ({strategy}), {m} micro-batch{'es' if m > 1 else ''} per optimizer step "
+            f"on each of {n} GPUs: {parts} = **{self.psi_multiple:g}Ψ per optimizer step**, Ψ = {self.psi_gib:.1f} GiB "
+            f"(the weights in the training precision); with ring collectives each GPU sends at least "
+            f"**{self.per_gpu_gib:.1f} GiB** per step over its GPU-to-GPU link (a lower bound)"
         )
+        if self.host_device is not None:
+            text += (
+                f"; the optimizer offload also copies {self.host_device.device_to_host_bytes / GIB:.1f} GiB of "
+                f"gradients GPU→host and {self.host_device.host_to_device_bytes / GIB:.1f} GiB of updated weights "
+                "host→GPU per GPU and step, over PCIe (a lower bound too)"
+            )
+        return text
 
 
-_TRANSFERS = {
-    "ddp": ("reduce-scatter (gradients)", "all-gather (gradients)"),
-    "fsdp": ("all-gather (forward)", "all-gather (backward)", "reduce-scatter (gradients)"),
-    "fsdp-grad-op": ("all-gather (forward)", "reduce-scatter (gradients)"),
-    "deepspeed-zero2": ("reduce-scatter (gradients)", "all-gather (updated weights)"),
-    "deepspeed-zero3": ("all-gather (forward)", "all-gather (backward)", "reduce-scatter (gradients)"),
-}
+_STRATEGY_WORDS = {"fsdp (full)": "FSDP FULL_SHARD", "fsdp (grad-op)": "FSDP SHARD_GRAD_OP", "ddp": "DDP"}
 
 
 def communication(exp_id: str, *, profile: str = "gpu", ranks: int = 4) -> Communication:
-    """Communication per optimizer step of a section-02 experiment on ``ranks`` GPUs (LAB.md's reference: 4)."""
-    from lab_helpers.experiments import resolve_path
+    """Communication per optimizer step of a section-02 experiment on ``ranks`` GPUs (LAB.md's reference: 4), with
+    the accumulation its recipe has there (global batch / (micro batch x ranks))."""
+    from lab_helpers.experiments import gradient_accumulation_steps, resolve_path
 
     run = resolved(exp_id, profile)
     strategy = run.experiment.strategy
-    key = "fsdp-grad-op" if strategy == "fsdp" and run.experiment.options.get("sharding") == "grad-op" else strategy
-    if key not in _TRANSFERS:
+    if strategy == "single" or not run.experiment.distributed:
         raise ValueError(f"{exp_id} runs {strategy!r}: no communication between GPUs to count")
     counts = count_params(str(resolve_path(run.recipe["checkpoint_dir"])))
-    psi = counts.total * precision_bytes(str(run.recipe.get("precision") or "bf16-true")) / GIB
-    words = "SHARD_GRAD_OP" if key == "fsdp-grad-op" else strategy
-    return Communication(exp_id, words, len(_TRANSFERS[key]), _TRANSFERS[key], psi, ranks)
+    bytes_per = precision_bytes(str(run.recipe.get("precision") or "bf16-true"))
+    micro_batches = gradient_accumulation_steps(run.recipe, world_size=ranks)
+    volume = communication_per_optimizer_step(
+        strategy=strategy,
+        parameter_count=counts.total,
+        bytes_per_parameter=bytes_per,
+        world_size=ranks,
+        micro_batches_per_step=micro_batches,
+        sharding=run.options["sharding"] if strategy == "fsdp" else None,
+        trainable_parameter_count=counts.trainable,
+    )
+    host_device = None
+    if run.options["offload_optimizer"]:
+        host_device = host_device_bytes_per_optimizer_step(
+            trainable_parameter_count=counts.trainable,
+            bytes_per_parameter=bytes_per,
+            world_size=ranks,
+            micro_batches_per_step=micro_batches,
+        )
+    return Communication(exp_id, volume, host_device)
 
 
 def show_communication(*exp_ids: str, profile: str = "gpu", ranks: int = 4) -> None:
-    """Display each experiment's communication per step (Markdown in a notebook, plain text elsewhere)."""
+    """Display each experiment's communication per optimizer step (Markdown in a notebook, plain text elsewhere)."""
     _display("\n\n".join(communication(e, profile=profile, ranks=ranks).markdown() for e in exp_ids))
 
 

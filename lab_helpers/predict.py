@@ -40,6 +40,7 @@ def planner_inputs(run: ResolvedRun, gpu_memory_gib: float | None, *, device: st
         "strategy": strategy,
         "offload_optimizer": bool(options["offload_optimizer"]),
         "fsdp_wrap_blocks": options["wrap"] == "block",
+        "ddp_gradient_as_bucket_view": bool(options["ddp_bucket_view"]),
         "fsdp_reshard_after_forward": options["sharding"] != "grad-op",  # grad-op: SHARD_GRAD_OP (ZeRO-2)
         "fsdp_impl": fsdp_impl,  # what the training process will resolve "auto" to on this hardware
         "activation_checkpointing": bool(options["activation_checkpointing"]),

@@ -46,6 +46,9 @@ LAUNCH_OPTION_DEFAULTS: Mapping[str, Any] = {
     "offload_optimizer": None,  # None: True for the DeepSpeed strategies (the lab's offload runs), False elsewhere
     "pin_memory": True,  # DeepSpeed's offloaded optimizer states in pinned host memory
     "activation_checkpointing": False,  # recompute each Block's activations in backward (litgpt-cli: child flag)
+    # DDP: gradients as views into the reducer's buckets (one copy); False is torch's and the course's default,
+    # where the buckets are a second copy of the gradients (the ddp-course experiment)
+    "ddp_bucket_view": True,
 }
 """Launch settings of an experiment (``options:`` in configs/experiments/*.yaml); all but
 ``activation_checkpointing`` concern ``lightning-strategy`` experiments only."""

@@ -26,7 +26,8 @@ from lab_helpers.distributed.strategies import make_strategy, resolve_fsdp_impl
 from lab_helpers.experiments import load_experiments, resolve
 
 MULTI = (
-    "one-gpu", "ddp", "fsdp", "fsdp-bs8", "fsdp-grad-op", "deepspeed-offload", "deepspeed-zero2-offload", "multi-node",
+    "one-gpu", "ddp", "ddp-course", "fsdp", "fsdp-course", "fsdp-bs8", "fsdp-grad-op", "deepspeed-offload",
+    "deepspeed-zero2-offload", "multi-node",
 )  # fmt: skip
 
 
@@ -124,7 +125,9 @@ def test_matrix_matches_lab_md():
     assert (e["ddp"].strategy, e["ddp"].devices) == ("ddp", "all")
     assert e["fsdp"].strategy == e["fsdp-bs8"].strategy == "fsdp"
     gpu = {k: resolve(k, "gpu", check_files=False).recipe["train"] for k in MULTI}
-    assert [gpu[k]["micro_batch_size"] for k in MULTI] == [4, 4, 4, 8, 4, 4, 4, 4]
+    assert [gpu[k]["micro_batch_size"] for k in MULTI] == [4, 4, 4, 4, 4, 8, 4, 4, 4, 4]
+    # the course's own settings beside the lab's: DDP without bucket views, FSDP as one unit
+    assert e["ddp-course"].options["ddp_bucket_view"] is False and e["fsdp-course"].options["wrap"] == "none"
     assert e["fsdp-grad-op"].options["sharding"] == "grad-op" and e["deepspeed-zero2-offload"].model == "7b"
     assert e["deepspeed-zero2-offload"].strategy == "deepspeed-zero2"
     assert e["deepspeed-offload"].model == "13b" and e["deepspeed-offload"].options["offload_optimizer"] is True

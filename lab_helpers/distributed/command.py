@@ -65,6 +65,8 @@ def build_command(run: ResolvedRun, run_dir: Path) -> list[str]:
         argv += ["--wrap", str(opts["wrap"]), "--fsdp-impl", str(opts["fsdp_impl"])]
         if opts["sharding"] != "full":  # grad-op: SHARD_GRAD_OP (ZeRO-2); the default stays off the command line
             argv += ["--sharding", str(opts["sharding"])]
+    if strategy == "ddp" and not opts["ddp_bucket_view"]:  # torch's default, the course's: a second gradient copy
+        argv += ["--no-bucket-view"]
     if strategy in ZERO_STAGES:
         config = deepspeed_config(
             recipe,

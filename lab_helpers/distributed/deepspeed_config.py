@@ -43,15 +43,22 @@ def deepspeed_config(
     train = recipe.get("train") or {}
     if stage not in (2, 3):
         raise ValueError(f"ZeRO stage {stage!r}: the lab runs stage 2 or 3")
-    zero: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
+    from lab_helpers.planner.analytic import DS_ALLGATHER_BUCKET_NUMEL, DS_REDUCE_BUCKET_NUMEL
+
+    # gradients leave through a reduce bucket of this many elements, allocated at start whatever the model's size
+    # (written out, so the planner and the run use the same one: DeepSpeed's own default is 5e8 for stage 3)
+    zero: dict[str, Any] = {
+        "stage": stage,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": DS_REDUCE_BUCKET_NUMEL,
+    }
     if stage == 3:
         # gather / release parameters per module; these are DeepSpeed's defaults written out for the student
         zero.update({"stage3_prefetch_bucket_size": 50_000_000, "stage3_param_persistence_threshold": 100_000})
     else:
-        from lab_helpers.planner.analytic import DS_ALLGATHER_BUCKET_NUMEL, DS_REDUCE_BUCKET_NUMEL
-
-        # gradients leave through reduce buckets; updated weights come back through all-gather buckets
-        zero.update({"reduce_bucket_size": DS_REDUCE_BUCKET_NUMEL, "allgather_bucket_size": DS_ALLGATHER_BUCKET_NUMEL})
+        # updated weights come back through all-gather buckets
+        zero["allgather_bucket_size"] = DS_ALLGATHER_BUCKET_NUMEL
     if offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin_memory}
     config: dict[str, Any] = {

@@ -30,6 +30,7 @@ class LitGPTFinetune(L.LightningModule):
         wrap: str | None = None,
         optimizer_class: str,
         reshard_after_forward: bool = True,
+        zero_gradients_in_place: bool = False,
     ) -> None:
         super().__init__()
         self.recipe = recipe
@@ -39,6 +40,8 @@ class LitGPTFinetune(L.LightningModule):
         self.wrap = wrap
         self.optimizer_class = optimizer_class  # deepspeed_config.optimizer_class_path, derived by the caller
         self.reshard_after_forward = reshard_after_forward  # False: SHARD_GRAD_OP (ZeRO-2), FSDP2's form
+        # DDP with gradient_as_bucket_view: zero the gradients instead of freeing them (see optimizer_zero_grad)
+        self.zero_gradients_in_place = zero_gradients_in_place
         self.model: torch.nn.Module | None = None
         self.train_args = recipe.get("train") or {}
         # ZeRO-3 builds the model inside deepspeed.zero.Init, which patches tensor constructors: import litgpt
@@ -96,6 +99,13 @@ class LitGPTFinetune(L.LightningModule):
         warmup = int(self.train_args.get("lr_warmup_steps") or 0)
         scheduler = get_lr_scheduler(optimizer, warmup_steps=warmup, max_steps=max_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer) -> None:
+        """DDP with bucket views: zero the gradients, never free them. Freed (torch's set_to_none), the next step's
+        first micro-batches run under ``no_sync`` where DDP's reducer does not run, so autograd makes new gradient
+        tensors beside the buckets -- a second copy of every gradient while accumulating. Zeroed, they stay views
+        into the buckets and accumulate there."""
+        optimizer.zero_grad(set_to_none=not self.zero_gradients_in_place)
 
     def build_optimizer(self, params) -> torch.optim.Optimizer:
         class_path = self.optimizer_class

@@ -134,5 +134,5 @@ def make_strategy(
         return StrategyChoice(strategy, f"{words} (DeepSpeedStrategy, CUDA)")
     from lab_helpers.distributed.deepspeed_cpu import CPUDeepSpeedStrategy
 
-    strategy = CPUDeepSpeedStrategy(config=deepspeed_config, process_group_backend="gloo", timeout=collective_timeout())
-    return StrategyChoice(strategy, f"{words} (DeepSpeedStrategy on CPU, DS_ACCELERATOR=cpu, gloo)")
+    strategy = CPUDeepSpeedStrategy(config=deepspeed_config, process_group_backend=backend, timeout=collective_timeout())
+    return StrategyChoice(strategy, f"{words} (DeepSpeedStrategy on CPU, DS_ACCELERATOR=cpu, {backend})")

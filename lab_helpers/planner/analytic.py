@@ -106,7 +106,13 @@ def single(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
 def ddp(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
     """Every rank holds everything. DDP's reducer allocates flat gradient buckets covering all trainable
     parameters when the model is wrapped: with torch's default they are a second copy of the gradients; with
-    gradient_as_bucket_view=True the gradients are views into them, held for the whole run."""
+    gradient_as_bucket_view=True the gradients are views into them, held for the whole run.
+
+    Lightning accumulates under DDP's ``no_sync``, where the reducer does not run: if the gradients were freed
+    (torch's ``zero_grad(set_to_none=True)``), autograd makes new ones beside the buckets and only the last
+    micro-batch's backward copies them in. The lab's module zeroes them in place instead (``optimizer_zero_grad``),
+    so with bucket views they stay in the buckets while accumulating: one copy. The course's settings (no views,
+    freed gradients) hold two."""
     grad_bytes = _trainable_grad_bytes(spec, trace)
     out = []
     for p in trace.phases:
@@ -138,7 +144,13 @@ def fsdp(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
     block, root, full = trace.block_param_bytes, trace.root_param_bytes, trace.param_bytes
     if spec.precision.endswith("-mixed"):  # fp32 shards, bf16 gathered copies
         block, root, full = block // 2, root // 2, full // 2
-    gathered_fwd = (root + 2 * block) if spec.fsdp_wrap_blocks and spec.fsdp_reshard_after_forward else full
+    # blocks whole at once: in backward the one computing and the next, prefetched explicitly; in forward on a GPU
+    # the same (the host runs ahead and issues the next all-gather while the current block computes), on a CPU
+    # one (nothing runs ahead of the host: each all-gather ends before the block runs; measured on simulated ranks)
+    ahead_fwd = 2 if spec.device == "cuda" else 1
+    per_block = spec.fsdp_wrap_blocks and spec.fsdp_reshard_after_forward
+    gathered = {kind: (root + blocks * block) if per_block else full
+                for kind, blocks in (("fwd", ahead_fwd), ("val", ahead_fwd), ("bwd", 2))}
     grad_unit = trace.block_param_bytes if spec.fsdp_wrap_blocks else trace.trainable_param_bytes
     if spec.method != "full":
         grad_unit = 0 if spec.fsdp_wrap_blocks else trace.trainable_param_bytes
@@ -152,7 +164,7 @@ def fsdp(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
         parts["optimizer_states"] = p.by_category["optimizer_states"] // n
         parts["temporaries"] -= p.step_temporaries - p.step_temporaries // n
         if p.kind in ("fwd", "bwd", "val"):
-            parts["communication_buffers"] = gathered_fwd + (grad_unit if p.kind == "bwd" else 0)
+            parts["communication_buffers"] = gathered[p.kind] + (grad_unit if p.kind == "bwd" else 0)
         out.append(DeviceBreakdown(parts, p.name))
     best = _max(out)
     best.outside_allocator_bytes = NCCL_BUFFERS_BYTES
@@ -180,23 +192,36 @@ def deepspeed_zero3(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
     # (embedding, head) are gathered while they run
     live_numel = min(numel, DS_MAX_LIVE_PARAMETERS, trace.block_param_numel + DS_PREFETCH_BUCKET_NUMEL)
     gathered = live_numel * bytes_per + trace.root_param_bytes
-    buckets = 2 * min(DS_REDUCE_BUCKET_NUMEL, trainable) * bytes_per  # overlap_comm double-buffers
+    # contiguous_gradients: one reduce ("IPG") bucket of reduce_bucket_size elements per gradient dtype, allocated
+    # when the optimizer is built and kept for the whole run, whatever the model's size (DeepSpeed 0.19 stage3.py)
+    bucket = DS_REDUCE_BUCKET_NUMEL * bytes_per
     master_and_moments = (OFFLOADED_BYTES_PER_TRAINABLE_PARAM - 4) * trainable // n
     fp32_grads = 4 * trainable // n
+    on_device = _offloaded_on_device(spec, trainable)
     out = []
     for p in trace.phases:
         parts = _parts(p, spec)
         parts["parameters"] = p.by_category["parameters"] // n
         # contiguous_gradients: a persistent partition buffer on the GPU, unless offloaded to the host
-        parts["gradients"] = 0 if spec.offload_optimizer else bytes_per * trainable // n
-        parts["optimizer_states"] = 0 if spec.offload_optimizer else master_and_moments
+        parts["gradients"] = on_device["gradients"] if spec.offload_optimizer else bytes_per * trainable // n
+        parts["optimizer_states"] = on_device["optimizer_states"] if spec.offload_optimizer else master_and_moments
         if p.kind == "step" and not spec.offload_optimizer:
             parts["temporaries"] += fp32_grads  # fp32 copy of the gradient partition for the update
         parts["temporaries"] -= p.step_temporaries
-        if p.kind in ("fwd", "bwd", "val"):
-            parts["communication_buffers"] = gathered + (buckets if p.kind == "bwd" else 0)
+        parts["communication_buffers"] = bucket + (gathered if p.kind in ("fwd", "bwd", "val") else 0)
         out.append(DeviceBreakdown(parts, p.name))
     return _deepspeed_worst(out, spec, trace)
+
+
+def _offloaded_on_device(spec: TrainingSpec, trainable_numel: int) -> dict[str, int]:
+    """The offloaded optimizer's share of this rank that the device's own memory holds: nothing on a GPU (it is in
+    host RAM), all of it on a CPU, where the host is the device -- the fp32 master weights and both Adam moments
+    (12 B per trainable parameter) and the fp32 gradient partition (4 B), each 1/N per rank."""
+    if spec.device == "cuda" or not spec.offload_optimizer:
+        return {"gradients": 0, "optimizer_states": 0}
+    n = spec.devices
+    states = OFFLOADED_BYTES_PER_TRAINABLE_PARAM - 4
+    return {"gradients": 4 * trainable_numel // n, "optimizer_states": states * trainable_numel // n}
 
 
 def _deepspeed_worst(
@@ -233,12 +258,13 @@ def deepspeed_zero2(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
     buckets = 2 * DS_REDUCE_BUCKET_NUMEL * bytes_per
     allgather = min(DS_ALLGATHER_BUCKET_NUMEL, trace.total_param_numel) * bytes_per
     master_and_moments = (OFFLOADED_BYTES_PER_TRAINABLE_PARAM - 4) * trainable // n
+    on_device = _offloaded_on_device(spec, trainable)
     out = []
     for p in trace.phases:
         parts = _parts(p, spec)
         # a gradient is copied into the bucket as soon as it is computed and freed: only the partition stays
-        parts["gradients"] = 0 if spec.offload_optimizer else bytes_per * trainable // n
-        parts["optimizer_states"] = 0 if spec.offload_optimizer else master_and_moments
+        parts["gradients"] = on_device["gradients"] if spec.offload_optimizer else bytes_per * trainable // n
+        parts["optimizer_states"] = on_device["optimizer_states"] if spec.offload_optimizer else master_and_moments
         parts["temporaries"] -= p.step_temporaries
         if p.kind == "step":
             parts["temporaries"] += allgather if spec.offload_optimizer else allgather + 4 * trainable // n

@@ -359,6 +359,7 @@ def spec_from_recipe(
     device: str = "cuda",
     fsdp_reshard_after_forward: bool = True,
     fsdp_impl: str | None = None,
+    ddp_gradient_as_bucket_view: bool = True,
 ) -> TrainingSpec:
     """Read a litgpt finetune recipe into a :class:`TrainingSpec`.
 
@@ -471,6 +472,7 @@ def spec_from_recipe(
         fsdp_wrap_blocks=fsdp_wrap_blocks,
         fsdp_reshard_after_forward=fsdp_reshard_after_forward,
         fsdp_impl=fsdp_impl,
+        ddp_gradient_as_bucket_view=ddp_gradient_as_bucket_view,
         # litgpt finetune_full wraps each Block with FSDP *and* activation checkpointing on several devices.
         activation_checkpointing=(
             activation_checkpointing
