@@ -2,7 +2,8 @@
 
 Why: a student who finds out after an hour that the node has one V100 and no bitsandbytes has lost money and
 the hour. The doctor reads the node (lab_helpers.node), prints a GPU table and a checklist with what to do
-about each missing piece, or the raw facts as JSON (``--json``) for scripts and bug reports.
+about each missing piece (the verdicts of lab_helpers.decision, the ones run-all and the notebooks act on), or
+the raw facts as JSON (``--json``) for scripts and bug reports.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from lab_helpers.node import describe_node, sections_runnable
+from lab_helpers.decision import sections_runnable
+from lab_helpers.node import describe_node
 
 OK, NOT_OK = "✔", "✘"
 CI_ONLY = "◐"  # runs on this machine, on the ci profile only (tiny stand-ins on the CPU)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-from pathlib import Path
 
 OOM_RSS_FRACTION = 0.8  # a run whose tree held this much of the host's memory is a likely OOM-killer victim
 # "Out of memory: Killed process 4242 (python)" and "Memory cgroup out of memory: Killed process 4242 (python)"
@@ -42,17 +41,14 @@ def kernel_log(timeout_s: float = 2.0) -> str | None:
 
 
 def host_memory_gib() -> float:
-    """What this host (or its container's memory limit, if lower) can hold."""
-    import psutil
+    """What this host (or its container's memory limit, if lower) can hold: ``node.host_memory_bytes``."""
+    from lab_helpers.node import host_memory_bytes
 
-    total = psutil.virtual_memory().total
-    limit = Path("/sys/fs/cgroup/memory.max")
-    try:
-        text = limit.read_text().strip()
-        if text.isdigit():
-            total = min(total, int(text))
-    except OSError:
-        pass
+    total, _ = host_memory_bytes()
+    if total is None:
+        import psutil
+
+        total = psutil.virtual_memory().total
     return total / 2**30
 
 

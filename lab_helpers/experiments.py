@@ -78,7 +78,6 @@ class ResolvedRun:
     overrides: dict[str, Any]
     litgpt_command: str  # finetune_full | finetune_lora
     devices: int  # processes (GPUs) per node
-    skip_reason: str | None = None
     # rank 0 of this world played alone on one device with torch's fake process group (lab_helpers.distributed.
     # simulated): ``devices`` is then the world it plays, and one process runs (``ranks_run``)
     simulated_world_size: int | None = None
@@ -447,11 +446,8 @@ def resolve(
     check_recipe_ranges(recipe)  # after the types: impossible numbers (epochs=0, lr<0) before anything starts
     devices = simulate_world or count_devices(experiment.devices)
     check_batch_and_precision(recipe, devices=devices, num_nodes=experiment.num_nodes)
-    skip_reason = hardware_skip_reason(experiment, recipe, simulated=bool(simulate_world))
-    run = ResolvedRun(
-        experiment, profile, recipe_path, recipe, dict(overrides or {}), command, devices, skip_reason, simulate_world
-    )
-    if check_files and run.skip_reason is None:
+    run = ResolvedRun(experiment, profile, recipe_path, recipe, dict(overrides or {}), command, devices, simulate_world)
+    if check_files:  # what this node cannot run at all is the decision's (lab_helpers.decision.blocked), not here
         check_run_files(run)
     return run
 
@@ -514,30 +510,4 @@ def bitsandbytes_use(method: str, recipe: Mapping[str, Any]) -> str | None:
     path = optimizer.get("class_path", "") if isinstance(optimizer, Mapping) else str(optimizer or "")
     if path.startswith(("bitsandbytes.", "bnb.")):
         return "8-bit AdamW" if "8bit" in path else path.rsplit(".", 1)[-1]
-    return None
-
-
-def hardware_skip_reason(experiment: Experiment, recipe: Mapping[str, Any], *, simulated: bool = False) -> str | None:
-    """Why this machine cannot run the experiment at all (recorded as `skipped`), or None. A simulated rank needs
-    one device, whatever the world it plays."""
-    import torch
-
-    has_cuda = torch.cuda.is_available()
-    bnb = bitsandbytes_use(experiment.method, recipe)
-    if "cuda" in experiment.needs and not has_cuda:
-        what = f"bitsandbytes {bnb}" if bnb else "this experiment"
-        return f"needs CUDA: {what} cannot run on a CPU"
-    if has_cuda and bnb and importlib.util.find_spec("bitsandbytes") is None:
-        from lab_helpers.node import bitsandbytes_install_command
-
-        return f"needs bitsandbytes, which is not installed: {bitsandbytes_install_command()}"
-    if has_cuda and str(recipe.get("precision", "")).startswith("bf16"):
-        major, minor = torch.cuda.get_device_capability()
-        if (major, minor) < (8, 0):
-            return f"needs bf16: compute capability {major}.{minor} < 8.0 (e.g. V100); try precision=16-mixed"
-    if has_cuda and experiment.distributed and not simulated:
-        # the lab plays every node on this machine (loopback), so all of them need GPUs here
-        wanted = count_devices(experiment.devices) * experiment.num_nodes
-        if wanted > torch.cuda.device_count():
-            return f"needs {wanted} GPUs; this node has {torch.cuda.device_count()}"
     return None

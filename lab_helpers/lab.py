@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from lab_helpers import predict
-from lab_helpers.experiments import LabConfigError, check_run_files, load_experiments, parse_set_args, resolve
-from lab_helpers.host_gate import host_ram_skip_reason
+from lab_helpers.decision import blocked, section_decisions
+from lab_helpers.experiments import LabConfigError, check_run_files, parse_set_args, resolve
 from lab_helpers.launch import launcher_for
 from lab_helpers.paths import absolute_locations, lab_home, results_dir
 from lab_helpers.predict import OOM_DEMO_MARGIN
@@ -128,13 +128,11 @@ def run_experiment(
         run = _with_profiled_steps(run, profile_steps)
     base = base_record(run, node)
     base["mode"] = "quick" if quick else "full"
-    if run.skip_reason:
-        return _skip(base, run.skip_reason, results_path, summary)
+    if reason := blocked(run, node):  # the decision's own checks, before a checkpoint is asked for
+        return _skip(base, reason, results_path, summary)
     limit_s = run_time_limit_s(profile, run.total_iterations, time_limit_s)
     base.update(predict.prediction_fields(run))
     base["time_limit_s"] = limit_s
-    if host_reason := host_ram_skip_reason(run, base.get("predicted")):
-        return _skip(base, host_reason, results_path, summary)  # said before asking for a checkpoint
     check_run_files(run)
     run_dir = results_dir() / "runs" / base["run_id"]
     command = launcher.command(run, run_dir)
@@ -219,23 +217,23 @@ def run_all(
 ) -> list[dict[str, Any]]:
     """Every experiment of a section in order; a failing experiment is recorded and the next one runs.
 
-    OOM demonstrations get the batch that makes them OOM on this GPU (``oom_demo_overrides``), as in the notebook.
+    What runs, with which overrides, or is skipped and why, is the decision the notebooks' cells make
+    (``decision.decide`` on this node): a V100's bf16 runs in 16-mixed, a 24 GB GPU's micro batches shrink, an
+    OOM demonstration keeps the course's lesson, exactly as in 01 and 02.
     """
-    profile = profile or default_profile()
-    chosen = set(only) if only else None
+    from lab_helpers.node import describe_node
+
+    node = describe_node()
+    profile = profile or default_profile(node)
     records: list[dict[str, Any]] = []
-    for exp_id, experiment in load_experiments(section).items():
-        if chosen is not None and exp_id not in chosen:
-            continue
-        overrides: dict[str, Any] = {}
-        if experiment.expect == "oom":
-            overrides, why = oom_demo_overrides(exp_id, profile=profile)
-            print(f"{exp_id}: {why}", flush=True)
-        records.extend(
-            run_experiment(
-                exp_id, profile=profile, overrides=overrides, results_path=results_path, echo=echo, quick=quick
-            )
-        )
+    for exp_id, step in section_decisions(section, node, profile=profile, only=only):
+        print(f"{exp_id}: {step.sentence}", flush=True)
+        if step.runs:
+            records.extend(run_experiment(exp_id, profile=profile, overrides=step.overrides,
+                                          results_path=results_path, echo=echo, quick=quick))  # fmt: skip
+        else:
+            records.extend(record_skipped(exp_id, reason=step.sentence, profile=profile, overrides=step.overrides,
+                                          results_path=results_path))  # fmt: skip
     return records
 
 
@@ -265,7 +263,7 @@ def record_skipped(
     results_path: Path | None = None,
     simulate_world: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Record that the lab chose not to run ``exp_id`` on this node, and why (lab_helpers.node_plan decides:
+    """Record that the lab chose not to run ``exp_id`` on this node, and why (lab_helpers.decision decides:
     too few GPUs, model states larger than the GPU). A skip is a result like any other: tables show its reason.
     """
     run = resolve(exp_id, profile or default_profile(), overrides, check_files=False, simulate_world=simulate_world)

@@ -35,9 +35,6 @@ PACKAGES = ("torch", "lightning", "litgpt", "deepspeed", "bitsandbytes")
 BF16_MIN_CAPABILITY = (8, 0)
 """bf16 tensor cores arrived with Ampere (sm_80); a V100 (sm_70) only emulates bf16, slowly."""
 
-DEEPSPEED_OFFLOAD_PARAMS = 13e9
-"""The deepspeed-offload experiment fine-tunes the 13B model (LAB.md, multiple GPUs)."""
-
 TOPOLOGY_TIMEOUT_S = 5.0
 
 
@@ -119,7 +116,8 @@ def package_versions() -> dict[str, str | None]:
 
 
 def gpu_memory_gib(node: Mapping[str, Any]) -> float | None:
-    """The smallest GPU's memory (GiB); None without GPUs or when NVML could not read it."""
+    """The smallest GPU's memory (GiB): the one GPU size the lab decides and predicts with (NVML's total, torch's
+    where NVML cannot read: ``_hardware``); None without GPUs or when neither could read it."""
     sizes = [g.get("memory_total_gib") for g in node.get("gpus") or []]
     return min(sizes) if sizes and all(isinstance(s, (int, float)) for s in sizes) else None
 
@@ -127,14 +125,6 @@ def gpu_memory_gib(node: Mapping[str, Any]) -> float | None:
 def this_gpu_memory_gib() -> float | None:
     """``gpu_memory_gib`` of this node (NVML, read once per process by ``describe_node``)."""
     return gpu_memory_gib(describe_node())
-
-
-def offload_host_ram_needed_gib(params: float = DEEPSPEED_OFFLOAD_PARAMS, devices: int = 1) -> float:
-    """Host RAM of the ZeRO-3 optimizer-offload run, in GiB: the planner's own number (fp32 master weights,
-    Adam moments and fp32 gradient partitions, 16 bytes per parameter, plus each rank's process)."""
-    from lab_helpers.planner.analytic import offload_host_bytes
-
-    return offload_host_bytes(int(params), int(params), max(1, devices)) / GIB
 
 
 def bitsandbytes_requirement() -> str:
@@ -153,91 +143,6 @@ def bitsandbytes_requirement() -> str:
 
 def bitsandbytes_install_command() -> str:
     return f"pip install '{bitsandbytes_requirement()}'"
-
-
-def sections_runnable(node: dict[str, Any]) -> dict[str, tuple[bool, str]]:
-    """Which parts of the lab this node can run at full size (``gpu`` profile), and why not.
-
-    Every experiment also exists in the ``ci`` profile, which runs on any CPU; the reasons say so where
-    that is the way out.
-    """
-    gpus = node.get("gpus") or []
-    packages = node.get("packages") or {}
-    host = node.get("host") or {}
-    n = len(gpus)
-    cuda = n > 0
-    result: dict[str, tuple[bool, str]] = {}
-
-    torch_problem = _torch_problem(node)
-    if cuda and torch_problem:
-        result["single"] = (False, torch_problem)
-    elif cuda:
-        result["single"] = (True, f"{n} CUDA GPU(s): {gpus[0]['name']}")
-    else:
-        result["single"] = (False, "no CUDA GPU: ci profile only (LAB_PROFILE=ci runs small models on the CPU)")
-
-    if not cuda:
-        result["single bf16"] = (False, "no CUDA GPU: bf16 experiments run on the CPU in the ci profile only")
-    else:
-        old = [gpu for gpu in gpus if not gpu.get("bf16_native")]
-        if old:
-            names = ", ".join(sorted({f"{g['name']} (sm {g.get('compute_capability')})" for g in old}))
-            result["single bf16"] = (
-                False,
-                f"{names}: no native bf16 (needs compute capability >= 8.0); the bf16 experiments are skipped",
-            )
-        else:
-            result["single bf16"] = (True, "native bf16 tensor cores (compute capability >= 8.0)")
-
-    if not cuda:
-        result["qlora"] = (False, "no CUDA GPU: bitsandbytes 4-bit kernels need CUDA")
-    elif not packages.get("bitsandbytes"):
-        result["qlora"] = (False, f"bitsandbytes is not installed: {bitsandbytes_install_command()}")
-    else:
-        result["qlora"] = (True, f"bitsandbytes {packages['bitsandbytes']}")
-
-    if n >= 2:
-        result["multi"] = (True, f"{n} GPUs over {node.get('interconnect') or 'unknown interconnect'}")
-    else:
-        found = "one GPU" if n == 1 else "no GPU"
-        result["multi"] = (False, f"{found}: DDP/FSDP need >= 2 GPUs; the ci profile runs them on 2 CPU processes")
-
-    needed_gib = offload_host_ram_needed_gib(devices=max(1, n))
-    ram_gib = host.get("ram_total_gib")
-    ram_text = f"{ram_gib:.0f} GiB" if isinstance(ram_gib, (int, float)) else "unknown"
-    need_text = (
-        f"needs ~{needed_gib:.0f} GiB host RAM (the planner: 16 bytes x "
-        f"{DEEPSPEED_OFFLOAD_PARAMS / 1e9:.0f}e9 params of fp32 master weights, Adam moments and gradients, "
-        f"plus {max(1, n)} rank process(es)); this node has {ram_text}"
-    )
-    nvcc_problem = node.get("deepspeed_build_problem")
-    if not cuda:
-        result["deepspeed-offload"] = (False, f"no CUDA GPU: ci profile only; on a GPU node it {need_text}")
-    elif not packages.get("deepspeed"):
-        result["deepspeed-offload"] = (False, f"deepspeed is not installed (pip install deepspeed); it {need_text}")
-    elif nvcc_problem:
-        result["deepspeed-offload"] = (False, nvcc_problem)
-    elif not isinstance(ram_gib, (int, float)) or ram_gib < needed_gib:
-        result["deepspeed-offload"] = (False, f"not enough host RAM: it {need_text}")
-    else:
-        result["deepspeed-offload"] = (True, f"deepspeed {packages['deepspeed']}; it {need_text}")
-
-    result["multi-node"] = (
-        False,
-        "informational: an extension for a cluster (torchrun / Lightning num_nodes across nodes); "
-        "this check sees one node",
-    )
-    return result
-
-
-def _torch_problem(node: dict[str, Any]) -> str | None:
-    """Why torch cannot drive these GPUs (driver too old, CPU build, Volta without kernels), when the doctor
-    added torch's own facts to ``node``; None otherwise."""
-    if "torch_cuda_available" not in node:
-        return None
-    from lab_helpers.cuda_compat import torch_gpu_problem
-
-    return torch_gpu_problem(node)
 
 
 # ------------------------------------------------------------------------------------------------ NVML
@@ -379,14 +284,31 @@ def _nvidia_smi_topology() -> str | None:
 # ------------------------------------------------------------------------------------------------ host
 
 
-def _host_memory() -> dict[str, Any]:
+CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")
+"""A container's memory limit (cgroup v2): what the host can give this lab when it is lower than the RAM."""
+
+
+def host_memory_bytes() -> tuple[int | None, int | None]:
+    """(total, available) host memory in bytes, a container's limit counted: the one reading of host RAM that
+    ``describe_node`` reports, the decision compares the offload run with, and the exit cause names."""
     try:
         import psutil
 
         memory = psutil.virtual_memory()
         total, available = memory.total, memory.available
     except Exception:
-        total = available = None
+        return None, None
+    try:
+        text = CGROUP_MEMORY_MAX.read_text().strip()
+    except OSError:
+        text = ""
+    if text.isdigit():
+        total, available = min(total, int(text)), min(available, int(text))
+    return total, available
+
+
+def _host_memory() -> dict[str, Any]:
+    total, available = host_memory_bytes()
     return {
         "ram_total_gib": round(total / GIB, 1) if total else None,
         "ram_available_gib": round(available / GIB, 1) if available else None,

@@ -58,12 +58,11 @@ def plan_for(run: ResolvedRun, gpu_memory_gib: float | None, *, device: str | No
 
 
 def gpu_memory_gib() -> float | None:
-    """This machine's GPU 0 memory in GiB as CUDA reports it; None without CUDA."""
-    import torch
+    """This node's GPU memory in GiB, the one reading the decision uses too (``node.this_gpu_memory_gib``: NVML,
+    torch where NVML cannot read); None without a GPU."""
+    from lab_helpers.node import this_gpu_memory_gib
 
-    if not torch.cuda.is_available():
-        return None
-    return torch.cuda.get_device_properties(0).total_memory / 2**30
+    return this_gpu_memory_gib()
 
 
 def predict_experiment(

@@ -100,7 +100,11 @@ def test_qlora_is_skipped_with_the_reason_on_a_cpu():
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    assert resolve("qlora-7b", "ci").skip_reason == "needs CUDA: bitsandbytes QLoRA cannot run on a CPU"
+    from lab_helpers.decision import blocked
+    from lab_helpers.node import describe_node
+
+    reason = blocked(resolve("qlora-7b", "ci"), describe_node())
+    assert reason == "needs CUDA: bitsandbytes QLoRA cannot run on a CPU"
 
 
 def test_the_written_recipe_pins_moved_folders_and_masks_tokens(tmp_path, monkeypatch):

@@ -18,8 +18,9 @@ import pytest
 
 from lab_helpers import cuda_compat, doctor, lab, node, run_record
 from lab_helpers.child_report import is_oom_text, is_out_of_memory
+from lab_helpers.decision import blocked, offload_fit, sections_runnable
 from lab_helpers.distributed.nodes import node_gpus
-from lab_helpers.experiments import LabConfigError, get_experiment, hardware_skip_reason, resolve
+from lab_helpers.experiments import LabConfigError, resolve
 from lab_helpers.sampler import ProcessTreeMemory, TimelineSampler, process_tree_rss_bytes, visible_nvml_indices
 
 H100 = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_total_gib": 79.6, "compute_capability": "9.0",
@@ -136,14 +137,14 @@ def test_doctor_flags_missing_or_mismatched_nvcc_for_deepspeed():
     assert cuda_compat.deepspeed_build_problem(None, None) is None  # a CPU torch builds cpu_adam with g++
     node_facts = facts([H100] * 4, driver_cuda="13.0", available=True, arch=["sm_90"])
     node_facts["deepspeed_build_problem"] = cuda_compat.deepspeed_build_problem("13.0", None)
-    ok, why = node.sections_runnable(node_facts)["deepspeed-offload"]
+    ok, why = sections_runnable(node_facts)["deepspeed-offload"]
     assert not ok and "no nvcc" in why
 
 
 def test_doctor_names_the_pinned_bitsandbytes_install_when_it_is_missing():
     node_facts = facts([H100], driver_cuda="13.0", available=True, arch=["sm_90"])
     node_facts["packages"]["bitsandbytes"] = None
-    ok, why = node.sections_runnable(node_facts)["qlora"]
+    ok, why = sections_runnable(node_facts)["qlora"]
     assert not ok and f"pip install '{node.bitsandbytes_requirement()}'" in why
     assert node.bitsandbytes_requirement().startswith("bitsandbytes") and "<" in node.bitsandbytes_requirement()
 
@@ -168,19 +169,15 @@ def test_doctor_on_this_machine_still_passes():
 # ------------------------------------------------------------------------------------ QLoRA without bitsandbytes
 
 
-def test_qlora_on_a_cuda_node_without_bitsandbytes_is_skipped_with_the_install_command(monkeypatch):
-    """A CUDA node is a fixture here (torch.cuda answers patched); bitsandbytes is really absent on this machine."""
-    import importlib.util
-
-    import torch
-
-    if importlib.util.find_spec("bitsandbytes") is not None:
+def test_qlora_on_a_cuda_node_without_bitsandbytes_is_skipped_with_the_install_command():
+    """A CUDA node is a fixture here (an H100's NVML facts); its packages are this machine's, whose bitsandbytes
+    is really absent: run_experiment's gate (the decision's checks) skips QLoRA with the pinned install."""
+    packages = node.package_versions()
+    if packages["bitsandbytes"] is not None:
         pytest.skip("bitsandbytes is installed here")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     run = resolve("qlora-7b", "gpu", check_files=False)
-    reason = hardware_skip_reason(get_experiment("qlora-7b"), run.recipe)
-    assert reason == f"needs bitsandbytes, which is not installed: {node.bitsandbytes_install_command()}"
+    reason = blocked(run, facts([H100], packages=packages))
+    assert reason == f"bitsandbytes is not installed ({node.bitsandbytes_install_command()}): QLoRA is skipped"
 
 
 # ------------------------------------------------------------------------------------ measurements on GPU nodes
@@ -292,14 +289,14 @@ def test_played_nodes_take_their_slice_of_the_visible_gpus():
 
 
 def test_the_offload_host_ram_gate_uses_the_planners_16_bytes_per_parameter():
-    needed = node.offload_host_ram_needed_gib(13e9, devices=1)
-    assert 193 < needed < 197  # 16 B x 13e9 = 193.7 GiB plus one process: not 12 B (145 GiB)
+    needed = offload_fit(resolve("deepspeed-offload", "gpu", check_files=False), facts([H100])).need_gib
+    assert 193 < needed < 198  # 16 B x 13.0e9 = 194 GiB plus one process: not 12 B (145 GiB)
     node_facts = facts([H100] * 4, driver_cuda="13.0", available=True, arch=["sm_90"])
     node_facts["host"]["ram_total_gib"] = 128.0
-    ok, why = node.sections_runnable(node_facts)["deepspeed-offload"]
-    assert not ok and "not enough host RAM" in why and "128 GiB" in why
+    ok, why = sections_runnable(node_facts)["deepspeed-offload"]
+    assert not ok and "not enough host RAM" in why and "128 GiB" in why and "run the 7B instead" in why
     node_facts["host"]["ram_total_gib"] = 256.0
-    assert node.sections_runnable(node_facts)["deepspeed-offload"][0]
+    assert sections_runnable(node_facts)["deepspeed-offload"][0]
 
 
 def test_the_volta_route_torch_is_one_litgpt_and_lightning_accept():
@@ -350,19 +347,22 @@ def test_the_gpu_profile_on_a_v100_with_a_build_without_volta_kernels_stops_befo
 
 
 def test_an_offload_run_the_host_cannot_hold_is_skipped_naming_the_model_that_fits(ci_assets):
-    """The pre-run gate: the planner's host_gib against the node's RAM (a small RAM is a fixture number)."""
+    """The pre-run gate (decision.blocked): the planner's one offload formula on the run's real parameter counts
+    against the node's RAM (a node without GPUs whose RAM is a fixture number)."""
     from lab_helpers.arithmetic import count_params
-    from lab_helpers.host_gate import host_ram_skip_reason
     from lab_helpers.planner.analytic import offload_host_bytes
 
+    def cpu_node(ram_gib: float) -> dict:
+        return {"gpus": [], "packages": node.package_versions(), "host": {"ram_total_gib": ram_gib}}
+
     run = resolve("deepspeed-offload", "ci", check_files=False)
-    assert host_ram_skip_reason(run, {"host_gib": 1.0}, ram_total_gib=2.0) is None
+    assert blocked(run, cpu_node(10_000.0)) is None
     small = count_params("checkpoints/lab-ci/ci-llama-xs").total
     ram_gib = offload_host_bytes(small, small, run.devices) / 2**30 + 0.001  # only the smallest model fits
-    reason = host_ram_skip_reason(run, {"host_gib": 500.0}, ram_total_gib=ram_gib)
-    assert "needs ~500 GiB of host RAM" in reason and "--set checkpoint_dir=checkpoints/lab-ci/ci-llama-xs" in reason
-    assert "no model" in host_ram_skip_reason(run, {"host_gib": 500.0}, ram_total_gib=0.01)
-    assert host_ram_skip_reason(resolve("fsdp", "ci", check_files=False), {"host_gib": 500.0}, ram_total_gib=1) is None
+    reason = blocked(run, cpu_node(ram_gib))
+    assert "of host RAM" in reason and "--set checkpoint_dir=checkpoints/lab-ci/ci-llama-xs" in reason
+    assert "no model" in blocked(run, cpu_node(0.01))
+    assert blocked(resolve("fsdp", "ci", check_files=False), cpu_node(1)) is None
 
 
 def test_an_offload_run_too_big_for_the_host_is_skipped_before_its_checkpoint_is_asked_for(
@@ -371,10 +371,10 @@ def test_an_offload_run_too_big_for_the_host_is_skipped_before_its_checkpoint_is
     """Seen on the H100 device (126 GiB RAM): deepspeed-offload stopped on 'no checkpoint at .../open_llama_13b',
     asking for a 26 GB download that could never run there. The host gate now speaks first; the missing
     checkpoint is still an error for a run the node can hold. The checkpoints below hold configs only (no
-    weights), and the node's RAM is a fixture number that only the smallest ci model fits."""
+    weights), and the node's RAM (describe_node's host reading) is a fixture number that only the smallest ci
+    model fits."""
     import shutil
 
-    from lab_helpers import host_gate
     from lab_helpers.arithmetic import count_params
     from lab_helpers.planner.analytic import offload_host_bytes
 
@@ -386,11 +386,12 @@ def test_an_offload_run_too_big_for_the_host_is_skipped_before_its_checkpoint_is
     monkeypatch.setenv("LAB_CHECKPOINTS", str(configs_only))
     run = resolve("deepspeed-offload", "ci", check_files=False)
     small = count_params(str(configs_only / "lab-ci" / "ci-llama-xs")).total
-    monkeypatch.setattr(host_gate, "host_memory_gib", lambda: offload_host_bytes(small, small, run.devices) / 2**30)
+    ram_gib = offload_host_bytes(small, small, run.devices) / 2**30
+    monkeypatch.setattr(node, "_host_memory", lambda: {"ram_total_gib": ram_gib, "cpu_count": 2})
 
     (record,) = lab.run_experiment("deepspeed-offload", profile="ci", echo=False, summary=False)
     assert record["status"] == "skipped"
     assert "of host RAM" in record["reason"] and "--set checkpoint_dir=checkpoints/lab-ci/ci-llama-xs" in record["reason"]
-    monkeypatch.setattr(host_gate, "host_memory_gib", lambda: 10_000.0)
+    monkeypatch.setattr(node, "_host_memory", lambda: {"ram_total_gib": 10_000.0, "cpu_count": 2})
     with pytest.raises(LabConfigError, match="no checkpoint at .*ci-llama"):
         lab.run_experiment("deepspeed-offload", profile="ci", echo=False, summary=False)

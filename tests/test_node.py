@@ -1,4 +1,4 @@
-"""node.describe_node / sections_runnable and the doctor report.
+"""node.describe_node, the decision's sections_runnable and the doctor report.
 
 The real code paths run on this (GPU-less) machine: NVML is absent, so the GPU list must be empty and every GPU
 field None. NVML readings of real GPUs cannot happen on a CPU, so the GPU cases use ``fake_pynvml``: a stand-in
@@ -15,6 +15,7 @@ import types
 import pytest
 
 from lab_helpers import doctor, node
+from lab_helpers.decision import sections_runnable
 
 
 def test_describe_node_on_this_machine_is_json_and_has_no_fake_zeros():
@@ -28,7 +29,7 @@ def test_describe_node_on_this_machine_is_json_and_has_no_fake_zeros():
             assert facts[key] is None
         summary = node.environment_summary(facts)
         assert summary["gpu_names"] == [] and summary["driver_version"] is None
-        sections = node.sections_runnable(facts)
+        sections = sections_runnable(facts)
         assert sections["single"] == (False, sections["single"][1]) and "ci profile" in sections["single"][1]
 
 
@@ -129,7 +130,7 @@ def test_four_h100_with_nvlink_run_everything(fake_nvml):
     assert gpu["name"] == "NVIDIA H100 80GB HBM3" and gpu["compute_capability"] == "9.0" and gpu["bf16_native"]
     assert gpu["memory_total_gib"] == pytest.approx(79.6, abs=0.1) and gpu["nvlink_links_active"] == 18
     assert facts["driver_version"] == "550.54.15" and facts["cuda_driver_version"] == "12.4"
-    sections = node.sections_runnable(facts)
+    sections = sections_runnable(facts)
     assert all(sections[k][0] for k in ("single", "single bf16", "qlora", "multi", "deepspeed-offload"))
     assert sections["multi-node"][0] is False and "informational" in sections["multi-node"][1]
     assert node.environment_summary(facts)["gpu_names"] == ["NVIDIA H100 80GB HBM3"] * 4
@@ -138,25 +139,34 @@ def test_four_h100_with_nvlink_run_everything(fake_nvml):
 def test_one_v100_pcie_without_extras(fake_nvml):
     facts = fake_nvml([V100], ram_total_gib=64.0, packages={**ALL, "bitsandbytes": None})
     assert facts["interconnect"] == "PCIe" and facts["gpus"][0]["bf16_native"] is False
-    sections = node.sections_runnable(facts)
+    sections = sections_runnable(facts)
     assert sections["single"][0]
     assert not sections["single bf16"][0] and "no native bf16" in sections["single bf16"][1]
     assert not sections["qlora"][0] and "bitsandbytes" in sections["qlora"][1]
     assert not sections["multi"][0] and "2 CPU processes" in sections["multi"][1]
     ok, why = sections["deepspeed-offload"]
-    assert not ok and "196 GiB" in why and "64 GiB" in why
+    assert not ok and "196 GiB" in why and "64 GiB" in why and "run the 3B instead" in why  # as decide runs it
     report = doctor.format_report(facts)
-    assert (
-        "Tesla V100-SXM2-16GB" in report and "✘ single bf16" in report and "the bf16 experiments are skipped" in report
-    )
+    assert "Tesla V100-SXM2-16GB" in report and "✘ single bf16" in report
+    assert "the bf16 experiments run in 16-mixed" in report and "bf16-true is skipped" in report  # decide's route
 
 
 def test_offload_host_ram_number():
-    """16 bytes per parameter (fp32 master, Adam moments, fp32 gradients) plus each rank's process, as planned."""
+    """16 bytes per parameter (fp32 master, Adam moments, fp32 gradients) plus each rank's process, as planned:
+    the planner's formula on the 13B's real parameter count, with the node's ranks (fixtures: one and four GPUs)."""
+    from node_fixtures import node as fixture
+
+    from lab_helpers.arithmetic import model_states, resolved
+    from lab_helpers.decision import offload_fit
     from lab_helpers.planner.analytic import HOST_PROCESS_BYTES
 
-    assert node.offload_host_ram_needed_gib() == pytest.approx((13e9 * 16 + HOST_PROCESS_BYTES) / 2**30)
-    assert node.offload_host_ram_needed_gib(devices=4) == pytest.approx((13e9 * 16 + 4 * HOST_PROCESS_BYTES) / 2**30)
+    params = model_states("deepspeed-offload").counts.total
+    run = resolved("deepspeed-offload", "gpu")
+    one, four = offload_fit(run, fixture("H100-80GB")), offload_fit(run, fixture("4xH100"))
+    assert 12.9e9 < params < 13.1e9
+    assert one.need_gib == pytest.approx((params * 16 + HOST_PROCESS_BYTES) / 2**30)
+    assert four.need_gib == pytest.approx((params * 16 + 4 * HOST_PROCESS_BYTES) / 2**30)
+    assert not one.fits and one.smaller[0] == "7b" and four.fits  # 128 GiB: the 7B; 1007 GiB: the 13B
 
 
 def test_doctor_report_and_cli_on_this_machine(capsys):
