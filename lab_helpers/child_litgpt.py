@@ -8,8 +8,9 @@ This wrapper runs litgpt's unmodified CLI but wraps the finetune module's ``fit`
 of live tensor bytes, ``tensor_peak``) and the same peaks over the whole process (checkpoint load included, as
 litgpt prints them: ``peak_alloc_whole_run_gib``, ``peak_tensor_whole_run_gib``), seconds inside the training
 loop minus validation with the first optimizer step timed apart as warm-up, and the token counts of the timed
-part. In quick mode (``quick_mode``) the longest samples open the second optimizer step, which is warm-up too. No weights are
-saved unless asked. ``--activation-checkpointing`` (the lab's switch, not litgpt's) wraps every transformer block
+part. In quick mode (``quick_mode``) the longest samples open the second optimizer step, which is warm-up too, and
+the timing stops at an optimizer step's end once quick mode's stopping rule says so (``quick_mode.stop_reason``:
+the loop is ended through litgpt's own epoch check). No weights are saved unless asked. ``--activation-checkpointing`` (the lab's switch, not litgpt's) wraps every transformer block
 in ``torch.utils.checkpoint`` before ``fit`` (``activation_checkpointing``). A CUDA OOM ends the process with
 status ``oom`` and the allocator's message; the GPU is freed because the process is gone.
 """
@@ -36,7 +37,13 @@ from lab_helpers.child_report import (
     write_report,
 )
 from lab_helpers.orphan_guard import start_orphan_guard
-from lab_helpers.quick_mode import put_longest_batch_in_second_step, quick_from_env, warmup_steps
+from lab_helpers.quick_mode import (
+    put_longest_batch_in_second_step,
+    quick_from_env,
+    stable_halves_pct,
+    stop_reason,
+    warmup_steps,
+)
 from lab_helpers.record_schema import GIB
 from lab_helpers.step_profile import DIR_ENV as PROFILE_DIR_ENV
 from lab_helpers.step_profile import StepProfiler, steps_from_env
@@ -82,6 +89,12 @@ class _TrainingClock:
         self.profile_steps: int | None = None  # --profile-steps N (step_profile), off by default
         self.profiler: StepProfiler | None = None
         self.profile_fields: dict[str, Any] = {}
+        # quick mode's stopping rule (quick_mode.stop_reason), asked at every optimizer step's end after warm-up
+        self.quick = False
+        self.accumulation = 1
+        self.train_args: Any = None  # litgpt's TrainArgs, the object its fit loop reads ``epochs`` from
+        self.quick_stop: str | None = None
+        self.quick_stop_halves_pct: float | None = None
 
     def wrap_fit(self, fit):
         def timed_fit(*args, **kwargs):
@@ -121,8 +134,12 @@ class _TrainingClock:
 
         return timed
 
-    def watch_batches(self, dataloader, *, accumulation: int, epochs: int | None, warmup_steps: int = 1):
+    def watch_batches(
+        self, dataloader, *, accumulation: int, epochs: int | None, warmup_steps: int = 1, quick: bool = False,
+        train_args: Any = None,
+    ):  # fmt: skip
         self.warmup_iterations, self.epochs = accumulation * warmup_steps, epochs
+        self.quick, self.accumulation, self.train_args = quick, accumulation, train_args
         if self.profile_steps:
             out_dir = Path(os.environ.get(PROFILE_DIR_ENV) or "profile")
             self.profiler = StepProfiler(
@@ -142,6 +159,52 @@ class _TrainingClock:
         if len(self.batch_starts) <= self.warmup_iterations:  # .item() syncs: only during warm-up
             self.warmup_tokens[0] += int(batch["token_counts"]["raw_plus_prompt_template"].sum().item())
             self.warmup_tokens[1] += int(batch["input_ids"].numel())
+
+    def rule_times_s(self, now: float) -> list[float]:
+        """Seconds of each timed iteration so far (the last one ends ``now``), validation and example generation
+        taken out, profiled iterations left out (as ``iteration_times.timed_iterations`` leaves them out)."""
+        starts = [*self.batch_starts[self.warmup_iterations :], now]
+        first_iter = self.warmup_iterations + 1
+        profiled = range(0)
+        if self.profiler is not None:  # the profiled steps and the micro-batch that stops the profiler
+            profiled = range(self.profiler.first_iter, self.profiler.first_iter + self.profile_steps * self.accumulation + 1)
+        return [
+            b - a - self._excluded_between(a, b)
+            for number, (a, b) in enumerate(zip(starts, starts[1:], strict=False), start=first_iter)
+            if number not in profiled
+        ]
+
+    def should_stop(self) -> bool:
+        """Quick mode, at an optimizer step's end after warm-up: whether the stopping rule ends the timing here."""
+        done = len(self.batch_starts) - self.warmup_iterations
+        if not self.quick or self.quick_stop is not None or done <= 0 or done % self.accumulation:
+            return False
+        times = self.rule_times_s(time.perf_counter())
+        reason = stop_reason(times, stable_pct=stable_halves_pct())
+        if reason is None:
+            return False
+        self._say_stop(reason, times)
+        return True
+
+    def _say_stop(self, reason: str, times: list[float]) -> None:
+        from lab_helpers.iteration_times import iteration_stats
+
+        self.quick_stop, self.quick_stop_halves_pct = reason, iteration_stats(times)["iter_halves_pct"]
+        halves = "n/a" if self.quick_stop_halves_pct is None else f"{self.quick_stop_halves_pct:.1f}%"
+        print(f"lab: quick mode: timing ends ({reason}) after {len(times)} timed micro-batches, "
+              f"{sum(times):.1f} s; medians of the two halves {halves} apart (stable within "
+              f"{stable_halves_pct():g}%)", flush=True)  # fmt: skip
+
+    def quick_fields(self) -> dict[str, Any]:
+        """``quick_stop`` and ``quick_stop_halves_pct`` for the report: what ended a quick run's timing (None in full
+        mode). A run whose own steps or data ended before the rule stopped it is judged once more at its end: the
+        rule's verdict on all its timed iterations, else ``run_end``."""
+        if not self.quick:
+            return {"quick_stop": None, "quick_stop_halves_pct": None}
+        if self.quick_stop is None:
+            times = self.rule_times_s(self.fit_end) if self.steady and self.fit_end is not None else []
+            self._say_stop(stop_reason(times, stable_pct=stable_halves_pct()) or "run_end", times)
+        return {"quick_stop": self.quick_stop, "quick_stop_halves_pct": self.quick_stop_halves_pct}
 
     @property
     def steady(self) -> bool:
@@ -200,11 +263,23 @@ class _WatchedBatches:
         self._dataloader = dataloader
         self._clock = clock
         self._passes = 0
+        self._held = None  # the batch drawn when quick mode's rule ended the timing (never trained on)
 
     def __iter__(self):
         self._passes += 1
+        if self._clock.quick_stop is not None:  # litgpt draws once more, sees the epoch limit and stops
+            yield self._held
+            return
         trained = self._clock.epochs is None or self._passes <= self._clock.epochs
         for batch in self._dataloader:
+            if trained and self._clock.should_stop():
+                # end this pass and make it the last epoch: litgpt's own check (``epoch >= train.epochs``) then
+                # ends the loop before training on another batch; no DataLoader is started again for it
+                self._held = batch
+                self._clock.epochs = self._passes
+                if self._clock.train_args is not None:
+                    self._clock.train_args.epochs = self._passes
+                return
             if trained:
                 self._clock.saw_batch(batch)
             yield batch
@@ -225,7 +300,9 @@ def _wrap_get_dataloaders(get_dataloaders, clock: _TrainingClock, *, quick: bool
             put_longest_batch_in_second_step(data, train.micro_batch_size, accumulation)
         train_loader, val_loader = get_dataloaders(fabric, data, tokenizer, train)
         steps = warmup_steps(train.max_steps, quick=quick)  # quick: the peak step is warm-up too
-        watched = clock.watch_batches(train_loader, accumulation=accumulation, epochs=train.epochs, warmup_steps=steps)
+        watched = clock.watch_batches(
+            train_loader, accumulation=accumulation, epochs=train.epochs, warmup_steps=steps, quick=quick, train_args=train
+        )
         return watched, val_loader
 
     return wrapped
@@ -319,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
             "peak_alloc_whole_run_gib": whole_run_peak_gib(clock.alloc_before_fit_gib, peak_alloc_gib),
             **clock.timings(),
             **clock.host_fields(),
+            **clock.quick_fields(),
             **clock.profile_fields,
             "peak_tensor_gib": None if clock.tensor_peak_bytes is None else clock.tensor_peak_bytes / GIB,
             "peak_tensor_whole_run_gib": None if tensors is None else tensors.whole_run_peak_gib,

@@ -120,7 +120,8 @@ def run_experiment(
     launcher = launcher_for(run)
     quick = (quick_from_env() if quick is None else quick) and launcher.supports_quick
     if quick:
-        quick_set = quick_overrides(run.recipe["train"], run.world_size)
+        # the litgpt child stops by quick mode's rule; the Lightning ranks time a fixed count
+        quick_set = quick_overrides(run.recipe["train"], run.world_size, stopping_rule=not run.experiment.distributed)
         run = resolve(
             exp_id, profile, {**(overrides or {}), **quick_set}, check_files=False, simulate_world=simulate_world
         )

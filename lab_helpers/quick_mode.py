@@ -15,8 +15,18 @@ of a section in minutes. Memory and step time stop changing long before a course
   against 0.1-0.4 s for the others, a third to a half of the timed span. In a full epoch it is paid once in
   hundreds of iterations, so it is warm-up here too; neither step is counted in ``train_s``.
 
-So a quick run takes ``quick_max_steps`` optimizer steps: ``QUICK_WARMUP_STEPS`` of warm-up and enough to time at
-least ``MIN_MEASURED_ITERATIONS`` micro-batches. Records say which mode ran (``mode``: ``quick`` or ``full``).
+How many micro-batches are timed after warm-up is a stated rule (``stop_reason``), checked by the litgpt child at
+every optimizer step's end: stop once at least ``RULE_MIN_ITERATIONS`` are timed and the medians of the first and
+the second half of them agree within ``STABLE_HALVES_PCT`` (10 %) of the whole median (``stable``); never time
+more than ``RULE_MAX_ITERATIONS`` (``iteration_cap``) or ``RULE_MAX_TIMED_S`` seconds of them (``time_cap``), so
+that a noisy run cannot burn a lease; a run whose own steps or data end first says ``run_end``. Records say
+which ended it (``quick_stop``, with ``quick_stop_halves_pct``). The Lightning path (``lab_helpers.distributed``,
+several ranks that would have to agree on when to stop) times a fixed ``MIN_MEASURED_ITERATIONS``.
+
+Experiments that are compared time the same samples in the same order (``QuickOrderSampler``): the timed part of
+every quick run is one fixed shuffle of the data set, cut into micro-batches of the run's size, so grad-accum
+(32/8) and small-batch (8/8), or bf16-true and 32-true, time the same samples whatever their batch settings.
+Records say which mode ran (``mode``: ``quick`` or ``full``).
 """
 
 from __future__ import annotations
@@ -31,7 +41,34 @@ QUICK_ENV = "LAB_QUICK"
 """``LAB_QUICK=1`` turns quick mode on for every run (the CLI's ``--quick`` and ``quick=True`` do the same)."""
 
 MIN_MEASURED_ITERATIONS = 6
-"""Micro-batches timed after warm-up: enough for a median step time that one slow iteration does not move."""
+"""Micro-batches a quick run without the stopping rule times after warm-up (the Lightning path): a fixed count."""
+
+STABLE_HALVES_PCT = 10.0
+"""The stopping rule's agreement: the medians of the first and the second half of the timed iterations within this
+share of their whole median (``iteration_times.iteration_stats``' ``iter_halves_pct``). Why 10 %: the differences
+the lab teaches (bf16 against fp32, LoRA against full, a bigger micro batch) are 1.5x and more, and the H100
+records' steady iterations stay within 1.6x of their median, so a median that moves less than 10 % between
+halves no longer changes a conclusion."""
+
+STABLE_PCT_ENV = "LAB_QUICK_STABLE_PCT"
+"""``LAB_QUICK_STABLE_PCT=5`` asks the rule for a stricter agreement (records say which rule ended a run and the
+figure it judged); the tests set a loose one to see the real loop end where the rule says."""
+
+RULE_MIN_ITERATIONS = 8
+"""The rule never stops before this many timed micro-batches: 4 per half, so one odd iteration is not a half's
+median."""
+
+RULE_MAX_ITERATIONS = 64
+"""The rule's cap on timed micro-batches: a run that never settles stops here (``iteration_cap``). On the H100
+records' slowest steady iteration (0.4 s) that is under half a minute."""
+
+RULE_MAX_TIMED_S = 120.0
+"""The rule's cap on timed seconds (``time_cap``): a slow model (13B, one sample per step) stops within two minutes
+of timing whatever its iteration count."""
+
+QUICK_STOPS: tuple[str, ...] = ("stable", "iteration_cap", "time_cap", "run_end")
+"""What ended a quick run's timing (a record's ``quick_stop``); ``run_end``: the recipe's own steps or its data
+ended before the rule did."""
 
 QUICK_WARMUP_STEPS = 2
 """Optimizer steps of warm-up in quick mode: the first and the peak step (the longest batch), see above."""
@@ -55,47 +92,90 @@ def quick_from_env() -> bool:
     return os.environ.get(QUICK_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def quick_max_steps(accumulation: int) -> int:
+def quick_max_steps(accumulation: int, *, stopping_rule: bool = False) -> int:
     """Optimizer steps of a quick run: QUICK_WARMUP_STEPS of warm-up, then whole steps of at least
-    MIN_MEASURED_ITERATIONS micro-batches in all."""
+    MIN_MEASURED_ITERATIONS micro-batches in all; with the stopping rule, whole steps up to its cap
+    (RULE_MAX_ITERATIONS: the rule usually ends the run long before)."""
     if accumulation < 1:
         raise ValueError(f"gradient accumulation must be >= 1; got {accumulation}")
-    return QUICK_WARMUP_STEPS + math.ceil(MIN_MEASURED_ITERATIONS / accumulation)
+    timed = RULE_MAX_ITERATIONS if stopping_rule else MIN_MEASURED_ITERATIONS
+    return QUICK_WARMUP_STEPS + math.ceil(timed / accumulation)
 
 
-def quick_overrides(train: Mapping[str, Any], ranks: int) -> dict[str, Any]:
+def stable_halves_pct() -> float:
+    """The rule's agreement: ``$LAB_QUICK_STABLE_PCT`` where set (a number > 0), else STABLE_HALVES_PCT."""
+    text = os.environ.get(STABLE_PCT_ENV, "").strip()
+    try:
+        value = float(text) if text else STABLE_HALVES_PCT
+    except ValueError:
+        value = STABLE_HALVES_PCT
+    return value if math.isfinite(value) and value > 0 else STABLE_HALVES_PCT
+
+
+def stop_reason(timed_s: Sequence[float], *, stable_pct: float = STABLE_HALVES_PCT) -> str | None:
+    """The stopping rule on the iteration times timed so far (seconds, in order; warm-up and profiled ones left
+    out): ``stable``, ``iteration_cap``, ``time_cap``, or None to keep timing. Asked at optimizer-step ends only,
+    so that a run times whole steps (every step's last micro-batch carries the optimizer step)."""
+    from lab_helpers.iteration_times import iteration_stats
+
+    count = len(timed_s)
+    halves_pct = iteration_stats(timed_s)["iter_halves_pct"]
+    if count >= RULE_MIN_ITERATIONS and halves_pct is not None and halves_pct <= stable_pct:
+        return "stable"
+    if count >= RULE_MAX_ITERATIONS:
+        return "iteration_cap"
+    if sum(timed_s) >= RULE_MAX_TIMED_S:
+        return "time_cap"
+    return None
+
+
+def quick_overrides(train: Mapping[str, Any], ranks: int, *, stopping_rule: bool = False) -> dict[str, Any]:
     """The recipe overrides that make a run quick: fewer steps, a learning-rate warm-up that still fits in them.
+    ``stopping_rule``: the training process stops by ``stop_reason`` (the litgpt child), so ``max_steps`` is the
+    rule's cap.
 
     The warm-up of the learning rate changes no tensor's size and no kernel, so shortening it changes neither
     time nor memory; litgpt requires it to be shorter than ``max_steps``.
     """
     accumulation = train["global_batch_size"] // (train["micro_batch_size"] * ranks)
-    steps = quick_max_steps(accumulation)
+    steps = quick_max_steps(accumulation, stopping_rule=stopping_rule)
     if train.get("max_steps") is not None and train["max_steps"] <= steps:
         return {}  # already as short as a quick run
     warmup = train.get("lr_warmup_steps") or 1
     return {"train.max_steps": steps, "train.lr_warmup_steps": min(warmup, steps - 1)}
 
 
-class LongestBatchSecondStepSampler:
-    """Batches of a shuffled epoch, except that batch ``place_at`` holds the ``batch_size`` longest samples.
+class QuickOrderSampler:
+    """A quick run's batches: two optimizer steps of warm-up, the second opened by the longest samples, then one
+    fixed shuffle of the data set that does not depend on the batch settings.
 
-    ``place_at`` is the number of micro-batches in one optimizer step, so the longest batch is the first
-    micro-batch of the second step: the epoch's peak activation memory, reached while the optimizer states
-    exist. A DataLoader ``batch_sampler``: yields lists of dataset indices. With ``world_size`` ranks (the
-    Lightning path's DDP, FSDP, DeepSpeed) each rank gets its own share: the ``batch_size x world_size`` longest
-    samples are split so that every rank's second step opens with its longest batch at the same iteration, and
-    the other batches are dealt out in turn, the same number to each rank (the tail that cannot be shared evenly
-    is left out, so that no rank waits in a collective for a batch its peers do not have). With one rank every
-    sample appears exactly once.
+    A DataLoader ``batch_sampler`` (yields lists of dataset indices). The first pass is
+
+    * warm-up, ``QUICK_WARMUP_STEPS x accumulation`` batches: batch ``accumulation`` (the first micro-batch of the
+      second step) holds the ``batch_size`` longest samples, the epoch's peak activation memory reached while the
+      optimizer states exist; the others are taken from the start of the shuffle (they are not timed);
+    * the timed part: the shuffle (``seed``) from its start, cut into batches of ``batch_size``, every sample once.
+
+    Why the shuffle ignores the batch: quick runs are compared with each other (grad-accum 32/8 against
+    small-batch 8/8, bf16-true against 32-true). When the longest batch was cut out of the shuffle and the rest
+    dealt after it, which samples a run timed depended on its micro batch and accumulation, and so did the time
+    of a micro-batch (it is padded to its longest sample). Now every quick run times the same sequence of samples;
+    runs with the same micro batch time the same batches. Later passes (a run of several epochs) are the shuffle
+    of ``seed + epoch``, without warm-up batches; ``__len__`` is the first pass's.
+
+    With ``world_size`` ranks (the Lightning path's DDP, FSDP, DeepSpeed) the shuffle is dealt in rounds of
+    ``batch_size x world_size`` samples, rank ``r`` taking the ``r``-th share of each round, and rank ``r``'s
+    longest batch is the ``r``-th share of the ``batch_size x world_size`` longest samples: every rank opens its
+    second step with its longest batch at the same iteration and gets as many batches as its peers (a round that
+    cannot be shared evenly is left out, so no rank waits in a collective for a batch its peers lack).
     """
 
     def __init__(
-        self, lengths: Sequence[int], *, batch_size: int, place_at: int, seed: int = 42, rank: int = 0,
+        self, lengths: Sequence[int], *, batch_size: int, accumulation: int, seed: int = 42, rank: int = 0,
         world_size: int = 1,
     ) -> None:  # fmt: skip
-        if batch_size < 1 or place_at < 0:
-            raise ValueError(f"batch_size must be >= 1 and place_at >= 0; got {batch_size}, {place_at}")
+        if batch_size < 1 or accumulation < 1:
+            raise ValueError(f"batch_size and accumulation must be >= 1; got {batch_size}, {accumulation}")
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size; got rank {rank} of {world_size}")
         if len(lengths) < batch_size * world_size:
@@ -104,34 +184,55 @@ class LongestBatchSecondStepSampler:
             )
         self.lengths = list(lengths)
         self.batch_size = batch_size
-        self.place_at = place_at
+        self.accumulation = accumulation
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
         self._epoch = 0
 
-    def _rest_batches(self) -> int:
-        """Batches of the shuffled rest that this rank gets."""
-        rest = math.ceil((len(self.lengths) - self.batch_size * self.world_size) / self.batch_size)
-        return rest // self.world_size
+    def shuffle(self, epoch: int = 0) -> list[int]:
+        """Every sample index once, in the order the timed part of pass ``epoch`` takes them: the batch settings
+        play no part in it."""
+        order = list(range(len(self.lengths)))
+        random.Random(self.seed + epoch).shuffle(order)
+        return order
+
+    def _share(self, order: Sequence[int], round_: int) -> list[int]:
+        """This rank's batch of round ``round_`` of ``order`` (rounds wrap around: warm-up may reuse samples)."""
+        size, start = self.batch_size, round_ * self.batch_size * self.world_size + self.rank * self.batch_size
+        return [order[(start + j) % len(order)] for j in range(size)]
+
+    def _rounds(self) -> int:
+        """Timed batches per pass on each rank: every sample once on one rank (the last batch may be short)."""
+        if self.world_size == 1:
+            return math.ceil(len(self.lengths) / self.batch_size)
+        return len(self.lengths) // (self.batch_size * self.world_size)
+
+    def warmup_batches(self) -> int:
+        return QUICK_WARMUP_STEPS * self.accumulation
 
     def __len__(self) -> int:
-        return self._rest_batches() + 1
+        return self.warmup_batches() + self._rounds()
 
     def __iter__(self) -> Iterator[list[int]]:
-        size, ranks = self.batch_size, self.world_size
-        order = sorted(range(len(self.lengths)), key=lambda i: (-self.lengths[i], i))
-        longest, rest = order[self.rank * size : (self.rank + 1) * size], order[size * ranks :]
-        random.Random(self.seed + self._epoch).shuffle(rest)  # the same order on every rank: the same seed
-        self._epoch += 1
-        batches = [rest[i : i + size] for i in range(0, len(rest), size)]
-        batches = batches[self.rank :: ranks][: self._rest_batches()]
-        batches.insert(min(self.place_at, len(batches)), longest)
-        yield from batches
+        epoch, self._epoch = self._epoch, self._epoch + 1
+        order = self.shuffle(epoch)
+        if epoch == 0:
+            by_length = sorted(range(len(self.lengths)), key=lambda i: (-self.lengths[i], i))
+            longest = by_length[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+            others = (self._share(order, k) for k in range(self.warmup_batches() - 1))
+            for index in range(self.warmup_batches()):
+                yield longest if index == self.accumulation else next(others)
+        for round_ in range(self._rounds()):
+            batch = self._share(order, round_)
+            if self.world_size == 1:  # the last batch of one rank may be short: no sample twice
+                batch = order[round_ * self.batch_size : (round_ + 1) * self.batch_size]
+            yield batch
 
 
 def put_longest_batch_in_second_step(data: Any, micro_batch_size: int, accumulation: int) -> None:
-    """Quick mode: the data module's training loader puts its longest samples at the start of the second step.
+    """Quick mode: the data module's training loader puts its longest samples at the start of the second step,
+    and times one shuffle that ignores the batch settings (``QuickOrderSampler``).
 
     Used by both launch paths (litgpt's CLI in ``child_litgpt``, the Lightning script in ``distributed.train``).
     The rank and world size are read when the loader is made, after the process group exists (one rank when
@@ -145,8 +246,8 @@ def put_longest_batch_in_second_step(data: Any, micro_batch_size: int, accumulat
         loader = original()
         rank, world_size = _rank_and_world_size()
         lengths = [len(item["input_ids"]) for item in loader.dataset]
-        sampler = LongestBatchSecondStepSampler(
-            lengths, batch_size=micro_batch_size, place_at=accumulation, rank=rank, world_size=world_size
+        sampler = QuickOrderSampler(
+            lengths, batch_size=micro_batch_size, accumulation=accumulation, rank=rank, world_size=world_size
         )
         if rank == 0:
             print(f"lab: quick mode: the {micro_batch_size} longest samples (up to {max(lengths)} tokens) form "

@@ -94,6 +94,10 @@ REPORT_FIELDS: tuple[Field, ...] = _fields(
     ("torch_profile_trace_path", None, "the Chrome trace (chrome://tracing, ui.perfetto.dev), relative to the results"),
     ("torch_profile_summary", None, "the trace in short (lab_helpers.step_profile.summarize): wall, host-op and "
      "device time per step, device-idle share, ops and kernels per step, top 10 ops"),
+    ("quick_stop", None, "what ended a quick run's timing (quick_mode.stop_reason): stable (enough timed, the "
+     "medians of the two halves agree within quick_mode.STABLE_HALVES_PCT) | iteration_cap | time_cap | run_end (the "
+     "recipe's steps or data ended first); None in full mode and on the Lightning path (a fixed count)"),
+    ("quick_stop_halves_pct", "%", "the halves' disagreement the training process judged when it stopped"),
 )
 """What every training process (the litgpt child, each Lightning rank) reports back to the launcher."""
 
@@ -113,7 +117,7 @@ RECORD_FIELDS: tuple[Field, ...] = _reported(
     "peak_alloc_whole_run_gib", "peak_tensor_whole_run_gib", "train_s", "warmup_s",
     "warmup_iterations", "tokens", "tokens_padded", "iterations", "device_name", "device_uuid", "strategy_used",
     "host_core_pct", "loop_monotonic_s", "torch_profile_steps", "torch_profile_iters", "torch_profile_trace_path",
-    "torch_profile_summary",
+    "torch_profile_summary", "quick_stop", "quick_stop_halves_pct",
 ) + _fields(
     # who and what
     ("run_id", None, "unique: start time, experiment, random suffix"),

@@ -120,6 +120,8 @@ def records_from(
             "host_core_pct": report.get("host_core_pct"),
             "loop_monotonic_s": report.get("loop_monotonic_s"),
             **_torch_profile_fields(report),
+            "quick_stop": report.get("quick_stop"),
+            "quick_stop_halves_pct": report.get("quick_stop_halves_pct"),
             **where_time_goes(
                 report,
                 timeline_path=outcome.timeline.path,
