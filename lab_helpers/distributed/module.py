@@ -77,7 +77,10 @@ class LitGPTFinetune(L.LightningModule):
         if self.wrap == "block":
             for block in model.transformer.h:
                 fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
-        fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+        # the root unit (embedding, head, final norm; the whole model with wrap=none): torch's default (None) keeps
+        # it whole from forward to backward, where it is needed first, as FSDP1 does; an explicit True would free
+        # it after forward and gather it again for backward (measured on simulated ranks)
+        fully_shard(model, mesh=mesh, reshard_after_forward=None if reshard else False)
 
     # ------------------------------------------------------------------------------------------- step
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
