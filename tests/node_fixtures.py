@@ -2,7 +2,7 @@
 
 A CPU cannot produce an NVML reading, so these are fixtures: GPU names, memory totals and compute capabilities
 as NVML reports them for these models (nvidia-smi's totals: H100 80GB HBM3 81559 MiB, H200 143771 MiB, A10G
-23028 MiB, A100-SXM4-40GB 40960 MiB, L40S 46068 MiB, V100-SXM2-32GB 32510 MiB; capabilities from NVIDIA's CUDA GPU table), host RAM and
+23028 MiB, A100-SXM4-40GB 40960 MiB, A100-SXM4-80GB 81920 MiB, L40S 46068 MiB, V100-SXM2-32GB 32510 MiB; capabilities from NVIDIA's CUDA GPU table), host RAM and
 packages as on typical cloud nodes of each kind. Only the keys the lab reads are filled in.
 """
 
@@ -50,6 +50,7 @@ NODES: dict[str, dict[str, Any]] = {
     "L40S-48GB": _node([_gpu(0, "NVIDIA L40S", 46068, "8.9", 0)], ram_gib=124.0),
     "V100-32GB": _node([_gpu(0, "Tesla V100-SXM2-32GB", 32510, "7.0", 0)], ram_gib=60.0),
     "4xH100": _node([_gpu(i, "NVIDIA H100 80GB HBM3", 81559, "9.0", 18) for i in range(4)], ram_gib=1007.0),
+    "4xA100-80GB": _node([_gpu(i, "NVIDIA A100-SXM4-80GB", 81920, "8.0", 12) for i in range(4)], ram_gib=503.0),
     "none": _node([], ram_gib=24.0, packages={**PACKAGES, "bitsandbytes": None}),
 }
 
