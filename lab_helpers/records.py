@@ -315,6 +315,7 @@ def latest_runs(df, *, profile: str | None = None, order: Sequence[str] | None =
     frame = frame[frame["experiment"].notna()]
     if frame.empty:
         return empty_runs_frame()
+    frame["experiment"] = _marked_simulated(frame)  # never the same row, bar or point as a real N-GPU run
     frame["_position"] = range(len(frame))
     frame["_rank"] = pd.to_numeric(frame["rank"], errors="coerce").fillna(0).astype(int)
     frame["_started"] = pd.to_datetime(frame["started_at"], errors="coerce", utc=True, format="ISO8601")
@@ -330,11 +331,32 @@ def latest_runs(df, *, profile: str | None = None, order: Sequence[str] | None =
     )
 
 
-def _order_index(experiments, order: Sequence[str] | None) -> dict[str, int]:
+def simulated_label(experiment: str, world_size: int) -> str:
+    """How every table and plot names a simulated rank's run (``simulated_world_size``): its memory is real, its
+    time has no communication in it, and it must never pass for a real N-GPU run."""
+    return f"{experiment} (simulated rank 0 of {world_size}, no communication)"
+
+
+def _marked_simulated(frame):
+    """The experiment column with simulated ranks' runs renamed by ``simulated_label``."""
+    import pandas as pd
+
+    if "simulated_world_size" not in frame:
+        return frame["experiment"]
+    worlds = pd.to_numeric(frame["simulated_world_size"], errors="coerce")
+    return [
+        simulated_label(str(name), int(world)) if pd.notna(world) and world > 1 else name
+        for name, world in zip(frame["experiment"], worlds, strict=True)
+    ]
+
+
+def _order_index(experiments, order: Sequence[str] | None) -> dict[str, float]:
     wanted = list(order) if order is not None else _lab_order()
-    index = {name: i for i, name in enumerate(dict.fromkeys(wanted))}
+    index: dict[str, float] = {name: i for i, name in enumerate(dict.fromkeys(wanted))}
     for name in experiments:
-        index.setdefault(name, len(index))
+        base = str(name).split(" (simulated rank 0 of ", 1)[0]
+        # a simulated rank's run right after its experiment's real one
+        index.setdefault(name, index[base] + 0.5 if base in index and base != name else len(index))
     return index
 
 

@@ -144,3 +144,20 @@ def test_a_simulated_zero3_offload_rank_is_measured_and_predicted_within_10_perc
     record = _simulated("deepspeed-offload", 8, results)
     assert "deepspeed zero3 + cpu offload" in record["strategy_used"]
     _within_target(record)
+
+
+def test_tables_and_plots_never_put_a_simulated_rank_in_a_real_runs_row():
+    import pandas as pd
+
+    from lab_helpers.compare import comparison_table
+    from lab_helpers.records import simulated_label
+
+    real = [{"experiment": "fsdp", "rank": r, "world_size": 4, "status": "ok", "peak_tensor_gib": 0.05,
+             "started_at": "2026-01-01T00:00:00+00:00"} for r in range(4)]  # fmt: skip
+    simulated = {"experiment": "fsdp", "rank": 0, "world_size": 1, "simulated_world_size": 4, "status": "ok",
+                 "peak_tensor_gib": 0.06, "started_at": "2026-01-02T00:00:00+00:00"}  # fmt: skip
+    table = comparison_table(pd.DataFrame([*real, simulated, {**real[0], "experiment": "ddp"}]), order=["fsdp", "ddp"])
+    label = simulated_label("fsdp", 4)
+    assert list(table["experiment"]) == ["fsdp", label, "ddp"]  # its own row, right after the real run's
+    assert "no communication" in label and "simulated" in label
+    assert table.set_index("experiment").loc[label, "peak_tensor_gib"] == pytest.approx(0.06)
