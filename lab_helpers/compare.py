@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from lab_helpers import figure_source, timeline_phases
 from lab_helpers.iteration_times import ONE_OFF_FACTOR as ONE_OFF_FACTOR  # the notebook names it
 from lab_helpers.iteration_times import finite_number as _number
 from lab_helpers.iteration_times import one_off_excess_s, one_off_iterations
@@ -486,15 +487,42 @@ def plot_memory(
                 i + width / 2, 0.0, "no prediction", ha="center", va="bottom", rotation=90, fontsize=8, color="#777"
             )
         top = max(top, bottom)
-    ax.set_xticks(list(x), table["experiment"], rotation=30, ha="right")
+    records = _rank0_records(df, order=order, profile=profile)
+    capacity = figure_source.gpu_capacity_gib(records.values())
+    if capacity is not None:
+        ax.axhline(capacity[0], color="#b00020", linestyle="-.", linewidth=1.2,
+                   label=f"GPU capacity: {capacity[0]:.0f} GiB nominal ({capacity[1]})")  # fmt: skip
+        top = max(top, capacity[0])
+    ax.set_xticks(list(x), _labels_with_mode(table["experiment"], records), rotation=30, ha="right")
     ax.set_ylabel("GiB (2^30 bytes)")
-    ax.set_ylim(0, top * 1.25 if top > 0 else 1.0)
-    title = "Peak memory: measured (left) vs predicted breakdown (right)"
+    ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)
+    title = f"Peak memory: measured (left) vs predicted breakdown (right)\n{figure_source.describe(records.values())}"
     if measured_column != "peak_alloc_gib":
-        title += f"\nCPU runs, no GPU memory recorded: {measured_label.removeprefix('measured ')}"
-    ax.set_title(title)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        title += f"\nno GPU memory recorded: {measured_label.removeprefix('measured ')}"
+    ax.set_title(title, fontsize=10)
+    handles, labels = _legend_in_stack_order(ax)
+    ax.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(figure, out_dir, "memory.png")
+
+
+def _legend_in_stack_order(ax: Any) -> tuple[list[Any], list[str]]:
+    """The legend as the bars read from top to bottom: capacity, predicted peak, then the predicted parts from the
+    top of the stack down (BREAKDOWN_PARTS is the stacking order, bottom first), the measured bar last."""
+    handles, labels = ax.get_legend_handles_labels()
+    parts = [part.replace("_", " ") for part in BREAKDOWN_PARTS]
+
+    def rank(label: str) -> float:
+        if label.startswith("GPU capacity"):
+            return -3
+        if label == "predicted peak":
+            return -2
+        if label == "predicted":
+            return -1
+        if label in parts:
+            return len(parts) - parts.index(label)  # top of the stack first
+        return 100  # the measured bar
+    pairs = sorted(zip(handles, labels, strict=True), key=lambda pair: rank(pair[1]))
+    return [h for h, _ in pairs], [label for _, label in pairs]
 
 
 def _breakdown_for(latest: pd.DataFrame, experiment: str) -> Mapping[str, Any]:
@@ -521,58 +549,100 @@ def plot_time(
     order: Sequence[str] | None = None,
     profile: str | None = None,
 ) -> Any:
-    """Four panels per experiment: training time (s, inside the loop), the median micro-batch time with its
-    interquartile range (the steady figure every rate comes from), time per training sample (the fair comparison:
-    runs see different numbers of samples) and padded tokens per second (MFU's count), each throughput bar
-    labelled with what bounds the run (``bound``, with the GPU's busy share; nothing on a CPU).
+    """Four panels per experiment, like with like first: time per training sample and the median micro-batch time
+    (both from the steady iterations after warm-up, with their interquartile range), padded tokens per second from
+    the same median (MFU's count; each bar labelled with what bounds the run, ``bound``: nothing on a CPU), and
+    last the whole timed loop (``train_s``), which depends on how many steps ran: quick and full mode differ.
 
-    Where one-off iterations inflate a run's time (``one_off_pct``), the part of its time bars they took beyond a
-    median iteration is hatched; the median and the rates from it do not include them.
+    The title names the device and the mode (``figure_source``); where modes are mixed, each bar's mode is in its
+    label. CPU stand-ins' times are labelled "code path only". Where one-off iterations inflate a run's
+    ``train_s`` (``one_off_pct``), the part they took beyond a median iteration is hatched; the steady panels
+    leave them out.
     """
     table = comparison_table(df, order=order, profile=profile)
     if table.empty:
         return _empty_plot(out_dir, "time.png", "Training time and throughput")
-    figure, axes = _new_figure(max(8.0, 0.6 * len(table) + 3), 12.4, 4, 1, sharex=True)  # one row per measure
+    records = _rank0_records(df, order=order, profile=profile)
+    figure, axes = _new_figure(max(8.0, 0.6 * len(table) + 3), 13.0, 4, 1, sharex=True)  # one row per measure
     share = (pd.to_numeric(table["one_off_pct"], errors="coerce").fillna(0.0) / 100).clip(0.0, 0.99)
-    table = table.assign(iter_median_ms=pd.to_numeric(table["iter_median_s"], errors="coerce") * 1e3)
+    micro = pd.Series([_micro_batch(records.get(e, {})) for e in table["experiment"]], dtype=float)
+    median_s = pd.to_numeric(table["iter_median_s"], errors="coerce")
+    table = table.assign(
+        iter_median_ms=median_s * 1e3,
+        steady_ms_per_sample=median_s * 1e3 / micro,
+        steady_iqr_ms_per_sample=pd.to_numeric(table["iter_iqr_s"], errors="coerce") * 1e3 / micro,
+    )
+    cpu = figure_source.on_cpu(records.values())
+    note = f" -- CPU: {figure_source.CPU_TIME_NOTE}" if cpu else ""
+    spreads = {"steady_ms_per_sample": table["steady_iqr_ms_per_sample"],
+               "iter_median_ms": pd.to_numeric(table["iter_iqr_s"], errors="coerce") * 1e3}  # fmt: skip
     for ax, column, ylabel, title in (
-        (axes[0], "train_s", "seconds", "Training time (rank 0, inside the loop)"),
-        (axes[1], "iter_median_ms", "ms", "Median micro-batch time after warm-up, bars: interquartile range (rank 0)"),
-        (axes[2], "ms_per_sample", "ms / sample", "Time per training sample (rank 0)"),
-        (axes[3], "tokens_per_s_padded", "padded tokens / s",
-         "Training throughput from the median micro-batch (rank 0); label: what bounds the run"),
-    ):
+        (axes[0], "steady_ms_per_sample", "ms / sample",
+         "Time per training sample, steady: median micro-batch / micro batch size (bars: IQR)" + note),
+        (axes[1], "iter_median_ms", "ms", "Median micro-batch after warm-up (bars: IQR; n: timed)" + note),
+        (axes[2], "tokens_per_s_padded", "padded tokens / s",
+         "Throughput from the median micro-batch; label: what bounds the run" + note),
+        (axes[3], "train_s", "seconds",
+         "Whole timed loop, train_s: grows with the steps run, compare within one mode" + note),
+    ):  # fmt: skip
         values = pd.to_numeric(table[column], errors="coerce")
         ax.bar(range(len(table)), values.fillna(0.0), color="#4c72b0")  # missing: no bar, a label instead
         if column == "iter_median_ms":
-            _iqr_bars(ax, table)
+            _iqr_bars(ax, values, spreads[column], counts=pd.to_numeric(table["iter_count"], errors="coerce"))
+        if column == "steady_ms_per_sample":
+            _iqr_bars(ax, values, spreads[column])
         if column == "tokens_per_s_padded":
             _bound_labels(ax, table, values)
         for i, (value, status) in enumerate(zip(values, table["status"], strict=True)):
             if pd.isna(value):
                 label = STATUS_LABEL.get(status, "no data") if status != "ok" else "no data"
                 ax.text(i, 0, label, ha="center", va="bottom", rotation=90, color="#b00020", fontsize=9)
-        tops = _one_off_spans(ax, values, share, throughput=False) if column == "train_s" else 0.0
-        ax.set_xticks(range(len(table)), table["experiment"], rotation=30, ha="right")
+        tops = _one_off_spans(ax, values, share) if column == "train_s" else 0.0
+        if column in spreads:  # the whole IQR bar on the panel, however noisy the run
+            tops = max(tops, (values + spreads[column] / 2).max())
+        ax.set_xticks(range(len(table)), _labels_with_mode(table["experiment"], records), rotation=30, ha="right")
         ax.set_ylabel(ylabel)
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=9)  # rank 0's figures, as the table's
         top = max(values.max(), tops)
         ax.set_ylim(0, top * 1.2 if pd.notna(top) and top > 0 else 1.0)
     if (share > 0.005).any():
-        axes[0].legend(fontsize=8, loc="upper left")
+        axes[3].legend(fontsize=8, loc="upper left")
+    figure.suptitle(f"Training time and throughput: {figure_source.describe(records.values())}", fontsize=11)
     return _save(figure, out_dir, "time.png")
 
 
-def _iqr_bars(ax: Any, table: pd.DataFrame) -> None:
+def _rank0_records(
+    df: pd.DataFrame, *, order: Sequence[str] | None, profile: str | None
+) -> dict[str, dict[str, Any]]:
+    """Each experiment's latest rank-0 record, by experiment, in the table's order."""
+    latest = latest_runs(df, profile=profile, order=order)
+    if latest.empty:
+        return {}
+    return {r["experiment"]: r for r in latest.sort_values("rank_n", kind="stable").groupby("experiment", sort=False)
+            .head(1).to_dict("records")}  # fmt: skip
+
+
+def _micro_batch(record: Mapping[str, Any]) -> float:
+    """The recipe's micro batch size (samples per micro-batch), NaN when the record does not say."""
+    micro = _number(_mapping(_mapping(record.get("config")).get("train")).get("micro_batch_size"))
+    return micro if micro else math.nan
+
+
+def _labels_with_mode(experiments: pd.Series, records: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Experiment ids, each with its mode where the figure mixes quick and full runs (else the title says it)."""
+    modes = {e: figure_source.mode_of(records.get(e, {})) for e in experiments}
+    if len(set(modes.values())) < 2:
+        return list(experiments)
+    return [f"{e} [{modes[e] or '?'}]" for e in experiments]
+
+
+def _iqr_bars(ax: Any, medians: pd.Series, iqrs: pd.Series, *, counts: pd.Series | None = None) -> None:
     """The interquartile range of each run's timed micro-batches, centred on its median, and the count below."""
-    median_ms = pd.to_numeric(table["iter_median_s"], errors="coerce") * 1e3
-    iqr_ms = pd.to_numeric(table["iter_iqr_s"], errors="coerce") * 1e3
-    counts = pd.to_numeric(table["iter_count"], errors="coerce")
-    for i, (median, iqr, count) in enumerate(zip(median_ms, iqr_ms, counts, strict=True)):
+    for i, (median, iqr) in enumerate(zip(medians, iqrs, strict=True)):
         if pd.notna(median) and pd.notna(iqr):
             ax.errorbar(i, median, yerr=iqr / 2, color="#222222", capsize=3, linewidth=1)
-        if pd.notna(median) and pd.notna(count):
-            ax.text(i, 0, f"n={count:.0f}", ha="center", va="bottom", fontsize=7, color="white")
+        if counts is not None and pd.notna(median) and pd.notna(counts.iloc[i]):
+            ax.text(i, 0, f"n={counts.iloc[i]:.0f}", ha="center", va="bottom", fontsize=7, color="white")
 
 
 def _bound_labels(ax: Any, table: pd.DataFrame, values: pd.Series) -> None:
@@ -584,18 +654,16 @@ def _bound_labels(ax: Any, table: pd.DataFrame, values: pd.Series) -> None:
         ax.text(i, value, label, ha="center", va="bottom", rotation=90, fontsize=7)
 
 
-def _one_off_spans(ax: Any, values: pd.Series, share: pd.Series, *, throughput: bool) -> float:
-    """Hatch what one-off iterations added to each bar (``share`` of the run's ``train_s``): the top of a time bar,
-    or, above a throughput bar, the throughput the run had without them. Returns the highest point drawn."""
+def _one_off_spans(ax: Any, values: pd.Series, share: pd.Series) -> float:
+    """Hatch the top of each ``train_s`` bar that one-off iterations took beyond a median one (``share`` of the
+    run's ``train_s``): the hatching always means "time that was there, spent on one-offs", never a time or rate
+    the run did not have. Returns the highest point drawn."""
     top = 0.0
     label = "one-off iterations' time beyond a median iteration (one_off_pct)"
     for i, (value, part) in enumerate(zip(values, share, strict=True)):
         if pd.isna(value) or part <= 0.005:
             continue
-        if throughput:
-            bottom, height = value, value / (1 - part) - value  # tokens / (train_s - excess)
-        else:
-            bottom, height = value * (1 - part), value * part
+        bottom, height = value * (1 - part), value * part
         ax.bar(i, height, bottom=bottom, color="none", edgecolor="#b00020", hatch="//", linewidth=0.8, label=label)
         label = None  # one legend entry
         top = max(top, bottom + height)
@@ -609,25 +677,29 @@ def plot_memory_vs_time(
     order: Sequence[str] | None = None,
     profile: str | None = None,
 ) -> Any:
-    """Scatter of peak memory against training time, one labelled point per experiment that has both."""
+    """Scatter of peak memory against the steady time per training sample (median micro-batch / micro batch size:
+    comparable across quick and full mode, unlike ``train_s``), one labelled point per experiment that has both."""
     table = comparison_table(df, order=order, profile=profile)
     if table.empty:
-        return _empty_plot(out_dir, "memory_vs_time.png", "Peak memory vs training time")
+        return _empty_plot(out_dir, "memory_vs_time.png", "Peak memory vs time per sample")
+    records = _rank0_records(df, order=order, profile=profile)
     column, label = _measured_memory(table)
-    points = table[table[column].notna() & table["train_s"].notna()]
+    micro = pd.Series([_micro_batch(records.get(e, {})) for e in table["experiment"]], dtype=float)
+    table = table.assign(steady_ms_per_sample=pd.to_numeric(table["iter_median_s"], errors="coerce") * 1e3 / micro)
+    points = table[table[column].notna() & table["steady_ms_per_sample"].notna()]
     figure, ax = _new_figure(6.5, 4.8)
-    ax.scatter(points["train_s"], points[column], color="#4c72b0")
-    for row in points.to_dict("records"):
-        ax.annotate(
-            row["experiment"], (row["train_s"], row[column]), textcoords="offset points", xytext=(4, 4), fontsize=8
-        )
+    ax.scatter(points["steady_ms_per_sample"], points[column], color="#4c72b0")
+    for row in points.to_dict("records"):  # the modes are in the title: a label per point would crowd them
+        ax.annotate(row["experiment"], (row["steady_ms_per_sample"], row[column]), textcoords="offset points",
+                    xytext=(4, 4), fontsize=8)  # fmt: skip
     missing = table.loc[~table.index.isin(points.index), "experiment"].tolist()
-    ax.set_xlabel("training time (s)")
+    cpu = figure_source.on_cpu(records.values())
+    ax.set_xlabel("ms per training sample, steady (median micro-batch)" + (" -- code path only" if cpu else ""))
     ax.set_ylabel(label.removeprefix("measured ") + ", GiB")
-    title = "Peak memory vs training time"
+    title = f"Peak memory vs time per sample\n{figure_source.describe(records.values())}"
     if missing:
         title += f"\nnot shown (no measurement): {', '.join(missing)}"
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title, fontsize=9)
     if points.empty:
         ax.text(0.5, 0.5, "no run has both memory and time", ha="center", va="center", transform=ax.transAxes)
     return _save(figure, out_dir, "memory_vs_time.png")
@@ -709,9 +781,13 @@ def plot_timeline(record_or_path: Any, *, out_dir: Path | str | None = None) -> 
 
     Stretches where every GPU is below 5 % utilisation are shaded, so idle gaps (model loading, a CPU optimizer
     step under DeepSpeed offload, validation) stand out; samples more than 3 sampling intervals apart are not
-    joined by a line, so a gap in the recording is visible too.
+    joined by a line, so a gap in the recording is visible too. Given a record, the title names the experiment,
+    the device and the mode (``figure_source``), dotted lines split load + warm-up, the timed loop and teardown,
+    and a red line marks the OOM moment (``timeline_phases``). Percent axes are fixed at 0-100 %: an axis that
+    auto-scales draws 96.6-100 % as a full swing.
     """
     path, name = _timeline_path(record_or_path)
+    record = {} if isinstance(record_or_path, (str, Path)) else dict(record_or_path)
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
     filename = f"timeline_{safe}.png"
     if path is None:
@@ -735,13 +811,15 @@ def plot_timeline(record_or_path: Any, *, out_dir: Path | str | None = None) -> 
         ax.set_axis_off()
         ax.text(0.5, 0.5, f"timeline of {name} has no samples", ha="center", va="center", transform=ax.transAxes)
         return _save(figure, out_dir, filename)
-    height = 1.9 * len(all_panels) + 0.6
+    height = 1.9 * len(all_panels) + 1.05  # room above the panels for a two-line title and the phases' names
     # fixed margins, in inches: the panels are always alike, and a constrained layout would take more than half
     # of each figure's drawing time (save_all draws one per run)
     figure, axes = _new_figure(9, height, len(all_panels), 1, layout=None, sharex=True, squeeze=False)
-    figure.subplots_adjust(left=0.75 / 9, right=1 - 0.15 / 9, top=1 - 0.35 / height, bottom=0.5 / height, hspace=0.12)
+    figure.subplots_adjust(left=0.75 / 9, right=1 - 0.15 / 9, top=1 - 0.8 / height, bottom=0.5 / height, hspace=0.12)
     axes = [row[0] for row in axes]
     idle_spans = _idle_spans(gpu_rows)
+    run_phases = timeline_phases.phases(record, frame)
+    oom_s = timeline_phases.oom_moment_s(record, frame)
     for ax, (kind, column, label) in zip(axes, all_panels, strict=True):
         if kind == "gpu":
             for gpu, rows in gpu_rows.groupby("gpu"):
@@ -754,13 +832,43 @@ def plot_timeline(record_or_path: Any, *, out_dir: Path | str | None = None) -> 
             ax.plot(t, y, color="#555555", linewidth=1)
         for start, end in idle_spans:
             ax.axvspan(start, end, color="#f2c14e", alpha=0.25, linewidth=0)
+        if column.endswith("_pct"):
+            ax.set_ylim(0, 105)  # 0-100 %, a little headroom for the line at 100
+        _mark_phases(ax, run_phases, oom_s, labelled=ax is axes[0])
         ax.set_ylabel(label, fontsize=8)
     axes[-1].set_xlabel("seconds since launch")
-    title = f"Timeline: {name}"
-    if idle_spans:
-        title += " (shaded: all GPUs < 5 % busy)"
-    axes[0].set_title(title)
+    figure.suptitle(_timeline_title(record, name, idle_spans, run_phases), y=1 - 0.08 / height, va="top", fontsize=10)
     return _save(figure, out_dir, filename)
+
+
+def _timeline_title(record: Mapping[str, Any], name: str, idle_spans: list, run_phases: list) -> str:
+    """What run, on which device and in which mode; what the shading means; whether phases are known."""
+    experiment = record.get("experiment")
+    head = f"Timeline: {experiment or name}"
+    notes = [f"run {name}"] if experiment else []
+    if record:
+        head += f" -- {figure_source.describe([record])}"
+        if not run_phases and record.get("status") != "oom":
+            notes.append("load / loop / teardown not in this record")
+    if idle_spans:
+        notes.append("shaded: all GPUs < 5 % busy")
+    return head + (f"\n{'; '.join(notes)}" if notes else "")
+
+
+def _mark_phases(ax: Any, run_phases: list[tuple[str, float, float]], oom_s: float | None, *, labelled: bool) -> None:
+    """Dotted lines between load + warm-up, the timed loop and teardown (names on the top panel), and the OOM
+    moment as a red line."""
+    for i, (phase, start, end) in enumerate(run_phases):
+        if i:
+            ax.axvline(start, color="#333333", linestyle=":", linewidth=1)
+        if labelled:
+            ax.text((start + end) / 2, 1.02, phase, transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+                    fontsize=8, color="#333333")  # fmt: skip
+    if oom_s is not None:
+        ax.axvline(oom_s, color="#b00020", linewidth=1.2)
+        if labelled:
+            ax.text(oom_s, 1.02, "OOM (first sample at the memory peak) ", transform=ax.get_xaxis_transform(),
+                    ha="right", va="bottom", fontsize=8, color="#b00020")  # fmt: skip
 
 
 def _broken_line(t: pd.Series, y: pd.Series) -> tuple[list[float], list[float]]:

@@ -179,6 +179,8 @@ RECORD_FIELDS: tuple[Field, ...] = _reported(
      "process: the GPU waits on Python, kernel launches or the data loader), else communication "
      "(several ranks: the GPU and the host both wait, on the peers); None on a CPU"),
     ("bound_reason", None, "the figures and thresholds behind bound, or why there is none"),
+    ("loop_window_s", "s", "[start, end] of the timed loop (loop_monotonic_s) on the timeline's clock (its t_s): "
+     "the timeline figure marks load + warm-up before it and teardown after it; None when either is missing"),
     ("mfu_error", None, "why flops_per_step could not be counted"),
     ("per_iteration", None, "rows of " + ", ".join(PER_ITERATION_KEYS) + " (iter_time_s in s)"),
     ("timeline_path", None, "the sampled GPU/host timeline (CSV), relative to the results folder"),

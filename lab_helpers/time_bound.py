@@ -101,12 +101,15 @@ def where_time_goes(
     world_size: int,
 ) -> dict[str, Any]:
     """The record's ``gpu_busy_pct``, ``gpu_busy_pct_per_gpu``, ``gpu_busy_reason``, ``bound`` and ``bound_reason``
-    for one rank. ``gpu_index``: the NVML index of this rank's GPU (None: unknown, or a CPU run)."""
-    none = {"gpu_busy_pct": None, "gpu_busy_pct_per_gpu": None}
+    for one rank, and ``loop_window_s``: the timed loop on the timeline's clock, on a CPU too (the timeline figure
+    marks load, loop and teardown with it). ``gpu_index``: the NVML index of this rank's GPU (None: unknown, or a
+    CPU run)."""
+    window = loop_window(report.get("loop_monotonic_s"), timeline_t0_monotonic_s)
+    loop = None if window is None else [round(window[0], 3), round(window[1], 3)]
+    none = {"gpu_busy_pct": None, "gpu_busy_pct_per_gpu": None, "loop_window_s": loop}
     device = str(report.get("device_name") or "")
     if not device or device.startswith("cpu"):
         return {**none, "gpu_busy_reason": NO_GPU_REASON, "bound": None, "bound_reason": NO_GPU_REASON}
-    window = loop_window(report.get("loop_monotonic_s"), timeline_t0_monotonic_s)
     if window is None or timeline_path is None:
         why = "the run reported no timed training loop" if window is None else "no timeline was sampled"
         return {**none, "gpu_busy_reason": why, "bound": None, "bound_reason": why}
@@ -117,6 +120,7 @@ def where_time_goes(
         reason = "no NVML utilisation sample of this rank's GPU inside the training loop (a loop shorter than a sample?)"
     bound, why = classify(busy, report.get("host_core_pct"), world_size=world_size)
     return {
+        **none,
         "gpu_busy_pct": busy,
         "gpu_busy_pct_per_gpu": {str(k): v for k, v in per_gpu.items()} or None,
         "gpu_busy_reason": reason,
