@@ -116,6 +116,11 @@ def run_experiment(
         overrides = parse_set_args(overrides)
     _check_profile_hardware(profile, node)
     run = resolve(exp_id, profile, overrides, check_files=False, simulate_world=simulate_world)  # files: below
+    if run.options.get("fill_gpu"):  # fill-gpu: the micro batch is chosen here, before the run and its prediction
+        overrides, why = filled_overrides(exp_id, profile=profile, overrides=overrides)
+        if why and (echo or summary):
+            print(why, flush=True)
+        run = resolve(exp_id, profile, overrides, check_files=False, simulate_world=simulate_world)
     check_results_folder(results_file(results_path))  # read-only, full, special: one line, nothing created
     launcher = launcher_for(run)
     quick = (quick_from_env() if quick is None else quick) and launcher.supports_quick
@@ -294,6 +299,23 @@ def predict_experiment(
     return predict.predict_experiment(
         exp_id, profile=profile or default_profile(), overrides=overrides, gpu_memory_gib=gpu_memory_gib
     )
+
+
+def filled_overrides(
+    exp_id: str, *, profile: str | None = None, overrides: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], str | None]:
+    """The overrides ``run_experiment`` runs ``exp_id`` with, and why: for an experiment with ``fill_gpu`` (fill-gpu)
+    the largest micro batch that fits here (``predict.fill_gpu_overrides``) is added unless a micro batch is given;
+    any other experiment runs with ``overrides`` as given (None: nothing chosen). The notebook asks this before
+    predicting, so that the prediction it shows is of the batch the run will use."""
+    given = dict(overrides or {})
+    profile = profile or default_profile()
+    if not resolve(exp_id, profile, given, check_files=False).options.get("fill_gpu"):
+        return given, None
+    if "train.micro_batch_size" in given:
+        return given, f"{exp_id}: micro batch {given['train.micro_batch_size']} as given (not filled)"
+    fill, why = predict.fill_gpu_overrides(exp_id, profile=profile, overrides=given)
+    return {**given, **fill}, why
 
 
 def oom_demo_overrides(

@@ -197,3 +197,52 @@ def _raised_batch(exp_id, profile, gpu_gib, max_doublings, ask, fits) -> tuple[d
                 f"(at least {OOM_DEMO_MARGIN:.0%} over this GPU, beyond the planner's error): {plan.summary()}"
             )
     return {}, f"{fits}; the planner predicts it fits even at micro batch {train['micro_batch_size']}: runs as defined"
+
+
+def fill_gpu_overrides(
+    exp_id: str,
+    *,
+    profile: str,
+    overrides: Mapping[str, Any] | None = None,
+    gpu_memory_gib: float | None = None,
+    device: str | None = None,
+) -> tuple[dict[str, Any], str]:
+    """``fill-gpu`` (an experiment with ``options: {fill_gpu: true}``): the largest micro batch ``plan --fit`` says
+    fits this GPU, accumulation keeping the global batch; and a sentence saying what was chosen and why.
+
+    Why: a run whose GPU waits on the host (Python, kernel launches: the H100 records' lora-1b was 5-25 % busy)
+    pays that host time per micro-batch, not per sample, so fewer and larger micro-batches spend it less often;
+    the global batch, and so the optimisation, stays the same. The micro batch is the largest divisor of the
+    per-device global batch at or under what the planner's fit search allows (``planner.fit.fit``: the predicted
+    GPU memory used under the GPU's memory less its margin), so that accumulation x micro batch is the global batch
+    exactly. Without a GPU (the ci profile) the run's memory is host RAM: the budget is this host's available RAM
+    and the planner predicts live tensor bytes, the quantity a CPU run measures.
+    """
+    from lab_helpers.planner.fit import fit
+    from lab_helpers.planner.spec import spec_from_recipe
+
+    run = resolve(exp_id, profile, overrides, check_files=False)
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    memory = gpu_memory_gib if gpu_memory_gib is not None else _gpu_gib() if device == "cuda" else None
+    where = "GPU" if device == "cuda" else "memory budget"
+    if memory is None and device == "cpu":
+        from lab_helpers.node import describe_node
+
+        memory, where = (describe_node().get("host") or {}).get("ram_available_gib"), "host's available RAM"
+    if not memory:
+        return {}, f"{exp_id}: no memory size to fill here; runs as defined"
+    inputs = planner_inputs(run, memory, device=device)
+    spec = spec_from_recipe(inputs.pop("recipe"), **inputs)
+    per_device = spec.micro_batch_size * spec.gradient_accumulation_iters
+    found = fit(spec, gpu_memory_gib=memory, sequence=False, alternatives=False, max_micro_batch_size=per_device)
+    if found.max_micro_batch_size is None:
+        return {}, f"{exp_id}: not even micro batch 1 fits this {memory:.3g} GiB {where}; runs as defined"
+    micro = max(b for b in range(1, found.max_micro_batch_size + 1) if per_device % b == 0)
+    return {"train.micro_batch_size": micro}, (
+        f"{exp_id}: plan --fit says micro batch up to {found.max_micro_batch_size} fits this {memory:.3g} GiB "
+        f"{where} (margin {found.margin:.0%}); micro batch {micro} x {per_device // micro} accumulated keeps the "
+        f"global batch of {per_device} per device (was {spec.micro_batch_size} x {spec.gradient_accumulation_iters})"
+    )

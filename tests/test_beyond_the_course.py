@@ -280,3 +280,31 @@ def test_every_node_kind_decides_the_new_experiments():
         assert step.runs and step.expected_status == "ok" and step.overrides == {}, step
     act = node_plan.decide("act-ckpt", node("A10G-24GB"), profile="gpu", predict=fixture_plan)
     assert not act.runs and "model states alone" in act.sentence
+
+
+# ------------------------------------------------------------------------------------------- fill-gpu
+
+
+@pytest.mark.slow
+def test_fill_gpu_is_lora_1b_with_the_largest_micro_batch_that_fits_and_the_same_global_batch():
+    """On a memory budget between the planner's predictions at micro batch 8 and 16 (the ci model, as a CPU run
+    holds it), fill-gpu takes 8 -- the largest divisor of the global batch 16 under the budget -- with 2
+    accumulated; the rest of the recipe is lora-1b's."""
+    from lab_helpers import predict
+    from lab_helpers.planner.fit import DEFAULT_MARGIN
+    from lab_helpers.predict import fill_gpu_overrides
+
+    fill, pair = resolve("fill-gpu", "ci", check_files=False), resolve("lora-1b", "ci", check_files=False)
+    assert fill.recipe == pair.recipe and fill.options["fill_gpu"] and not pair.options["fill_gpu"]
+
+    def used_gib(micro: int) -> float:
+        overrides = {"train.micro_batch_size": micro}
+        return predict.predict_experiment("fill-gpu", profile="ci", overrides=overrides, device="cpu").worst_gpu_used_gib
+
+    budget_gib = (used_gib(8) + used_gib(16)) / 2 / (1 - DEFAULT_MARGIN)
+    chosen, why = fill_gpu_overrides("fill-gpu", profile="ci", gpu_memory_gib=budget_gib, device="cpu")
+    assert chosen == {"train.micro_batch_size": 8}, why
+    assert "micro batch 8 x 2 accumulated keeps the global batch of 16" in why
+    assert fill_gpu_overrides("fill-gpu", profile="ci", gpu_memory_gib=used_gib(16) * 2, device="cpu")[0] == {
+        "train.micro_batch_size": 16
+    }

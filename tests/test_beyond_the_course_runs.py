@@ -32,3 +32,22 @@ def test_eight_bit_adamw_is_recorded_as_skipped_on_a_cpu(ci_assets, results):
         pytest.skip("this machine has CUDA")
     [record] = run_experiment("adamw-8bit", profile="ci", echo=False)
     assert record["status"] == "skipped" and "8-bit AdamW" in record["reason"]
+
+
+def test_fill_gpu_runs_the_micro_batch_the_planner_chose_predicted_before_it_ran(ci_assets, results):
+    """On a CPU the budget is this host's available RAM: the tiny ci model fits the whole global batch (16) in one
+    micro-batch. The record says so (overrides, config), carries the planner's prediction for that batch, and the
+    measured live tensors match it as every ci run does; its pair lora-1b is predicted smaller (activations)."""
+    from lab_helpers.predict import fill_gpu_overrides
+
+    chosen, _ = fill_gpu_overrides("fill-gpu", profile="ci", device="cpu")
+    assert chosen == {"train.micro_batch_size": 16}
+    [record] = run_experiment("fill-gpu", profile="ci", echo=False)
+    assert record["status"] == "ok", record.get("error")
+    assert record["overrides"]["train.micro_batch_size"] == 16 == record["config"]["train"]["micro_batch_size"]
+    assert record["config"]["train"]["global_batch_size"] == 16  # accumulation 1 keeps the global batch
+    assert record["predicted_peak_alloc_gib"] == pytest.approx(
+        predict_experiment("fill-gpu", profile="ci", overrides=chosen).peak_alloc_gib
+    )
+    assert record["peak_tensor_gib"] == pytest.approx(record["predicted_peak_alloc_gib"], rel=0.10)
+    assert record["predicted_peak_alloc_gib"] > predict_experiment("lora-1b", profile="ci").peak_alloc_gib

@@ -14,6 +14,7 @@ SHARED_LAB_SINGLE = [
     "baseline", "small-batch", "grad-accum", "bf16-true", "bf16-mixed", "full-3b", "full-7b", "full-13b",
     "full-13b-sgd", "lora-1b", "lora-3b", "lora-7b", "lora-13b", "qlora-7b",
     "act-ckpt", "adamw-8bit",  # LAB.md's "Beyond the course", after the course's own matrix
+    "fill-gpu",  # the lab's own speed experiment (issue 25): lora-1b at the largest micro batch that fits
 ]  # fmt: skip
 
 
