@@ -325,7 +325,7 @@ def _decide_ci(exp_id: str, node: Mapping[str, Any], profile: str) -> Decision:
 
     run = resolved(exp_id, profile)
     if reason := blocked(run, node):
-        return Decision(exp_id, profile, False, {}, "skipped", f"{reason}: recorded as skipped")
+        return Decision(exp_id, profile, False, {}, "skipped", reason)  # the record's reason, as run_experiment's
     stand_in = check_profile(profile)["models"][run.experiment.model]
     where = "2 CPU processes over gloo play the GPUs" if run.experiment.section == "multi" else "on the CPU"
     return Decision(
