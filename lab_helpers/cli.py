@@ -51,8 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="gpu profile: only these models, comma-separated (1b,3b,7b,13b); default: all four (~49 GB)",
     )
 
-    run = sub.add_parser("run", help="run one experiment and record it")
-    run.add_argument("experiment", metavar="ID")
+    run = sub.add_parser(
+        "run",
+        help="run one experiment and record it",
+        epilog=_experiment_list(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("experiment", metavar="ID", help="an experiment id (listed below)")
     _add_profile(run)
     run.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", help="override a recipe key")
     run.add_argument("--quiet", action="store_true", help="progress bar and result only, no training output")
@@ -129,6 +134,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_wheelhouse_arguments(wheelhouse)
     return parser
+
+
+def _experiment_list(width: int = 100) -> str:
+    """The experiment ids by section, each with what it teaches, for ``run --help``: the ids live in
+    configs/experiments/*.yaml, so ``--help`` is where a user finds them without opening a file. A broken
+    experiment file still leaves ``--help`` working: the error is what the run itself would say."""
+    from lab_helpers.experiments import load_experiments
+
+    try:
+        experiments = load_experiments()
+    except (LabConfigError, OSError, ValueError) as exc:
+        return f"experiments: cannot list them ({exc})"
+    lines = ["experiments (ID), by section (configs/experiments/<section>.yaml):"]
+    pad = max((len(e) for e in experiments), default=0) + 2
+    for section in SECTIONS:
+        ids = [e for e in experiments.values() if e.section == section]
+        if ids:
+            lines.append(f"  {section}:")
+        for experiment in ids:
+            teaches = " ".join(str(experiment.teaches).split())
+            room = width - pad - 4
+            line = experiment.id.ljust(pad) + (teaches if len(teaches) <= room else teaches[: room - 3] + "...")
+            lines.append(f"    {line}".rstrip())
+    return "\n".join(lines)
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:

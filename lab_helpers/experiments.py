@@ -177,9 +177,13 @@ def _read_yaml(path: Path) -> Any:
         return yaml.load(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # a safe loader
 
 
-def _did_you_mean(word: str, choices) -> str:
+def _did_you_mean(word: str, choices, *, tight: bool = False) -> str:
+    """' (did you mean X?)' with the closest choice (difflib), else the known ones; ``tight``: the choices are too
+    many to list, so nothing is added when none is close."""
     close = difflib.get_close_matches(word, list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else f"; known: {', '.join(sorted(choices))}"
+    if close:
+        return f" (did you mean {close[0]!r}?)"
+    return "" if tight else f"; known: {', '.join(sorted(choices))}"
 
 
 # ----------------------------------------------------------------------------------------------- overrides
@@ -266,23 +270,28 @@ def check_recipe_keys(recipe: Mapping[str, Any], command: str) -> None:
     from litgpt.args import EvalArgs, LogArgs, TrainArgs
 
     params = inspect.signature(setup_function(command)).parameters
+    groups = {"train": TrainArgs, "eval": EvalArgs, "log": LogArgs}
+    # every key as --set spells it, so that a suggestion is one to copy: 'train.micro_batch_size', and a
+    # nested key given without its group ('micro_batch_size') finds it too
+    dotted = [f"{group}.{f.name}" for group, cls in groups.items() for f in dataclasses.fields(cls)]
     for key, value in recipe.items():
         if key not in params:
-            raise LabConfigError(f"unknown recipe key {key!r} for litgpt {command}{_did_you_mean(key, params)}")
-        nested = {"train": TrainArgs, "eval": EvalArgs, "log": LogArgs}.get(key)
+            hint = _did_you_mean(key, [*params, *dotted], tight=True) or _did_you_mean(key, params)
+            raise LabConfigError(f"unknown recipe key {key!r} for litgpt {command}{hint}")
+        nested = groups.get(key)
         if nested is not None and isinstance(value, Mapping):
-            names = [f.name for f in dataclasses.fields(nested)]
+            names = [f"{key}.{f.name}" for f in dataclasses.fields(nested)]
             for sub in value:
-                if sub not in names:
-                    raise LabConfigError(f"unknown recipe key '{key}.{sub}'{_did_you_mean(sub, names)}")
+                if f"{key}.{sub}" not in names:
+                    raise LabConfigError(f"unknown recipe key '{key}.{sub}'{_did_you_mean(f'{key}.{sub}', names)}")
     data = recipe.get("data")
     if isinstance(data, Mapping) and data.get("class_path"):
         cls = _import_class(data["class_path"], "data.class_path")
-        names = [f.name for f in dataclasses.fields(cls) if f.init]
+        names = [f"data.{f.name}" for f in dataclasses.fields(cls) if f.init]
         for sub in data.get("init_args") or {}:
-            if sub not in names:
+            if f"data.{sub}" not in names:
                 raise LabConfigError(
-                    f"unknown recipe key 'data.{sub}' for {data['class_path']}{_did_you_mean(sub, names)}"
+                    f"unknown recipe key 'data.{sub}' for {data['class_path']}{_did_you_mean(f'data.{sub}', names)}"
                 )
 
 
