@@ -19,6 +19,8 @@
 #
 # Results go to $LAB_RESULTS (default: results-gpu/ in the checkout). Unpack the tarballs of several calls into
 # one folder, then: LAB_RESULTS=that python -m lab_helpers export-reference h100-80gb --profile gpu --note "..."
+# The whole route (wheelhouse, the calls, the join and export, what the next GPU session runs):
+# docs/measuring-on-a-gpu.md; what the shipped results show: reference_results/README.md.
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo" || exit 1

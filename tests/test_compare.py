@@ -221,7 +221,8 @@ def test_a_one_off_iteration_is_judged_against_its_runs_median_after_warm_up(tmp
 
 def test_the_shipped_h100_records_show_the_longest_batchs_first_micro_batch_as_a_one_off():
     """Real data: in the first H100 records quick mode timed the peak step, and the first micro-batch of the
-    longest batch took several times a steady iteration in bf16-true and full-7b (reference_results/README.md).
+    longest batch took several times a steady iteration in bf16-true and full-7b (reference_results/README.md,
+    "What the records show").
     The table, the label and the list say so; no other finished run of that file has a one-off."""
     frame = compare.load_reference("h100-80gb")
     found = compare.one_offs(frame)
