@@ -99,7 +99,7 @@ STEADY_TIMING_FIELDS: tuple[str, ...] = (
 def iteration_stats(seconds: Sequence[float]) -> dict[str, float | int | None]:
     """Median, interquartile range (Q3 - Q1, ``statistics.quantiles``' default method) and count of iteration
     times, and how far apart the medians of the first and the second half are (% of the whole median): the
-    quick-mode stability rule's figure (``quick_mode.median_is_stable``). Nones where there are too few."""
+    quick-mode stopping rule's figure (``quick_mode.stop_reason``). Nones where there are too few."""
     times = [float(s) for s in seconds]
     if not times:
         return {"iter_median_s": None, "iter_iqr_s": None, "iter_count": 0, "iter_halves_pct": None}
