@@ -76,6 +76,10 @@ def strategy_lines(exp_id: str) -> str:
     lines = list(_STRATEGY_LINES[experiment.strategy])
     if experiment.options.get("sharding") == "grad-op":  # FSDP's ZeRO-2 form
         lines = [line.replace('"FULL_SHARD"', '"SHARD_GRAD_OP"') for line in lines]
+    if experiment.options.get("wrap") == "none":  # the course's FSDPStrategy: no auto-wrap policy, one unit
+        lines = [line.replace(", auto_wrap_policy={Block}", "") for line in lines if "import Block" not in line]
+    if experiment.options.get("ddp_bucket_view") is False:  # the course's DDPStrategy(): torch's default
+        lines = [line.replace("DDPStrategy(gradient_as_bucket_view=True)", "DDPStrategy()") for line in lines]
     if experiment.num_nodes > 1:
         per_node = f"devices={experiment.devices}, num_nodes={experiment.num_nodes}"
         lines = [line.replace("devices=N", per_node) for line in lines]

@@ -41,6 +41,12 @@ from lab_helpers.predict import COURSE_GPU_GIB
 from lab_helpers.record_schema import GIB
 
 MULTI_RANK_STRATEGIES = ("ddp", "fsdp")
+SIMULATED_WORLD = 4
+"""The world a node too small for a multi-GPU experiment plays as a simulated rank 0: LAB.md's reference 4 GPUs."""
+SIMULATED_WORDS = (
+    "memory is what each of the {n} GPUs would hold (torch's fake process group: the collectives return at once); "
+    "time has no communication in it and no communication is measured"
+)
 LAB_GPU_GIB = COURSE_GPU_GIB  # the GPU LAB.md's expectations are written for, used where this node has none
 FP16_ROUTE = "16-mixed"
 LOSS_SCALING = (
@@ -71,6 +77,8 @@ class Decision:
     overrides: dict[str, Any] = field(default_factory=dict)
     expected_status: str = "ok"  # ok | oom | skipped
     sentence: str = ""
+    # run as rank 0 of this many ranks alone on one device (lab_helpers.distributed.simulated), or None
+    simulate_world: int | None = None
 
 
 # ----------------------------------------------------------------------------------------------- the node
@@ -266,6 +274,7 @@ def decide(
     from lab_helpers import predict as plans
     from lab_helpers.arithmetic import resolved
 
+    predict_given = predict
     defined = resolved(exp_id, profile)
     experiment = defined.experiment
     gpus = node.get("gpus") or []
@@ -290,6 +299,8 @@ def decide(
     notes: list[str] = []
 
     overrides, why_not = _precision_route(exp_id, recipe, node, notes)
+    if why_not is None and (world := simulated_world_here(experiment, node)):
+        return _simulated(exp_id, profile, overrides, notes, world, memory, predict_given)
     if why_not is None:
         why_not = _hardware_gap(resolved(exp_id, profile, overrides), node)
     if why_not is None and experiment.options.get("offload_optimizer"):
@@ -319,14 +330,65 @@ def _advice(predict: Predict) -> Predict:
     return ask
 
 
+def simulated_world_here(experiment: Any, node: Mapping[str, Any]) -> int | None:
+    """The world a one-node multi-GPU experiment plays as a simulated rank 0 on ``node``, or None where it runs for
+    real. ``SIMULATED_WORLD`` on a CPU (every multi-rank experiment) and on a 1-GPU node for DDP and FSDP, which one
+    rank cannot show (DeepSpeed's offload runs there for real, on its one rank). Never for several nodes: the
+    multi-node extension stays as it is."""
+    multi_rank = experiment.strategy != "single" and experiment.devices == "all"
+    if not experiment.distributed or not multi_rank or experiment.num_nodes > 1:
+        return None
+    gpus = len(node.get("gpus") or [])
+    if gpus == 0 or (gpus == 1 and experiment.strategy in MULTI_RANK_STRATEGIES):
+        return SIMULATED_WORLD
+    return None
+
+
+def _simulated(
+    exp_id: str, profile: str, overrides: dict[str, Any], notes: list[str], world: int, memory: float | None,
+    predict: Predict | None,
+) -> Decision:  # fmt: skip
+    """Rank 0 of ``world`` on this node's one GPU, expected to run out of memory where the planner says rank 0 of
+    ``world`` does not fit it. ``predict`` stands in for the planner in tests (asked as decide asks it)."""
+    from lab_helpers import predict as plans
+
+    note = f"this node has 1 GPU: rank 0 of {world} runs alone on it; " + SIMULATED_WORDS.format(n=world)
+    try:
+        plan = (
+            predict(exp_id, overrides)
+            if predict is not None
+            else plans.predict_experiment(
+                exp_id, profile=profile, overrides=overrides, gpu_memory_gib=memory, device="cuda",
+                simulate_world=world,
+            )
+        )  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - a prediction is advice
+        return Decision(exp_id, profile, True, overrides, "ok", _join([*notes, note], f"no prediction ({exc})"), world)
+    fits = memory is None or plan.gpu_used_gib <= memory
+    verdict = f"predicted {plan.gpu_used_gib:.1f} GiB used of {memory or 0:.1f} GiB per GPU" if memory else ""
+    status = "ok" if fits else "oom"
+    return Decision(exp_id, profile, True, overrides, status, _join([*notes, note], verdict or None), world)
+
+
 def _decide_ci(exp_id: str, node: Mapping[str, Any], profile: str) -> Decision:
     from lab_helpers.arithmetic import resolved
-    from lab_helpers.experiments import check_profile
+    from lab_helpers.experiments import check_profile, count_devices
 
     run = resolved(exp_id, profile)
     if reason := blocked(run, node):
         return Decision(exp_id, profile, False, {}, "skipped", reason)  # the record's reason, as run_experiment's
     stand_in = check_profile(profile)["models"][run.experiment.model]
+    if world := simulated_world_here(run.experiment, node):
+        # the ci batches are sized for 2 CPU ranks: the global batch grows with the world, so that each of the
+        # simulated ranks runs the micro-batches per step that each of 2 ranks runs
+        global_batch = int(run.recipe["train"]["global_batch_size"]) * world // count_devices("all")
+        return Decision(
+            exp_id, profile, True, {"train.global_batch_size": global_batch}, "ok",
+            f"ci profile: the same recipe on {stand_in}, a tiny random-weight stand-in; no GPU here, so rank 0 of "
+            f"{world} runs alone on the CPU (global batch {global_batch}: each rank's micro-batches per step as on "
+            f"2 CPU ranks); {SIMULATED_WORDS.format(n=world)}",
+            world,
+        )  # fmt: skip
     where = "2 CPU processes over gloo play the GPUs" if run.experiment.section == "multi" else "on the CPU"
     return Decision(
         exp_id,

@@ -236,7 +236,8 @@ def run_all(
         print(f"{exp_id}: {step.sentence}", flush=True)
         if step.runs:
             records.extend(run_experiment(exp_id, profile=profile, overrides=step.overrides,
-                                          results_path=results_path, echo=echo, quick=quick))  # fmt: skip
+                                          results_path=results_path, echo=echo, quick=quick,
+                                          simulate_world=step.simulate_world))  # fmt: skip
         else:
             records.extend(record_skipped(exp_id, reason=step.sentence, profile=profile, overrides=step.overrides,
                                           results_path=results_path))  # fmt: skip

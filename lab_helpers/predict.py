@@ -72,10 +72,12 @@ def predict_experiment(
     overrides: Mapping[str, Any] | None = None,
     gpu_memory_gib: float | None = None,
     device: str | None = None,
+    simulate_world: int | None = None,
 ):
     """The planner's MemoryPlan for an experiment as it would run here (``.summary()`` prints the verdict);
-    ``device`` "cuda" asks about a GPU from a machine without one (a node fixture)."""
-    run = resolve(exp_id, profile, overrides, check_files=False)
+    ``device`` "cuda" asks about a GPU from a machine without one (a node fixture); ``simulate_world`` about
+    rank 0 of that many ranks."""
+    run = resolve(exp_id, profile, overrides, check_files=False, simulate_world=simulate_world)
     return plan_for(run, gpu_memory_gib if gpu_memory_gib is not None else _gpu_gib(), device=device)
 
 

@@ -34,7 +34,9 @@ def test_strategy_lines_are_what_the_lab_builds():
 
     source = inspect.getsource(strategies.make_strategy)
     assert "gradient_as_bucket_view=True" in commands.strategy_lines("ddp")
-    assert "gradient_as_bucket_view=True" in source
+    assert "gradient_as_bucket_view=ddp_bucket_view" in source and "ddp_bucket_view: bool = True" in source
+    assert "strategy=DDPStrategy())" in commands.strategy_lines("ddp-course")  # the course's: torch's default
+    assert "auto_wrap_policy" not in commands.strategy_lines("fsdp-course")  # the course's: one unit
     assert 'sharding_strategy="FULL_SHARD"' in commands.strategy_lines("fsdp") and 'sharding_strategy="FULL_SHARD"' in source
     assert "offload_optimizer=True" in commands.strategy_lines("deepspeed-offload")
     assert "num_nodes=2" in commands.strategy_lines("multi-node")

@@ -94,7 +94,12 @@ def test_no_gpu_runs_everything_on_ci_stand_ins_except_bitsandbytes():
     assert {e for e, s in steps.items() if not s.runs} == {"qlora-7b", "adamw-8bit"}  # recorded as skipped
     assert {e for e, s in steps.items() if s.expected_status != "ok"} == {"qlora-7b", "adamw-8bit"}
     assert steps["qlora-7b"].expected_status == "skipped" and "CUDA" in steps["qlora-7b"].sentence
-    assert "ci-llama-xs" in steps["baseline"].sentence and "2 CPU processes" in steps["ddp"].sentence
+    assert "ci-llama-xs" in steps["baseline"].sentence and "rank 0 of 4" in steps["ddp"].sentence
+    # issue 27: no GPU, so every one-node multi-GPU experiment runs as rank 0 of 4, simulated; the two loopback
+    # nodes stay real, one-gpu stays one process
+    simulated = {e for e, s in steps.items() if s.simulate_world}
+    assert simulated == set(MULTI) - {"one-gpu", "multi-node"} and steps["ddp"].simulate_world == 4
+    assert steps["ddp"].overrides == {"train.global_batch_size": 8}  # 4 ranks x micro 2 x 1, as each of 2 ranks
     assert not planner.calls  # the ci profile never waits for the planner to decide
     note = node_plan.section_note(node("none"), section="single", profile="ci")
     assert "ci-cpu" in note
@@ -108,19 +113,22 @@ def test_reference_hint_names_only_shipped_files():
     assert set(named) <= shipped and named, (named, shipped)
 
 
-def test_one_gpu_runs_one_gpu_and_offload_and_skips_what_needs_two():
+def test_one_gpu_runs_one_gpu_and_offload_and_simulates_what_needs_two():
+    """Issue 27: DDP and FSDP run as rank 0 of 4 alone on the one GPU (memory real, no communication); only the
+    two-node run, which needs 2 GPUs however it is played, is skipped."""
     steps, _ = decide_all("H100-80GB", MULTI)
-    for exp_id in ("ddp", "fsdp", "fsdp-bs8", "multi-node"):
-        assert not steps[exp_id].runs and steps[exp_id].expected_status == "skipped"
-        assert "needs at least 2 GPUs" in steps[exp_id].sentence
-        assert "reference results" in steps[exp_id].sentence
+    for exp_id in ("ddp", "ddp-course", "fsdp", "fsdp-course", "fsdp-bs8", "fsdp-grad-op"):
+        assert steps[exp_id].runs and steps[exp_id].simulate_world == 4, steps[exp_id]
+        assert "rank 0 of 4" in steps[exp_id].sentence and "no communication" in steps[exp_id].sentence
+    assert [e for e, s in steps.items() if not s.runs] == ["multi-node"]
+    assert "needs at least 2 GPUs" in steps["multi-node"].sentence and "reference results" in steps["multi-node"].sentence
     assert steps["one-gpu"].runs and steps["one-gpu"].expected_status == "ok"
     offload = steps["deepspeed-offload"]
     # 128 GiB of host RAM cannot hold the 13B's 16 B/param of offloaded optimizer: the 7B instead, said so
     assert offload.runs and offload.overrides["checkpoint_dir"].endswith("open_llama_7b")
     assert "runs the 7B" in offload.sentence
     note = node_plan.section_note(node("H100-80GB"), section="multi", profile="gpu")
-    assert "one-gpu" in note and "skipped" in note
+    assert "one-gpu" in note and "rank 0 of 4" in note and "two-node run" in note and "skipped" in note
 
 
 def test_four_h100s_run_the_whole_multi_gpu_section_as_defined():
@@ -297,7 +305,9 @@ def test_run_all_and_the_notebooks_make_the_same_decision_for_every_experiment(n
     monkeypatch.setattr(plans, "predict_experiment", lambda e, *, overrides=None, **kw: planner(e, overrides or {}))
     monkeypatch.setattr(plans, "oom_demo_overrides", lambda e, **kw: oom(e))
     ran: dict[str, tuple] = {}
-    monkeypatch.setattr(lab, "run_experiment", lambda e, **kw: ran.update({e: (True, kw["overrides"], None)}) or [])
+    simulated = {}
+    monkeypatch.setattr(lab, "run_experiment", lambda e, **kw: simulated.update({e: kw.get("simulate_world")})
+                        or ran.update({e: (True, kw["overrides"], None)}) or [])  # fmt: skip
     monkeypatch.setattr(lab, "record_skipped", lambda e, **kw: ran.update({e: (False, kw["overrides"], kw["reason"])}) or [])
 
     for section in ("single", "multi"):
@@ -308,10 +318,12 @@ def test_run_all_and_the_notebooks_make_the_same_decision_for_every_experiment(n
     for exp_id, step in notebook.items():
         runs, overrides, reason = ran[exp_id]
         assert (runs, overrides) == (step.runs, step.overrides), f"{name} {exp_id}: {ran[exp_id]} vs {step}"
+        assert simulated.get(exp_id) == (step.simulate_world if runs else None), (name, exp_id)
         if not runs:
             assert reason == step.sentence, (name, exp_id)
             continue
-        gate = decision.blocked(resolved(exp_id, profile, step.overrides), the_node)
+        run = resolve(exp_id, profile, step.overrides, check_files=False, simulate_world=step.simulate_world)
+        gate = decision.blocked(run, the_node)
         assert gate is None, (name, exp_id, step.overrides, gate)
     if name == "V100-32GB":  # the disagreement issue 29 found, now one answer
         assert ran["bf16-mixed"][0] and ran["bf16-mixed"][1]["precision"] == "16-mixed" and not ran["bf16-true"][0]

@@ -11,9 +11,11 @@ from typing import Any
 RANK_COLUMNS = (
     "experiment",
     "rank",
+    "simulated_world_size",
     "status",
     "strategy_used",
     "peak_alloc_gib",
+    "peak_tensor_gib",
     "peak_reserved_gib",
     "gpu_used_peak_gib",
     "host_rss_peak_gib",
@@ -23,15 +25,18 @@ RANK_COLUMNS = (
 )
 
 
-def prediction_text(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None) -> str:
-    """The planner's per-GPU and host predictions for ``exp_id`` here, or why there is none (never raises).
+def prediction_text(
+    exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None, simulate_world: int | None = None
+) -> str:
+    """The planner's per-GPU and host predictions for ``exp_id`` here, or why there is none (never raises);
+    ``simulate_world``: for rank 0 of that many ranks, as a simulated rank runs it.
 
     A prediction is advice shown before a run: a planner failure must not stop the student from running it.
     """
     from lab_helpers.predict import predict_experiment
 
     try:
-        plan = predict_experiment(exp_id, profile=profile, overrides=overrides)
+        plan = predict_experiment(exp_id, profile=profile, overrides=overrides, simulate_world=simulate_world)
     except Exception as exc:  # noqa: BLE001
         return f"{exp_id}: no prediction ({type(exc).__name__}: {exc})"
     lines = [f"{exp_id}: {plan.summary()}", f"  host RAM predicted: {plan.host_gib:.1f} GiB"]
@@ -41,8 +46,10 @@ def prediction_text(exp_id: str, *, profile: str, overrides: Mapping[str, Any] |
     return "\n".join(lines)
 
 
-def show_prediction(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None) -> None:
-    print(prediction_text(exp_id, profile=profile, overrides=overrides))
+def show_prediction(
+    exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None, simulate_world: int | None = None
+) -> None:
+    print(prediction_text(exp_id, profile=profile, overrides=overrides, simulate_world=simulate_world))
 
 
 def rank_rows(records: Sequence[Mapping[str, Any]]):
@@ -83,7 +90,10 @@ def check_records(records: Mapping[str, Sequence[Mapping[str, Any]]], expected: 
             from lab_helpers.experiments import resolve
 
             first = finished[0]
-            run = resolve(str(first["experiment"]), str(first["profile"]), first.get("overrides"), check_files=False)
+            run = resolve(
+                str(first["experiment"]), str(first["profile"]), first.get("overrides"), check_files=False,
+                simulate_world=first.get("simulated_world_size"),
+            )  # fmt: skip
             problems += [f"{exp_id} rank {r.get('rank')}: {p}" for r in finished for p in _ok_rank_problems(r, run)]
     return problems
 
@@ -100,8 +110,10 @@ def _ok_rank_problems(record: Mapping[str, Any], run) -> list[str]:
         )
     if not record.get("per_iteration") or not record.get("device_name"):
         problems.append("no per-iteration rows or no device name")
-    if record.get("world_size") != run.world_size:
-        problems.append(f"world size {record.get('world_size')}, the experiment asks for {run.world_size}")
+    if record.get("world_size") != run.ranks_run:  # a simulated rank: 1 process really run
+        problems.append(f"world size {record.get('world_size')}, the experiment asks for {run.ranks_run}")
+    if record.get("simulated_world_size") != run.simulated_world_size:
+        problems.append(f"simulated world {record.get('simulated_world_size')}, asked {run.simulated_world_size}")
     used = str(record.get("strategy_used") or "")
     wanted = strategy_words(run.experiment.strategy, run.options)
     missing = [w for w in wanted if w not in used]
