@@ -34,7 +34,10 @@ SIMULATED_BACKEND = "fake"
 
 def strategy_label(label: str, world_size: int) -> str:
     """``strategy_used`` of a simulated rank: what ran, and that it ran as rank 0 of ``world_size`` alone."""
-    return f"{label}; simulated rank 0 of {world_size} (fake process group, no communication)"
+    return (
+        f"{label}; simulated rank 0 of {world_size} (fake process group, no communication; the Trainer as node 0 of "
+        f"{world_size} one-device nodes)"
+    )
 
 
 class SimulatedRankEnvironment(LightningEnvironment):
