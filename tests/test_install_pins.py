@@ -145,6 +145,19 @@ def test_the_gpu_check_image_has_the_lab_images_cuda() -> None:
     assert cuda_of_image(check) == cuda_of_image(dockerfile_args()["CUDA_IMAGE"])
 
 
+def test_docker_installs_jupyter_through_the_notebooks_extra() -> None:
+    """One list of what opening the notebooks needs: the image installs the [notebooks] extra that run-lab.sh
+    installs outside Docker, and names none of its packages again (a second list would drift from the first)."""
+    lab_installs = [run for run in dockerfile_runs() if "pip install" in run and '".[' in run]
+    extras = {e for run in lab_installs for e in re.findall(r'"\.\[([\w,]+)\]"', run)[0].split(",")}
+    assert "notebooks" in extras, lab_installs
+    notebook_packages = {canonicalize_name(Requirement(r).name) for r in EXTRAS["notebooks"]} | {"ipywidgets"}
+    named = {canonicalize_name(Requirement(word).name) for run in lab_installs for word in shlex.split(run)
+             if re.match(r"^[A-Za-z][\w.-]*[<>=!~]", word)}  # fmt: skip
+    assert not named & notebook_packages, named & notebook_packages
+    assert "ipywidgets" in " ".join(PYPROJECT["project"]["dependencies"])  # the progress bar: a core dependency
+
+
 def test_docker_installs_the_lab_under_the_constraints() -> None:
     text = DOCKERFILE.read_text()
     assert re.search(r"^COPY scripts/constraints\.txt \S+$", text, re.M)
