@@ -1,125 +1,86 @@
-"""Imports flow one way: measure, predict and record below; orchestrate (lab) above them; present on top.
-
-Read from the modules' syntax trees (every import statement, module-level or inside a function, since a lazy
-import is still a dependency), not from their text: a comment or a string naming a module changes nothing.
-"""
+"""Imports flow one way: the layers in ``.importlinter``, checked by import-linter (a maintained tool) in the
+fast tier, plus what a static graph cannot show (what importing a lower layer pulls in at run time)."""
 
 from __future__ import annotations
 
-import ast
+import configparser
 import subprocess
 import sys
 from pathlib import Path
 
 import lab_helpers
 
-PACKAGE_DIR = Path(lab_helpers.__file__).parent
-
-PRESENTATION = {
-    "lab_helpers.__main__",
-    "lab_helpers.cli",
-    "lab_helpers.commands",
-    "lab_helpers.compare",
-    "lab_helpers.distributed.notebook",
-    "lab_helpers.doctor",
-    "lab_helpers.node_plan",
-    "lab_helpers.what_if",
-}
-"""What the notebooks and the command line show: may import anything."""
-
-ORCHESTRATION = {"lab_helpers.lab", "lab_helpers.reference"}
-"""What runs a section or exports its results: may import everything but the presentation."""
-
-BOTTOM = {"lab_helpers.record_schema", "lab_helpers.recipe_defaults", "lab_helpers.config_error"}
-"""Shared definitions every layer reads: import nothing of the lab."""
+ROOT = Path(__file__).resolve().parent.parent
+CONTRACTS = ROOT / ".importlinter"
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
-def _modules() -> dict[str, Path]:
-    modules = {}
-    for path in PACKAGE_DIR.rglob("*.py"):
-        parts = ("lab_helpers", *path.relative_to(PACKAGE_DIR).with_suffix("").parts)
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        modules[name] = path
-    return modules
+def _lint(config: Path, *, cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = None
+    if pythonpath is not None:
+        import os
+
+        env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(config), "--no-cache", "--no-logo"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
-def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                module = ".".join([*base, *([node.module] if node.module else [])])
-            else:
-                module = node.module or ""
-            for alias in node.names:  # `from pkg import submodule` imports the submodule
-                found.add(f"{module}.{alias.name}" if f"{module}.{alias.name}" in modules else module)
-    return {m for m in found if m in modules and m != name}
+def test_the_contracts_hold():
+    """Layers (every module named: exhaustive), no cycles between siblings, a planner that probes nothing."""
+    result = _lint(CONTRACTS, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "3 kept, 0 broken" in result.stdout
 
 
-def _graph() -> dict[str, set[str]]:
-    modules = _modules()
-    return {name: _imports(name, path, modules) for name, path in modules.items()}
+def test_every_module_has_a_layer():
+    """The contract is exhaustive over the package: a new module cannot stay outside the layers."""
+    config = configparser.ConfigParser()
+    config.read(CONTRACTS)
+    layers = config["importlinter:contract:layers"]
+    assert layers["containers"].split() == ["lab_helpers"] and layers.getboolean("exhaustive")
+    named = {name.strip() for line in layers["layers"].splitlines() for name in line.split(":") if name.strip()}
+    package = Path(lab_helpers.__file__).parent
+    children = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+    children |= {p.parent.name for p in package.glob("*/__init__.py")}
+    assert named == children
 
 
-def test_the_layers_exist():
-    modules = set(_modules())
-    assert PRESENTATION | ORCHESTRATION | BOTTOM <= modules, (PRESENTATION | ORCHESTRATION | BOTTOM) - modules
-
-
-def test_no_module_imports_a_layer_above_it():
-    wrong = []
-    for module, imported in _graph().items():
-        if module in BOTTOM and imported:
-            wrong.append(f"{module} (bottom) imports {sorted(imported)}")
-        if module not in PRESENTATION:
-            wrong += [f"{module} imports the presentation module {m}" for m in imported & PRESENTATION]
-        if module not in PRESENTATION | ORCHESTRATION:
-            wrong += [f"{module} imports the orchestration module {m}" for m in imported & ORCHESTRATION]
-    assert wrong == []
-
-
-def test_there_is_no_import_cycle():
-    graph = _graph()
-    cycles = []
-    for start in graph:  # a path from a module back to itself, found by a depth-first walk
-        stack, seen = [(start, (start,))], set()
-        while stack:
-            module, path = stack.pop()
-            for nxt in graph[module]:
-                if nxt == start:
-                    cycles.append(" -> ".join((*path, start)))
-                elif nxt not in seen:
-                    seen.add(nxt)
-                    stack.append((nxt, (*path, nxt)))
-    assert cycles == []
-
-
-def test_the_layers_hold_when_imported():
-    """The lower layers really import without pulling in the lab or its presentation (in a fresh interpreter)."""
+def test_the_lower_layers_pull_in_nothing_above_them_when_imported():
+    """At run time too: importing the recording, running and planning layers loads no presenting or
+    orchestration module (a module-level side effect the static graph would still allow is caught here)."""
+    config = configparser.ConfigParser()
+    config.read(CONTRACTS)
+    lines = [line for line in config["importlinter:contract:layers"]["layers"].splitlines() if line.strip()]
+    above = sorted(f"lab_helpers.{n.strip()}" for line in lines[:3] for n in line.split(":"))
     lower = ["lab_helpers.run_record", "lab_helpers.predict", "lab_helpers.launch", "lab_helpers.records"]
     code = (
         "import sys, importlib\n"
         f"for m in {lower!r}: importlib.import_module(m)\n"
-        f"print(sorted(m for m in sys.modules if m in {sorted(PRESENTATION | ORCHESTRATION)!r}))"
+        f"print(sorted(m for m in sys.modules if m in {above!r}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
-def test_the_walk_sees_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
-    """The checks above can fail: a module below the lab that imports it lazily is caught; a comment is not."""
-    fake = tmp_path / "lab_helpers"
-    (fake / "sub").mkdir(parents=True)
-    (fake / "__init__.py").write_text("")
-    (fake / "lab.py").write_text("from lab_helpers import records\n")
-    (fake / "records.py").write_text("def f():\n    from lab_helpers.lab import x  # lazy\n# import lab_helpers.compare\n")
-    (fake / "sub" / "__init__.py").write_text("from .. import records\n")
-    monkeypatch.setattr(sys.modules[__name__], "PACKAGE_DIR", fake)
-    graph = _graph()
-    assert graph["lab_helpers.records"] == {"lab_helpers.lab"}
-    assert graph["lab_helpers.sub"] == {"lab_helpers.records"}
-    assert "lab_helpers.compare" not in graph["lab_helpers.records"]
+def test_the_linter_catches_an_upward_import_and_a_cycle(tmp_path):
+    """The check can fail: a lower module that imports a higher one lazily (inside a function) is caught."""
+    package = tmp_path / "toy"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "top.py").write_text("from toy import bottom\n")
+    (package / "bottom.py").write_text("def f():\n    from toy import top  # lazy, still an import\n")
+    config = tmp_path / "contracts.ini"
+    config.write_text(
+        "[importlinter]\nroot_package = toy\n\n"
+        "[importlinter:contract:layers]\nname = toy layers\ntype = layers\ncontainers =\n    toy\n"
+        "exhaustive = true\nlayers =\n    top\n    bottom\n"
+    )
+    result = _lint(config, cwd=tmp_path, pythonpath=tmp_path)
+    assert result.returncode != 0
+    assert "toy.bottom is not allowed to import toy.top" in result.stdout
