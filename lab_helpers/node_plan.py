@@ -18,6 +18,7 @@ from lab_helpers.decision import (  # noqa: F401  (the notebooks and tests read 
     LAB_GPU_GIB,
     LOSS_SCALING,
     MULTI_RANK_STRATEGIES,
+    SIMULATED_WORLD,
     SMALLER_MODEL_SUBSTITUTES,
     Decision,
     NoPrediction,
@@ -40,7 +41,9 @@ class Step(Decision):
         from lab_helpers import lab
 
         if self.runs:
-            return lab.run_experiment(self.exp_id, profile=self.profile, overrides=self.overrides, **kwargs)
+            return lab.run_experiment(
+                self.exp_id, profile=self.profile, overrides=self.overrides, simulate_world=self.simulate_world, **kwargs
+            )
         return lab.record_skipped(self.exp_id, profile=self.profile, reason=self.sentence, overrides=self.overrides)
 
 
@@ -82,13 +85,15 @@ def section_note(node: Mapping[str, Any], *, section: str, profile: str) -> str:
     if profile == "ci":
         return (
             "ci profile: every experiment runs on tiny CPU stand-ins (QLoRA and 8-bit AdamW, bitsandbytes' CUDA "
-            "kernels, are skipped); "
+            "kernels, are skipped); section 02's multi-GPU runs are rank 0 of 4 simulated alone on the CPU (memory "
+            "real, no communication), the two-node run 2 real processes over loopback; "
             f"{reference_hint()}"
         )
     if section == "multi" and len(gpus) < 2:
         return (
-            f"{gpu_words(node)}: this section runs what one GPU can show (one-gpu, DeepSpeed offload); DDP, FSDP "
-            f"and the two-node run need at least 2 GPUs and are recorded as skipped. {reference_hint()}"
+            f"{gpu_words(node)}: this section runs one-gpu and DeepSpeed offload for real; DDP and FSDP run as rank 0 "
+            f"of {SIMULATED_WORLD} simulated alone on this GPU (its memory real; time without communication, and no "
+            f"communication measured); the two-node run needs 2 GPUs and is recorded as skipped. {reference_hint()}"
         )
     route = "" if bf16_native(node) else f"; no native bf16: bf16 experiments run in {FP16_ROUTE}, {LOSS_SCALING}"
     return f"{gpu_words(node)}{route}: each cell says whether its experiment runs as defined, smaller, or not"
