@@ -530,3 +530,71 @@ def test_a_run_whose_warm_server_died_is_an_error_with_the_cause(tmp_path, monke
     assert outcome.process_start == "warm" and outcome.exit_cause
     status, reason, _ = _status({"status": "interrupted", "error": "KeyboardInterrupt"}, outcome, launched=True)
     assert status == "error" and "warm server" in reason
+
+
+# ----------------------------------------------------- issue 31, "Done when": the reproductions end to end
+
+
+@pytest.mark.slow
+def test_run_piped_into_head_stores_an_ok_record(ci_assets, results, tmp_path):
+    """The issue's own line, through a real shell pipe: `run grad-accum --set train.max_steps=10 | head -3`.
+    head exits after 3 lines (the prediction, before training); the CLI's next echo meets a closed pipe."""
+    err = tmp_path / "stderr.txt"
+    command = " ".join(cli("run", "grad-accum", "--set", "train.max_steps=10"))
+    shell = f'{command} 2>{err} | head -3; echo "exit ${{PIPESTATUS[0]}}"'
+    out = subprocess.run(
+        ["bash", "-c", shell], capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, "LAB_PROFILE": "ci"}
+    )
+    shown = out.stdout.splitlines()
+    assert len(shown) == 4 and shown[-1] == "exit 0", out.stdout + err.read_text()[-2000:]
+    assert "Traceback" not in err.read_text(), err.read_text()[-2000:]
+    [record] = read_records(results / "runs.jsonl")
+    assert record["status"] == "ok" and record["experiment"] == "grad-accum"
+    assert record["warmup_iterations"] + record["iterations"] == 10 * 4  # every step ran: 10 of 4 micro-batches
+    assert not _wait_gone(record["run_id"], 5)
+
+
+@pytest.mark.slow
+def test_a_hang_up_during_training_records_the_signal_and_leaves_nothing_running(ci_assets, results, tmp_path):
+    """`kill -HUP` on the CLI, the signal an SSH disconnect sends: the run is ended as for SIGTERM and recorded."""
+    with open(tmp_path / "out.txt", "wb") as out:
+        proc = subprocess.Popen(
+            cli("run", "grad-accum", "--profile", "ci", "--set", "train.max_steps=10000"),
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        run_dir = _wait_for_iter(results)
+        proc.send_signal(signal.SIGHUP)
+        proc.wait(timeout=120)
+    said = (tmp_path / "out.txt").read_text(errors="replace")
+    assert proc.returncode == 130 and "Traceback" not in said, said[-2000:]
+    [record] = read_records(results / "runs.jsonl")
+    assert record["status"] == "interrupted" and record["run_id"] == run_dir.name
+    assert "SIGHUP" in record["reason"], record["reason"]
+    assert not _wait_gone(str(results), 5)  # the training process and any worker: their command lines name it
+
+
+@pytest.mark.slow
+def test_an_unopenable_results_file_sends_the_record_to_a_fallback_that_merges_back(ci_assets, results, tmp_path):
+    """runs.jsonl becomes a directory while the run trains (as a slip or a `sudo` run leaves it): the record lands
+    in runs.<run_id>.jsonl, one line names that file and merge-records, and merge-records brings it back."""
+    err_path = tmp_path / "stderr.txt"
+    with open(err_path, "wb") as err:
+        proc = subprocess.Popen(
+            cli("run", "grad-accum", "--profile", "ci", "--set", "train.max_steps=8", "--quiet"),
+            stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+        )  # fmt: skip
+        run_dir = _wait_for_iter(results)
+        (results / "runs.jsonl").unlink(missing_ok=True)
+        (results / "runs.jsonl").mkdir()
+        proc.wait(timeout=300)
+    said = err_path.read_text(errors="replace")
+    fallback = results / f"runs.{run_dir.name}.jsonl"
+    assert proc.returncode == 0 and "Traceback" not in said, said[-2000:]
+    [line] = [line for line in said.splitlines() if "merge-records" in line]
+    assert str(fallback) in line and "directory" in line, line
+    [record] = read_records(fallback)
+    assert record["status"] == "ok" and record["run_id"] == run_dir.name
+    (results / "runs.jsonl").rmdir()
+    merged = subprocess.run(cli("merge-records", str(fallback)), capture_output=True, text=True, timeout=120)
+    assert merged.returncode == 0, merged.stderr
+    assert [r["run_id"] for r in read_records(results / "runs.jsonl")] == [run_dir.name] and not fallback.exists()
