@@ -63,6 +63,15 @@ FSDP_IMPLS = ("auto", "fsdp1", "fsdp2")
 OFFLOADING_STRATEGIES = ("deepspeed-zero2", "deepspeed-zero3")
 """Strategies that can move the optimizer to the host (the planner models offload for these only)."""
 
+# DeepSpeed ZeRO buckets, in elements: the lab's DeepSpeed config writes them out (distributed.deepspeed_config)
+# and the planner sizes the same buffers from them (planner.analytic), so the run and its prediction cannot part.
+DS_REDUCE_BUCKET_NUMEL = 200_000_000
+"""``reduce_bucket_size``: gradients leave through it (Lightning's value; DeepSpeed's own default is 5e8)."""
+DS_ALLGATHER_BUCKET_NUMEL = 200_000_000
+"""ZeRO-2's ``allgather_bucket_size``: updated weights come back through it."""
+DS_PREFETCH_BUCKET_NUMEL = 50_000_000
+"""ZeRO-3's ``stage3_prefetch_bucket_size`` (DeepSpeed's default, written out for the student)."""
+
 
 def launch_options(strategy: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
     """An experiment's ``options`` over ``LAUNCH_OPTION_DEFAULTS``, every default made concrete."""

@@ -13,7 +13,7 @@ import pytest
 import torch
 from node_fixtures import node
 
-from lab_helpers import arithmetic, commands, node_plan
+from lab_helpers import arithmetic, commands, node_plan, recipe_defaults
 from lab_helpers.activation_checkpointing import checkpoint_blocks
 from lab_helpers.distributed import build_command, deepspeed_config
 from lab_helpers.distributed.deepspeed_config import CPU_ADAM_CLASS, optimizer_class_path
@@ -21,7 +21,6 @@ from lab_helpers.distributed.strategies import make_strategy
 from lab_helpers.experiments import load_experiments, resolve
 from lab_helpers.lab import predict_experiment
 from lab_helpers.launch import launcher_for
-from lab_helpers.planner import analytic
 from lab_helpers.planner.errors import PlanError
 from lab_helpers.planner.optim8bit import AdamW8bitStandIn, bytes_per_param, state_bytes
 from lab_helpers.planner.spec import spec_from_recipe
@@ -214,8 +213,8 @@ def test_zero2_config_has_stage_2_the_planners_buckets_and_cpu_adam():
     config = deepspeed_config(recipe, world_size=4, stage=2)
     zero = config["zero_optimization"]
     assert zero["stage"] == 2 and not any(k.startswith("stage3") for k in zero)
-    assert zero["reduce_bucket_size"] == analytic.DS_REDUCE_BUCKET_NUMEL
-    assert zero["allgather_bucket_size"] == analytic.DS_ALLGATHER_BUCKET_NUMEL
+    assert zero["reduce_bucket_size"] == recipe_defaults.DS_REDUCE_BUCKET_NUMEL
+    assert zero["allgather_bucket_size"] == recipe_defaults.DS_ALLGATHER_BUCKET_NUMEL
     assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
     assert (
         optimizer_class_path(recipe, strategy="deepspeed-zero2", offload_optimizer=True, on_cuda=True) == CPU_ADAM_CLASS

@@ -43,7 +43,7 @@ def deepspeed_config(
     train = recipe.get("train") or {}
     if stage not in (2, 3):
         raise ValueError(f"ZeRO stage {stage!r}: the lab runs stage 2 or 3")
-    from lab_helpers.planner.analytic import DS_ALLGATHER_BUCKET_NUMEL, DS_REDUCE_BUCKET_NUMEL
+    from lab_helpers.recipe_defaults import DS_ALLGATHER_BUCKET_NUMEL, DS_PREFETCH_BUCKET_NUMEL, DS_REDUCE_BUCKET_NUMEL
 
     # gradients leave through a reduce bucket of this many elements, allocated at start whatever the model's size
     # (written out, so the planner and the run use the same one: DeepSpeed's own default is 5e8 for stage 3)
@@ -55,7 +55,9 @@ def deepspeed_config(
     }
     if stage == 3:
         # gather / release parameters per module; these are DeepSpeed's defaults written out for the student
-        zero.update({"stage3_prefetch_bucket_size": 50_000_000, "stage3_param_persistence_threshold": 100_000})
+        zero.update(
+            {"stage3_prefetch_bucket_size": DS_PREFETCH_BUCKET_NUMEL, "stage3_param_persistence_threshold": 100_000}
+        )
     else:
         # updated weights come back through all-gather buckets
         zero["allgather_bucket_size"] = DS_ALLGATHER_BUCKET_NUMEL

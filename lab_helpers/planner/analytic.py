@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lab_helpers.recipe_defaults import DS_ALLGATHER_BUCKET_NUMEL, DS_PREFETCH_BUCKET_NUMEL, DS_REDUCE_BUCKET_NUMEL
 from lab_helpers.record_schema import GIB
 
 from .accounting import Phase
@@ -53,10 +54,9 @@ def offload_host_bytes(total_numel: int, trainable_numel: int, devices: int) -> 
     return _host_bytes(total_numel, devices, OFFLOADED_BYTES_PER_TRAINABLE_PARAM * trainable_numel)
 
 
-# DeepSpeed ZeRO-3 knobs as Lightning's DeepSpeedStrategy / DeepSpeed set them by default.
-DS_REDUCE_BUCKET_NUMEL = 200_000_000  # Lightning reduce_bucket_size
-DS_PREFETCH_BUCKET_NUMEL = 50_000_000  # stage3_prefetch_bucket_size
-DS_MAX_LIVE_PARAMETERS = 1_000_000_000  # stage3_max_live_parameters
+# DeepSpeed's own stage3_max_live_parameters (not written into the lab's config); the buckets the config does
+# write out are the run's settings, read from recipe_defaults.
+DS_MAX_LIVE_PARAMETERS = 1_000_000_000
 
 
 @dataclass
@@ -238,9 +238,6 @@ def _deepspeed_worst(
             f"in host memory across {spec.devices} ranks{note}"
         )
     return best
-
-
-DS_ALLGATHER_BUCKET_NUMEL = 200_000_000  # ZeRO-2 allgather_bucket_size (the lab's config writes it out)
 
 
 def deepspeed_zero2(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
