@@ -19,13 +19,13 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from lab_helpers.gpu_peaks import dense_peak_flops
-from lab_helpers.recipe_defaults import lora_defaults
+from lab_helpers.recipe_defaults import LORA_LAYER_KEYS, lora_defaults
 
 if TYPE_CHECKING:
     import litgpt
 
 METHODS = ("full", "lora", "qlora")
-LORA_LAYERS = ("query", "key", "value", "projection", "mlp", "head")
+LORA_LAYERS = tuple(key.removeprefix("lora_") for key in LORA_LAYER_KEYS)  # query, key, value, ... head
 
 
 def train_flops_per_step(

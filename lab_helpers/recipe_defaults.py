@@ -13,17 +13,10 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-LORA_KEYS: tuple[str, ...] = (
-    "lora_r",
-    "lora_alpha",
-    "lora_dropout",
-    "lora_query",
-    "lora_key",
-    "lora_value",
-    "lora_projection",
-    "lora_mlp",
-    "lora_head",
-)
+LORA_LAYER_KEYS: tuple[str, ...] = ("lora_query", "lora_key", "lora_value", "lora_projection", "lora_mlp", "lora_head")
+"""``litgpt finetune_lora``'s switches: which layers get adapters."""
+
+LORA_KEYS: tuple[str, ...] = ("lora_r", "lora_alpha", "lora_dropout", *LORA_LAYER_KEYS)
 """The LoRA settings of ``litgpt finetune_lora`` that change what trains."""
 
 

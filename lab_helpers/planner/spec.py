@@ -40,16 +40,6 @@ Strategy = Literal["single", "ddp", "fsdp", "deepspeed-zero2", "deepspeed-zero3"
 
 STRATEGIES: tuple[str, ...] = ("single", "ddp", "fsdp", "deepspeed-zero2", "deepspeed-zero3")
 DEEPSPEED_STRATEGIES: tuple[str, ...] = ("deepspeed-zero2", "deepspeed-zero3")
-# litgpt.finetune.lora.setup's LoRA switches: which layers get adapters.
-LORA_LAYER_KEYS: tuple[str, ...] = (
-    "lora_query",
-    "lora_key",
-    "lora_value",
-    "lora_projection",
-    "lora_mlp",
-    "lora_head",
-)
-# litgpt.finetune.lora.setup defaults, used when a recipe leaves a LoRA key out (one place: recipe_defaults).
 # bitsandbytes' 8-bit AdamW (``bitsandbytes.optim.AdamW8bit`` / ``PagedAdamW8bit``): both moments in 8 bits.
 EIGHT_BIT_OPTIMIZERS: tuple[str, ...] = ("AdamW8bit", "PagedAdamW8bit")
 OPTIMIZERS: tuple[str, ...] = ("AdamW", "Adam", "SGD", "DeepSpeedCPUAdam", *EIGHT_BIT_OPTIMIZERS)
