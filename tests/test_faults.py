@@ -598,3 +598,41 @@ def test_an_unopenable_results_file_sends_the_record_to_a_fallback_that_merges_b
     merged = subprocess.run(cli("merge-records", str(fallback)), capture_output=True, text=True, timeout=120)
     assert merged.returncode == 0, merged.stderr
     assert [r["run_id"] for r in read_records(results / "runs.jsonl")] == [run_dir.name] and not fallback.exists()
+
+
+def _address_space_cap(gib: int):
+    def cap() -> None:  # a safety net for the machine: before the fix this plan took 19.6 GB in a minute
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (gib << 30, gib << 30))
+
+    return cap
+
+
+@pytest.mark.slow
+def test_plan_with_micro_batch_1e9_answers_in_bounded_time_and_memory(ci_assets):
+    """The issue's `plan ... micro_batch_size=1000000000 global_batch_size=1000000000`: answered from two traces at
+    small batches (marked approximate), under an 8 GiB address-space cap and well inside two minutes."""
+    big = "1000000000"
+    out = subprocess.run(
+        cli("plan", "configs/ci/ci-llama-xs/full.yaml", "--set", f"train.micro_batch_size={big}",
+            "--set", f"train.global_batch_size={big}"),
+        capture_output=True, text=True, timeout=120, cwd=REPO, preexec_fn=_address_space_cap(8),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"micro-batch {big} continued along the line" in out.stdout and "(approximate)" in out.stdout
+
+
+@pytest.mark.slow
+def test_a_relative_lab_results_started_elsewhere_records_ok_in_that_folder(ci_assets, tmp_path):
+    """`cd /tmp && LAB_RESULTS=rel python -m lab_helpers run ...` recorded every run as error: the child runs in the
+    checkout and resolved `rel` there."""
+    env = {**os.environ, "LAB_RESULTS": "rel", "PYTHONPATH": str(REPO), "LAB_PROFILE": "ci"}
+    out = subprocess.run(
+        cli("run", "grad-accum", "--set", "train.max_steps=2", "--quiet"),
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    [record] = read_records(tmp_path / "rel" / "runs.jsonl")
+    assert record["status"] == "ok" and (tmp_path / "rel" / record["timeline_path"]).is_file()
+    assert not (REPO / "rel").exists()
