@@ -180,13 +180,21 @@ def terms_table(config: Any, precision: str):
     return pd.DataFrame(rows).astype(dict.fromkeys(counts, "Int64"))  # whole numbers, the total row blank
 
 
-def _spec(exp_id: str, profile: str, overrides: Mapping[str, Any] | None, gpu_memory_gib: float | None):
-    """The planner's spec for an experiment as the run would give it (``predict.planner_inputs``)."""
+def experiment_spec(
+    exp_id: str,
+    profile: str,
+    overrides: Mapping[str, Any] | None = None,
+    gpu_memory_gib: float | None = None,
+    *,
+    device: str | None = None,
+):
+    """The planner's spec for an experiment as the run would give it (``predict.planner_inputs``); ``device``
+    defaults to the profile's (a CPU for ci, CUDA for gpu)."""
     from lab_helpers.arithmetic import resolved
     from lab_helpers.planner.spec import spec_from_recipe
     from lab_helpers.predict import planner_inputs
 
-    device = "cpu" if profile == "ci" else "cuda"
+    device = device or ("cpu" if profile == "ci" else "cuda")
     inputs = planner_inputs(resolved(exp_id, profile, overrides), gpu_memory_gib, device=device)
     return spec_from_recipe(inputs.pop("recipe"), **inputs)
 
@@ -206,7 +214,7 @@ def compare_with_planner(
 
     rows = []
     for exp_id, overrides in runs.items():
-        spec = _spec(exp_id, profile, overrides, gpu_memory_gib)
+        spec = experiment_spec(exp_id, profile, overrides, gpu_memory_gib)
         by_hand = estimate(spec.model_config, spec.precision, spec.micro_batch_size, spec.seq_len)
         forward = max(p.by_category.get("activations", 0) for p in trace(spec).phases if p.kind == "fwd")
         bar = predict(spec).breakdown_gib["activations"]
@@ -232,7 +240,7 @@ def experiment_terms(
     exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None
 ):
     """``terms_table`` for the model and precision an experiment runs with on ``profile``."""
-    spec = _spec(exp_id, profile, overrides, None)
+    spec = experiment_spec(exp_id, profile, overrides)
     return terms_table(spec.model_config, spec.precision)
 
 

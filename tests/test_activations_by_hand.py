@@ -36,7 +36,7 @@ def full_7b_spec():
     from lab_helpers.assets import prepare_ci
 
     prepare_ci(progress=lambda *_: None)
-    return by_hand._spec("full-7b", "ci", None, None)
+    return by_hand.experiment_spec("full-7b", "ci")
 
 
 @pytest.mark.parametrize("precision", ["32-true", "bf16-true"])
