@@ -106,6 +106,7 @@ class Fault:
         def child_setup() -> None:
             # as from a terminal: a shell's background job (nohup ... &) starts with SIGINT ignored, inherited here
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.signal(signal.SIGHUP, signal.SIG_DFL)  # and SIGHUP, which nohup ignores (inherited, and honoured)
             if preexec is not None:
                 preexec()
 

@@ -110,6 +110,8 @@ def run_experiment(
     from lab_helpers.node import describe_node
     from lab_helpers.time_limit import time_limit_s as run_time_limit_s
 
+    # first, creating nothing: a full disk must be one line before resolve() imports what needs a temporary folder
+    check_results_folder(results_file(results_path), create=False)
     node = describe_node()  # once per run: the profile check, the hardware check and the record all use it
     profile = profile or default_profile(node)
     if isinstance(overrides, list):

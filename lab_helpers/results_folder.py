@@ -9,6 +9,7 @@ file: ``records.store_records``.)
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -22,20 +23,32 @@ SPECIAL_ROOTS = ("/proc", "/sys", "/dev")
 _FIX = "set LAB_RESULTS to a folder you can write, e.g. LAB_RESULTS=$HOME/lab-results"
 
 
-def check_results_folder(results_file: Path) -> None:
+def check_results_folder(results_file: Path, *, create: bool = True) -> None:
     """Raise LabConfigError (one line) unless a run's folder and its record can be written under ``results_file``'s
-    folder: a real, writable folder with room, and a results file that is a regular file (or not there yet)."""
+    folder: a real, writable folder with room, and a results file that is a regular file (or not there yet).
+
+    ``create=False`` creates nothing: where the folder is not there yet, the nearest folder above it is probed
+    instead. ``run_experiment`` asks so first, before the recipe is resolved -- resolving imports litgpt, whose
+    dependencies need a temporary directory that a full disk does not give -- and a refused ``--set`` value then
+    still leaves nothing behind."""
     folder = results_file.parent
     real = os.path.realpath(folder)
     if any(real == root or real.startswith(root + "/") for root in SPECIAL_ROOTS):
         raise LabConfigError(f"results folder {folder} is on a special file system ({real}); {_FIX}")
+    probed = folder
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        if create:
+            folder.mkdir(parents=True, exist_ok=True)
+        else:
+            while not probed.is_dir() and probed != probed.parent:
+                if os.path.lexists(probed):  # a file where a folder is needed
+                    raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(probed))
+                probed = probed.parent
     except OSError as exc:
         raise LabConfigError(f"results folder {folder} cannot be created: {describe_os_error(exc)}; {_FIX}") from None
     try:
-        free = shutil.disk_usage(folder).free
-        _probe_write(folder)
+        free = shutil.disk_usage(probed).free
+        _probe_write(probed)
     except OSError as exc:
         raise LabConfigError(f"results folder {folder} cannot be written: {describe_os_error(exc)}; {_FIX}") from None
     if free < MIN_FREE_BYTES:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -439,19 +440,18 @@ def test_an_unusable_results_folder_is_one_line_before_anything_starts(where, tm
 
 
 def test_a_full_disk_at_start_is_one_line_and_leaves_no_run_folder(results):
-    """RLIMIT_FSIZE=0 stands for a full disk (a CPU test cannot fill one): the probe write fails at once."""
-    script = textwrap.dedent(
-        """
-        import resource, signal, tempfile
-        import lab_helpers.lab, torch  # imported first: their start-up caches need a temporary file
-        tempfile.gettempdir()
-        from lab_helpers.cli import main
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    """RLIMIT_FSIZE=0 stands for a full disk (a CPU test cannot fill one): the probe write fails at once. The limit
+    holds from the CLI's first instruction, as a full disk would: no temporary directory works either, so importing
+    litgpt's dependencies (torchmetrics asks tempfile for one) fails -- the folder is checked before that."""
+
+    def full_disk() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write fails with EFBIG, as on a full disk
         resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
-        raise SystemExit(main(["run", "grad-accum", "--profile", "ci"]))
-        """
-    )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=300)
+
+    out = subprocess.run(
+        cli("run", "grad-accum", "--profile", "ci"), capture_output=True, text=True, cwd=REPO, timeout=300,
+        preexec_fn=full_disk,
+    )  # fmt: skip
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and "cannot be written" in lines[0], out.stderr
     assert not (results / "runs").exists()
@@ -554,13 +554,19 @@ def test_run_piped_into_head_stores_an_ok_record(ci_assets, results, tmp_path):
     assert not _wait_gone(record["run_id"], 5)
 
 
+def _hangup_as_in_a_terminal() -> None:
+    """A suite started under nohup hands SIGHUP ignored to the CLI, which then rightly keeps running; a terminal's
+    process has the default."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_a_hang_up_during_training_records_the_signal_and_leaves_nothing_running(ci_assets, results, tmp_path):
     """`kill -HUP` on the CLI, the signal an SSH disconnect sends: the run is ended as for SIGTERM and recorded."""
     with open(tmp_path / "out.txt", "wb") as out:
         proc = subprocess.Popen(
             cli("run", "grad-accum", "--profile", "ci", "--set", "train.max_steps=10000"),
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_hangup_as_in_a_terminal,
         )  # fmt: skip
         run_dir = _wait_for_iter(results)
         proc.send_signal(signal.SIGHUP)
