@@ -389,7 +389,7 @@ def _decide_ci(exp_id: str, node: Mapping[str, Any], profile: str) -> Decision:
             f"2 CPU ranks); {SIMULATED_WORDS.format(n=world)}",
             world,
         )  # fmt: skip
-    where = "2 CPU processes over gloo play the GPUs" if run.experiment.section == "multi" else "on the CPU"
+    where = "2 CPU processes over gloo play the nodes" if run.experiment.num_nodes > 1 else "on the CPU"
     return Decision(
         exp_id,
         profile,
@@ -672,7 +672,11 @@ def sections_runnable(node: Mapping[str, Any]) -> dict[str, tuple[bool, str]]:
         result["multi"] = (True, f"{n} GPUs over {node.get('interconnect') or 'unknown interconnect'}")
     else:
         found = "one GPU" if n == 1 else "no GPU"
-        result["multi"] = (False, f"{found}: DDP/FSDP need >= 2 GPUs; the ci profile runs them on 2 CPU processes")
+        result["multi"] = (
+            False,
+            f"{found}: DDP/FSDP need >= 2 GPUs to run for real; here 02 runs them as rank 0 of {SIMULATED_WORLD} "
+            f"simulated alone on {'the GPU' if n else 'the CPU (the ci profile)'} (memory real, no communication)",
+        )
 
     result[OFFLOAD_EXPERIMENT] = _offload_section(node)
     result["multi-node"] = (
