@@ -15,6 +15,8 @@
 #   --full            full runs instead of quick mode (LAB_QUICK=1 is the default here)
 #   --set KEY=VALUE   a recipe override for every experiment of this call (repeatable), e.g. the model that the
 #                     host-RAM gate names for deepspeed-offload: --set checkpoint_dir=checkpoints/openlm-research/open_llama_7b
+#   --simulate-world N  run each (multi-GPU) experiment as rank 0 of a world of N on this one GPU (run --simulate-world)
+#   --profile-steps N   capture a torch.profiler trace of N steady steps of each run (run --profile-steps)
 #   EXPERIMENT...     ids of configs/experiments/*.yaml, run in this order on the gpu profile
 #
 # Results go to $LAB_RESULTS (default: results-gpu/ in the checkout). Unpack the tarballs of several calls into
@@ -25,7 +27,7 @@ set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo" || exit 1
 
-models="" deadline_s=0 pack="" wheels="" quick=1 experiments=() sets=()
+models="" deadline_s=0 pack="" wheels="" quick=1 experiments=() sets=() passed=()
 while (($#)); do
     case "$1" in
         --models) models="$2"; shift 2 ;;
@@ -35,7 +37,10 @@ while (($#)); do
         --full) quick=0; shift ;;
         --set) [[ ${2:-} == *=* ]] || { echo "gpu-measure: --set ${2:-}: give KEY=VALUE" >&2; exit 2; }
                sets+=(--set "$2"); shift 2 ;;
-        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        --simulate-world|--profile-steps)
+               [[ ${2:-} =~ ^[0-9]+$ ]] || { echo "gpu-measure: $1 ${2:-}: give a whole number" >&2; exit 2; }
+               passed+=("$1" "$2"); shift 2 ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
         -*) echo "gpu-measure: unknown option $1 (see --help)" >&2; exit 2 ;;
         *) experiments+=("$1"); shift ;;
     esac
@@ -92,7 +97,8 @@ for experiment in "${experiments[@]}"; do
         limit=(--time-limit "$((left - 10))")  # 10 s to end the run and pack
     fi
     t0=$SECONDS
-    "$python" -m lab_helpers run "$experiment" --profile "$LAB_PROFILE" --quiet "${limit[@]}" "${sets[@]}" 2>&1 |
+    "$python" -m lab_helpers run "$experiment" --profile "$LAB_PROFILE" --quiet "${limit[@]}" "${sets[@]}" \
+        "${passed[@]}" 2>&1 |
         tail -n 2 | tee -a "$log"
     say "$experiment: exit ${PIPESTATUS[0]} after $((SECONDS - t0)) s"
 done

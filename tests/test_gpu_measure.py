@@ -57,6 +57,7 @@ def test_the_deadline_starts_nothing_more_and_still_packs(tmp_path: Path) -> Non
     (("--bogus", "small-batch"), "unknown option --bogus"),
     (("--set", "seed", "small-batch"), "--set seed: give KEY=VALUE"),
     (("--wheels", "/nonexistent", "small-batch"), "holds no wheels"),
+    (("--simulate-world", "four", "fsdp"), "--simulate-world four: give a whole number"),
 ])
 def test_bad_input_is_one_line_and_packs_nothing(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
     out = _measure(tmp_path, *args)
