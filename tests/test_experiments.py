@@ -28,7 +28,8 @@ def test_every_experiment_resolves_to_a_valid_recipe(profile):
     for exp_id in load_experiments("single"):
         run = resolve(exp_id, profile, check_files=False)
         assert run.recipe_path.is_file()
-        assert run.litgpt_command == ("finetune_lora" if "lora" in exp_id else "finetune_full")
+        adapters = run.recipe_path.stem in ("lora", "qlora")  # the recipe file says what trains (fill-gpu is LoRA)
+        assert run.litgpt_command == ("finetune_lora" if adapters else "finetune_full")
 
 
 def test_overrides_reach_the_recipe_and_experiment_settings_win_over_the_recipe():

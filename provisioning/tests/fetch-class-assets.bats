@@ -70,7 +70,7 @@ setup() {
 }
 
 @test "--models with no model in it (a lone comma, empty) is one usage line, not a bash error" {
-    for list in , "" ",,"; do
+    for list in "," "" ",,"; do
         run "$SCRIPT" --models "$list" --dry-run
         [ "$status" -eq 2 ]
         [[ $output == *"--models needs at least one model"* ]]
