@@ -505,7 +505,11 @@ def test_a_run_whose_warm_server_died_is_an_error_with_the_cause(tmp_path, monke
     from lab_helpers.run_record import _status
     from lab_helpers.warm_start import WarmStarter
 
-    (tmp_path / "probe.py").write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(120)\n")
+    # armed as every training process is (orphan_guard): the run ends when its parent, the server, dies
+    (tmp_path / "probe.py").write_text(
+        "import time\nfrom lab_helpers.orphan_guard import die_with_parent\ndie_with_parent()\n"
+        "print('sleeping', flush=True)\ntime.sleep(120)\n"
+    )
     monkeypatch.setattr(warm_start, "_starter", WarmStarter(preload=("json",)))
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     monkeypatch.delenv(warm_start.WARM_START_ENV, raising=False)
