@@ -137,7 +137,9 @@ def quick_overrides(train: Mapping[str, Any], ranks: int, *, stopping_rule: bool
     The warm-up of the learning rate changes no tensor's size and no kernel, so shortening it changes neither
     time nor memory; litgpt requires it to be shorter than ``max_steps``.
     """
-    accumulation = train["global_batch_size"] // (train["micro_batch_size"] * ranks)
+    from lab_helpers.experiments import gradient_accumulation_steps  # the one definition; here only when launching
+
+    accumulation = gradient_accumulation_steps({"train": train}, world_size=ranks)
     steps = quick_max_steps(accumulation, stopping_rule=stopping_rule)
     if train.get("max_steps") is not None and train["max_steps"] <= steps:
         return {}  # already as short as a quick run

@@ -538,7 +538,10 @@ def measured_step(record: Mapping[str, Any]) -> dict[str, float] | None:
     if record.get("status") != "ok" or not iterations or not train_s or not padded or not micro:
         return None
     devices = int(record.get("world_size") or 1)
-    accumulation = max(1, int(train.get("global_batch_size", micro)) // (int(micro) * devices))
+    from lab_helpers.experiments import gradient_accumulation_steps
+
+    batch = {"micro_batch_size": micro, "global_batch_size": train.get("global_batch_size", micro)}
+    accumulation = gradient_accumulation_steps({"train": batch}, world_size=devices)
     steady_s = steady_train_s(record) or float(train_s)
     micro_s = steady_s / int(iterations)
     return {
