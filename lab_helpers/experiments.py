@@ -9,12 +9,7 @@ not a process start and a traceback.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import datetime as dt
-import difflib
-import importlib
-import importlib.util
-import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,10 +18,10 @@ from typing import Any
 
 import yaml
 
-from lab_helpers.config_error import LabConfigError, setup_function
+from lab_helpers.config_error import LabConfigError, did_you_mean
 from lab_helpers.paths import checkpoints_dir, configs_dir, data_dir, lab_home
 from lab_helpers.recipe_defaults import launch_options
-from lab_helpers.record_schema import LAUNCHERS, LEGACY_KIND_TO_LAUNCHER, PRECISIONS
+from lab_helpers.record_schema import LAUNCHERS, LEGACY_KIND_TO_LAUNCHER
 from lab_helpers.secrets import redact_mapping
 
 PROFILES = ("ci", "gpu")
@@ -159,7 +154,7 @@ def load_experiments(section: str | None = None) -> dict[str, Experiment]:
 def get_experiment(exp_id: str) -> Experiment:
     experiments = load_experiments()
     if exp_id not in experiments:
-        raise LabConfigError(f"unknown experiment {exp_id!r}{_did_you_mean(exp_id, experiments)}")
+        raise LabConfigError(f"unknown experiment {exp_id!r}{did_you_mean(exp_id, experiments)}")
     return experiments[exp_id]
 
 
@@ -175,15 +170,6 @@ def _read_yaml(path: Path) -> Any:
     pure-Python parser took 0.4 s of each."""
     with open(path) as fh:
         return yaml.load(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # a safe loader
-
-
-def _did_you_mean(word: str, choices, *, tight: bool = False) -> str:
-    """' (did you mean X?)' with the closest choice (difflib), else the known ones; ``tight``: the choices are too
-    many to list, so nothing is added when none is close."""
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    if close:
-        return f" (did you mean {close[0]!r}?)"
-    return "" if tight else f"; known: {', '.join(sorted(choices))}"
 
 
 # ----------------------------------------------------------------------------------------------- overrides
@@ -262,88 +248,7 @@ def _optimizer_class_path(name: str) -> str:
     return name if "." in name else f"torch.optim.{name}"
 
 
-# ----------------------------------------------------------------------------------------------- validation
-
-
-def check_recipe_keys(recipe: Mapping[str, Any], command: str) -> None:
-    """Reject keys litgpt's ``setup`` would reject, naming the key and the closest valid one."""
-    from litgpt.args import EvalArgs, LogArgs, TrainArgs
-
-    params = inspect.signature(setup_function(command)).parameters
-    groups = {"train": TrainArgs, "eval": EvalArgs, "log": LogArgs}
-    # every key as --set spells it, so that a suggestion is one to copy: 'train.micro_batch_size', and a
-    # nested key given without its group ('micro_batch_size') finds it too
-    dotted = [f"{group}.{f.name}" for group, cls in groups.items() for f in dataclasses.fields(cls)]
-    for key, value in recipe.items():
-        if key not in params:
-            hint = _did_you_mean(key, [*params, *dotted], tight=True) or _did_you_mean(key, params)
-            raise LabConfigError(f"unknown recipe key {key!r} for litgpt {command}{hint}")
-        nested = groups.get(key)
-        if nested is not None and isinstance(value, Mapping):
-            names = [f"{key}.{f.name}" for f in dataclasses.fields(nested)]
-            for sub in value:
-                if f"{key}.{sub}" not in names:
-                    raise LabConfigError(f"unknown recipe key '{key}.{sub}'{_did_you_mean(f'{key}.{sub}', names)}")
-    data = recipe.get("data")
-    if isinstance(data, Mapping) and data.get("class_path"):
-        cls = _import_class(data["class_path"], "data.class_path")
-        names = [f"data.{f.name}" for f in dataclasses.fields(cls) if f.init]
-        for sub in data.get("init_args") or {}:
-            if f"data.{sub}" not in names:
-                raise LabConfigError(
-                    f"unknown recipe key 'data.{sub}' for {data['class_path']}{_did_you_mean(f'data.{sub}', names)}"
-                )
-
-
-def _import_class(class_path: str, key: str):
-    module_name, _, name = class_path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError, ValueError):
-        raise LabConfigError(f"{key}: cannot import {class_path!r}") from None
-
-
-def check_batch_and_precision(recipe: Mapping[str, Any], *, devices: int, num_nodes: int = 1) -> None:
-    """The checks litgpt makes late (or as an assertion) made early, each with its fix."""
-    precision = recipe.get("precision")
-    if precision is not None and precision not in PRECISIONS:
-        raise LabConfigError(
-            f"precision {precision!r} is not one of {', '.join(PRECISIONS)}, e.g. --set precision=bf16-true"
-        )
-    train = recipe.get("train") or {}
-    micro, global_ = train.get("micro_batch_size"), train.get("global_batch_size")
-    for name, value in (("micro_batch_size", micro), ("global_batch_size", global_)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise LabConfigError(f"train.{name} must be a whole number >= 1; got {value!r}")
-    if micro > global_:
-        raise LabConfigError(
-            f"train.micro_batch_size ({micro}) is larger than train.global_batch_size ({global_}): "
-            f"lower the micro batch or raise the global batch to a multiple of {micro}"
-        )
-    max_steps, warmup = train.get("max_steps"), train.get("lr_warmup_steps")
-    if not isinstance(warmup, int) or warmup < 1:  # litgpt's warmup divides by it
-        raise LabConfigError(
-            f"train.lr_warmup_steps must be a whole number >= 1 (litgpt divides by it); got {warmup!r}"
-        )
-    if max_steps is not None and max_steps <= warmup:
-        raise LabConfigError(  # litgpt's cosine schedule divides by (max_steps - warmup) and crashes mid-run
-            f"train.max_steps ({max_steps}) must be larger than train.lr_warmup_steps ({warmup}): "
-            + _warmup_advice(max_steps, warmup)
-        )
-    ranks = devices * num_nodes
-    if global_ % (micro * ranks):
-        raise LabConfigError(
-            f"train.global_batch_size ({global_}) is not divisible by micro_batch_size x devices "
-            f"({micro} x {ranks} = {micro * ranks}): use a global batch that is a multiple of {micro * ranks}"
-        )
-
-
-def _warmup_advice(max_steps: int, warmup: int) -> str:
-    """Only advice the check above accepts: warm-up needs at least 1 step, so max_steps needs at least 2."""
-    raise_to = f"set train.max_steps={warmup + 1} or more"
-    if max_steps >= 2:
-        return f"{raise_to}, or set train.lr_warmup_steps={max_steps - 1}"
-    return raise_to
+# ----------------------------------------------------------------------------------------------- files
 
 
 def model_block_size(checkpoint_dir: Path) -> int:
@@ -446,15 +351,18 @@ def resolve(
     base_recipe = _read_yaml(recipe_path)
     recipe = apply_overrides(base_recipe, merged)
     command = "finetune_lora" if experiment.method in ("lora", "qlora") else "finetune_full"
-    from lab_helpers.recipe_ranges import check_recipe_ranges
-    from lab_helpers.recipe_types import check_recipe_types  # imports litgpt's signatures: only when resolving
-
-    check_recipe_types(recipe, command, examples=base_recipe)
-    recipe = _generated_data_for_random_weights(recipe)
-    check_recipe_keys(recipe, command)
-    check_recipe_ranges(recipe)  # after the types: impossible numbers (epochs=0, lr<0) before anything starts
     devices = simulate_world or count_devices(experiment.devices)
-    check_batch_and_precision(recipe, devices=devices, num_nodes=experiment.num_nodes)
+    from lab_helpers.recipe_check import check_recipe  # imports litgpt's signatures: only when resolving
+
+    check_recipe(
+        recipe,
+        command,
+        devices=devices,
+        num_nodes=experiment.num_nodes,
+        examples=base_recipe,
+        litgpt_script=not experiment.distributed,
+    )
+    recipe = _generated_data_for_random_weights(recipe)
     run = ResolvedRun(experiment, profile, recipe_path, recipe, dict(overrides or {}), command, devices, simulate_world)
     if check_files:  # what this node cannot run at all is the decision's (lab_helpers.decision.blocked), not here
         check_run_files(run)

@@ -8,8 +8,7 @@ import math
 import sys
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
+from lab_helpers.config_error import LabConfigError
 from lab_helpers.planner.errors import PlanError, PlannerUnavailable
 from lab_helpers.planner.spec import STRATEGIES, TrainingSpec, load_recipe, spec_from_recipe
 from lab_helpers.record_schema import BREAKDOWN_PARTS
@@ -74,19 +73,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _parse_overrides(items: list[str]) -> dict[str, object]:
-    overrides: dict[str, object] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise PlanError(f"--set expects KEY=VALUE, got {item!r}")
-        try:
-            overrides[key.strip()] = yaml.safe_load(raw)
-        except yaml.YAMLError:
-            overrides[key.strip()] = raw
-    return overrides
-
-
 def _print_table(plan) -> None:
     print(plan.summary())
     print(
@@ -97,7 +83,9 @@ def _print_table(plan) -> None:
         print(f"  {key:<22} {plan.breakdown_gib[key]:8.2f} GiB")
     print(f"  {'host memory':<22} {plan.host_gib:8.2f} GiB")
     phases = ", ".join(f"{k} {v:.2f}" for k, v in plan.peaks_by_phase_gib.items())
-    print(f"  whole run: {plan.whole_run_peak_alloc_gib:.2f} GiB allocated, in {plan.whole_run_peak_phase} ({phases} GiB)")
+    print(
+        f"  whole run: {plan.whole_run_peak_alloc_gib:.2f} GiB allocated, in {plan.whole_run_peak_phase} ({phases} GiB)"
+    )
     for note in plan.notes:
         print(f"  note: {note}")
 
@@ -123,10 +111,10 @@ def run(args: argparse.Namespace) -> int:
         strategy = args.strategy
         if args.offload_optimizer and strategy is None:
             strategy = "deepspeed-zero3"
+        recipe, devices = _checked_recipe(args, strategy)
         spec = spec_from_recipe(
-            args.recipe,
-            overrides=_parse_overrides(args.overrides),
-            devices=args.devices,
+            recipe,
+            devices=devices,
             strategy=strategy,
             offload_optimizer=args.offload_optimizer,
             gpu_memory_gib=_gpu_memory_gib(args),
@@ -140,8 +128,8 @@ def run(args: argparse.Namespace) -> int:
         plan = predict(spec)
         time_plan, time_note = (None, "")
         if getattr(args, "time", False):
-            time_plan, time_note = _time(spec, args)
-    except (PlanError, PlannerUnavailable) as err:
+            time_plan, time_note = _time(spec, args, recipe)
+    except (PlanError, PlannerUnavailable, LabConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.json:
@@ -156,6 +144,30 @@ def run(args: argparse.Namespace) -> int:
                 for note in time_plan.notes:
                     print(f"  time note: {note}")
     return 0
+
+
+def _checked_recipe(args: argparse.Namespace, strategy: str | None) -> tuple[dict[str, Any], int]:
+    """(the recipe file with ``--set`` applied, the devices it runs on), read and checked as ``run`` reads and
+    checks an experiment's (``experiments.parse_set_args`` / ``apply_overrides``, ``recipe_check.check_recipe``):
+    one message for one mistake, whichever command meets it. The devices are ``--devices``, else the recipe's."""
+    from lab_helpers.experiments import apply_overrides, parse_set_args
+    from lab_helpers.recipe_check import check_recipe, recipe_command
+
+    as_written = load_recipe(args.recipe)
+    recipe = apply_overrides(as_written, parse_set_args(args.overrides))
+    devices = args.devices if args.devices is not None else recipe.get("devices", 1)
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise PlanError(f"recipe says devices: {devices}; pass --devices N so the plan knows how many GPUs")
+    num_nodes = recipe.get("num_nodes", 1)
+    check_recipe(
+        recipe,
+        recipe_command(recipe),
+        devices=devices,
+        num_nodes=num_nodes if isinstance(num_nodes, int) and not isinstance(num_nodes, bool) else 1,
+        examples=as_written,
+        litgpt_script=strategy in (None, "single"),
+    )
+    return recipe, devices
 
 
 def _gpu_memory_gib(args: argparse.Namespace) -> float | None:
@@ -193,14 +205,13 @@ def predict_step_time(spec: TrainingSpec, *, gpu_name: str | None = None, **opti
     )
 
 
-def _time(spec: TrainingSpec, args: argparse.Namespace) -> tuple[TimePlan | None, str]:
+def _time(spec: TrainingSpec, args: argparse.Namespace, recipe: dict[str, Any]) -> tuple[TimePlan | None, str]:
     """(TimePlan, "") or (None, why not): a plan without a known GPU still prints its memory.
 
     The inputs the planner does not look up itself are gathered here: the link bandwidth (``--link-gbs``, else
     this node's measured one) and the data's sample lengths (``--sample-lengths``, else the recipe's data)."""
     from lab_helpers.bandwidth import measured_link_gbs
     from lab_helpers.data_lengths import read_sample_lengths, recipe_sample_lengths
-    from lab_helpers.experiments import apply_overrides
 
     gpu_name = getattr(args, "gpu_name", None)
     link_gbs, link_source = getattr(args, "link_gbs", None), "--link-gbs"
@@ -210,7 +221,6 @@ def _time(spec: TrainingSpec, args: argparse.Namespace) -> tuple[TimePlan | None
     if path:
         lengths, lengths_note = read_sample_lengths(path), ""
     else:
-        recipe = apply_overrides(load_recipe(args.recipe), _parse_overrides(args.overrides))
         lengths, lengths_note = recipe_sample_lengths(recipe)
     try:
         plan = predict_step_time(

@@ -68,13 +68,10 @@ def test_plan_time_takes_this_nodes_measured_figure(tmp_path, monkeypatch):
         raise plan_cli.PlanError("stop here")
 
     monkeypatch.setattr("lab_helpers.planner.timing.predict_time", fake_predict)
-    args = plan_cli.argparse.Namespace(
-        gpu_name="NVIDIA A100-SXM4-80GB", link_gbs=None, sample_lengths=None, recipe="unused", overrides=[]
-    )
+    args = plan_cli.argparse.Namespace(gpu_name="NVIDIA A100-SXM4-80GB", link_gbs=None, sample_lengths=None)
     spec = plan_cli.spec_from_recipe(
         str(bandwidth.Path(__file__).parent.parent / "configs/gpu/open_llama_7b/full.yaml"), devices=4, strategy="ddp"
     )
     monkeypatch.setattr("lab_helpers.data_lengths.recipe_sample_lengths", lambda recipe: (None, "no data"))
-    monkeypatch.setattr(plan_cli, "load_recipe", lambda path: {})
-    assert plan_cli._time(spec, args) == (None, "not predicted (stop here)")
+    assert plan_cli._time(spec, args, recipe={}) == (None, "not predicted (stop here)")
     assert seen["link_gbs"] == 20.0 and "measured" in seen["link_gbs_source"]

@@ -2,13 +2,12 @@
 
 ``TrainingSpec`` is independent of recipe files so that the runner, notebooks and the Lightning-Trainer
 experiments (which have no litgpt recipe) can describe a run directly. ``spec_from_recipe`` turns any YAML that
-``litgpt finetune_full`` / ``finetune_lora`` accept into a spec, rejecting what litgpt itself would reject.
+``litgpt finetune_full`` / ``finetune_lora`` accept into a spec. It reads a recipe and does not check it:
+``lab_helpers.recipe_check.check_recipe`` does, once, wherever a recipe comes from a person (``run``, ``plan``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -16,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from packaging.version import InvalidVersion, Version
 
+from lab_helpers.recipe_check import recipe_command
 from lab_helpers.recipe_defaults import lora_settings
 from lab_helpers.record_schema import PLANNED_PRECISIONS as PRECISIONS
 
@@ -313,28 +313,6 @@ def _validates_during_training(train_cfg: dict, eval_cfg: dict) -> bool:
     return max_steps is None or int(eval_cfg.get("interval", 600) or 600) <= int(max_steps)
 
 
-def _litgpt_validate(module, script: str, train_cfg: dict, eval_cfg: dict) -> None:
-    """Run the finetune script's own ``validate_args`` so the planner rejects what litgpt would reject."""
-    from litgpt.args import EvalArgs
-
-    if not isinstance(eval_cfg, dict):
-        raise PlanError("recipe 'eval' must be a mapping")
-    eval_fields = {f.name for f in dataclasses.fields(EvalArgs)}
-    bad = sorted(set(eval_cfg) - eval_fields)
-    if bad:
-        raise PlanError(f"litgpt EvalArgs has no field(s): {', '.join(bad)}")
-    defaults = inspect.signature(module.setup).parameters
-    train = dataclasses.replace(defaults["train"].default, **train_cfg)
-    evals = dataclasses.replace(defaults["eval"].default, **eval_cfg) if eval_cfg else defaults["eval"].default
-    try:
-        module.validate_args(train, evals)
-    except ValueError as err:
-        first = str(err).splitlines()[0].split(". This is set in")[0]
-        reason = first.split(" doesn't ", 1)[-1] if " doesn't " in first else first.split(" requires ", 1)[-1]
-        verb = "doesn't " if " doesn't " in first else "requires "
-        raise PlanError(f"litgpt {script} rejects this recipe: it {verb}{reason}") from None
-
-
 def spec_from_recipe(
     recipe: dict | str | Path,
     *,
@@ -364,34 +342,20 @@ def spec_from_recipe(
     FSDP's SHARD_GRAD_OP (ZeRO-2): gathered weights stay whole from forward until backward.
     """
     from litgpt.args import TrainArgs
-    from litgpt.finetune import full as litgpt_full
-    from litgpt.finetune import lora as litgpt_lora
 
     tree = load_recipe(recipe)
     for key, value in (overrides or {}).items():
         _set_dotted(tree, key, value)
 
-    has_lora = any(k.startswith("lora_") for k in tree)
+    has_lora = recipe_command(tree) == "finetune_lora"
     quantize = tree.get("quantize")
     if quantize is not None and not has_lora:
         raise PlanError("'quantize' is accepted by litgpt finetune_lora only; this recipe has no LoRA keys")
-    script = "finetune_lora" if has_lora else "finetune_full"
-    accepted = set(inspect.signature((litgpt_lora if has_lora else litgpt_full).setup).parameters)
-    unknown = sorted(set(tree) - accepted)
-    if unknown:
-        raise PlanError(f"litgpt {script} does not accept recipe key(s): {', '.join(unknown)}")
     if "checkpoint_dir" not in tree or not tree["checkpoint_dir"]:
         raise PlanError("recipe has no checkpoint_dir (it names the model)")
-
     train_cfg = tree.get("train") or {}
     if not isinstance(train_cfg, dict):
         raise PlanError("recipe 'train' must be a mapping")
-    train_fields = {f.name for f in dataclasses.fields(TrainArgs)}
-    bad = sorted(set(train_cfg) - train_fields)
-    if bad:
-        raise PlanError(f"litgpt TrainArgs has no field(s): {', '.join(bad)}")
-    if strategy is None or strategy == "single":  # the lab's Lightning-Trainer runs do not go through litgpt's
-        _litgpt_validate(litgpt_lora if has_lora else litgpt_full, script, train_cfg, tree.get("eval") or {})
     micro = _int(train_cfg.get("micro_batch_size", 1) or 1, "train.micro_batch_size")
     global_bs = _int(train_cfg.get("global_batch_size", 16) or 16, "train.global_batch_size")
 
@@ -409,12 +373,6 @@ def spec_from_recipe(
         strategy = "single" if devices * num_nodes == 1 else "fsdp"
     if strategy not in STRATEGIES:
         raise PlanError(f"unknown strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
-    if micro < 1 or global_bs < 1:
-        raise PlanError("train.micro_batch_size and train.global_batch_size must be >= 1")
-    if global_bs < micro * devices * num_nodes:
-        raise PlanError(
-            f"global_batch_size {global_bs} is smaller than micro_batch_size {micro} x {devices * num_nodes} devices"
-        )
     # litgpt's own arithmetic (the run's, whichever script trains): the lab never restates it
     batch = TrainArgs(micro_batch_size=micro, global_batch_size=global_bs)
     accumulation = batch.gradient_accumulation_iters(devices, num_nodes)
