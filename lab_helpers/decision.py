@@ -8,6 +8,8 @@ Before this module they were made in six places that disagreed (a V100 skipped b
 the node as :func:`lab_helpers.node.describe_node` reports it (a plain dict, so tests can give recorded nodes: an
 H200, an A10G, a V100, four H100s, none) and from the planner's predictions for "does it fit":
 
+* **which profile** -- ``gpu`` where torch drives the GPUs, ``ci`` where there are none, and a stop with the fix
+  where NVML sees GPUs that torch cannot use (:func:`default_profile_here`, :func:`profile_problem`);
 * **no GPU** -- the ``ci`` profile: every experiment on tiny CPU stand-ins; QLoRA and 8-bit AdamW are skipped
   (bitsandbytes' kernels need CUDA);
 * **one GPU** -- section 02 runs what one GPU can show (``one-gpu``, DeepSpeed offload); DDP and FSDP on one
@@ -79,6 +81,48 @@ class Decision:
     sentence: str = ""
     # run as rank 0 of this many ranks alone on one device (lab_helpers.distributed.simulated), or None
     simulate_world: int | None = None
+
+
+# -------------------------------------------------------------------------------------------- the profile
+
+
+def default_profile_here(node: Mapping[str, Any]) -> str:
+    """``gpu`` where torch drives this node's GPUs, ``ci`` where there are none; LabConfigError where NVML sees
+    GPUs that torch cannot use (a driver older than torch's CUDA build, a CPU-only torch, a V100 with a build that
+    has no Volta kernels): a paid GPU node must not quietly train tiny CPU models."""
+    from lab_helpers.config_error import LabConfigError
+
+    if problem := gpu_problem(node):
+        raise LabConfigError(f"{problem} (or set LAB_PROFILE=ci to use the CPU profile on purpose)")
+    import torch
+
+    return "gpu" if torch.cuda.is_available() else "ci"
+
+
+def profile_problem(profile: str, node: Mapping[str, Any]) -> str | None:
+    """Why ``profile`` cannot run on this node at all (it needs CUDA, and torch has none here), or None."""
+    from lab_helpers.experiments import check_profile
+
+    if not check_profile(profile).get("needs_cuda"):
+        return None
+    if problem := gpu_problem(node):  # also where CUDA works but the build lacks this GPU's kernels (a V100 on cu130)
+        return problem
+    import torch
+
+    if not torch.cuda.is_available():
+        return (
+            f"profile {profile!r} needs a CUDA GPU and torch sees none here: use --profile ci (LAB_PROFILE=ci) on a CPU"
+        )
+    return None
+
+
+def gpu_problem(node: Mapping[str, Any]) -> str | None:
+    """Why torch cannot drive the GPUs NVML sees here, with the fix; None where it can or there are none."""
+    from lab_helpers.cuda_compat import torch_facts, torch_gpu_problem
+
+    if not node.get("gpus"):
+        return None
+    return torch_gpu_problem({**node, **torch_facts()})
 
 
 # ----------------------------------------------------------------------------------------------- the node
@@ -619,7 +663,6 @@ def section_decisions(
     for exp_id in load_experiments(section):
         if chosen is None or exp_id in chosen:
             yield exp_id, decide(exp_id, node, profile=profile, predict=predict, oom_overrides=oom_overrides)
-
 
 
 # ----------------------------------------------------------------------------------------------- per section

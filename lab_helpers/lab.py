@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lab_helpers import predict
-from lab_helpers.decision import blocked, section_decisions
+from lab_helpers.decision import blocked, default_profile_here, profile_problem, section_decisions
 from lab_helpers.experiments import LabConfigError, check_run_files, parse_set_args, resolve
 from lab_helpers.launch import launcher_for
 from lab_helpers.paths import absolute_locations, lab_home, results_dir
@@ -45,32 +45,14 @@ PROFILE_ENV = "LAB_PROFILE"
 
 
 def default_profile(node: Mapping[str, Any] | None = None) -> str:
-    """``$LAB_PROFILE``, else ``gpu`` where CUDA is present and ``ci`` where it is not.
-
-    A node whose GPUs torch cannot use (a driver older than torch's CUDA build, a CPU-only torch, a V100 with a
-    build that has no Volta kernels) is not a CPU machine: that stops here with the reason and the fix, instead of
-    quietly training tiny CPU models on a paid GPU node. ``LAB_PROFILE=ci`` still forces the CPU profile.
-    ``node`` is ``describe_node()`` when the caller already has it.
-    """
+    """``$LAB_PROFILE``, else what this node runs (:func:`lab_helpers.decision.default_profile_here`: ``gpu``
+    where CUDA is present, ``ci`` where it is not, a stop with the fix where torch cannot use the GPUs here).
+    ``node`` is ``describe_node()`` when the caller already has it."""
     if value := os.environ.get(PROFILE_ENV):
         return value
-    problem = gpu_problem(node)
-    if problem:
-        raise LabConfigError(f"{problem} (or set LAB_PROFILE=ci to use the CPU profile on purpose)")
-    import torch
-
-    return "gpu" if torch.cuda.is_available() else "ci"
-
-
-def gpu_problem(node: Mapping[str, Any] | None = None) -> str | None:
-    """Why torch cannot drive the GPUs NVML sees here, with the fix; None where it can or there are none."""
-    from lab_helpers.cuda_compat import torch_facts, torch_gpu_problem
     from lab_helpers.node import describe_node
 
-    node = describe_node() if node is None else node
-    if not node.get("gpus"):
-        return None
-    return torch_gpu_problem({**node, **torch_facts()})
+    return default_profile_here(describe_node() if node is None else node)
 
 
 # ----------------------------------------------------------------------------------------------- running
@@ -116,7 +98,8 @@ def run_experiment(
     profile = profile or default_profile(node)
     if isinstance(overrides, list):
         overrides = parse_set_args(overrides)
-    _check_profile_hardware(profile, node)
+    if problem := profile_problem(profile, node):
+        raise LabConfigError(problem)
     run = resolve(exp_id, profile, overrides, check_files=False, simulate_world=simulate_world)  # files: below
     if run.options.get("fill_gpu"):  # fill-gpu: the micro batch is chosen here, before the run and its prediction
         overrides, why = filled_overrides(exp_id, profile=profile, overrides=overrides)
@@ -244,23 +227,6 @@ def run_all(
             records.extend(record_skipped(exp_id, reason=step.sentence, profile=profile, overrides=step.overrides,
                                           results_path=results_path))  # fmt: skip
     return records
-
-
-def _check_profile_hardware(profile: str, node: Mapping[str, Any]) -> None:
-    """A profile that needs CUDA (``gpu``) on a machine where torch has none stops before anything starts."""
-    from lab_helpers.experiments import check_profile
-
-    if not check_profile(profile).get("needs_cuda"):
-        return
-    problem = gpu_problem(node)  # also where CUDA works but the build lacks this GPU's kernels (a V100 on cu130)
-    if problem:
-        raise LabConfigError(problem)
-    import torch
-
-    if not torch.cuda.is_available():
-        raise LabConfigError(
-            f"profile {profile!r} needs a CUDA GPU and torch sees none here: use --profile ci (LAB_PROFILE=ci) on a CPU"
-        )
 
 
 def record_skipped(
