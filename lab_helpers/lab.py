@@ -29,6 +29,8 @@ from lab_helpers.records import results_path as results_file
 from lab_helpers.results_folder import check_results_folder, remove_if_empty
 from lab_helpers.run_record import base_record, one_line, records_from, relative_to_results
 from lab_helpers.runner import run_command, say
+from lab_helpers.warm_start import WARM_START_ENV
+from lab_helpers.warm_start import setting_for as warm_start_setting
 
 __all__ = [
     "default_profile",
@@ -133,7 +135,12 @@ def run_experiment(
                 command,
                 run_dir=run_dir,
                 # the lab's folders made absolute: the child runs in lab_home(), not in this working directory
-                env={QUICK_ENV: "1" if quick else "0", **absolute_locations(), **_profile_env(profile_steps, run_dir)},
+                env={
+                    QUICK_ENV: "1" if quick else "0",
+                    WARM_START_ENV: warm_start_setting(profile),
+                    **absolute_locations(),
+                    **_profile_env(profile_steps, run_dir),
+                },
                 cwd=lab_home(),
                 total_iters=run.total_iterations,
                 label=exp_id,

@@ -13,6 +13,11 @@ and a command line (``ps``, ``psutil``, ``nvidia-smi``) showing its own command.
 its group and samples its tree exactly as before. Only its parent differs: the server, which dies with the
 launcher (``PR_SET_PDEATHSIG``), so the run's orphan guard still ends the run when the launcher is gone.
 
+Where it is on: the ``ci`` profile (CPUs, the notebooks under nbval, the test suite). On a GPU it stays off until a
+GPU session shows warm and cold runs of one experiment measure the same peak memory and step time
+(``benchmarks/warm_start.py --profile gpu``; docs/measuring-on-a-gpu.md): :func:`setting_for` gives the default,
+and ``LAB_WARM_START=1`` or ``0`` set by the student wins.
+
 A run starts cold, as before, whenever the warm path is not certainly the same: ``LAB_WARM_START=0``; not Linux;
 a command other than ``python -m MODULE``; the server failed to start or died; the server's imports touched
 CUDA (a fork after CUDA is initialised leaves the child unable to use it) or started a thread (then every later
@@ -53,6 +58,12 @@ _INTERRUPTED = -1  # _become_run's code for an uncaught KeyboardInterrupt
 
 
 # ----------------------------------------------------------------------------------------- the launcher's side
+
+
+def setting_for(profile: str) -> str:
+    """``LAB_WARM_START`` for a run of ``profile``: the student's own setting, else on ("1") for the ``ci`` profile
+    only. Off ("0") on a GPU until a GPU session measures warm against cold (issue 26 has not yet)."""
+    return os.environ.get(WARM_START_ENV) or ("1" if profile == "ci" else "0")
 
 
 class WarmProcess:

@@ -305,3 +305,28 @@ def test_an_interrupt_while_the_fork_is_answered_leaves_no_run_behind(probe_dir:
 
 def _live_children(pid: int) -> list[psutil.Process]:
     return [p for p in psutil.Process(pid).children() if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_warm_starts_are_for_the_ci_profile_until_a_gpu_measures_them(monkeypatch, results):
+    """Issue 29: warm_start stays on where it was checked (CPUs); on a GPU it is off until a GPU session shows that
+    warm and cold runs measure the same. The student's own LAB_WARM_START wins either way."""
+    monkeypatch.delenv(warm_start.WARM_START_ENV, raising=False)
+    assert (warm_start.setting_for("ci"), warm_start.setting_for("gpu")) == ("1", "0")
+    monkeypatch.setenv(warm_start.WARM_START_ENV, "1")
+    assert warm_start.setting_for("gpu") == "1"
+    monkeypatch.setenv(warm_start.WARM_START_ENV, "0")
+    assert warm_start.setting_for("ci") == "0"
+    # and a run is started with it: the training process's environment carries the setting for its profile
+    from lab_helpers import lab
+
+    seen = {}
+
+    def no_run(command, **kwargs):
+        seen.update(kwargs["env"])
+        raise OSError("stopped by the test")
+
+    monkeypatch.delenv(warm_start.WARM_START_ENV, raising=False)
+    monkeypatch.setattr(lab, "run_command", no_run)
+    with pytest.raises(lab.LabConfigError, match="stopped by the test"):
+        lab.run_experiment("small-batch", profile="ci", echo=False, summary=False)
+    assert seen[warm_start.WARM_START_ENV] == "1"
