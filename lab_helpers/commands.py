@@ -9,6 +9,7 @@ them off the node, how to stop the container and that the lease should be releas
 
 from __future__ import annotations
 
+import pprint
 import shlex
 from collections.abc import Mapping
 from typing import Any
@@ -41,48 +42,43 @@ def litgpt_command(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | 
     return " ".join(words)
 
 
-_STRATEGY_LINES = {
-    "single": ["trainer = L.Trainer(devices=1, precision=PRECISION)  # one GPU, no strategy"],
-    "ddp": [
-        "from lightning.pytorch.strategies import DDPStrategy",
-        "trainer = L.Trainer(devices=N, precision=PRECISION,",
-        "                    strategy=DDPStrategy(gradient_as_bucket_view=True))",
-    ],
-    "fsdp": [
-        "from lightning.pytorch.strategies import FSDPStrategy",
-        "from litgpt.model import Block",
-        "trainer = L.Trainer(devices=N, precision=PRECISION,",
-        '                    strategy=FSDPStrategy(sharding_strategy="FULL_SHARD", auto_wrap_policy={Block}))',
-    ],
-    "deepspeed-zero2": [
-        "from lightning.pytorch.strategies import DeepSpeedStrategy",
-        "trainer = L.Trainer(devices=N, precision=PRECISION,",
-        "                    strategy=DeepSpeedStrategy(stage=2, offload_optimizer=True, pin_memory=True))",
-    ],
-    "deepspeed-zero3": [
-        "from lightning.pytorch.strategies import DeepSpeedStrategy",
-        "trainer = L.Trainer(devices=N, precision=PRECISION,",
-        "                    strategy=DeepSpeedStrategy(stage=3, offload_optimizer=True, pin_memory=True))",
-    ],
-}
-
-
 def strategy_lines(exp_id: str) -> str:
-    """The Lightning lines that change for a section-02 experiment (what lab_helpers.distributed.strategies
-    builds on CUDA); the model, data and training loop stay the same for every strategy."""
+    """The Lightning lines that change for a section-02 experiment: the strategy ``make_strategy`` builds for it on
+    CUDA, printed from the same ``strategies.strategy_call`` (its plumbing -- backend, timeout -- left out); the
+    model, data and training loop stay the same for every strategy."""
+    from lab_helpers.distributed.command import strategy_settings
+    from lab_helpers.distributed.strategies import strategy_call
+
     experiment = get_experiment(exp_id)
     if not experiment.distributed:
         raise ValueError(f"{exp_id} is not a section-02 (Lightning) experiment")
-    lines = list(_STRATEGY_LINES[experiment.strategy])
-    if experiment.options.get("sharding") == "grad-op":  # FSDP's ZeRO-2 form
-        lines = [line.replace('"FULL_SHARD"', '"SHARD_GRAD_OP"') for line in lines]
-    if experiment.options.get("wrap") == "none":  # the course's FSDPStrategy: no auto-wrap policy, one unit
-        lines = [line.replace(", auto_wrap_policy={Block}", "") for line in lines if "import Block" not in line]
-    if experiment.options.get("ddp_bucket_view") is False:  # the course's DDPStrategy(): torch's default
-        lines = [line.replace("DDPStrategy(gradient_as_bucket_view=True)", "DDPStrategy()") for line in lines]
+    run = resolve(exp_id, "gpu", check_files=False)
+    call = strategy_call(experiment.strategy, on_cuda=True, **strategy_settings(run))
+    if call is None:
+        return "trainer = L.Trainer(devices=1, precision=PRECISION)  # one GPU, no strategy"
+    devices = "devices=N"
     if experiment.num_nodes > 1:
-        per_node = f"devices={experiment.devices}, num_nodes={experiment.num_nodes}"
-        lines = [line.replace("devices=N", per_node) for line in lines]
+        devices = f"devices={experiment.devices}, num_nodes={experiment.num_nodes}"
+    imports, before, args = [f"from lightning.pytorch.strategies import {call.class_name}"], [], []
+    for key, value in call.kwargs.items():
+        if value is None:  # Lightning's default
+            continue
+        if isinstance(value, dict):  # DeepSpeed's config, as the run folder's deepspeed.json holds it
+            text = pprint.pformat(value, width=110, compact=True, sort_dicts=False)
+            before.append(f"{key} = " + text.replace("\n", "\n" + " " * (len(key) + 3)))
+            args.append(f"{key}={key}")
+        elif isinstance(value, set | frozenset):  # auto_wrap_policy={Block}
+            imports += [f"from {cls.__module__} import {cls.__name__}" for cls in value]
+            args.append(f"{key}={{{', '.join(sorted(cls.__name__ for cls in value))}}}")
+        else:
+            args.append(f'{key}="{value}"' if isinstance(value, str) else f"{key}={value!r}")
+    lines = [
+        *imports,
+        *before,
+        f"trainer = L.Trainer({devices}, precision=PRECISION,",
+        f"                    strategy={call.class_name}({', '.join(args)}))",
+    ]
+    if experiment.num_nodes > 1:
         lines.append("# every node runs the same script with MASTER_ADDR, MASTER_PORT and NODE_RANK set")
     return "\n".join(lines)
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import inspect
 import shlex
 
+import pytest
 import yaml
 
 from lab_helpers import commands
-from lab_helpers.experiments import apply_overrides, resolve
+from lab_helpers.experiments import apply_overrides, load_experiments, resolve
 from lab_helpers.paths import lab_home
 
 
@@ -29,16 +29,45 @@ def test_litgpt_command_runs_the_same_recipe_as_the_lab():
     assert "--optimizer SGD" in commands.litgpt_command("full-13b-sgd", profile="gpu")
 
 
-def test_strategy_lines_are_what_the_lab_builds():
-    from lab_helpers.distributed import strategies
+def _lesson(strategy) -> tuple:
+    """What a strategy object is, as the lesson sees it: its class and the arguments the student's line sets."""
+    name = type(strategy).__name__ if strategy != "auto" else "auto"
+    if name == "DDPStrategy":
+        return name, strategy._ddp_kwargs.get("gradient_as_bucket_view", False)
+    if name == "FSDPStrategy":
+        policy = strategy.kwargs.get("auto_wrap_policy")
+        return name, strategy.sharding_strategy, sorted(cls.__name__ for cls in getattr(policy, "_module_classes", ()))
+    if name == "DeepSpeedStrategy":
+        return name, strategy.config
+    return (name,)
 
-    source = inspect.getsource(strategies.make_strategy)
-    assert "gradient_as_bucket_view=True" in commands.strategy_lines("ddp")
-    assert "gradient_as_bucket_view=ddp_bucket_view" in source and "ddp_bucket_view: bool = True" in source
-    assert "strategy=DDPStrategy())" in commands.strategy_lines("ddp-course")  # the course's: torch's default
+
+@pytest.mark.parametrize("exp_id", [e for e, x in load_experiments("multi").items() if x.distributed])
+def test_strategy_lines_build_what_the_training_process_builds(exp_id, tmp_path):
+    """The printed lines, executed as a student's script would run them, build the same strategy as the training
+    process does from the command line the lab writes (on CUDA: what a student's GPU node runs)."""
+    from lab_helpers.distributed import train
+    from lab_helpers.distributed.command import build_command
+
+    run = resolve(exp_id, "gpu", check_files=False)
+    argv = build_command(run, tmp_path)
+    args = train.parse_args(argv[argv.index("lab_helpers.distributed.train") + 1 :])
+    built, _ = train.strategy_from_args(args, on_cuda=True)
+
+    class Lightning:  # the student's `import lightning as L`, with a Trainer that hands back what it was given
+        Trainer = staticmethod(lambda **kwargs: kwargs)
+
+    namespace = {"L": Lightning, "N": 2, "PRECISION": run.recipe.get("precision")}
+    exec(commands.strategy_lines(exp_id), namespace)
+    assert _lesson(namespace["trainer"].get("strategy", "auto")) == _lesson(built.strategy)
+
+
+def test_strategy_lines_say_what_each_experiment_teaches():
+    assert "DDPStrategy(gradient_as_bucket_view=True)" in commands.strategy_lines("ddp")
+    assert "DDPStrategy(gradient_as_bucket_view=False)" in commands.strategy_lines("ddp-course")  # torch's default
     assert "auto_wrap_policy" not in commands.strategy_lines("fsdp-course")  # the course's: one unit
-    assert 'sharding_strategy="FULL_SHARD"' in commands.strategy_lines("fsdp") and 'sharding_strategy="FULL_SHARD"' in source
-    assert "offload_optimizer=True" in commands.strategy_lines("deepspeed-offload")
+    assert 'sharding_strategy="SHARD_GRAD_OP"' in commands.strategy_lines("fsdp-grad-op")
+    assert "'offload_optimizer': {'device': 'cpu', 'pin_memory': True}" in commands.strategy_lines("deepspeed-offload")
     assert "num_nodes=2" in commands.strategy_lines("multi-node")
 
 

@@ -29,6 +29,31 @@ def run_recipe(run: ResolvedRun, run_dir: Path) -> dict[str, Any]:
     return recipe
 
 
+def strategy_settings(run: ResolvedRun, recipe: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The keyword arguments ``strategies.make_strategy`` gets for ``run`` (the training process reads them back
+    from the command line), from the run's launch options: ``commands.strategy_lines`` prints the strategy built
+    from the same ones. ``recipe``: the recipe as the training process gets it (default: ``run.recipe``)."""
+    opts = run.options  # the same settings the planner is asked with (recipe_defaults.LAUNCH_OPTION_DEFAULTS)
+    strategy = run.experiment.strategy
+    config = None
+    if strategy in ZERO_STAGES:
+        config = deepspeed_config(
+            run.recipe if recipe is None else recipe,
+            world_size=run.world_size,
+            offload_optimizer=bool(opts["offload_optimizer"]),
+            pin_memory=bool(opts["pin_memory"]),
+            stage=ZERO_STAGES[strategy],
+        )
+    return {
+        "world_size": run.world_size,
+        "wrap": str(opts["wrap"]),
+        "fsdp_impl": str(opts["fsdp_impl"]),
+        "sharding": str(opts["sharding"]),
+        "ddp_bucket_view": bool(opts["ddp_bucket_view"]),
+        "deepspeed_config": config,
+    }
+
+
 def build_command(run: ResolvedRun, run_dir: Path) -> list[str]:
     """Write run_dir/recipe.yaml (and deepspeed.json) and return the argv that trains this experiment.
 
@@ -38,7 +63,6 @@ def build_command(run: ResolvedRun, run_dir: Path) -> list[str]:
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    opts = run.options  # the same settings the planner is asked with (recipe_defaults.LAUNCH_OPTION_DEFAULTS)
     recipe = run_recipe(run, run_dir)
     recipe_path = run_dir / RECIPE_FILENAME
     recipe_path.write_text(yaml.safe_dump(recipe, sort_keys=False))
@@ -61,22 +85,16 @@ def build_command(run: ResolvedRun, run_dir: Path) -> list[str]:
         "--out-dir",
         str(run_dir / "out"),
     ]
+    settings = strategy_settings(run, recipe)
     if strategy == "fsdp":
-        argv += ["--wrap", str(opts["wrap"]), "--fsdp-impl", str(opts["fsdp_impl"])]
-        if opts["sharding"] != "full":  # grad-op: SHARD_GRAD_OP (ZeRO-2); the default stays off the command line
-            argv += ["--sharding", str(opts["sharding"])]
-    if strategy == "ddp" and not opts["ddp_bucket_view"]:  # torch's default, the course's: a second gradient copy
+        argv += ["--wrap", settings["wrap"], "--fsdp-impl", settings["fsdp_impl"]]
+        if settings["sharding"] != "full":  # grad-op: SHARD_GRAD_OP (ZeRO-2); the default stays off the command line
+            argv += ["--sharding", settings["sharding"]]
+    if strategy == "ddp" and not settings["ddp_bucket_view"]:  # torch's default, the course's: a second gradient copy
         argv += ["--no-bucket-view"]
-    if strategy in ZERO_STAGES:
-        config = deepspeed_config(
-            recipe,
-            world_size=run.world_size,
-            offload_optimizer=bool(opts["offload_optimizer"]),
-            pin_memory=bool(opts["pin_memory"]),
-            stage=ZERO_STAGES[strategy],
-        )
+    if settings["deepspeed_config"] is not None:
         ds_path = run_dir / DEEPSPEED_FILENAME
-        ds_path.write_text(json.dumps(config, indent=2))
+        ds_path.write_text(json.dumps(settings["deepspeed_config"], indent=2))
         argv += ["--deepspeed-config", str(ds_path)]
     if run.simulated_world_size:  # rank 0 of the world, alone, on the fake process group (simulated)
         argv += ["--simulate-world", str(run.simulated_world_size)]

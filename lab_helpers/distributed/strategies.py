@@ -37,6 +37,67 @@ class StrategyChoice:
     sharding: str | None = None  # "full" | "grad-op" for fsdp
 
 
+@dataclass(frozen=True)
+class StrategyCall:
+    """A Lightning strategy class and the arguments that are the lesson: what ``make_strategy`` builds, and what
+    ``commands.strategy_lines`` prints for the student's own script, from this one object.
+
+    The lab adds only its own plumbing when it builds: the process-group backend, a collective timeout and, for
+    a simulated rank, DDP's all-reduce hook."""
+
+    class_name: str  # in lightning.pytorch.strategies
+    kwargs: dict[str, Any]
+
+    def build(self, **plumbing: Any) -> Any:
+        import lightning.pytorch.strategies as strategies
+
+        return getattr(strategies, self.class_name)(**self.kwargs, **plumbing)
+
+
+def strategy_call(
+    name: str,
+    *,
+    on_cuda: bool,
+    world_size: int,
+    wrap: str = "block",
+    fsdp_impl: str = "auto",
+    deepspeed_config: dict[str, Any] | None = None,
+    sharding: str = "full",
+    ddp_bucket_view: bool = True,
+) -> StrategyCall | None:
+    """The strategy ``name`` is run with on this hardware (None: one device, no strategy); arguments as
+    ``make_strategy``'s."""
+    if name not in STRATEGIES:
+        raise ValueError(f"strategy {name!r} is not one of {', '.join(STRATEGIES)}")
+    if name == "single":
+        return None
+    if name == "ddp":
+        # gradients as views into the reducer's buckets: without it DDP keeps a second full copy of them
+        # (12.5 GiB for a 7B model in bf16), which is not what the lesson "DDP saves no memory" is about; the
+        # course's scripts keep torch's default (False): the ddp-course experiment shows what that costs
+        return StrategyCall("DDPStrategy", {"gradient_as_bucket_view": ddp_bucket_view})
+    if name == "fsdp":
+        if wrap not in WRAP_POLICIES:
+            raise ValueError(f"wrap {wrap!r} is not one of {', '.join(WRAP_POLICIES)}")
+        if sharding not in SHARDINGS:
+            raise ValueError(f"sharding {sharding!r} is not one of {', '.join(SHARDINGS)}")
+        if resolve_fsdp_impl(fsdp_impl, on_cuda=on_cuda) == "fsdp1":
+            from litgpt.model import Block
+
+            return StrategyCall(
+                "FSDPStrategy",
+                {"sharding_strategy": SHARDINGS[sharding], "auto_wrap_policy": {Block} if wrap == "block" else None},
+            )
+        # pure data parallel over every rank; the module's configure_model applies fully_shard (FSDP2)
+        return StrategyCall("ModelParallelStrategy", {"data_parallel_size": world_size, "tensor_parallel_size": 1})
+    # deepspeed-zero2 | deepspeed-zero3
+    if deepspeed_config is None:
+        raise ValueError(f"{name} needs the DeepSpeed config (lab_helpers.distributed.deepspeed_config)")
+    # Lightning sets gradient_accumulation_steps from the Trainer's accumulate_grad_batches and refuses it here
+    config = {key: value for key, value in deepspeed_config.items() if key != "gradient_accumulation_steps"}
+    return StrategyCall("DeepSpeedStrategy", {"config": config})
+
+
 def collective_timeout() -> timedelta:
     return timedelta(seconds=float(os.environ.get("LAB_DIST_TIMEOUT_S", DEFAULT_COLLECTIVE_TIMEOUT_S)))
 
@@ -59,80 +120,49 @@ def make_strategy(
     strategy classes, with the backend named ``fake`` and DDP's all-reduce hook replaced (below).
     ``ddp_bucket_view=False`` is torch's (and the course's) default: gradients and buckets two copies.
     """
-    if name not in STRATEGIES:
-        raise ValueError(f"strategy {name!r} is not one of {', '.join(STRATEGIES)}")
+    call = strategy_call(
+        name,
+        on_cuda=on_cuda,
+        world_size=world_size,
+        wrap=wrap,
+        fsdp_impl=fsdp_impl,
+        deepspeed_config=deepspeed_config,
+        sharding=sharding,
+        ddp_bucket_view=ddp_bucket_view,
+    )
     backend = "fake" if simulated else "nccl" if on_cuda else "gloo"
     where = "CUDA" if on_cuda else "CPU"
-    if name == "single":
+    plumbing = {"process_group_backend": backend, "timeout": collective_timeout()}
+    if call is None:
         return StrategyChoice("auto", f"single device ({where})")
     if name == "ddp":
-        from lightning.pytorch.strategies import DDPStrategy
-
-        # gradients as views into the reducer's buckets: without it DDP keeps a second full copy of them
-        # (12.5 GiB for a 7B model in bf16), which is not what the lesson "DDP saves no memory" is about; the
-        # course's scripts keep torch's default (False): the ddp-course experiment shows what that costs
-        hook, cls = None, DDPStrategy
         if simulated:
             # the fake group's all-reduce hands back no tensor, which DDP's reducer rejects; torch's noop hook
             # returns the bucket itself, as an in-place NCCL all-reduce does (no extra memory either way)
-            from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook as hook
+            from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
-            from lab_helpers.distributed.simulated import SimulatedDDPStrategy as cls
-        strategy = cls(
-            process_group_backend=backend,
-            timeout=collective_timeout(),
-            gradient_as_bucket_view=ddp_bucket_view,
-            ddp_comm_hook=hook,
-        )
+            from lab_helpers.distributed.simulated import SimulatedDDPStrategy
+
+            strategy = SimulatedDDPStrategy(**call.kwargs, **plumbing, ddp_comm_hook=noop_hook)
+        else:
+            strategy = call.build(**plumbing)
         views = "" if ddp_bucket_view else ", gradient_as_bucket_view=False"
         noop = ", all-reduce hook: noop_hook" if simulated else ""
         return StrategyChoice(strategy, f"ddp (DDPStrategy{views}, {backend}{noop}, {where})")
     if name == "fsdp":
-        if wrap not in WRAP_POLICIES:
-            raise ValueError(f"wrap {wrap!r} is not one of {', '.join(WRAP_POLICIES)}")
-        if sharding not in SHARDINGS:
-            raise ValueError(f"sharding {sharding!r} is not one of {', '.join(SHARDINGS)}")
-        impl = resolve_fsdp_impl(fsdp_impl, on_cuda=on_cuda)
         wrap_words = "wrap per transformer block" if wrap == "block" else "one unit, no per-block wrap"
-        if impl == "fsdp1":
-            from lightning.pytorch.strategies import FSDPStrategy
-            from litgpt.model import Block
-
-            strategy = FSDPStrategy(
-                sharding_strategy="FULL_SHARD" if sharding == "full" else "SHARD_GRAD_OP",
-                auto_wrap_policy={Block} if wrap == "block" else None,
-                process_group_backend=backend,
-                timeout=collective_timeout(),
-            )
+        if call.class_name == "FSDPStrategy":
             shard_words = "full shard" if sharding == "full" else "SHARD_GRAD_OP"
             label = f"fsdp1 (FSDPStrategy, {shard_words}, {wrap_words}, {where})"
-            return StrategyChoice(strategy, label, impl, wrap, sharding)
-        from lightning.pytorch.strategies import ModelParallelStrategy
-
-        # pure data parallel over every rank; the module's configure_model applies fully_shard (FSDP2)
-        strategy = ModelParallelStrategy(
-            data_parallel_size=world_size,
-            tensor_parallel_size=1,
-            process_group_backend=backend,
-            timeout=collective_timeout(),
-        )
+            return StrategyChoice(call.build(**plumbing), label, "fsdp1", wrap, sharding)
         reshard = "" if sharding == "full" else " reshard_after_forward=False (SHARD_GRAD_OP)"
         label = f"fsdp2 (ModelParallelStrategy, fully_shard{reshard}, {wrap_words}, {where})"
-        return StrategyChoice(strategy, label, impl, wrap, sharding)
-    # deepspeed-zero2 | deepspeed-zero3
-    if deepspeed_config is None:
-        raise ValueError(f"{name} needs the DeepSpeed config (lab_helpers.distributed.deepspeed_config)")
-    offload = "offload_optimizer" in deepspeed_config.get("zero_optimization", {})
-    stage = deepspeed_config.get("zero_optimization", {}).get("stage", 3)
-    words = f"deepspeed zero{stage}" + (" + cpu offload" if offload else "")
+        return StrategyChoice(call.build(**plumbing), label, "fsdp2", wrap, sharding)
+    zero = call.kwargs["config"].get("zero_optimization", {})
+    words = f"deepspeed zero{zero.get('stage', 3)}" + (" + cpu offload" if "offload_optimizer" in zero else "")
     if on_cuda:
-        from lightning.pytorch.strategies import DeepSpeedStrategy
-
-        strategy = DeepSpeedStrategy(
-            config=deepspeed_config, process_group_backend=backend, timeout=collective_timeout()
-        )
-        return StrategyChoice(strategy, f"{words} (DeepSpeedStrategy, CUDA)")
+        return StrategyChoice(call.build(**plumbing), f"{words} (DeepSpeedStrategy, CUDA)")
     from lab_helpers.distributed.deepspeed_cpu import CPUDeepSpeedStrategy
 
-    strategy = CPUDeepSpeedStrategy(config=deepspeed_config, process_group_backend=backend, timeout=collective_timeout())
+    strategy = CPUDeepSpeedStrategy(**call.kwargs, **plumbing)
     return StrategyChoice(strategy, f"{words} (DeepSpeedStrategy on CPU, DS_ACCELERATOR=cpu, {backend})")

@@ -33,8 +33,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--devices", type=int, default=1, help="processes (GPUs) per node")
     parser.add_argument("--num-nodes", type=int, default=1)
     parser.add_argument(
-        "--accumulate", type=int, help="micro-batches per optimizer step (the lab passes ResolvedRun's; default: "
-        "global batch / (micro batch x ranks))"
+        "--accumulate",
+        type=int,
+        help="micro-batches per optimizer step (the lab passes ResolvedRun's; default: "
+        "global batch / (micro batch x ranks))",
     )
     parser.add_argument("--accelerator", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument(
@@ -42,17 +44,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--fsdp-impl", choices=FSDP_IMPLS, default="auto")
     parser.add_argument(
-        "--sharding", choices=tuple(SHARDINGS), default="full", help="FSDP: full (FULL_SHARD) or grad-op (SHARD_GRAD_OP)"
+        "--sharding",
+        choices=tuple(SHARDINGS),
+        default="full",
+        help="FSDP: full (FULL_SHARD) or grad-op (SHARD_GRAD_OP)",
     )
     parser.add_argument(
-        "--no-bucket-view", action="store_true", help="DDP: gradient_as_bucket_view=False (torch's default, the "
-        "course's): the reducer's buckets are a second copy of the gradients"
+        "--no-bucket-view",
+        action="store_true",
+        help="DDP: gradient_as_bucket_view=False (torch's default, the "
+        "course's): the reducer's buckets are a second copy of the gradients",
     )
     parser.add_argument("--deepspeed-config", type=Path, help="DeepSpeed JSON written by build_command")
     parser.add_argument("--out-dir", type=Path, help="where Lightning may write (default: the recipe's out_dir)")
     parser.add_argument(
-        "--simulate-world", type=int, metavar="N", help="run only rank 0 of a world of N on this one device, with "
-        "torch's fake process group (lab_helpers.distributed.simulated): memory real, no communication"
+        "--simulate-world",
+        type=int,
+        metavar="N",
+        help="run only rank 0 of a world of N on this one device, with "
+        "torch's fake process group (lab_helpers.distributed.simulated): memory real, no communication",
     )
     args = parser.parse_args(argv)
     if args.simulate_world is not None and (args.simulate_world < 2 or args.devices != 1 or args.num_nodes != 1):
@@ -63,6 +73,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def world_size_of(args: argparse.Namespace) -> int:
     """Ranks of the run the process takes part in: N for a simulated rank, else devices x nodes."""
     return args.simulate_world or args.devices * args.num_nodes
+
+
+def strategy_from_args(args: argparse.Namespace, *, on_cuda: bool) -> tuple[Any, dict[str, Any] | None]:
+    """(``make_strategy``'s choice, the DeepSpeed config or None), asked with what ``build_command`` wrote on the
+    command line (``command.strategy_settings``), read back: the strategy ``commands.strategy_lines`` prints."""
+    from lab_helpers.distributed.strategies import make_strategy
+
+    ds_config = json.loads(args.deepspeed_config.read_text()) if args.strategy.startswith("deepspeed") else None
+    choice = make_strategy(
+        args.strategy,
+        on_cuda=on_cuda,
+        world_size=world_size_of(args),
+        wrap=args.wrap,
+        fsdp_impl=args.fsdp_impl,
+        deepspeed_config=ds_config,
+        sharding=args.sharding,
+        simulated=bool(args.simulate_world),
+        ddp_bucket_view=not args.no_bucket_view,
+    )
+    return choice, ds_config
 
 
 def env_global_rank(devices: int) -> int:
@@ -118,7 +148,6 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
     from lab_helpers.distributed.deepspeed_config import optimizer_class_path
     from lab_helpers.distributed.module import LitGPTFinetune
     from lab_helpers.distributed.reporting import ReportCallback
-    from lab_helpers.distributed.strategies import make_strategy
     from lab_helpers.distributed.teardown import FreeTrainingStateAtEnd
     from lab_helpers.experiments import resolve_path
     from lab_helpers.quick_mode import put_longest_batch_in_second_step, quick_from_env, warmup_steps
@@ -134,24 +163,12 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
         accum = gradient_accumulation_steps(recipe, world_size=world_size)
     max_steps = int(train.get("max_steps") or 1)
 
-    ds_config = None
+    choice, ds_config = strategy_from_args(args, on_cuda=on_cuda)
     offload = False
-    if args.strategy.startswith("deepspeed"):
-        ds_config = json.loads(args.deepspeed_config.read_text())
-        # Lightning sets this from accumulate_grad_batches and refuses it in the config; the value is the same
-        accum = int(ds_config.pop("gradient_accumulation_steps", accum))
+    if ds_config is not None:
+        # the same value; strategy_call leaves it out of the strategy's config (Lightning sets it itself)
+        accum = int(ds_config.get("gradient_accumulation_steps", accum))
         offload = "offload_optimizer" in ds_config.get("zero_optimization", {})
-    choice = make_strategy(
-        args.strategy,
-        on_cuda=on_cuda,
-        world_size=world_size,
-        wrap=args.wrap,
-        fsdp_impl=args.fsdp_impl,
-        deepspeed_config=ds_config,
-        sharding=args.sharding,
-        simulated=bool(args.simulate_world),
-        ddp_bucket_view=not args.no_bucket_view,
-    )
     report.fields["strategy_used"] = choice.label
     trainer_layout: dict[str, Any] = {"devices": args.devices, "num_nodes": args.num_nodes, "plugins": None}
     if args.simulate_world:
@@ -170,7 +187,9 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
         strategy=args.strategy,
         fsdp_impl=choice.fsdp_impl,
         wrap=choice.wrap,
-        optimizer_class=optimizer_class_path(recipe, strategy=args.strategy, offload_optimizer=offload, on_cuda=on_cuda),
+        optimizer_class=optimizer_class_path(
+            recipe, strategy=args.strategy, offload_optimizer=offload, on_cuda=on_cuda
+        ),
         reshard_after_forward=choice.sharding != "grad-op",
         zero_gradients_in_place=args.strategy == "ddp" and not args.no_bucket_view,
     )
