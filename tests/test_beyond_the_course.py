@@ -232,7 +232,7 @@ def test_zero2_runs_through_deepspeed_with_a_stage_2_config(tmp_path):
     assert written["zero_optimization"]["stage"] == 2
     choice = make_strategy("deepspeed-zero2", on_cuda=False, world_size=2, deepspeed_config=written)
     assert choice.label.startswith("deepspeed zero2 + cpu offload")
-    assert "stage=2" in commands.strategy_lines("deepspeed-zero2-offload")
+    assert "'stage': 2" in commands.strategy_lines("deepspeed-zero2-offload")
 
 
 @pytest.mark.slow
