@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from lab_helpers.node import bitsandbytes_install_command, gpu_memory_gib
+from lab_helpers.node import NodeFacts, bitsandbytes_install_command, gpu_memory_gib
 from lab_helpers.predict import COURSE_GPU_GIB
 from lab_helpers.record_schema import GIB
 
@@ -249,7 +249,7 @@ def _smaller_model_checkpoint(profile: str, model: str) -> str:
 # ----------------------------------------------------------------------------------------------- the gate
 
 
-def blocked(run: Any, node: Mapping[str, Any]) -> str | None:
+def blocked(run: Any, node: NodeFacts) -> str | None:
     """Why ``node`` cannot run ``run`` as resolved (its overrides included), or None: ``run_experiment``'s gate.
 
     The same checks :func:`decide` makes, without the planner: a run :func:`decide` chose always passes, and a
@@ -306,7 +306,7 @@ def _hardware_gap(run: Any, node: Mapping[str, Any]) -> str | None:
 
 def decide(
     exp_id: str,
-    node: Mapping[str, Any],
+    node: NodeFacts,
     *,
     profile: str,
     predict: Predict | None = None,
@@ -648,7 +648,7 @@ def _join(notes: list[str], last: str | None = None) -> str:
 
 def section_decisions(
     section: str,
-    node: Mapping[str, Any],
+    node: NodeFacts,
     *,
     profile: str,
     only: Any = None,
@@ -668,7 +668,7 @@ def section_decisions(
 # ----------------------------------------------------------------------------------------------- per section
 
 
-def sections_runnable(node: Mapping[str, Any]) -> dict[str, tuple[bool, str]]:
+def sections_runnable(node: NodeFacts) -> dict[str, tuple[bool, str]]:
     """Which parts of the lab ``node`` runs at full size (``gpu`` profile), and why not: the doctor's and
     00_check_node's checklist, in the words of the decision above (bf16 on a V100 is the 16-mixed route; the
     offload run's host RAM is :func:`offload_fit`, the formula the run's gate uses).

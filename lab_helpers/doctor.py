@@ -15,20 +15,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from lab_helpers.decision import sections_runnable
-from lab_helpers.node import describe_node
+from lab_helpers.node import CheckedNodeFacts, describe_node
 
 OK, NOT_OK = "✔", "✘"
 CI_ONLY = "◐"  # runs on this machine, on the ci profile only (tiny stand-ins on the CPU)
 
 
-def check_node() -> dict[str, Any]:
+def check_node() -> CheckedNodeFacts:
     """``describe_node()`` plus what needs an imported torch and a look for nvcc: the doctor's full facts.
 
     The run records skip these (seconds per run); the doctor, asked once before a lease burns, can afford them.
     """
     from lab_helpers.cuda_compat import deepspeed_build_problem, nvcc_version, torch_facts
 
-    node = {**describe_node(), **torch_facts()}
+    node: CheckedNodeFacts = {**describe_node(), **torch_facts()}
     if node.get("gpus"):
         node["nvcc"], node["nvcc_release"] = nvcc_version()
         node["deepspeed_build_problem"] = deepspeed_build_problem(node.get("torch_cuda"), node["nvcc_release"])

@@ -24,7 +24,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from lab_helpers.paths import lab_home
 from lab_helpers.record_schema import GIB
@@ -38,18 +38,68 @@ BF16_MIN_CAPABILITY = (8, 0)
 TOPOLOGY_TIMEOUT_S = 5.0
 
 
+# ------------------------------------------------------------------------------------------------- types
+
+
+class GpuFacts(TypedDict):
+    """One GPU as NVML (or torch, where NVML cannot read) reports it."""
+
+    index: int
+    name: str
+    memory_total_gib: float | None  # the one GPU size the lab decides and predicts with (gpu_memory_gib)
+    compute_capability: str | None  # "8.0"
+    bf16_native: bool | None
+    nvlink_links_active: int | None
+
+
+class HostFacts(TypedDict):
+    """Host memory, a container's limit counted (host_memory_bytes), and CPUs."""
+
+    ram_total_gib: float | None
+    ram_available_gib: float | None
+    cpu_count: int | None
+
+
+class NodeFacts(TypedDict):
+    """This node, described once per process (:func:`describe_node`); a plain dict, so that tests and the decision
+    take recorded nodes (tests/node_fixtures.py) and records store it as JSON."""
+
+    hostname: str
+    python: str
+    packages: dict[str, str | None]
+    torch_cuda: str | None
+    driver_version: str | None
+    cuda_driver_version: str | None
+    gpus: list[GpuFacts]
+    gpu_count: int
+    interconnect: str | None
+    topology: str | None
+    nvml_error: str | None
+    host: HostFacts
+    disk_free_gib: float | None
+    lab_home: str
+
+
+class CheckedNodeFacts(NodeFacts, total=False):
+    """The node as the doctor checks it: what torch (``cuda_compat.torch_facts``) and the CUDA toolkit say here."""
+
+    torch_version: str | None
+    torch_cuda_available: bool
+    torch_arch_list: list[str]
+    nvcc: str | None
+    nvcc_release: str | None
+    deepspeed_build_problem: str | None
+
+
 # ------------------------------------------------------------------------------------------------ public
 
 
-def describe_node() -> dict[str, Any]:
-    """All the facts about this node that the lab uses, as one JSON-able dict.
+def describe_node() -> NodeFacts:
+    """All the facts about this node that the lab uses, as one JSON-able dict (:class:`NodeFacts`).
 
-    Keys: ``hostname``, ``python``, ``packages`` (name -> version or None), ``torch_cuda`` (the CUDA runtime
-    torch was built with), ``driver_version``, ``cuda_driver_version`` (the newest CUDA the driver supports),
-    ``gpus`` (list of dicts: index, name, memory_total_gib, compute_capability "8.0", bf16_native,
-    nvlink_links_active), ``gpu_count``, ``interconnect`` ("NVLink", "PCIe" or None without GPUs),
-    ``topology`` (``nvidia-smi topo -m`` output or None), ``nvml_error`` (why NVML gave nothing, or None),
-    ``host`` (ram_total_gib, ram_available_gib, cpu_count), ``disk_free_gib`` and ``lab_home``.
+    ``torch_cuda`` is the CUDA runtime torch was built with, ``cuda_driver_version`` the newest CUDA the driver
+    supports, ``interconnect`` "NVLink", "PCIe" or None without GPUs, ``topology`` ``nvidia-smi topo -m``'s
+    output or None, ``nvml_error`` why NVML gave nothing (or None).
     """
     hardware = copy.deepcopy(_hardware())  # NVML and nvidia-smi once per process; callers may change their copy
     home = lab_home()
@@ -213,7 +263,7 @@ def _gpu_entry(
     memory_total_bytes: int | None,
     capability: tuple[int, int] | None,
     nvlink_links_active: int | None,
-) -> dict[str, Any]:
+) -> GpuFacts:
     return {
         "index": index,
         "name": name,
@@ -224,7 +274,7 @@ def _gpu_entry(
     }
 
 
-def _gpus_from_torch() -> list[dict[str, Any]]:
+def _gpus_from_torch() -> list[GpuFacts]:
     """Fallback when NVML is unusable but torch has CUDA (slow: imports torch; only reached on GPU nodes)."""
     try:
         import torch
@@ -307,7 +357,7 @@ def host_memory_bytes() -> tuple[int | None, int | None]:
     return total, available
 
 
-def _host_memory() -> dict[str, Any]:
+def _host_memory() -> HostFacts:
     total, available = host_memory_bytes()
     return {
         "ram_total_gib": round(total / GIB, 1) if total else None,

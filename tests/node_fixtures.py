@@ -3,7 +3,8 @@
 A CPU cannot produce an NVML reading, so these are fixtures: GPU names, memory totals and compute capabilities
 as NVML reports them for these models (nvidia-smi's totals: H100 80GB HBM3 81559 MiB, H200 143771 MiB, A10G
 23028 MiB, A100-SXM4-40GB 40960 MiB, A100-SXM4-80GB 81920 MiB, L40S 46068 MiB, V100-SXM2-32GB 32510 MiB; capabilities from NVIDIA's CUDA GPU table), host RAM and
-packages as on typical cloud nodes of each kind. Only the keys the lab reads are filled in.
+packages as on typical cloud nodes of each kind. Every key of ``lab_helpers.node.NodeFacts`` is there
+(tests/test_node.py checks it), the ones the lab does not decide with as a plain value.
 """
 
 from __future__ import annotations
@@ -32,13 +33,19 @@ def _gpu(index: int, name: str, memory_mib: int, capability: str, nvlink: int) -
 def _node(gpus: list[dict[str, Any]], ram_gib: float, packages: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "hostname": "fixture",
+        "python": "3.12.3",
         "packages": dict(PACKAGES if packages is None else packages),
+        "torch_cuda": "12.8" if gpus else None,
+        "driver_version": "570.133.20" if gpus else None,
+        "cuda_driver_version": "12.8" if gpus else None,
         "gpus": gpus,
         "gpu_count": len(gpus),
         "interconnect": None if not gpus else ("NVLink" if any(g["nvlink_links_active"] for g in gpus) else "PCIe"),
+        "topology": None,
         "nvml_error": None if gpus else "NVML unavailable: NVML Shared Library Not Found",
         "host": {"ram_total_gib": ram_gib, "ram_available_gib": ram_gib * 0.9, "cpu_count": 16},
         "disk_free_gib": 500.0,
+        "lab_home": "/home/student/lab",
     }
 
 

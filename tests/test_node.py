@@ -122,6 +122,26 @@ V100 = {"name": "Tesla V100-SXM2-16GB", "total": 17179869184, "cc": (7, 0), "lin
 ALL = {"torch": "2.5", "lightning": "2.6", "litgpt": "0.5.13", "deepspeed": "0.16", "bitsandbytes": "0.45"}
 
 
+def _keys_of(facts, typed) -> None:
+    """``facts`` has exactly the keys of the TypedDict ``typed`` (its required ones; optional ones allowed)."""
+    assert typed.__required_keys__ <= set(facts) <= typed.__required_keys__ | typed.__optional_keys__, (
+        set(facts) ^ typed.__required_keys__
+    )
+
+
+def test_the_node_is_one_typed_object_and_the_recorded_nodes_have_its_shape(fake_nvml):
+    """describe_node (here, and with NVML's GPUs) and every recorded node the decision tests use have NodeFacts'
+    keys, their GPUs GpuFacts' and their host HostFacts': a fixture cannot drift from what a node reports."""
+    from node_fixtures import NODES
+
+    for facts in (node.describe_node(), fake_nvml([H100] * 4, packages=ALL), *NODES.values()):
+        _keys_of(facts, node.NodeFacts)
+        _keys_of(facts["host"], node.HostFacts)
+        for gpu in facts["gpus"]:
+            _keys_of(gpu, node.GpuFacts)
+    _keys_of(doctor.check_node(), node.CheckedNodeFacts)  # this machine: torch's facts, no nvcc without GPUs
+
+
 def test_four_h100_with_nvlink_run_everything(fake_nvml):
     facts = fake_nvml([H100] * 4, packages=ALL)
     json.dumps(facts)
