@@ -42,6 +42,12 @@ def _assert_one_ok_record_per_rank(
         assert record["device_name"].startswith("cpu (")
         assert [row["iter"] for row in record["per_iteration"]] == list(range(1, warmup + timed + 1))
         assert all(row["iter_time_s"] > 0 and row["tokens"] > 0 for row in record["per_iteration"])
+        # where the time went, as the litgpt child reports it: this rank's CPU over the timed loop, and the loop on
+        # the host's clock (on a GPU, gpu_busy_pct averages NVML over it; on a CPU there is no GPU to be busy)
+        start, end = record["loop_monotonic_s"]
+        assert end - start == pytest.approx(record["train_s"], abs=0.25), "the window is the timed loop"
+        assert 0 < record["host_core_pct"] and 0 <= record["loop_window_s"][0] < record["loop_window_s"][1]
+        assert record["gpu_busy_pct"] is None and "no GPU" in record["gpu_busy_reason"]
 
 
 def _kill_rank1_after_first_iteration(results: Path, killed: dict, timeout_s: float = 240) -> None:

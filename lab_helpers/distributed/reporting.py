@@ -85,6 +85,19 @@ class RankReport:
         return self._written
 
 
+def _clocks() -> tuple[float, float]:
+    return time.monotonic(), time.process_time()
+
+
+def host_fields(start: tuple[float, float] | None, end: tuple[float, float]) -> dict[str, Any]:
+    """``host_core_pct`` and ``loop_monotonic_s`` from the (monotonic, process CPU) clocks at the timed loop's start
+    and end; None where the loop never started."""
+    if start is None or end[0] <= start[0]:
+        return {"host_core_pct": None, "loop_monotonic_s": None}
+    wall_s = end[0] - start[0]
+    return {"host_core_pct": 100 * (end[1] - start[1]) / wall_s, "loop_monotonic_s": [start[0], end[0]]}
+
+
 class ReportCallback(L.Callback):
     """Times the loop, counts tokens of this rank, prints litgpt-style progress on rank 0, writes the report.
 
@@ -105,6 +118,11 @@ class ReportCallback(L.Callback):
         self._iter_t0 = 0.0
         self._seen = 0  # micro-batches so far, warm-up included
         self._warmup: dict[str, Any] | None = None  # counts at the end of the warm-up step
+        # (time.monotonic, time.process_time) where the loop starts and where its warm-up ends: host_core_pct
+        # (this rank's CPU time, every thread, over the timed loop's wall time) and loop_monotonic_s, which
+        # gpu_busy_pct averages NVML over, as the litgpt child reports them
+        self._loop_clock: tuple[float, float] | None = None
+        self._steady_clock: tuple[float, float] | None = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.report.rank = trainer.global_rank
@@ -115,6 +133,7 @@ class ReportCallback(L.Callback):
             self.report.tensors.seed(local_tensors([*pl_module.parameters(), *pl_module.buffers()]))
             self.report._loop_started = True
         self._train_t0 = time.perf_counter()
+        self._loop_clock = _clocks()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         self._iter_t0 = time.perf_counter()
@@ -133,6 +152,7 @@ class ReportCallback(L.Callback):
         fields["train_s"] = now - (self._train_t0 or self._iter_t0)
         if self._seen == accum * self.warmup_steps:  # the warm-up ends here: what follows is timed and counted
             self._warmup = {"t": now, **{k: fields[k] for k in ("iterations", "samples", "tokens", "tokens_padded")}}
+            self._steady_clock = _clocks()
             fields["warmup_s"], fields["warmup_iterations"] = fields["train_s"], self._seen
             for key in ("iterations", "samples", "tokens", "tokens_padded"):
                 fields[key] = 0
@@ -162,6 +182,8 @@ class ReportCallback(L.Callback):
                 for key in ("iterations", "samples", "tokens", "tokens_padded"):
                     fields[key] = self._warmup[key]
             fields["warmup_s"], fields["warmup_iterations"] = None, 0
+        steady = self._warmup is not None and fields["iterations"] > 0
+        fields.update(host_fields(self._steady_clock if steady else self._loop_clock, _clocks()))
         self.report.write("ok")
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
