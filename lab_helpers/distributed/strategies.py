@@ -9,7 +9,7 @@ to a strategy object, and to the words recorded as ``strategy_used`` so a result
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -47,6 +47,8 @@ class StrategyCall:
 
     class_name: str  # in lightning.pytorch.strategies
     kwargs: dict[str, Any]
+    # the lab's settings it was chosen from, as the record names them (fsdp: fsdp_impl, wrap, sharding)
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def build(self, **plumbing: Any) -> Any:
         import lightning.pytorch.strategies as strategies
@@ -81,15 +83,18 @@ def strategy_call(
             raise ValueError(f"wrap {wrap!r} is not one of {', '.join(WRAP_POLICIES)}")
         if sharding not in SHARDINGS:
             raise ValueError(f"sharding {sharding!r} is not one of {', '.join(SHARDINGS)}")
-        if resolve_fsdp_impl(fsdp_impl, on_cuda=on_cuda) == "fsdp1":
+        impl = resolve_fsdp_impl(fsdp_impl, on_cuda=on_cuda)
+        settings = {"fsdp_impl": impl, "wrap": wrap, "sharding": sharding}
+        if impl == "fsdp1":
             from litgpt.model import Block
 
+            policy = {Block} if wrap == "block" else None
             return StrategyCall(
-                "FSDPStrategy",
-                {"sharding_strategy": SHARDINGS[sharding], "auto_wrap_policy": {Block} if wrap == "block" else None},
+                "FSDPStrategy", {"sharding_strategy": SHARDINGS[sharding], "auto_wrap_policy": policy}, settings
             )
         # pure data parallel over every rank; the module's configure_model applies fully_shard (FSDP2)
-        return StrategyCall("ModelParallelStrategy", {"data_parallel_size": world_size, "tensor_parallel_size": 1})
+        kwargs = {"data_parallel_size": world_size, "tensor_parallel_size": 1}
+        return StrategyCall("ModelParallelStrategy", kwargs, settings)
     # deepspeed-zero2 | deepspeed-zero3
     if deepspeed_config is None:
         raise ValueError(f"{name} needs the DeepSpeed config (lab_helpers.distributed.deepspeed_config)")
@@ -102,34 +107,16 @@ def collective_timeout() -> timedelta:
     return timedelta(seconds=float(os.environ.get("LAB_DIST_TIMEOUT_S", DEFAULT_COLLECTIVE_TIMEOUT_S)))
 
 
-def make_strategy(
-    name: str,
-    *,
-    on_cuda: bool,
-    world_size: int,
-    wrap: str = "block",
-    fsdp_impl: str = "auto",
-    deepspeed_config: dict[str, Any] | None = None,
-    sharding: str = "full",
-    simulated: bool = False,
-    ddp_bucket_view: bool = True,
-) -> StrategyChoice:
+def make_strategy(name: str, *, on_cuda: bool, simulated: bool = False, **settings: Any) -> StrategyChoice:
     """The strategy object for ``name`` on this hardware (imports are local: each pulls in heavy modules).
 
-    ``simulated``: rank 0 of a world played alone on torch's fake process group (``simulated``); the same
-    strategy classes, with the backend named ``fake`` and DDP's all-reduce hook replaced (below).
-    ``ddp_bucket_view=False`` is torch's (and the course's) default: gradients and buckets two copies.
+    ``settings`` are :func:`strategy_call`'s (``world_size``, ``wrap``, ``fsdp_impl``, ``deepspeed_config``,
+    ``sharding``, ``ddp_bucket_view``). ``simulated``: rank 0 of a world played alone on torch's fake process
+    group (``simulated``); the same strategy classes, with the backend named ``fake`` and DDP's all-reduce hook
+    replaced (below). ``ddp_bucket_view=False`` is torch's (and the course's) default: gradients and buckets two
+    copies.
     """
-    call = strategy_call(
-        name,
-        on_cuda=on_cuda,
-        world_size=world_size,
-        wrap=wrap,
-        fsdp_impl=fsdp_impl,
-        deepspeed_config=deepspeed_config,
-        sharding=sharding,
-        ddp_bucket_view=ddp_bucket_view,
-    )
+    call = strategy_call(name, on_cuda=on_cuda, **settings)
     backend = "fake" if simulated else "nccl" if on_cuda else "gloo"
     where = "CUDA" if on_cuda else "CPU"
     plumbing = {"process_group_backend": backend, "timeout": collective_timeout()}
@@ -146,18 +133,19 @@ def make_strategy(
             strategy = SimulatedDDPStrategy(**call.kwargs, **plumbing, ddp_comm_hook=noop_hook)
         else:
             strategy = call.build(**plumbing)
-        views = "" if ddp_bucket_view else ", gradient_as_bucket_view=False"
+        views = "" if call.kwargs["gradient_as_bucket_view"] else ", gradient_as_bucket_view=False"
         noop = ", all-reduce hook: noop_hook" if simulated else ""
         return StrategyChoice(strategy, f"ddp (DDPStrategy{views}, {backend}{noop}, {where})")
     if name == "fsdp":
+        impl, wrap, sharding = call.settings["fsdp_impl"], call.settings["wrap"], call.settings["sharding"]
         wrap_words = "wrap per transformer block" if wrap == "block" else "one unit, no per-block wrap"
-        if call.class_name == "FSDPStrategy":
+        if impl == "fsdp1":
             shard_words = "full shard" if sharding == "full" else "SHARD_GRAD_OP"
             label = f"fsdp1 (FSDPStrategy, {shard_words}, {wrap_words}, {where})"
-            return StrategyChoice(call.build(**plumbing), label, "fsdp1", wrap, sharding)
-        reshard = "" if sharding == "full" else " reshard_after_forward=False (SHARD_GRAD_OP)"
-        label = f"fsdp2 (ModelParallelStrategy, fully_shard{reshard}, {wrap_words}, {where})"
-        return StrategyChoice(call.build(**plumbing), label, "fsdp2", wrap, sharding)
+        else:
+            reshard = "" if sharding == "full" else " reshard_after_forward=False (SHARD_GRAD_OP)"
+            label = f"fsdp2 (ModelParallelStrategy, fully_shard{reshard}, {wrap_words}, {where})"
+        return StrategyChoice(call.build(**plumbing), label, impl, wrap, sharding)
     zero = call.kwargs["config"].get("zero_optimization", {})
     words = f"deepspeed zero{zero.get('stage', 3)}" + (" + cpu offload" if "offload_optimizer" in zero else "")
     if on_cuda:

@@ -84,12 +84,12 @@ def strategy_from_args(args: argparse.Namespace, *, on_cuda: bool) -> tuple[Any,
     choice = make_strategy(
         args.strategy,
         on_cuda=on_cuda,
+        simulated=bool(args.simulate_world),
         world_size=world_size_of(args),
         wrap=args.wrap,
         fsdp_impl=args.fsdp_impl,
         deepspeed_config=ds_config,
         sharding=args.sharding,
-        simulated=bool(args.simulate_world),
         ddp_bucket_view=not args.no_bucket_view,
     )
     return choice, ds_config
