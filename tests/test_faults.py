@@ -8,6 +8,7 @@ memory; a write cut half-way stands for an interrupt landing between two partial
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -150,17 +151,24 @@ def test_a_launcher_killed_while_the_rank_imports_torch_leaves_nothing_running(c
         start_new_session=True,
     )
     launcher = psutil.Process(proc.pid)
-    deadline = time.monotonic() + 60
-    # the rank once it has exec'd: between fork and exec a child shows its parent's command line (seen under load)
-    while not (children := _exec_d(launcher)) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    [child] = children
-    assert "lab_helpers.distributed.train" in " ".join(child.cmdline())
-    proc.kill()  # the launcher dies before the child could have started a polling guard
-    proc.wait()
-    gone, alive = psutil.wait_procs([child], timeout=15)
-    assert not alive, [p.cmdline() for p in alive]
-    assert not _wait_gone(str(results), 5)  # this run's ranks (their --recipe is under it), not another test's
+    tree = [launcher]
+    try:
+        deadline = time.monotonic() + 60
+        # the rank once it has exec'd: a child shows its parent's command line between fork and exec (seen under load)
+        while not (children := _exec_d(launcher)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        tree += launcher.children(recursive=True)
+        [child] = children
+        assert "lab_helpers.distributed.train" in " ".join(child.cmdline())
+        proc.kill()  # the launcher dies before the child could have started a polling guard
+        proc.wait()
+        gone, alive = psutil.wait_procs([child], timeout=15)
+        assert not alive, [p.cmdline() for p in alive]
+        assert not _wait_gone(str(results), 5)  # this run's ranks (their --recipe is under it), not another test's
+    finally:  # a failed assertion must not leave a 10000-step run on the CI machine's two cores
+        for process in tree:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
 
 
 def _exec_d(launcher: psutil.Process) -> list[psutil.Process]:
