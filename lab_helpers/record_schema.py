@@ -206,7 +206,8 @@ def record_problems(record: Mapping[str, Any]) -> list[str]:
         value = record.get(key)
         if value is None or unit not in _NUMERIC_UNITS:
             continue
-        values = value.values() if isinstance(value, Mapping) else [value]
+        # per GPU {index: value}, or a [start, end] pair (loop_window_s): each a number of the unit
+        values = value.values() if isinstance(value, Mapping) else value if isinstance(value, list | tuple) else [value]
         if any(isinstance(v, bool) or not isinstance(v, int | float) for v in values):
             problems.append(f"{key} ({unit}) is not a number: {value!r}")
     return problems
