@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# One slice of GPU time is one command: bash scripts/gpu-chunk.sh CHUNK --out DIR [--wheels DIR] [--dry-run]
+#
+# Why: GPU time comes in slices of 15 minutes (machine start included), at most 10 minutes a command, the machine
+# handed back seconds after it ends, and only DIR comes back (8 files of 16 MiB, 2 folders deep). So a chunk does
+# preflight, install, checkpoints and runs under ONE deadline that counts everything, and after every step it
+# copies what is done into DIR: a kill at the limit loses at most the step in flight, and one oversized file
+# (a profile trace) never takes the records with it.
+#
+#   CHUNK          speed | ranks | single-7b | 13b | offload   (the GPU issues; steps below, costs in
+#                  configs/gpu-chunk-costs.tsv; docs/measuring-on-a-gpu.md has the table)
+#   --out DIR      the folder that comes back (default: $OUT); it holds at most 7 files:
+#                    chunk.log             preflight, every step's time and outcome, the summary
+#                    runs.jsonl            the records so far (the lab's schema)
+#                    results.tar.gz        LAB_RESULTS without traces: timelines, logs, preflight, prepare log
+#                    trace-<run>.json.gz   one per profiled run, if it fits (else the log says so)
+#                    measurement-overhead.txt   benchmarks/measurement_overhead.py's table (speed)
+#   --wheels DIR   install these wheels first (from `python -m lab_helpers wheelhouse --node-has ...`)
+#   --deadline-s S start no step after S seconds from the script's start (default 540; dry run 900)
+#   --dry-run      the same chunk on the ci profile on a CPU: tiny models, same streaming and limits
+set -uo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo" || exit 1
+
+chunk="" out="${OUT:-}" wheels="" deadline_s="" dry=0
+while (($#)); do
+    case "$1" in
+        --out) out="${2:-}"; shift 2 ;;
+        --wheels) wheels="${2:-}"; shift 2 ;;
+        --deadline-s) deadline_s="${2:-}"; shift 2 ;;
+        --dry-run) dry=1; shift ;;
+        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -*) echo "gpu-chunk: unknown option $1 (see --help)" >&2; exit 2 ;;
+        *) [[ -z $chunk ]] || { echo "gpu-chunk: one chunk per command; got $chunk and $1" >&2; exit 2; }
+           chunk="$1"; shift ;;
+    esac
+done
+
+# The chunks: each step is `run ID [ARGS]` (python -m lab_helpers run, quick mode) or `overhead ID`.
+models="" steps=()
+case "$chunk" in
+    speed) models=1b
+        steps=("run lora-1b --profile-steps 2" "run bf16-true --profile-steps 2" "run small-batch --profile-steps 2"
+               "run grad-accum" "run bf16-mixed" "run fill-gpu" "overhead lora-1b" "run lora-1b") ;;
+    ranks) models=7b
+        steps=("run fsdp --simulate-world 4" "run ddp --simulate-world 4" "run fsdp-grad-op --simulate-world 4"
+               "run fsdp-bs8 --simulate-world 4" "run ddp-course --simulate-world 4" "run fsdp-course --simulate-world 4"
+               "run fsdp --simulate-world 8" "run ddp --simulate-world 8") ;;
+    single-7b) models=7b
+        steps=("run one-gpu" "run act-ckpt" "run adamw-8bit" "run full-7b" "run lora-7b" "run qlora-7b"
+               "run qlora-7b --set train.micro_batch_size=1") ;;
+    13b) models=13b
+        steps=("run full-13b-sgd" "run lora-13b" "run full-13b") ;;
+    offload) models=7b
+        steps=("run deepspeed-zero2-offload --set checkpoint_dir=checkpoints/openlm-research/open_llama_7b"
+               "run deepspeed-offload --set checkpoint_dir=checkpoints/openlm-research/open_llama_7b") ;;
+    "") echo "gpu-chunk: name a chunk: speed, ranks, single-7b, 13b or offload (see --help)" >&2; exit 2 ;;
+    *) echo "gpu-chunk: unknown chunk '$chunk': speed, ranks, single-7b, 13b or offload" >&2; exit 2 ;;
+esac
+[[ -n $out ]] || { echo "gpu-chunk: give --out DIR (or set OUT): the folder that comes back" >&2; exit 2; }
+deadline_s="${deadline_s:-$((dry ? 900 : 540))}"
+[[ $deadline_s =~ ^[0-9]+$ ]] || { echo "gpu-chunk: --deadline-s $deadline_s: give whole seconds" >&2; exit 2; }
+if [[ -n $wheels ]] && ! compgen -G "$wheels/*.whl" >/dev/null; then
+    echo "gpu-chunk: --wheels $wheels holds no wheels" >&2; exit 2
+fi
+mkdir -p "$out" || { echo "gpu-chunk: cannot make --out $out" >&2; exit 2; }
+out="$(cd "$out" && pwd)"
+
+started=$SECONDS
+python="${LAB_PYTHON:-python3}"
+profile=gpu; ((dry)) && profile=ci
+work="$(mktemp -d "${TMPDIR:-/tmp}/gpu-chunk-XXXXXX")"
+export LAB_PROFILE="$profile" LAB_RESULTS="$work/results" PYTHONUNBUFFERED=1
+unset PYTHONDONTWRITEBYTECODE  # wheels go in --no-compile: the first import writes the .pyc for every later run
+mkdir -p "$LAB_RESULTS/preflight" "$LAB_RESULTS/steps"
+log="$out/chunk.log"
+trace_cap_bytes="${LAB_TRACE_CAP_BYTES:-$((15 * 1024 * 1024))}"
+say() { echo "gpu-chunk [$((SECONDS - started)) s]: $*" | tee -a "$log"; }
+left_s() { echo $((deadline_s - (SECONDS - started))); }
+
+# shellcheck disable=SC2317  # called after each step and at exit
+stream() {  # what is done so far into $out, each file replaced whole (written beside, then renamed)
+    if [[ -f $LAB_RESULTS/runs.jsonl ]]; then
+        cp "$LAB_RESULTS/runs.jsonl" "$out/.runs.jsonl.part" && mv -f "$out/.runs.jsonl.part" "$out/runs.jsonl"
+    fi
+    local trace name size
+    while IFS= read -r trace; do
+        name="trace-$(basename "$(dirname "$(dirname "$trace")")").json.gz"
+        [[ -e $out/$name || -e $work/shipped-$name ]] && continue
+        : >"$work/shipped-$name"
+        gzip -c "$trace" >"$work/$name"
+        size=$(stat -c %s "$work/$name")
+        if ((size > trace_cap_bytes)); then
+            say "trace $name: $((size / 1048576)) MiB gzipped, over the cap of $((trace_cap_bytes / 1048576)) MiB: not shipped (its summary is in the record)"
+        elif (($(find "$out" -maxdepth 1 -type f | wc -l) >= 7)); then
+            say "trace $name: not shipped (the output folder holds 7 files already)"
+        else
+            mv -f "$work/$name" "$out/$name" && say "trace $name: shipped, $((size / 1024)) KiB"
+        fi
+        rm -f "$work/$name"
+    done < <(find "$LAB_RESULTS/runs" -path '*/profile/trace.json' 2>/dev/null | sort)
+    tar czf "$out/.results.tar.gz.part" --exclude='trace.json' --exclude='*.pth' --exclude='*.safetensors' \
+        --exclude='tokenizer*.json' -C "$LAB_RESULTS" . 2>>"$log" &&
+        mv -f "$out/.results.tar.gz.part" "$out/results.tar.gz"
+}
+trap 'stream' EXIT
+
+say "$chunk on ${HOSTNAME:-?}, $(date -u +%FT%TZ): profile $profile, deadline ${deadline_s}s, ${#steps[@]} steps, out $out"
+
+# --- preflight: what the node has, in the first seconds, written out at once ------------------------------
+pre="$LAB_RESULTS/preflight"
+{ nvidia-smi 2>&1 || echo "no nvidia-smi"; } >"$pre/nvidia-smi.txt"
+"$python" -m pip list --format=freeze >"$pre/pip-freeze.txt" 2>&1
+{ df -h "$repo" /tmp /dev/shm; echo; free -g; echo; nproc; } >"$pre/host.txt" 2>&1
+write_s=$( { TIMEFORMAT=%R; time dd if=/dev/zero of="$work/dd.bin" bs=1M count=512 conv=fdatasync status=none; } 2>&1 )
+rm -f "$work/dd.bin"
+"$python" - >"$pre/torch.txt" 2>&1 <<'EOF'
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print("gpu", p.name, f"{p.total_memory / 2**30:.1f} GiB", "sms", p.multi_processor_count)
+EOF
+say "preflight: $(tr '\n' ' ' <"$pre/torch.txt"); 512 MiB written in ${write_s}s; $(awk '/^Mem:/ {print "RAM " $2 " GiB, free " $7}' "$pre/host.txt"); /dev/shm free $(df -BG --output=avail /dev/shm 2>/dev/null | tail -1 | tr -d ' ')"
+if ((!dry)) && ! grep -q "available True" "$pre/torch.txt"; then
+    say "stopped: torch sees no CUDA GPU here (see preflight/torch.txt); use --dry-run on a CPU"; exit 1
+fi
+
+# --- install the carried wheels, then check the imports the chunk needs --------------------------------------
+if [[ -n $wheels ]]; then
+    t0=$SECONDS
+    site="$work/site"
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+        "$wheels"/*.whl >"$pre/pip-install.txt" 2>&1 || { say "stopped: installing $wheels failed (preflight/pip-install.txt)"; exit 1; }
+    export PYTHONPATH="$site:$repo${PYTHONPATH:+:$PYTHONPATH}"
+    say "installed $(find "$wheels" -name '*.whl' | wc -l) wheels in $((SECONDS - t0)) s"
+else
+    export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+fi
+t0=$SECONDS
+if ! "$python" -c "import litgpt, lightning, lab_helpers.lab, lab_helpers.planner" >"$pre/imports.txt" 2>&1; then
+    say "stopped: the imports failed: $(tail -n 1 "$pre/imports.txt") (preflight/imports.txt)"; exit 1
+fi
+say "imports ok in $((SECONDS - t0)) s"
+
+# --- checkpoints: only the sizes the chunk needs, each build timed, its whole output kept --------------------
+t0=$SECONDS
+if ((dry)); then
+    prepare=(-m lab_helpers prepare --profile ci)
+else
+    prepare=(-m lab_helpers prepare --profile gpu --random-weights --models "$models")
+fi
+if ! "$python" "${prepare[@]}" >"$LAB_RESULTS/prepare.log" 2>&1; then
+    say "stopped: building checkpoints failed: $(tail -n 1 "$LAB_RESULTS/prepare.log") (prepare.log)"; exit 1
+fi
+say "checkpoints ready ($( ((dry)) && echo "the ci models" || echo "$models")) in $((SECONDS - t0)) s"
+stream
+
+# --- the steps, in value order, under the one deadline -----------------------------------------------------
+min_s_for() {  # the committed cost table's seconds for this step on this profile (60 when unlisted)
+    awk -v id="$1" -v p="$profile" -F'\t' '$1 == id && $2 == p {print $3; found=1; exit} END {if (!found) print 60}' \
+        configs/gpu-chunk-costs.tsv
+}
+status=0 number=0 not_run=()
+for step in "${steps[@]}"; do
+    number=$((number + 1))
+    read -r kind id rest <<<"$step"
+    key="$id"; [[ $step == *--profile-steps* ]] && key="$id+profile"; [[ $kind == overhead ]] && key="overhead-$id"
+    need_s=$(min_s_for "$key") left=$(left_s)
+    if ((left < need_s)); then
+        say "not started: $step (needs ~${need_s} s, ${left} s left)"; not_run+=("$step"); status=1; continue
+    fi
+    step_log="$LAB_RESULTS/steps/$(printf %02d "$number")-$id.log"
+    t0=$SECONDS
+    if [[ $kind == overhead ]]; then
+        # shellcheck disable=SC2086  # $rest holds the step's own arguments
+        LAB_RESULTS="$work/overhead" timeout -s INT -k 20 "$((left - 5))" "$python" benchmarks/measurement_overhead.py \
+            --profile "$profile" --steps 12 --repeat 1 "$id" >"$out/measurement-overhead.txt" 2>"$step_log"
+        rc=$?
+        cat "$out/measurement-overhead.txt" >>"$log"
+    else
+        # shellcheck disable=SC2086  # $rest holds the step's own arguments
+        "$python" -m lab_helpers run "$id" --profile "$profile" --quick --quiet --time-limit "$((left - 25))" \
+            $rest >"$step_log" 2>&1
+        rc=$?
+    fi
+    ((rc == 0)) || status=1
+    say "$step: exit $rc after $((SECONDS - t0)) s; $(grep -v '^\s*$' "$step_log" | tail -n 1 | cut -c1-240)"
+    stream
+done
+
+# --- what ran, what did not, and how to export --------------------------------------------------------------
+"$python" - "$LAB_RESULTS/runs.jsonl" <<'EOF' | tee -a "$log"
+import json, sys
+try:
+    lines = open(sys.argv[1]).read().splitlines()
+except OSError:
+    lines = []
+for line in lines:
+    r = json.loads(line)
+    print(f"  {r.get('experiment')}: {r.get('status')}  peak {r.get('peak_alloc_gib')} GiB  iter median "
+          f"{r.get('iter_median_s')} s  gpu busy {r.get('gpu_busy_pct')} %  bound {r.get('bound')}  "
+          f"quick_stop {r.get('quick_stop')}  {r.get('reason') or ''}")
+EOF
+((${#not_run[@]})) && say "not run (deadline): ${not_run[*]}"
+say "done in $((SECONDS - started)) s. Export on the CPU: python -m lab_helpers export-reference --from $out/runs.jsonl"
+exit $status
