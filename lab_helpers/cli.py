@@ -97,9 +97,22 @@ def build_parser() -> argparse.ArgumentParser:
     merge = sub.add_parser("merge-records", help="append the records a run had to store elsewhere to the results file")
     merge.add_argument("file", help="the fallback file the run named (runs.<run_id>.jsonl or runs/<run_id>/record.jsonl)")
 
-    export = sub.add_parser("export-reference", help="ship the latest records of a profile as reference results")
-    export.add_argument("name", help="e.g. the GPU: H100-80GB")
+    export = sub.add_parser("export-reference", help="add records to the reference results, one file per GPU")
+    export.add_argument(
+        "name",
+        nargs="?",
+        default=None,
+        help="reference_results/NAME.jsonl (default: named after the records' GPU, e.g. h100-80gb, h200-141gb; "
+        "needed for records without a GPU, e.g. ci-cpu)",
+    )
     _add_profile(export)
+    export.add_argument(
+        "--from",
+        dest="source",
+        default=None,
+        metavar="FILE",
+        help="every record of FILE (e.g. the runs.jsonl a GPU chunk brought back) instead of the latest of $LAB_RESULTS",
+    )
     export.add_argument("--note", default="", help="how the runs were made (command, GPU, random weights)")
 
     compare = sub.add_parser("compare", help="write the comparison table and plots")
@@ -259,9 +272,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 def _cmd_export_reference(args: argparse.Namespace) -> int:
     from lab_helpers.lab import default_profile
-    from lab_helpers.reference import export_reference
+    from lab_helpers.reference import export_references
 
-    print(f"wrote {export_reference(args.name, profile=args.profile or default_profile(), note=args.note)}")
+    profile = args.profile or (None if args.source else default_profile())  # --from: the file's one profile
+    for exported in export_references(args.name, profile=profile, note=args.note, source=args.source):
+        print(exported.line())
     return 0
 
 

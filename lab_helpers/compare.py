@@ -334,7 +334,18 @@ def _measured_on(frame: pd.DataFrame) -> list[str]:
     if not _is_gpu(frame):
         return [CODE_PATH_ONLY] * len(frame)
     names = frame["device_name"] if "device_name" in frame else pd.Series([None] * len(frame))
-    return [f"{GPU_MEASUREMENT} ({gpu})" if isinstance(gpu, str) and gpu else GPU_MEASUREMENT for gpu in names]
+    environments = frame["environment"] if "environment" in frame else pd.Series([None] * len(frame))
+    gpus = [
+        name if isinstance(name, str) and name else _first_gpu(environment)
+        for name, environment in zip(names, environments, strict=True)
+    ]
+    return [f"{GPU_MEASUREMENT} ({gpu})" if isinstance(gpu, str) and gpu else GPU_MEASUREMENT for gpu in gpus]
+
+
+def _first_gpu(environment: Any) -> str | None:
+    """The node's first GPU, for a record without a ``device_name`` (a skipped run measured nothing)."""
+    names = environment.get("gpu_names") if isinstance(environment, Mapping) else None
+    return names[0] if isinstance(names, list) and names and isinstance(names[0], str) else None
 
 
 def reference_label(frame: pd.DataFrame) -> str:
