@@ -95,6 +95,10 @@ class _TrainingClock:
         self.train_args: Any = None  # litgpt's TrainArgs, the object its fit loop reads ``epochs`` from
         self.quick_stop: str | None = None
         self.quick_stop_halves_pct: float | None = None
+        # quick mode with --profile-steps: (perf_counter, process_time) when the timing ended and the profiled steps
+        # began, and the tokens and padded tokens of those steps (left out of the timed part like warm-up's)
+        self.after_timing: tuple[float, float] | None = None
+        self.after_timing_tokens = [0, 0]
 
     def wrap_fit(self, fit):
         def timed_fit(*args, **kwargs):
@@ -141,10 +145,12 @@ class _TrainingClock:
         self.warmup_iterations, self.epochs = accumulation * warmup_steps, epochs
         self.quick, self.accumulation, self.train_args = quick, accumulation, train_args
         if self.profile_steps:
+            # full mode profiles the steps right after warm-up; quick mode the steps after its timing ends (the
+            # rule decides when), so that a profiled quick run times the same micro-batches as an unprofiled one
             out_dir = Path(os.environ.get(PROFILE_DIR_ENV) or "profile")
-            self.profiler = StepProfiler(
-                self.profile_steps, accumulation=accumulation, first_iter=self.warmup_iterations + 1, out_dir=out_dir
-            )
+            first_iter = None if quick else self.warmup_iterations + 1
+            self.profiler = StepProfiler(self.profile_steps, accumulation=accumulation, first_iter=first_iter,
+                                         out_dir=out_dir)  # fmt: skip
         return _WatchedBatches(dataloader, self)
 
     def _mark(self, name: str) -> None:
@@ -156,9 +162,12 @@ class _TrainingClock:
             self._mark("steady_start")
         if self.profiler is not None:
             self.profiler.at_batch(len(self.batch_starts))
-        if len(self.batch_starts) <= self.warmup_iterations:  # .item() syncs: only during warm-up
-            self.warmup_tokens[0] += int(batch["token_counts"]["raw_plus_prompt_template"].sum().item())
-            self.warmup_tokens[1] += int(batch["input_ids"].numel())
+        untimed = self.warmup_tokens if len(self.batch_starts) <= self.warmup_iterations else None
+        if self.after_timing is not None:  # quick mode's profiled steps after its timing ended
+            untimed = self.after_timing_tokens
+        if untimed is not None:  # the batch is still on the host: no device sync
+            untimed[0] += int(batch["token_counts"]["raw_plus_prompt_template"].sum().item())
+            untimed[1] += int(batch["input_ids"].numel())
 
     def rule_times_s(self, now: float) -> list[float]:
         """Seconds of each timed iteration so far (the last one ends ``now``), validation and example generation
@@ -166,8 +175,9 @@ class _TrainingClock:
         starts = [*self.batch_starts[self.warmup_iterations :], now]
         first_iter = self.warmup_iterations + 1
         profiled = range(0)
-        if self.profiler is not None:  # the profiled steps and the micro-batch that stops the profiler
-            profiled = range(self.profiler.first_iter, self.profiler.first_iter + self.profile_steps * self.accumulation + 1)
+        # the profiled steps and the micro-batch that stops the profiler
+        if self.profiler is not None and self.profiler.first_iter is not None:
+            profiled = range(self.profiler.first_iter, self.profiler.last_iter + 2)
         return [
             b - a - self._excluded_between(a, b)
             for number, (a, b) in enumerate(zip(starts, starts[1:], strict=False), start=first_iter)
@@ -175,16 +185,41 @@ class _TrainingClock:
         ]
 
     def should_stop(self) -> bool:
-        """Quick mode, at an optimizer step's end after warm-up: whether the stopping rule ends the timing here."""
+        """Quick mode, at an optimizer step's end after warm-up: whether the loop ends here. The stopping rule ends
+        the timing; with ``--profile-steps`` the profiled steps follow it, left out of every time figure, and the
+        loop ends after them."""
         done = len(self.batch_starts) - self.warmup_iterations
-        if not self.quick or self.quick_stop is not None or done <= 0 or done % self.accumulation:
+        if not self.quick or done <= 0 or done % self.accumulation:
             return False
+        if self.quick_stop is not None:  # only profiled steps run after the timing: end after their window
+            if self.after_timing is None or len(self.batch_starts) < self.profiler.last_iter:
+                return False
+            self.profiler.stop_after_window()
+            began, thread_began = self.after_timing
+            self.excluded.append((began, time.perf_counter()))
+            self.excluded_thread_s.append((began, time.process_time() - thread_began))
+            return True
         times = self.rule_times_s(time.perf_counter())
-        reason = stop_reason(times, stable_pct=stable_halves_pct())
+        reason = stop_reason(times, stable_pct=stable_halves_pct()) or ("run_end" if self._own_steps_done() else None)
         if reason is None:
             return False
         self._say_stop(reason, times)
-        return True
+        if self.profiler is None or self.profiler.first_iter is not None:
+            return True
+        self._mark("timing_end")  # the loop window (host_core_pct, gpu_busy_pct) ends with the timing
+        self.after_timing = (time.perf_counter(), time.process_time())
+        self.profiler.begin_at(len(self.batch_starts) + 1)
+        return False
+
+    def _own_steps_done(self) -> bool:
+        """A profiled quick run whose rule has not ended the timing: whether the recipe's own steps are done, so that
+        the steps the launcher added for the profile (``lab._with_profiled_steps``: N + 1) are profiled now."""
+        if self.profiler is None or self.profiler.first_iter is not None or self.train_args is None:
+            return False
+        max_steps = getattr(self.train_args, "max_steps", None)
+        if not max_steps:
+            return False  # a run by epochs ends with its data: no room was made for the profile
+        return len(self.batch_starts) >= (max_steps - self.profile_steps - 1) * self.accumulation
 
     def _say_stop(self, reason: str, times: list[float]) -> None:
         from lab_helpers.iteration_times import iteration_stats
@@ -216,15 +251,17 @@ class _TrainingClock:
     def host_fields(self) -> dict[str, Any]:
         """host_core_pct and loop_monotonic_s over the timed loop (the whole loop where nothing was timed apart)."""
         start = "steady_start" if self.steady and "steady_start" in self.thread_s else "fit_start"
+        end = "timing_end" if "timing_end" in self.thread_s else "end"  # quick mode's profiled steps come after it
         if start not in self.thread_s or "end" not in self.thread_s or self.fit_start is None:
             return {"host_core_pct": None, "loop_monotonic_s": None}
         start_perf = self.batch_starts[self.warmup_iterations] if start == "steady_start" else self.fit_start
-        wall_s = self.monotonic_s["end"] - self.monotonic_s[start] - self._excluded_between(start_perf, self.fit_end)
-        thread_s = self.thread_s["end"] - self.thread_s[start]
-        thread_s -= sum(spent for began, spent in self.excluded_thread_s if began >= start_perf)
+        end_perf = self.after_timing[0] if self.after_timing is not None else self.fit_end
+        wall_s = self.monotonic_s[end] - self.monotonic_s[start] - self._excluded_between(start_perf, end_perf)
+        thread_s = self.thread_s[end] - self.thread_s[start]
+        thread_s -= sum(spent for began, spent in self.excluded_thread_s if start_perf <= began < end_perf)
         return {
             "host_core_pct": 100 * thread_s / wall_s if wall_s > 0 else None,
-            "loop_monotonic_s": [self.monotonic_s[start], self.monotonic_s["end"]],
+            "loop_monotonic_s": [self.monotonic_s[start], self.monotonic_s[end]],
         }
 
     def timings(self) -> dict[str, Any]:
@@ -242,13 +279,18 @@ class _TrainingClock:
                 "tokens_padded": padded,
             }
         first, steady_start = self.batch_starts[0], self.batch_starts[self.warmup_iterations]
+        profiled_after = 0  # quick mode's profiled micro-batches after the timing (their time is excluded already)
+        if self.after_timing is not None:
+            profiled_after = sum(1 for start in self.batch_starts if start >= self.after_timing[0])
+        untimed = [w + a for w, a in zip(self.warmup_tokens, self.after_timing_tokens, strict=True)]
+        end = self.after_timing[0] if self.after_timing is not None else self.fit_end
         return {
-            "train_s": self.fit_end - steady_start - self._excluded_between(steady_start, self.fit_end),
+            "train_s": end - steady_start - self._excluded_between(steady_start, end),
             "warmup_s": steady_start - first - self._excluded_between(first, steady_start),
             "warmup_iterations": self.warmup_iterations,
-            "iterations": len(self.batch_starts) - self.warmup_iterations,
-            "tokens": None if tokens is None else tokens - self.warmup_tokens[0],
-            "tokens_padded": None if padded is None else padded - self.warmup_tokens[1],
+            "iterations": len(self.batch_starts) - self.warmup_iterations - profiled_after,
+            "tokens": None if tokens is None else tokens - untimed[0],
+            "tokens_padded": None if padded is None else padded - untimed[1],
         }
 
 

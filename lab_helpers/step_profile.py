@@ -147,18 +147,39 @@ class StepProfiler:
 
     The training loop tells it each micro-batch as it is drawn (``at_batch``, 1-based); the profiler starts
     before ``first_iter`` and stops when the next batch after the profiled ones is drawn (that iteration pays for
-    stopping it, so it is reported as profiled too), or when the loop ends (``finish``). Writing the trace and
-    the summary waits for ``finish``, after the loop's clock has stopped.
+    stopping it, so it is reported as profiled too), when the loop stops it after the window
+    (``stop_after_window``), or when the loop ends (``finish``). Writing the trace and the summary waits for
+    ``finish``, after the loop's clock has stopped.
     """
 
-    def __init__(self, steps: int, *, accumulation: int, first_iter: int, out_dir: Path) -> None:
-        self.steps, self.accumulation, self.first_iter, self.out_dir = steps, accumulation, first_iter, out_dir
-        self._last_iter = first_iter + steps * accumulation - 1
+    def __init__(self, steps: int, *, accumulation: int, first_iter: int | None, out_dir: Path) -> None:
+        self.steps, self.accumulation, self.out_dir = steps, accumulation, out_dir
+        self.first_iter: int | None = None
+        self._last_iter = 0
         self._profiler = None
         self._t0 = self._t1 = None
         self._stopped_at: int | None = None
+        self._last_seen = 0  # the last micro-batch the loop drew
+        if first_iter is not None:
+            self.begin_at(first_iter)
+
+    def begin_at(self, first_iter: int) -> None:
+        """Profile from micro-batch ``first_iter`` on. A quick run decides this only when its timing has ended
+        (``first_iter=None`` until then), so that its timed micro-batches are those of an unprofiled run."""
+        self.first_iter, self._last_iter = first_iter, first_iter + self.steps * self.accumulation - 1
+
+    @property
+    def last_iter(self) -> int:
+        return self._last_iter
+
+    def stop_after_window(self) -> None:
+        """End the profiled window now, after its last micro-batch (no further micro-batch pays for stopping)."""
+        self._stop(self._last_iter + 1)
 
     def at_batch(self, iteration: int) -> None:
+        self._last_seen = iteration
+        if self.first_iter is None:
+            return
         if iteration == self.first_iter and self._profiler is None:
             import torch
             from torch.profiler import ProfilerActivity, profile
@@ -181,14 +202,15 @@ class StepProfiler:
             torch.cuda.synchronize()  # the window ends when the device's work of the profiled steps has
         self._t1 = time.perf_counter()
         self._profiler.__exit__(None, None, None)
-        self._stopped_at = iteration if iteration is not None else self._last_iter
+        # the loop ended (iteration None): the window ends after the last micro-batch it drew
+        self._stopped_at = iteration if iteration is not None else min(self._last_seen, self._last_iter) + 1
 
     def finish(self) -> dict[str, Any]:
         """Stop (if the loop ended first), write the trace and the summary; the report's torch_profile_* fields."""
         fields: dict[str, Any] = {"torch_profile_steps": self.steps}
         if self._profiler is None:
-            print(f"lab: --profile-steps {self.steps}: the loop ended before micro-batch {self.first_iter}; no trace",
-                  flush=True)  # fmt: skip
+            where = "its timing did" if self.first_iter is None else f"micro-batch {self.first_iter}"
+            print(f"lab: --profile-steps {self.steps}: the loop ended before {where}; no trace", flush=True)
             return fields
         self._stop(None)
         captured_steps = max(1, (min(self._stopped_at, self._last_iter + 1) - self.first_iter) // self.accumulation)

@@ -173,3 +173,24 @@ def test_a_profiled_cpu_run_writes_a_trace_and_a_summary_and_says_so(ci_assets, 
     assert record["torch_profile_iters"] == [2, 3] and record["iter_count"] == 2
     assert record["gpu_busy_pct"] is None and record["gpu_busy_reason"] == time_bound.NO_GPU_REASON
     assert record["bound"] is None and record["host_core_pct"] > 0
+
+
+@pytest.mark.slow
+def test_a_profiled_quick_run_times_what_an_unprofiled_one_times_then_profiles(ci_assets, results):
+    """Quick mode profiles after its timing ends: its timed micro-batches start right after warm-up, as an
+    unprofiled quick run's do. (On the H200 the profile right after warm-up moved bf16-true's timed window onto
+    sequence lengths not seen before, 238 ms a micro-batch against 87 ms on the lengths warm-up had seen:
+    benchmarks/speed_diagnosis_h200.out.txt.)"""
+    from lab_helpers.iteration_times import timed_iterations
+    from lab_helpers.lab import run_experiment
+
+    [record] = run_experiment("grad-accum", profile="ci", echo=False, quick=True, profile_steps=1)
+    assert record["status"] == "ok" and record["quick_stop"] is not None
+    timed = [iteration for iteration, _ in timed_iterations(record)]
+    warmup = record["warmup_iterations"]
+    first_profiled, stopped_at = record["torch_profile_iters"]
+    assert timed == list(range(warmup + 1, warmup + 1 + len(timed)))  # the first steady micro-batch is timed
+    assert first_profiled == timed[-1] + 1 and stopped_at == first_profiled + 4  # one step of 4 micro-batches
+    assert record["iterations"] == len(timed) == record["iter_count"]  # the profiled ones are not counted as timed
+    assert (results / record["torch_profile_trace_path"]).exists()
+    assert record["torch_profile_summary"]["steps"] == 1
