@@ -26,11 +26,16 @@ UNKNOWN_DEVICE = "device not recorded"
 
 def device_of(record: Mapping[str, Any]) -> str:
     """The GPU's name for a run on a GPU, ``CPU stand-in`` for a run on a CPU (``device_name`` "cpu (...)", or an
-    older ci record without a device name). A record without a name that measured CUDA memory, or ran the gpu
-    profile, was on an unnamed GPU; with neither, the figure says the device is not recorded rather than guess."""
+    older ci record without a device name). A gpu-profile record without one (a run skipped before its process
+    started) takes the node's GPU from ``environment.gpu_names``; one that measured CUDA memory, or ran the gpu
+    profile, without either was on an unnamed GPU; with neither, the figure says the device is not recorded rather than guess."""
     name = record.get("device_name")
     if isinstance(name, str) and name:
         return CPU_STAND_IN if name.lower().startswith("cpu") else name
+    environment = record.get("environment")
+    gpus = environment.get("gpu_names") if isinstance(environment, Mapping) else None
+    if record.get("profile") == "gpu" and isinstance(gpus, list) and gpus and isinstance(gpus[0], str) and gpus[0]:
+        return gpus[0]  # a run skipped before it started a process: the node's GPU, from the launcher
     if record.get("profile") == "gpu" or finite_number(record.get("peak_alloc_gib")) is not None:
         return UNNAMED_GPU
     return CPU_STAND_IN if record.get("profile") == "ci" else UNKNOWN_DEVICE

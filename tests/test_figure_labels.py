@@ -124,3 +124,13 @@ def test_the_loop_window_is_recorded_on_the_timelines_clock_on_a_cpu_too(tmp_pat
                                       timeline_path=None, timeline_t0_monotonic_s=1000.0, gpu_index=None,
                                       world_size=1)  # fmt: skip
     assert none["loop_window_s"] is None
+
+
+def test_a_skipped_gpu_run_is_named_by_the_nodes_gpu_not_as_an_unnamed_one():
+    """The H200 export of 2026-11-26: adamw-8bit was skipped (no bitsandbytes) before a process started, so its
+    record has no device_name; the figures' titles read "NVIDIA H200 + a GPU (name not recorded)"."""
+    records = compare.load_reference("h200-141gb").to_dict("records")
+    skipped = [r for r in records if r["status"] == "skipped"]
+    assert skipped and all(not isinstance(r.get("device_name"), str) for r in skipped)
+    assert figure_source.describe(records).startswith("NVIDIA H200, quick mode")
+    assert figure_source.gpu_capacity_gib(records) is not None
