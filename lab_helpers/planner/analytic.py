@@ -170,11 +170,12 @@ def fsdp(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
     best.outside_allocator_bytes = NCCL_BUFFERS_BYTES
     best.host_bytes = host_bytes(spec, trace)
     if unsharded_accumulation:
-        best.notes.append("gradient accumulation under FSDP no_sync keeps unsharded gradients on every rank")
+        best.notes.append("gradient accumulation under FSDP1's no_sync keeps unsharded gradients on every rank")
     if spec.fsdp_impl:
         best.notes.append(
             f"{spec.fsdp_impl}: FSDP1's flat parameters and FSDP2's per-parameter shards are modelled alike "
-            "(the same units gathered, the same shards kept)"
+            "(the same units gathered, the same shards kept); they differ in accumulation: Lightning's Trainer "
+            "runs FSDP1's no_sync (unsharded gradients), FSDP2 reduce-scatters every micro-batch"
         )
     return best
 

@@ -376,7 +376,8 @@ def _sharded(spec: TrainingSpec, strategy: str, devices: int, *, offload: bool) 
         activation_checkpointing=spec.activation_checkpointing or (litgpt_cli and spec.method == "full"),
         loop="litgpt" if litgpt_cli else "lightning",
         include_validation=litgpt_cli,
-        fsdp_unsharded_grad_accumulation=litgpt_cli,
+        # Fabric's no_backward_sync (litgpt) and the Trainer's under FSDP1 both run FSDP1's no_sync
+        fsdp_unsharded_grad_accumulation=litgpt_cli or spec.fsdp_impl == "fsdp1",
         strategy=strategy,
         devices=devices,
         gradient_accumulation_iters=per_device,

@@ -126,7 +126,10 @@ class TrainingSpec:
     # Which FSDP runs it: "fsdp1" (FSDPStrategy, flat parameters) or "fsdp2" (fully_shard, per-parameter DTensors);
     # None where unknown. Both gather the same units and keep the same shards: modelled alike, said in a note.
     fsdp_impl: str | None = None
-    # Fabric's FSDP no_backward_sync keeps *unsharded* gradients while accumulating (litgpt full.py uses it).
+    # FSDP1's no_sync keeps *unsharded* gradients while accumulating: Fabric's no_backward_sync (litgpt full.py)
+    # calls it, and so does Lightning's Trainer under FSDPStrategy (``ParallelStrategy.block_backward_sync`` tests
+    # the model against a runtime-checkable protocol that any module with a ``no_sync`` method satisfies).
+    # FSDP2 (ModelParallelStrategy + fully_shard) has no no_sync there: it reduce-scatters every micro-batch.
     fsdp_unsharded_grad_accumulation: bool = True
     # Run one validation forward (no grad, unchunked loss) as litgpt does every eval.interval steps.
     include_validation: bool = True
@@ -335,7 +338,8 @@ def spec_from_recipe(
     the recipe's ``devices`` and litgpt's own choice: on several devices ``litgpt finetune_full`` runs FSDP with
     every Block wrapped and checkpointed, and Fabric keeps unsharded gradients while accumulating. An explicit
     ``ddp`` / ``fsdp`` / ``deepspeed-zero3`` (which the litgpt CLI cannot run) means the lab's Lightning-Trainer
-    module: no activation checkpointing unless asked, sharded gradient accumulation.
+    module: no activation checkpointing unless asked; gradients accumulate sharded under FSDP2 and unsharded under
+    FSDP1 (``fsdp_impl="fsdp1"``: the Trainer runs the accumulating micro-batches in FSDP1's ``no_sync``).
     The sequence length is ``train.max_seq_length`` capped by the model's block size and by ``data_max_len``.
     ``device="cpu"`` predicts the live tensor bytes of the same step on a CPU (no CUDA context, no cuBLAS
     workspace): what the lab measures there as ``peak_tensor_gib``. ``fsdp_reshard_after_forward=False`` is
@@ -430,7 +434,7 @@ def spec_from_recipe(
         gpu_memory_gib=gpu_memory_gib,
         gradient_accumulation_iters=accumulation,
         optimizer_kwargs=optimizer_kwargs,
-        fsdp_unsharded_grad_accumulation=litgpt_loop,
+        fsdp_unsharded_grad_accumulation=litgpt_loop or (strategy == "fsdp" and fsdp_impl == "fsdp1"),
         include_validation=litgpt_loop,
         validation_during_training=_validates_during_training(train_cfg, tree.get("eval") or {}),
         loop="litgpt" if litgpt_loop else "lightning",
