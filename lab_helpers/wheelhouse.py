@@ -40,6 +40,7 @@ import sys
 import tempfile
 import tomllib
 import zipfile
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -397,19 +398,73 @@ def read_node_packages(path: Path) -> dict[str, str | None]:
 
 
 def left_to_collect(
-    resolved: Sequence[Resolved], node_has: dict[str, str | None], caps: Sequence[Requirement]
+    resolved: Sequence[Resolved],
+    node_has: dict[str, str | None],
+    caps: Sequence[Requirement],
+    *,
+    target: Target | None = None,
+    requirements: Sequence[str] = (),
+    reasons: dict[str, str] | None = None,
 ) -> list[Resolved]:
     """The resolution less what the node already has in the resolved version (or, unversioned, any version that
-    nothing caps): a node's own package stays in use, a differing or capped one is carried."""
+    nothing caps): a node's own package stays in use, a differing or capped one is carried.
+
+    Given the ``target``, a node's package in another version stays in use too when every requirement on it (the
+    lab's ``requirements`` and each resolved package's metadata, every extra counted) accepts that version, as
+    pip would, if the package needs nothing itself (its own requirements in the node's version are unknown here):
+    the GPU image's numpy 2.5.2 serves where the resolution picked 2.4.6 (16 MiB not carried). Each
+    package carried for a requirement the node's version breaks gets that requirement in ``reasons``."""
     capped = {canonicalize_name(c.name) for c in caps}
+    accepted = _specifiers_by_name(resolved, requirements, target) if target is not None else None
     keep = []
     for item in resolved:
         name = canonicalize_name(item.name)
         if name not in node_has or name in capped:
             keep.append(item)
         elif node_has[name] is not None and Version(node_has[name]) != Version(item.version):
-            keep.append(item)
+            broken = None if accepted is None else next(
+                (f"{owner}: {name}{spec}" for owner, spec in accepted[name]
+                 if not spec.contains(node_has[name], prereleases=True)), None)  # fmt: skip
+            # the node's other version brings its own requirements, which only its metadata (not at hand) knows:
+            # so only a package with none in the resolved version (numpy, sentencepiece) is left to the node
+            leaf = not requirements_on_target(item.requires, target) if target is not None else False
+            if accepted is None or broken is not None or not leaf or name in IMPORTED_WHEN_PRESENT:
+                keep.append(item)
+                if reasons is not None and broken is not None:
+                    reasons[name] = f"the node's {node_has[name]} breaks {broken}"
     return keep
+
+
+def _specifiers_by_name(
+    resolved: Sequence[Resolved], requirements: Sequence[str], target: Target
+) -> defaultdict[str, list]:
+    """Every (owner, version specifier) on each package from the lab's requirements and the resolved packages'
+    metadata that applies on this target: a requirement under an extra counts only where some applying
+    requirement asks for that extra (``jsonargparse[signatures]``), as pip resolved it."""
+    env = target.marker_environment()
+    requires = {canonicalize_name(item.name): (item.name, item.requires) for item in resolved}
+    extras: defaultdict[str, set[str]] = defaultdict(set)  # the extras asked for, per package
+    while True:
+        found: defaultdict[str, list] = defaultdict(list)
+        texts = [("the lab", "", t) for t in requirements]
+        texts += [(owner, key, t) for key, (owner, reqs) in requires.items() for t in reqs]
+        for owner, key, text in texts:
+            req = Requirement(text)
+            active = {""} | (extras[key] if key else set())
+            if req.marker is not None and not any(req.marker.evaluate({**env, "extra": e}) for e in active):
+                continue
+            found[canonicalize_name(req.name)].append((owner, req.specifier, frozenset(req.extras)))
+        asked = {name: set().union(*(x for _, _, x in specs)) for name, specs in found.items()}
+        if all(asked[name] <= extras[name] for name in asked):
+            return defaultdict(list, {name: [(o, spec) for o, spec, _ in specs] for name, specs in found.items()})
+        for name, wanted in asked.items():
+            extras[name] |= wanted
+
+
+def requirements_on_target(requires: Iterable[str], target: Target) -> list[Requirement]:
+    """The run-time requirements of one package's metadata that apply on this target, extras left out."""
+    env = {**target.marker_environment(), "extra": ""}
+    return [req for req in map(Requirement, requires) if req.marker is None or req.marker.evaluate(env)]
 
 
 def node_imported_requirements(node_has: dict[str, str | None] | None) -> list[str]:
@@ -527,10 +582,15 @@ def build_wheelhouse(
         echo(f"wheelhouse: {len(resolved)} packages; litgpt's caps met: {', '.join(map(str, caps))}")
 
         if node_has:
-            carried = left_to_collect(resolved, node_has, caps)
+            reasons: dict[str, str] = {}
+            carried = left_to_collect(
+                resolved, node_has, caps, target=target, requirements=requirements, reasons=reasons
+            )
             echo(
                 f"wheelhouse: the node has {len(resolved) - len(carried)} of them; collecting the other {len(carried)}"
             )
+            for name, why in sorted(reasons.items()):
+                echo(f"wheelhouse: carrying {name}: {why}")
             resolved = carried
         pins = [f"{r.name}=={r.version}" for r in resolved]
         count = 0

@@ -315,3 +315,41 @@ def test_bitsandbytes_trim_errors_are_one_line(tmp_path: Path) -> None:
         wh.trim_bitsandbytes(wheel, "13.0")
     with pytest.raises(wh.WheelhouseError, match="--cuda 'cu130': give the node's torch CUDA as MAJOR.MINOR"):
         wh.bitsandbytes_library("cu130")
+
+
+def test_a_node_package_in_another_version_stays_when_every_requirement_accepts_it() -> None:
+    """The GPU image has numpy 2.5.2 where the resolution picked 2.4.6 (datasets: numpy>=1.17): not carried (it
+    was 16 MiB of a 48 MiB wheelhouse). tokenizers 0.23.2 breaks transformers' <=0.23.0: carried. An extra's
+    requirement counts where the extra is asked for: pydantic 2.0 breaks jsonargparse[signatures]'s pydantic>=2.5
+    (litgpt asks for it), while torchmetrics' numpy<2.4 under its "dev" extra (nobody asks) does not count."""
+    have = {"numpy": "2.5.2", "tokenizers": "0.23.2", "pydantic": "2.0.0", "hjson": "3.0.0"}
+    resolved = [
+        wh.Resolved("litgpt", "0.5.13", ("jsonargparse[signatures]<=4.41",)),
+        wh.Resolved("torchmetrics", "1.9.0", ('numpy<2.4.0; extra == "dev"', "numpy>1.20.0")),
+        wh.Resolved("datasets", "3.6.0", ("numpy>=1.17",)),
+        wh.Resolved("transformers", "5.3.0", ("tokenizers<=0.23.0,>=0.22.0", "numpy>=1.17")),
+        wh.Resolved("jsonargparse", "4.41.0", ('pydantic>=2.5; extra == "signatures"',)),
+        wh.Resolved("deepspeed", "0.19.8", ("hjson",)),
+        wh.Resolved("numpy", "2.4.6", ()),
+        wh.Resolved("tokenizers", "0.22.2", ()),
+        wh.Resolved("pydantic", "2.14.4", ()),
+        wh.Resolved("hjson", "3.1.0", ()),
+    ]
+    reasons: dict[str, str] = {}
+    kept = {
+        r.name
+        for r in wh.left_to_collect(resolved, have, [], target=TARGET, requirements=["numpy>=1.20"], reasons=reasons)
+    }
+    assert kept == {"litgpt", "torchmetrics", "datasets", "transformers", "jsonargparse", "deepspeed", "tokenizers",
+                    "pydantic"}  # fmt: skip
+    assert reasons == {
+        "tokenizers": "the node's 0.23.2 breaks transformers: tokenizers<=0.23.0,>=0.22.0",
+        "pydantic": "the node's 2.0.0 breaks jsonargparse: pydantic>=2.5",
+    }
+    # a package with requirements of its own stays carried (the node's version may need others than the carried
+    # ones: the image's transformers 5.17 needs a huggingface_hub that litgpt's cap refuses)
+    have_more = {**have, "pandas": "2.3.1"}
+    more = [*resolved, wh.Resolved("pandas", "2.2.0", ("numpy>=1.26",))]
+    assert "pandas" in {r.name for r in wh.left_to_collect(more, have_more, [], target=TARGET)}
+    # without the target, as before: every differing version is carried
+    assert {r.name for r in wh.left_to_collect(resolved, have, [])} == kept | {"numpy", "hjson"}
