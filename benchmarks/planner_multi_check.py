@@ -1,6 +1,8 @@
 """The planner's per-rank prediction against rank 0 of an N-rank run, measured alone on this CPU (simulated ranks).
 
     python benchmarks/planner_multi_check.py [--only SUBSTRING] [--worlds 2,4,8] > benchmarks/planner_multi_check.out.txt
+    python benchmarks/planner_multi_check.py --records reference_results/h200-141gb.jsonl \
+        > benchmarks/planner_multi_check_h200.out.txt   # the GPU section: CUDA records against the planner now
 
 Why: the multi-GPU section's per-rank predictions (DDP's buckets, FSDP's shards and gathered units, ZeRO's
 partitions and buckets) cannot be checked against N real GPUs on the machines this project gets. A rank's memory
@@ -60,11 +62,54 @@ def check_row(exp_id: str, world_size: int, *, profile: str = "ci") -> dict:
     return {"record": record, "measured": measured, "predicted": predicted, "error": error}
 
 
+def gpu_rows(records_path: Path) -> int:
+    """The GPU section: each simulated-rank record of ``records_path`` (rank 0 of N on one CUDA GPU, its
+    ``peak_alloc_gib``) beside the prediction it stored and the planner's prediction now, asked with the record's
+    own experiment, overrides and N."""
+    import json
+
+    from lab_helpers.predict import predict_experiment
+
+    records = [json.loads(line) for line in records_path.read_text().splitlines() if line.strip()]
+    records = [r for r in records if r.get("simulated_world_size") and r.get("status") == "ok"]
+    print(f"$ python benchmarks/planner_multi_check.py --records {records_path}")
+    gpus = sorted({str((r.get("environment") or {}).get("gpu_names", ["?"])[0]) for r in records})
+    print(f"# {len(records)} simulated-rank records on {', '.join(gpus)}: rank 0 of N alone on one GPU (fake process "
+          "group); measured = max_memory_allocated over the training loop")  # fmt: skip
+    print(f"{'experiment':<14} {'N':>2} {'accum':>5} {'measured GiB':>12} {'stored pred':>11} {'error':>8} "
+          f"{'predicted now':>13} {'error':>8}  peak phase now")  # fmt: skip
+    errors: dict[str, list[float]] = {"lab": [], "course": []}
+    for r in records:
+        n, measured, stored = r["simulated_world_size"], r["peak_alloc_gib"], r["predicted_peak_alloc_gib"]
+        plan = predict_experiment(r["experiment"], profile=r["profile"], overrides=r.get("overrides"), device="cuda",
+                                  simulate_world=n, gpu_memory_gib=(r.get("predicted") or {}).get("gpu_memory_gib"))  # fmt: skip
+        train = r["config"]["train"]
+        accumulation = train["global_batch_size"] // (train["micro_batch_size"] * n)
+        error = (plan.peak_alloc_gib - measured) / measured
+        errors["course" if r["experiment"] in COURSE_ROWS else "lab"].append(error)
+        print(f"{r['experiment']:<14} {n:>2} {accumulation:>5} {measured:>12.2f} {stored:>11.2f} "
+              f"{(stored - measured) / measured:>+8.1%} {plan.peak_alloc_gib:>13.2f} {error:>+8.1%}  {plan.peak_phase}")  # fmt: skip
+    ok = True
+    for group, values in errors.items():
+        if values:
+            median = statistics.median(abs(e) for e in values)
+            within = sum(abs(e) <= ROW_TARGET for e in values)
+            print(f"{group} rows now: compared {len(values)}, within {ROW_TARGET:.0%}: {within}, median |error| "
+                  f"{median:.1%} (target {MEDIAN_TARGET:.0%}), worst {max(values, key=abs):+.1%}")  # fmt: skip
+            ok = ok and within == len(values) and median <= MEDIAN_TARGET
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=None, help="only experiments whose id contains this text")
     parser.add_argument("--worlds", default=",".join(map(str, WORLDS)), help="world sizes, comma-separated")
+    parser.add_argument("--records", type=Path, default=None,
+                        help="a GPU's records (e.g. reference_results/h200-141gb.jsonl): its simulated ranks against "
+                        "the planner now, instead of running on this CPU")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.records:
+        return gpu_rows(args.records)
     os.environ["LAB_RESULTS"] = tempfile.mkdtemp(prefix="planner-multi-check-")
     import torch
 
