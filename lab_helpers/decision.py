@@ -34,6 +34,7 @@ before anything starts, so a direct ``run`` and the decision never disagree abou
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -57,6 +58,25 @@ LOSS_SCALING = (
     "whose gradients overflowed"
 )
 OFFLOAD_EXPERIMENT = "deepspeed-offload"
+MODELS_ENV = "LAB_MODELS"
+"""``LAB_MODELS=1b,7b``: this node prepared only these model sizes (a GPU slice, a small disk): every experiment of
+another size is decided ``skipped``, and the notebooks' final checks expect exactly that."""
+
+
+def models_here(profile: str) -> frozenset[str] | None:
+    """The model sizes ``$LAB_MODELS`` names (None: unset, every size); an unknown size is one line."""
+    from lab_helpers.config_error import LabConfigError
+    from lab_helpers.experiments import check_profile
+
+    text = os.environ.get(MODELS_ENV, "").strip()
+    if not text:
+        return None
+    keys = frozenset(key.strip() for key in text.split(",") if key.strip())
+    known = check_profile(profile)["models"]
+    if unknown := sorted(keys - set(known)):
+        raise LabConfigError(f"{MODELS_ENV}={text}: unknown model size {', '.join(unknown)}; choose from "
+                             f"{', '.join(known)}")  # fmt: skip
+    return keys
 """The experiment whose host RAM the doctor checks (LAB.md: the 13B with its optimizer offloaded to the CPU)."""
 
 
@@ -321,6 +341,10 @@ def decide(
     predict_given = predict
     defined = resolved(exp_id, profile)
     experiment = defined.experiment
+    if (sizes := models_here(profile)) is not None and experiment.model not in sizes:
+        return Decision(exp_id, profile, False, {}, "skipped",
+                        f"not prepared on this node: {MODELS_ENV}={','.join(sorted(sizes))} runs only those model "
+                        f"sizes, and this experiment's model is {experiment.model}")  # fmt: skip
     gpus = node.get("gpus") or []
     if profile == "ci":
         return _decide_ci(exp_id, node, profile)

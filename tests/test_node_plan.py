@@ -329,3 +329,20 @@ def test_run_all_and_the_notebooks_make_the_same_decision_for_every_experiment(n
         assert ran["bf16-mixed"][0] and ran["bf16-mixed"][1]["precision"] == "16-mixed" and not ran["bf16-true"][0]
     if name == "A10G-24GB":
         assert ran["grad-accum"][:2] == (True, {"train.micro_batch_size": 2})
+
+
+def test_lab_models_skips_every_other_size_and_the_final_check_expects_it(monkeypatch):
+    """A GPU slice prepares one size (LAB_MODELS=1b): 01's other sizes are decided skipped, named so, on both
+    profiles; an unknown size is one line."""
+    from lab_helpers.config_error import LabConfigError
+
+    monkeypatch.setenv("LAB_MODELS", "1b")
+    for name, profile in (("none", "ci"), ("H200-141GB", "gpu")):
+        steps, _ = decide_all(name, SINGLE, profile=profile)
+        skipped = {e for e, s in steps.items() if "LAB_MODELS=1b" in s.sentence}
+        assert skipped == {e for e in SINGLE if resolved(e, profile).experiment.model != "1b"}, (name, skipped)
+        assert all(steps[e].expected_status == "skipped" and not steps[e].runs for e in skipped)
+        assert steps["small-batch"].runs
+    monkeypatch.setenv("LAB_MODELS", "1b,70b")
+    with pytest.raises(LabConfigError, match="LAB_MODELS=1b,70b: unknown model size 70b; choose from 1b, 3b, 7b, 13b"):
+        node_plan.decide("small-batch", node("none"), profile="ci")
