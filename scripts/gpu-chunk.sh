@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One slice of GPU time is one command: bash scripts/gpu-chunk.sh CHUNK --out DIR [--wheels DIR] [--dry-run]
+# One slice of GPU time is one command: bash scripts/gpu-chunk.sh CHUNK --out DIR [--wheels DIR] [--dry-run] [--steps N]
 #
 # Why: GPU time comes in slices of 15 minutes (machine start included), at most 10 minutes a command, the machine
 # handed back seconds after it ends, and only DIR comes back (8 files of 16 MiB, 2 folders deep). So a chunk does
@@ -16,20 +16,27 @@
 #                    trace-<run>.json.gz   one per profiled run, if it fits (else the log says so)
 #                    measurement-overhead.txt   benchmarks/measurement_overhead.py's table (speed)
 #   --wheels DIR   install these wheels first (from `python -m lab_helpers wheelhouse --node-has ...`)
-#   --deadline-s S start no step after S seconds from the script's start (default 540; dry run 900)
+#   --deadline-s S S seconds from the script's start (default 540; dry run 900): a step starts only while its
+#                  row's seconds in configs/gpu-chunk-costs.tsv are left (60 s when it has none)
 #   --dry-run      the same chunk on the ci profile on a CPU: tiny models, same streaming and limits
+#   --steps N      run only the chunk's first N steps (CI's short dry runs: tests/test_gpu_chunk.py)
+# Exit status: 0 every step ran and exited 0; 1 a step failed, a step was not started (deadline) or the preflight
+# stopped the chunk; 2 bad input (one line on stderr, nothing done).
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo" || exit 1
 
-chunk="" out="${OUT:-}" wheels="" deadline_s="" dry=0
+chunk="" out="${OUT:-}" wheels="" deadline_s="" dry=0 first_n=""
 while (($#)); do
     case "$1" in
+        --out|--wheels|--deadline-s|--steps)  # a value must follow (a bare `shift 2` at the end would loop forever)
+            (($# >= 2)) || { echo "gpu-chunk: $1 needs a value (see --help)" >&2; exit 2; } ;;&
         --out) out="${2:-}"; shift 2 ;;
         --wheels) wheels="${2:-}"; shift 2 ;;
         --deadline-s) deadline_s="${2:-}"; shift 2 ;;
         --dry-run) dry=1; shift ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        --steps) first_n="${2:-}"; shift 2 ;;
+        -h|--help) sed -n '2,/^set /p' "$0" | sed '$d'; exit 0 ;;
         -*) echo "gpu-chunk: unknown option $1 (see --help)" >&2; exit 2 ;;
         *) [[ -z $chunk ]] || { echo "gpu-chunk: one chunk per command; got $chunk and $1" >&2; exit 2; }
            chunk="$1"; shift ;;
@@ -60,6 +67,10 @@ esac
 [[ -n $out ]] || { echo "gpu-chunk: give --out DIR (or set OUT): the folder that comes back" >&2; exit 2; }
 deadline_s="${deadline_s:-$((dry ? 900 : 540))}"
 [[ $deadline_s =~ ^[0-9]+$ ]] || { echo "gpu-chunk: --deadline-s $deadline_s: give whole seconds" >&2; exit 2; }
+if [[ -n $first_n ]]; then
+    [[ $first_n =~ ^[1-9][0-9]*$ ]] || { echo "gpu-chunk: --steps $first_n: give a whole number from 1" >&2; exit 2; }
+    steps=("${steps[@]:0:first_n}")
+fi
 if [[ -n $wheels ]] && ! compgen -G "$wheels/*.whl" >/dev/null; then
     echo "gpu-chunk: --wheels $wheels holds no wheels" >&2; exit 2
 fi
@@ -103,7 +114,7 @@ stream() {  # what is done so far into $out, each file replaced whole (written b
         --exclude='tokenizer*.json' -C "$LAB_RESULTS" . 2>>"$log" &&
         mv -f "$out/.results.tar.gz.part" "$out/results.tar.gz"
 }
-trap 'stream' EXIT
+trap 'stream; rm -rf "$work"' EXIT  # everything worth keeping is in $out by then
 
 say "$chunk on ${HOSTNAME:-?}, $(date -u +%FT%TZ): profile $profile, deadline ${deadline_s}s, ${#steps[@]} steps, out $out"
 
@@ -171,6 +182,8 @@ for step in "${steps[@]}"; do
         say "not started: $step (needs ~${need_s} s, ${left} s left)"; not_run+=("$step"); status=1; continue
     fi
     step_log="$LAB_RESULTS/steps/$(printf %02d "$number")-$id.log"
+    limit_s=$((left - 25))  # the training process's limit: ~25 s of launcher, planner and record around it
+    ((limit_s >= 10)) || limit_s=10  # 0 would mean no limit, below 0 a refused run (a cost row under 35 s)
     t0=$SECONDS
     if [[ $kind == overhead ]]; then
         # shellcheck disable=SC2086  # $rest holds the step's own arguments
@@ -180,7 +193,7 @@ for step in "${steps[@]}"; do
         cat "$out/measurement-overhead.txt" >>"$log"
     else
         # shellcheck disable=SC2086  # $rest holds the step's own arguments
-        "$python" -m lab_helpers run "$id" --profile "$profile" --quick --quiet --time-limit "$((left - 25))" \
+        "$python" -m lab_helpers run "$id" --profile "$profile" --quick --quiet --time-limit "$limit_s" \
             $rest >"$step_log" 2>&1
         rc=$?
     fi

@@ -1,0 +1,167 @@
+"""``scripts/gpu-chunk.sh``, one GPU slice as one command (see its header), run here with ``--dry-run`` (the ci
+profile, tiny models) on the first steps of the speed chunk: it refuses bad input in one line before doing
+anything, leaves ok records in the output folder within the limits of what comes back from a device (8 files,
+16 MiB each, 2 folders deep), and a SIGKILL of the whole command mid-chunk keeps the finished steps' records.
+Each slow test runs two or three steps (--steps N), not the whole chunk: ~70 s and ~60 s on 2 cores, where
+the full speed dry run takes 3-4 minutes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "gpu-chunk.sh"
+MAX_FILES, MAX_FILE_BYTES, MAX_FOLDERS_DEEP = 8, 16 * 1024 * 1024, 2  # what a device command brings back
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    """The script's environment: this Python, and a private TMPDIR (its work folder, and how its processes are
+    found again: every one of them inherits it)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}  # OUT is --out's default
+    return {**env, "LAB_PYTHON": os.environ.get("LAB_PYTHON", sys.executable), "TMPDIR": str(tmp)}
+
+
+def _chunk(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], env=_env(tmp_path), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _records(out: Path) -> list[dict]:
+    path = out / "runs.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _ours(tmp_path: Path) -> list[psutil.Process]:
+    """The processes the chunk started, whatever their session: those whose TMPDIR is this test's."""
+    tmp = str(tmp_path / "tmp")
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get("TMPDIR") == tmp:
+                found.append(proc)
+    return found
+
+
+def _end_ours(tmp_path: Path, timeout_s: float) -> list[str]:
+    """Wait up to ``timeout_s`` for the chunk's processes to end; SIGKILL any left and say which they were."""
+    deadline = time.monotonic() + timeout_s
+    while (left := _ours(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    names = []
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            names.append(" ".join(proc.cmdline())[:200])
+            proc.kill()
+    psutil.wait_procs(left, timeout=10)
+    return names
+
+
+def _within_the_limits(out: Path) -> None:
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert 1 <= len(files) <= MAX_FILES, sorted(p.name for p in files)
+    for path in files:
+        assert path.stat().st_size < MAX_FILE_BYTES, (path.name, path.stat().st_size)
+        assert len(path.relative_to(out).parts) - 1 <= MAX_FOLDERS_DEEP, path
+    assert not [p.name for p in files if p.name.startswith(".")]  # no half-written .part file stays behind
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "name a chunk"),
+        (("bogus", "--out", "{out}"), "unknown chunk 'bogus'"),
+        (("speed", "ranks", "--out", "{out}"), "one chunk per command"),
+        (("speed",), "give --out DIR"),
+        (("speed", "--out"), "--out needs a value"),
+        (("speed", "--out", "{out}", "--deadline-s", "soon"), "--deadline-s soon: give whole seconds"),
+        (("speed", "--out", "{out}", "--wheels", "{tmp}"), "holds no wheels"),
+        (("speed", "--out", "{out}", "--steps", "0"), "--steps 0: give a whole number from 1"),
+        (("speed", "--out", "{out}", "--bogus"), "unknown option --bogus"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2_before_anything(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    out_dir = tmp_path / "out"
+    wheels = tmp_path / "no-wheels"  # a folder without any .whl
+    wheels.mkdir()
+    out = _chunk(tmp_path, *(a.format(out=out_dir, tmp=wheels) for a in args), timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert out.stdout == ""
+    assert not out_dir.exists()  # nothing made, nothing run
+    assert not list((tmp_path / "tmp").glob("gpu-chunk-*"))  # no work folder either
+
+
+def test_help_is_the_header_and_names_every_option(tmp_path: Path) -> None:
+    out = _chunk(tmp_path, "--help", timeout=60)
+    assert out.returncode == 0
+    assert out.stdout.startswith("# One slice of GPU time is one command")
+    for option in ("--out DIR", "--wheels DIR", "--deadline-s S", "--dry-run", "--steps N"):
+        assert option in out.stdout
+    assert "set -uo" not in out.stdout  # the header only, not the code after it
+
+
+@pytest.mark.slow  # three ci runs, all profiled: ~70 s on 2 cores
+def test_a_dry_run_leaves_ok_records_within_the_limits_of_what_comes_back(tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    try:
+        out = _chunk(tmp_path, "speed", "--dry-run", "--steps", "3", "--out", str(out_dir))
+    finally:
+        stragglers = _end_ours(tmp_path, timeout_s=30)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert not stragglers, stragglers
+    records = _records(out_dir)
+    assert [r["experiment"] for r in records] == ["lora-1b", "bf16-true", "small-batch"]
+    assert all(r["status"] == "ok" and r["profile"] == "ci" and r["mode"] == "quick" for r in records), records
+    _within_the_limits(out_dir)
+    names = {p.name for p in out_dir.iterdir()}
+    assert {"chunk.log", "runs.jsonl", "results.tar.gz"} <= names
+    assert len([n for n in names if n.startswith("trace-") and n.endswith(".json.gz")]) == 3  # one per profiled run
+    log = (out_dir / "chunk.log").read_text()
+    assert "3 steps" in log and "export-reference --from" in log
+    assert not list((tmp_path / "tmp").glob("gpu-chunk-*"))  # its work folder went with the command
+
+
+@pytest.mark.slow  # one ci run to the end, a second one killed: ~1 minute on 2 cores
+def test_a_sigkill_mid_chunk_keeps_the_finished_runs_records(tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    # Its own session: os.killpg reaches the script and everything in its process group at once, as the device's
+    # limit does; the training processes (their own sessions) must then end with their launchers.
+    proc = subprocess.Popen(
+        ["bash", str(SCRIPT), "speed", "--dry-run", "--steps", "2", "--out", str(out_dir)],
+        env=_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not _records(out_dir) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert proc.poll() is None, "the chunk ended before a record reached the output folder"
+        before = _records(out_dir)
+        assert [r["experiment"] for r in before] == ["lora-1b"] and before[0]["status"] == "ok"
+        time.sleep(5)  # into the second step: its launcher and training process are running
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        stragglers = _end_ours(tmp_path, timeout_s=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert not stragglers, f"left running after the kill: {stragglers}"
+    after = _records(out_dir)  # whole lines only: the file is replaced by a rename, never written in place
+    assert [r["run_id"] for r in after] == [r["run_id"] for r in before]
+    assert (out_dir / "chunk.log").exists() and (out_dir / "results.tar.gz").exists()
+    _within_the_limits(out_dir)
