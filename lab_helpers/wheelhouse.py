@@ -55,7 +55,13 @@ from lab_helpers.experiments import LabConfigError
 REPO = Path(__file__).resolve().parent.parent
 PYPROJECT = REPO / "pyproject.toml"
 CONSTRAINTS = REPO / "scripts" / "constraints.txt"
-OPTIONAL_GROUPS = ("qlora",)  # extras that only --with adds (bitsandbytes alone is ~58 MiB)
+OPTIONAL_GROUPS = ("qlora", "notebooks")  # what only --with adds (bitsandbytes alone is ~58 MiB)
+GROUP_EXTRAS = {"qlora": "qlora", "notebooks": "execute"}
+"""The pyproject extra each ``--with`` group collects: ``notebooks`` is headless execution (nbclient, nbformat,
+ipykernel), what a GPU node needs to run the notebooks, not JupyterLab."""
+GPU_GROUPS = ("qlora",)  # the optional groups that are part of the gpu extra
+LEFT_OUT = {"notebooks": ("debugpy",)}
+"""Packages a group's resolution holds that the node does without: ipykernel imports its debugger only if present."""
 NODE_PROVIDES = "torch"  # what the node already has, with its CUDA wheels
 DEFAULT_GLIBC = "2.28"  # torch's own wheels need manylinux_2_28, so every node that runs torch has at least it
 EXTRAS_FILE = "lab-extras.txt"
@@ -148,20 +154,21 @@ def lab_extras(pyproject: dict, *, with_groups: Iterable[str] = ()) -> list[str]
     unknown = chosen - set(OPTIONAL_GROUPS)
     if unknown:
         raise WheelhouseError(f"--with {','.join(sorted(unknown))}: choose from {', '.join(OPTIONAL_GROUPS)}")
-    if chosen == set(OPTIONAL_GROUPS):
-        return ["gpu"]
+    added = sorted(GROUP_EXTRAS[group] for group in chosen - set(GPU_GROUPS))
+    if set(GPU_GROUPS) <= chosen:
+        return ["gpu", *added]
     expanded = {extra: extra_requirements(pyproject, extra) for extra in optional}
     gpu = {_name(r) for r in expanded["gpu"]}
     parts = [
         extra
         for extra, reqs in expanded.items()
-        if extra not in ("gpu", *OPTIONAL_GROUPS) and reqs and {_name(r) for r in reqs} <= gpu
+        if extra not in ("gpu", *GPU_GROUPS) and reqs and {_name(r) for r in reqs} <= gpu
     ]
-    left_out = {_name(r) for group in set(OPTIONAL_GROUPS) - chosen for r in expanded[group]}
+    left_out = {_name(r) for group in set(GPU_GROUPS) - chosen for r in expanded[GROUP_EXTRAS[group]]}
     covered = {_name(r) for extra in parts for r in expanded[extra]} | left_out
     if covered != gpu:
         raise WheelhouseError(f"pyproject: the gpu extra's {sorted(gpu - covered)} are in no smaller extra")
-    return sorted(parts)
+    return sorted([*parts, *added])
 
 
 def lab_requirements(pyproject: dict, extras: Sequence[str]) -> list[str]:
@@ -592,6 +599,10 @@ def build_wheelhouse(
             for name, why in sorted(reasons.items()):
                 echo(f"wheelhouse: carrying {name}: {why}")
             resolved = carried
+        dropped = {canonicalize_name(name) for group in with_groups for name in LEFT_OUT.get(group, ())}
+        if dropped & {canonicalize_name(r.name) for r in resolved}:
+            echo(f"wheelhouse: leaving out {', '.join(sorted(dropped))} (ipykernel runs without its debugger)")
+            resolved = [r for r in resolved if canonicalize_name(r.name) not in dropped]
         pins = [f"{r.name}=={r.version}" for r in resolved]
         count = 0
 
@@ -650,7 +661,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         choices=OPTIONAL_GROUPS,
-        help="also collect an optional group: qlora = bitsandbytes, about 58 MiB",
+        help="also collect an optional group: qlora = bitsandbytes (about 58 MiB; --cuda keeps 3.5), notebooks = "
+        "what headless execution needs (nbclient, nbformat, ipykernel; no debugger)",
     )
     parser.add_argument(
         "--glibc",

@@ -50,6 +50,9 @@ def test_extras_leave_bitsandbytes_out_unless_asked() -> None:
     pyproject = wh.read_pyproject()
     assert wh.lab_extras(pyproject) == ["data", "multi"]
     assert wh.lab_extras(pyproject, with_groups=["qlora"]) == ["gpu"]
+    assert wh.lab_extras(pyproject, with_groups=["notebooks"]) == ["data", "execute", "multi"]
+    assert wh.lab_extras(pyproject, with_groups=["qlora", "notebooks"]) == ["gpu", "execute"]
+    assert {wh._name(r) for r in wh.extra_requirements(pyproject, "execute")} == {"nbclient", "nbformat", "ipykernel"}
     with pytest.raises(wh.WheelhouseError, match="choose from qlora"):
         wh.lab_extras(pyproject, with_groups=["flash"])
 
