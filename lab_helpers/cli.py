@@ -249,11 +249,12 @@ def _cmd_results(args: argparse.Namespace) -> int:
 
 
 def _cmd_merge_records(args: argparse.Namespace) -> int:
-    from lab_helpers.records import merge_records, results_path
+    from lab_helpers.records import merge_records
+    from lab_helpers.runner import say
 
-    added = merge_records(args.file)
-    print(f"merged {added} record(s) into {results_path()}; removed {args.file}")
-    return 0
+    result = merge_records(args.file)
+    say(result.line())
+    return 1 if result.kept_because is not None else 0
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:

@@ -25,10 +25,12 @@ import json
 import math
 import numbers
 import os
+import re
 import stat
 import sys
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,6 @@ from lab_helpers.record_schema import STATUSES, conform, record_unfit
 from lab_helpers.secrets import redact_mapping
 
 RESULTS_FILENAME = "runs.jsonl"
-
 
 
 class RecordWriteError(OSError):
@@ -82,29 +83,58 @@ def append_record(record: Mapping[str, Any], *, path: Path | str | None = None) 
         raise ValueError("a record needs an 'experiment'")
     if record.get("status") not in STATUSES:
         raise ValueError(f"status must be one of {', '.join(STATUSES)}; got {record.get('status')!r}")
-    line = (json.dumps(_json_safe(redact_mapping(record)), sort_keys=True, allow_nan=False) + "\n").encode()
+    line = _record_line(record)
     target = results_path(path)
+    fd = _open_locked(target)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd = open_results_file(target)
-    except OSError as exc:
-        raise RecordWriteError(exc.errno, f"could not store the record in {target}: {describe_os_error(exc)}") from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # ranks of one run append at the same moment
-        size_before = os.fstat(fd).st_size
-        try:
-            if size_before and _last_byte(target, size_before) != b"\n":
-                line = b"\n" + line  # fence off a damaged tail left by an earlier crash
-            _write_all(fd, line)
-            os.fsync(fd)
-        except BaseException as exc:  # an interrupt half-way too: a half-written record is worse than none
-            os.ftruncate(fd, size_before)
-            if isinstance(exc, OSError):
-                raise RecordWriteError(exc.errno, f"could not store the record in {target}: {exc.strerror}") from exc
-            raise
+        _append_locked(fd, target, line)
     finally:
         os.close(fd)  # also releases the lock
     return target
+
+
+def _record_line(record: Mapping[str, Any]) -> bytes:
+    """A record as the one line the file stores: JSON-clean, redacted, keys sorted."""
+    return (json.dumps(_json_safe(redact_mapping(record)), sort_keys=True, allow_nan=False) + "\n").encode()
+
+
+def _open_locked(target: Path) -> int:
+    """An fd for appending to ``target`` (``open_results_file``) holding its exclusive lock: the one lock every
+    writer of a records file takes (ranks of one run append at the same moment; ``merge_records`` holds it across
+    its whole merge). A file unlinked while this waited for its lock (a fallback file that a merge took) is opened
+    again, so that nothing is appended to a file no one can read any more. Raises RecordWriteError."""
+    while True:
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd = open_results_file(target)
+        except OSError as exc:
+            raise RecordWriteError(
+                exc.errno, f"could not store the record in {target}: {describe_os_error(exc)}"
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.fstat(fd).st_nlink > 0:
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+
+
+def _append_locked(fd: int, target: Path, data: bytes) -> None:
+    """Append ``data`` (whole lines) to the locked ``fd`` in one write, fsynced; a failure or an interrupt half-way
+    cuts the file back to where it started."""
+    size_before = os.fstat(fd).st_size
+    try:
+        if size_before and _last_byte(target, size_before) != b"\n":
+            data = b"\n" + data  # fence off a damaged tail left by an earlier crash
+        _write_all(fd, data)
+        os.fsync(fd)
+    except BaseException as exc:  # an interrupt half-way too: a half-written record is worse than none
+        os.ftruncate(fd, size_before)
+        if isinstance(exc, OSError):
+            raise RecordWriteError(exc.errno, f"could not store the record in {target}: {exc.strerror}") from exc
+        raise
 
 
 def open_results_file(target: Path) -> int:
@@ -167,24 +197,173 @@ def store_records(records: Sequence[Mapping[str, Any]], *, path: Path | str | No
     raise first_error
 
 
-def merge_records(source: Path | str, *, path: Path | str | None = None) -> int:
-    """Append the records of a fallback file (``store_records``) to the results file, then remove the fallback.
-    Records already there (same ``run_id`` and ``rank``) are not appended twice. Returns how many were added."""
-    source = Path(source)
-    if not source.is_file():
-        from lab_helpers.config_error import LabConfigError
+FALLBACK_NAMES = "runs.<run_id>.jsonl or runs/<run_id>/record.jsonl"
+_FALLBACK_FILE = re.compile(r"runs\.(?P<run_id>[^/]+)\.jsonl")
+_RUN_FOLDER_FALLBACK = "record.jsonl"
 
-        raise LabConfigError(f"{source}: no such records file")
-    target = results_path(path)
-    have = {(r.get("run_id"), r.get("rank")) for r in read_records(target)}
-    added = 0
-    for record in read_records(source):
-        if (record.get("run_id"), record.get("rank")) in have:
-            continue
-        append_record(record, path=target)
-        added += 1
-    source.unlink()
-    return added
+
+@dataclass
+class MergeResult:
+    """What ``merge_records`` did: records appended, records already there, and whether the fallback was removed
+    (only when every one of its lines is in the results file afterwards) or why it was kept."""
+
+    source: Path
+    target: Path
+    run_id: str
+    merged: int = 0
+    already_there: int = 0
+    removed: bool = False
+    kept_because: str | None = None  # None and not removed: another merge took the file meanwhile
+
+    def line(self) -> str:
+        said = f"merged {self.merged} record(s) of run {self.run_id} into {self.target}"
+        if self.already_there:
+            said += f" ({self.already_there} already there)"
+        if self.removed:
+            return f"{said}; removed {self.source}"
+        if self.kept_because is not None:
+            return f"{said}; kept {self.source}: {self.kept_because}"
+        return f"{said}; {self.source} was merged and removed meanwhile by another merge-records"
+
+
+def merge_records(source: Path | str, *, path: Path | str | None = None) -> MergeResult:
+    """Append the records of a fallback file (``store_records``) to the results file, then remove the fallback.
+
+    What is merged is only what the lab itself writes as a fallback: a regular file named ``runs.<run_id>.jsonl``
+    or ``<run_id>/record.jsonl`` whose every record is one of that run's (one per rank); anything else (the results
+    file itself or a link to it, a notebook, a reference file, a backup of many runs) is refused with a
+    LabConfigError and left as it is. The whole merge holds the results file's lock (the one ``append_record``
+    takes) and the fallback's, so two merges of one file at once append it once. Records already there (same
+    ``run_id`` and ``rank``) are not appended again. The fallback is unlinked only when every one of its lines is
+    a record that is in the results file afterwards; else it is kept and ``kept_because`` says why. Raises
+    RecordWriteError when the results file cannot take the records (the fallback is then kept as it is).
+    """
+    source = Path(os.path.abspath(source))
+    target = Path(os.path.abspath(results_path(path)))
+    run_id = _fallback_run_id(source)
+    src_fd = _open_fallback(source)
+    try:
+        _refuse_the_target(source, os.fstat(src_fd), target)
+        _fallback_records(source, _read_fd(src_fd, source), run_id)  # refused before the results file is touched
+        fd = _open_locked(target)
+        try:
+            fcntl.flock(src_fd, fcntl.LOCK_EX)  # a rank still appending to its fallback waits, then writes anew
+            info = os.fstat(src_fd)
+            _refuse_the_target(source, info, target, os.fstat(fd))
+            result = MergeResult(source, target, run_id)
+            if info.st_nlink == 0:  # another merge took it while this one waited for the lock
+                return result
+            records, damaged = _fallback_records(source, _read_fd(src_fd, source), run_id)
+            stored = {(r.get("run_id"), r.get("rank")) for r in iter_records(target)}
+            new: dict[tuple, bytes] = {}
+            for record in records:
+                key = (record.get("run_id"), record.get("rank"))
+                if key in stored or key in new:
+                    result.already_there += 1
+                else:
+                    new[key] = _record_line(record)
+            if new:
+                _append_locked(fd, target, b"".join(new.values()))
+            result.merged = len(new)
+            stored = {(r.get("run_id"), r.get("rank")) for r in iter_records(target)}
+            missing = sum((r.get("run_id"), r.get("rank")) not in stored for r in records)
+            if damaged:
+                result.kept_because = f"{damaged[0]}{' and more' if len(damaged) > 1 else ''} (look, then remove it)"
+            elif missing:
+                result.kept_because = f"{missing} of its records are not in {target} after the merge"
+            else:
+                source.unlink()  # still under the fallback's lock: no rank's record can land in it unseen
+                result.removed = True
+            return result
+        finally:
+            os.close(fd)
+    finally:
+        os.close(src_fd)
+
+
+def _not_a_fallback(source: Path, why: str) -> Exception:
+    from lab_helpers.config_error import LabConfigError
+
+    return LabConfigError(f"{source}: {why}; merge-records takes only a fallback file a run named "
+                          f"({FALLBACK_NAMES}); nothing was changed")  # fmt: skip
+
+
+def _fallback_run_id(source: Path) -> str:
+    """The run a fallback file's name gives, or a LabConfigError for a name the lab never gives one."""
+    if source.name == _RUN_FOLDER_FALLBACK:
+        return source.parent.name
+    if match := _FALLBACK_FILE.fullmatch(source.name):
+        return match.group("run_id")
+    raise _not_a_fallback(source, "not the name of a fallback file")
+
+
+def _open_fallback(source: Path) -> int:
+    """A read-only fd on ``source``: a regular file, not a link, no larger than a results file may be."""
+    from lab_helpers.config_error import LabConfigError
+
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise LabConfigError(f"{source}: no such records file") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _not_a_fallback(source, "a symbolic link") from None
+        raise LabConfigError(f"{source}: not read ({describe_os_error(exc)}); kept as it is") from None
+    info = os.fstat(fd)
+    problem = (
+        "not a regular file" if not stat.S_ISREG(info.st_mode)
+        else f"{info.st_size / 2**30:.1f} GiB, more than one run's records" if info.st_size > MAX_RESULTS_BYTES
+        else None
+    )  # fmt: skip
+    if problem is not None:
+        os.close(fd)
+        raise _not_a_fallback(source, problem)
+    return fd
+
+
+def _refuse_the_target(source: Path, info: os.stat_result, target: Path, target_info=None) -> None:
+    """Never merge the results file into itself (the same file by any name: a link, a hard link, ``..``)."""
+    try:
+        target_info = target_info or os.stat(target)
+    except OSError:
+        return
+    if (info.st_dev, info.st_ino) == (target_info.st_dev, target_info.st_ino):
+        raise _not_a_fallback(source, f"the results file itself ({target})")
+
+
+def _read_fd(fd: int, source: Path) -> bytes:
+    from lab_helpers.config_error import LabConfigError
+
+    chunks, offset = [], 0
+    try:
+        while chunk := os.pread(fd, 1 << 20, offset):
+            chunks.append(chunk)
+            offset += len(chunk)
+    except OSError as exc:
+        raise LabConfigError(f"{source}: not read ({describe_os_error(exc)}); kept as it is") from None
+    return b"".join(chunks)
+
+
+def _fallback_records(source: Path, data: bytes, run_id: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The records of a fallback file and its lines that are not records (a kill in the middle of a write); a
+    LabConfigError when it holds no record, or a record of another run than its name gives."""
+    records, damaged = [], []
+    for where, record, problem in _scan(data):
+        if problem is not None:
+            damaged.append(f"{where} is not a record ({problem})")
+        elif record.get("run_id") != run_id:
+            raise _not_a_fallback(source, f"{where} is a record of run {_shown(record.get('run_id'))}, not of run "
+                                          f"{run_id} its name gives")  # fmt: skip
+        else:
+            records.append(record)
+    if not records:
+        raise _not_a_fallback(source, "no record in it" + (f" ({damaged[0]})" if damaged else ""))
+    return records, damaged
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _last_byte(path: Path, size: int) -> bytes:
@@ -211,19 +390,12 @@ def iter_records(path: Path | str | None = None) -> Iterator[dict[str, Any]]:
     data = _read_results_file(target)
     if data is None:
         return
-    lines = data.split(b"\n")
     set_aside: list[str] = []
-    for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        where = "trailing line" if number >= len(lines) - 1 else f"line {number}"
-        try:
-            record = json.loads(raw)
-        except (ValueError, RecursionError):  # bad JSON or bad UTF-8 (UnicodeDecodeError is a ValueError)
-            set_aside.append(f"damaged {where} (an interrupted write)")
-            continue
-        if (problem := record_unfit(record)) is not None:
-            set_aside.append(f"{where}: {problem}")
+    for where, record, problem in _scan(data):
+        if problem is not None:
+            set_aside.append(
+                f"damaged {where} (an interrupted write)" if problem is _DAMAGED else f"{where}: {problem}"
+            )
             continue
         yield record
     if set_aside:
@@ -231,6 +403,28 @@ def iter_records(path: Path | str | None = None) -> Iterator[dict[str, Any]]:
         count = f"{len(set_aside)} line" + ("s" if len(set_aside) > 1 else "")
         warnings.warn(f"{target}: set aside {count} that {'is' if len(set_aside) == 1 else 'are'} not a record "
                       f"({shown}); the rest is read", stacklevel=2)  # fmt: skip
+
+
+_DAMAGED = "bad JSON or UTF-8"
+
+
+def _scan(data: bytes) -> Iterator[tuple[str, dict[str, Any] | None, str | None]]:
+    """(where, record, None) for each line that is a record the schema accepts, (where, None, why not) for each
+    other non-blank line; ``where`` is "line N" or "trailing line"."""
+    lines = data.split(b"\n")
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        where = "trailing line" if number >= len(lines) - 1 else f"line {number}"
+        try:
+            record = json.loads(raw)
+        except (ValueError, RecursionError):  # bad JSON or bad UTF-8 (UnicodeDecodeError is a ValueError)
+            yield where, None, _DAMAGED
+            continue
+        if (problem := record_unfit(record)) is not None:
+            yield where, None, problem
+            continue
+        yield where, record, None
 
 
 def _read_results_file(target: Path) -> bytes | None:

@@ -14,6 +14,7 @@ import warnings
 
 import pytest
 
+from lab_helpers.config_error import LabConfigError
 from lab_helpers.records import (
     RecordWriteError,
     append_record,
@@ -164,13 +165,15 @@ def test_a_record_that_cannot_reach_the_results_file_lands_in_a_fallback_and_mer
     path = tmp_path / "runs.jsonl"
     path.mkdir()  # what a `sudo` run or a slip leaves: runs.jsonl cannot be opened
     run_dir = tmp_path / "runs" / "r1"
-    stored = store_records([_record(0, run_id="r1", rank=0), _record(0, run_id="r1", rank=1)], path=path, run_dir=run_dir)
+    stored = store_records(
+        [_record(0, run_id="r1", rank=0), _record(0, run_id="r1", rank=1)], path=path, run_dir=run_dir
+    )
     assert stored == tmp_path / "runs.r1.jsonl"
     said = capsys.readouterr().err.strip().splitlines()
     assert len(said) == 1 and str(stored) in said[0] and "merge-records" in said[0] and "directory" in said[0]
     assert [r["rank"] for r in read_records(stored)] == [0, 1]
     path.rmdir()
-    assert merge_records(stored, path=path) == 2 and not stored.exists()
+    assert merge_records(stored, path=path).merged == 2 and not stored.exists()
     assert [r["rank"] for r in read_records(path)] == [0, 1]
 
 
@@ -221,3 +224,146 @@ def test_every_shipped_reference_record_passes_the_readers_checks():
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert read_records(path), path
+
+
+# ------------------------------------------------------------------ issue 45: one safe merge
+
+
+def _lines(path, records) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        for record in records:
+            fh.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def _run_records(run_id: str, ranks=(0, 1)) -> list[dict]:
+    return [_record(0, run_id=run_id, rank=rank) for rank in ranks]
+
+
+def test_merge_refuses_the_results_file_itself_and_every_file_that_is_not_a_fallback(tmp_path):
+    """The results file by any name (itself, a link, a hard link named like a fallback), a notebook, a reference
+    file, a backup of many runs, a fallback whose records are another run's, an empty one: refused, untouched."""
+    results = tmp_path / "results" / "runs.jsonl"
+    _lines(results, _run_records("a") + _run_records("b"))
+    notebook = tmp_path / "01_single_gpu.ipynb"
+    notebook.write_text('{"cells": []}\n')
+    reference = tmp_path / "h100-80gb.jsonl"
+    _lines(reference, _run_records("gpu-1"))
+    backup = tmp_path / "runs.backup.jsonl"
+    _lines(backup, _run_records("a") + _run_records("b"))
+    other_run = tmp_path / "runs" / "r9" / "record.jsonl"
+    _lines(other_run, _run_records("r8"))
+    empty = tmp_path / "runs.r7.jsonl"
+    empty.write_text("")
+    (tmp_path / "link").mkdir()
+    link = tmp_path / "link" / "runs.a.jsonl"
+    link.symlink_to(results)
+    hard = tmp_path / "runs.c.jsonl"
+    single = tmp_path / "single" / "runs.jsonl"
+    _lines(single, _run_records("c"))
+    os.link(single, hard)
+    cases = [
+        (results, results, "not the name of a fallback"),
+        (results.parent / "." / ".." / "results" / "runs.jsonl", results, "not the name of a fallback"),
+        (notebook, results, "not the name of a fallback"),
+        (reference, results, "not the name of a fallback"),
+        (backup, results, "line 1 is a record of run 'a', not of run backup"),
+        (other_run, results, "of run 'r8', not of run r9"),
+        (empty, results, "no record in it"),
+        (link, results, "a symbolic link"),
+        (hard, single, "the results file itself"),
+    ]
+    every = [results, notebook, reference, backup, other_run, empty, single]
+    before = {path: path.read_bytes() for path in every}
+    for source, target, why in cases:
+        with pytest.raises(LabConfigError, match="merge-records takes only a fallback file") as info:
+            merge_records(source, path=target)
+        assert why in str(info.value) and "nothing was changed" in str(info.value), str(info.value)
+        assert "\n" not in str(info.value)
+    assert {path: path.read_bytes() for path in every} == before and link.is_symlink() and hard.exists()
+
+
+def test_merge_is_idempotent_by_run_id_and_rank_and_removes_only_what_is_all_in(tmp_path):
+    results = tmp_path / "runs.jsonl"
+    _lines(results, _run_records("r1", ranks=(0,)))  # rank 0 of the run made it; rank 1 went to the fallback
+    fallback = tmp_path / "runs.r1.jsonl"
+    _lines(fallback, _run_records("r1"))
+    _lines(fallback, _run_records("r1", ranks=(1,)))  # the same rank twice: appended once
+    result = merge_records(fallback, path=results)
+    assert (result.merged, result.already_there, result.removed) == (1, 2, True) and not fallback.exists()
+    assert [(r["run_id"], r["rank"]) for r in read_records(results)] == [("r1", 0), ("r1", 1)]
+    assert "merged 1 record(s) of run r1" in result.line() and "(2 already there); removed" in result.line()
+
+
+def test_merge_keeps_a_fallback_with_a_line_that_is_not_a_record_and_says_why(tmp_path):
+    results = tmp_path / "runs.jsonl"
+    fallback = tmp_path / "runs" / "r2" / "record.jsonl"
+    _lines(fallback, _run_records("r2"))
+    with open(fallback, "ab") as fh:
+        fh.write(b'{"experiment": "exp-0", "sta')  # a kill in the middle of a rank's write
+    for _ in range(2):  # and again: nothing appended twice, still kept
+        result = merge_records(fallback, path=results)
+        assert not result.removed and fallback.exists()
+        assert "kept" in result.line() and "trailing line is not a record" in result.line()
+    assert [(r["run_id"], r["rank"]) for r in read_records(results)] == [("r2", 0), ("r2", 1)]
+
+
+def test_a_rank_appending_to_a_fallback_a_merge_is_taking_writes_to_a_new_one(tmp_path):
+    """The merge unlinks the fallback under its lock; a rank waiting for that lock must not append to the
+    unlinked file (its record would be gone): it opens the path again."""
+    import fcntl
+    import threading
+
+    fallback = tmp_path / "runs.r3.jsonl"
+    _lines(fallback, _run_records("r3", ranks=(0,)))
+    fd = os.open(fallback, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # what merge_records holds while it merges
+    late = threading.Thread(target=append_record, args=(_record(0, run_id="r3", rank=1),), kwargs={"path": fallback})
+    late.start()
+    time.sleep(0.3)
+    fallback.unlink()
+    os.close(fd)
+    late.join(10)
+    assert [(r["run_id"], r["rank"]) for r in read_records(fallback)] == [("r3", 1)]
+
+
+def _cli(*args, env=None, **kw):
+    return subprocess.Popen(
+        [sys.executable, "-m", "lab_helpers", *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw,
+    )  # fmt: skip
+
+
+def test_merge_records_cli_refuses_the_results_file_and_a_reference_in_one_line(tmp_path):
+    """The issue's repros through the real CLI: `merge-records results/runs.jsonl` deleted every record."""
+    env = {**os.environ, "LAB_RESULTS": str(tmp_path / "results")}
+    results = tmp_path / "results" / "runs.jsonl"
+    _lines(results, _run_records("a") + _run_records("b"))
+    reference = tmp_path / "h100-80gb.jsonl"
+    _lines(reference, _run_records("gpu-1"))
+    big = tmp_path / "runs.big.jsonl"
+    with open(big, "wb") as fh:  # sparse: a fallback too large to read
+        fh.truncate((1 << 30) + 1)
+    before = {path: path.stat() for path in (results, reference, big)}
+    for source in (results, reference, big):
+        out, err = _cli("merge-records", str(source), env=env).communicate(timeout=60)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and "nothing was changed" in lines[0], err
+        assert out == ""
+    assert {path: path.stat() for path in before} == before
+    assert len(read_records(results)) == 4
+
+
+def test_two_merges_of_one_fallback_at_once_append_it_once(tmp_path):
+    env = {**os.environ, "LAB_RESULTS": str(tmp_path / "results")}
+    results = tmp_path / "results" / "runs.jsonl"
+    _lines(results, _run_records("seed"))
+    fallback = tmp_path / "results" / "runs.r4.jsonl"
+    _lines(fallback, _run_records("r4", ranks=range(64)))
+    procs = [_cli("merge-records", str(fallback), env=env) for _ in range(3)]
+    said = [(proc.wait(timeout=60), *proc.communicate()) for proc in procs]
+    assert all("Traceback" not in err and len((out + err).strip().splitlines()) == 1 for _, out, err in said), said
+    assert sorted(code for code, _, _ in said)[0] == 0 and {code for code, _, _ in said} <= {0, 2}, said
+    assert sum("merged 64 record(s)" in out for _, out, _ in said) == 1, said
+    keys = [(r["run_id"], r["rank"]) for r in read_records(results)]
+    assert len(keys) == 66 and len(set(keys)) == 66 and not fallback.exists()
