@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,9 @@ from lab_helpers.warm_start import WarmProcess, kill_group, start_process
 
 ITER_PATTERN = re.compile(r"\biter (\d+)\b")
 TERMINATE_GRACE_S = 10.0
+EXIT_GRACE_S = 2.0  # after the training process exits, how long what it left behind may still hold its output
+_READ_POLL_S = 0.25
+_DRAIN_S = 1.0
 GRACE_ENV = "LAB_TERMINATE_GRACE_S"
 _TAIL_LINES = 60
 
@@ -92,7 +96,9 @@ class _Deadline:
     """The run's wall-clock limit: when it passes, the group is ended (SIGTERM, grace, SIGKILL) from a thread.
 
     A run that hangs outside a collective (a dead data loader, a stuck file system) never ends on its own;
-    ending its group closes its output, so the runner's read loop finishes and the run is recorded as timeout.
+    ending its group ends the process, and the runner's read loop (``_Output``) finishes at EOF, or at most
+    ``EXIT_GRACE_S`` after the process exited when something outside the group still holds its output, so the
+    run is recorded as timeout.
     """
 
     def __init__(self, proc: subprocess.Popen | WarmProcess, pgid: int, limit_s: float | None) -> None:
@@ -114,6 +120,86 @@ class _Deadline:
 
     def cancel(self) -> None:
         self._done.set()
+
+
+class _Output:
+    """The training process's output, line by line, until EOF -- or until what the process left behind lets go.
+
+    A process that exits while a child of its own (a data-loader worker, a helper, one that left the group with
+    ``setsid``) still holds its stdout would keep the pipe open, and a plain read loop waiting for EOF would wait
+    for that child however long it lives: past the time limit, forever. So the pipe is read with a timeout, and
+    once the process has exited its leftovers get ``EXIT_GRACE_S`` to finish writing; then every process still
+    holding the pipe's write end (found by the pipe's inode in /proc/*/fd) and the whole process group are
+    SIGKILLed, what is already in the pipe is read, and reading stops. ``cut_note`` then says so in one line.
+    """
+
+    def __init__(self, proc: subprocess.Popen | WarmProcess) -> None:
+        assert proc.stdout is not None
+        self._proc = proc
+        self._fd = proc.stdout.fileno()
+        self.cut_note: str | None = None
+
+    def lines(self) -> Iterator[bytes]:
+        pending = b""
+        exited_at: float | None = None
+        while True:
+            ready, _, _ = select.select([self._fd], [], [], _READ_POLL_S)
+            if ready:
+                chunk = os.read(self._fd, 1 << 16)
+                if not chunk:  # EOF: every holder of the write end has closed it
+                    break
+                *whole, pending = (pending + chunk).split(b"\n")
+                yield from (line + b"\n" for line in whole)
+            if exited_at is None and self._proc.poll() is not None:
+                exited_at = time.monotonic()
+            if exited_at is not None and time.monotonic() - exited_at > EXIT_GRACE_S:
+                pending += self._cut()
+                break
+        if pending:
+            yield pending
+
+    def _cut(self) -> bytes:
+        """Kill what holds the pipe past the grace, then return what is already in it (never waiting for EOF)."""
+        holders = _pipe_writers(self._fd)
+        for pid, _ in holders:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        kill_group(self._proc.pid, signal.SIGKILL)
+        named = ", ".join(f"{pid} ({command})" for pid, command in holders[:3]) + (", ..." if len(holders) > 3 else "")
+        self.cut_note = (
+            f"lab: the training process ended, but {len(holders) or 'a'} process(es) it left behind still held its "
+            f"output {EXIT_GRACE_S:g} s later and were killed: {named or 'gone by then'}"
+        )
+        rest, deadline = b"", time.monotonic() + _DRAIN_S
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self._fd], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(self._fd, 1 << 16) if ready else b""
+            if not chunk:
+                break
+            rest += chunk
+        return rest
+
+
+def _pipe_writers(read_fd: int) -> list[tuple[int, str]]:
+    """(pid, command) of every other process with the pipe of ``read_fd`` open (our own user's: /proc/PID/fd)."""
+    try:
+        link = f"pipe:[{os.fstat(read_fd).st_ino}]"
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) != os.getpid()]
+    except OSError:
+        return []
+    found = []
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == link for fd in fds):
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    command = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:60]
+                found.append((pid, command))
+        except OSError:  # gone, or another user's
+            continue
+    return found
 
 
 class Echo:
@@ -252,14 +338,17 @@ def run_command(
                 visible_devices=child_env.get("CUDA_VISIBLE_DEVICES"),
             )
             with sampler:
-                assert proc.stdout is not None
-                for raw in proc.stdout:
+                output = _Output(proc)
+                for raw in output.lines():
                     line = redact(raw.decode("utf-8", errors="replace").rstrip("\r\n"), secrets)
                     log.write(line)
                     tail.append(line)
                     shown.show(line)
                     if shown.bar is not None and (match := ITER_PATTERN.search(line)):
                         shown.progress(int(match.group(1)))
+                if output.cut_note is not None:
+                    log.write(output.cut_note)
+                    Echo(True, shown.bar).show(output.cut_note)  # said even with --quiet: a process was killed
                 proc.wait()
         except KeyboardInterrupt as exc:
             shield.arm()  # from here on a second or third interrupt is counted, not raised
@@ -282,6 +371,11 @@ def run_command(
                 _end_group(proc, proc.pid)
             else:
                 kill_group(proc.pid, signal.SIGKILL)  # stray grandchildren of a finished run
+        if proc is not None and proc.stdout is not None:
+            try:
+                proc.stdout.close()
+            except OSError:
+                pass
         timed_out = deadline is not None and deadline.passed.is_set()
         if timed_out:
             log.write(f"lab: the time limit of {time_limit_s:.0f} s passed; the whole process group was ended")

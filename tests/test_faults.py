@@ -327,6 +327,38 @@ def test_a_hung_process_is_ended_at_the_time_limit_and_recorded_as_timeout(tmp_p
     assert "timeout" in records.STATUSES
 
 
+@pytest.mark.parametrize("own_session", [False, True], ids=["in-its-group", "escaped-with-setsid"])
+def test_a_process_that_exits_while_a_child_holds_its_output_ends_within_the_grace(tmp_path, own_session):
+    """Issue 45: a process that leaves a child holding its stdout hung the read loop until that child ended."""
+    from lab_helpers.runner import EXIT_GRACE_S
+
+    script = (
+        "import subprocess, sys\n"
+        f"subprocess.Popen(['sleep', '600'], start_new_session={own_session})\n"
+        "print('trained', flush=True)\n"
+    )
+    started = time.monotonic()
+    outcome = run_command([sys.executable, "-c", script], run_dir=tmp_path / "run", echo=False, time_limit_s=60)
+    took = time.monotonic() - started
+    assert outcome.returncode == 0 and not outcome.timed_out and took < EXIT_GRACE_S + 8, took
+    log = outcome.log_path.read_text()
+    assert "trained" in log and "still held its output" in log, log
+    [pid] = [int(p) for p in re.findall(r"killed: (\d+) \(sleep 600\)", log)]
+    assert _dead(pid, 5), f"the sleep that held the output ({pid}) is still alive"
+
+
+def _dead(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:  # killed; its new parent has yet to reap it
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def test_the_time_limit_comes_from_the_recipe_with_an_override(monkeypatch):
     from lab_helpers.time_limit import parse_time_limit, time_limit_s
 
@@ -365,6 +397,37 @@ def test_a_run_hung_in_its_data_loader_is_recorded_as_timeout_and_leaves_nothing
     assert not _wait_gone(record["run_id"], 2)
 
 
+# A training process that leaves children holding its stdout (fixture): a helper in its group, as a data-loader
+# worker is, and one that left the group with setsid; each sleeps long past the time limit.
+LEAVES_CHILDREN_ON_STDOUT = """
+    import os, subprocess, sys
+    if os.environ.get("LAB_REPORT_DIR"):  # only the training process, not the helpers it starts
+        env = {k: v for k, v in os.environ.items() if k != "LAB_REPORT_DIR"}
+        for session in (False, True):
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", os.environ["LAB_REPORT_DIR"]],
+                             env=env, start_new_session=session)
+"""
+
+
+@pytest.mark.slow
+def test_a_run_whose_children_hold_its_output_ends_in_its_time_limit_and_is_recorded(ci_assets, results, tmp_path):
+    """Issue 45's repro: `run grad-accum --set train.max_steps=6 --time-limit 60` ran 660 s."""
+    env = _site(tmp_path, LEAVES_CHILDREN_ON_STDOUT)
+    started = time.monotonic()
+    out = subprocess.run(
+        cli("run", "grad-accum", "--profile", "ci", "--set", "train.max_steps=6", "--time-limit", "60"),
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    took = time.monotonic() - started
+    assert out.returncode == 0 and took < 60 + 15, (took, out.stderr[-2000:])
+    [record] = read_records(results / "runs.jsonl")
+    assert record["status"] == "ok" and record["returncode"] == 0, record.get("reason")
+    assert (
+        "still held its output" in out.stdout and "still held its output" in (results / record["log_path"]).read_text()
+    )
+    assert not _wait_gone(record["run_id"], 5)  # both helpers name the run's folder in their command lines
+
+
 # --------------------------------------------------------------------------------- 9. signals, host OOM
 
 
@@ -398,9 +461,7 @@ def test_a_process_killed_by_a_signal_is_named_and_a_host_oom_is_said_when_evide
 
 
 @pytest.mark.parametrize("timeline", ["/etc/passwd", "../../outside.csv", "runs/../../x.csv"])
-def test_export_reference_sets_aside_records_with_paths_outside_the_results(
-    tmp_path, monkeypatch, results, timeline
-):
+def test_export_reference_sets_aside_records_with_paths_outside_the_results(tmp_path, monkeypatch, results, timeline):
     from lab_helpers.reference import export_reference
 
     home = tmp_path / "home"
@@ -565,7 +626,12 @@ def test_run_piped_into_head_stores_an_ok_record(ci_assets, results, tmp_path):
     command = " ".join(cli("run", "grad-accum", "--set", "train.max_steps=10"))
     shell = f'{command} 2>{err} | head -3; echo "exit ${{PIPESTATUS[0]}}"'
     out = subprocess.run(
-        ["bash", "-c", shell], capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, "LAB_PROFILE": "ci"}
+        ["bash", "-c", shell],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "LAB_PROFILE": "ci"},
     )
     shown = out.stdout.splitlines()
     assert len(shown) == 4 and shown[-1] == "exit 0", out.stdout + err.read_text()[-2000:]
