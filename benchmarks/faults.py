@@ -62,6 +62,14 @@ DEAD_DATA_LOADER = """
         import time, litgpt.data.json_data as j
         j.JSON.train_dataloader = lambda self: time.sleep(3600)
 """
+LEAVES_CHILDREN_ON_STDOUT = """
+    import os, subprocess, sys
+    if os.environ.get("LAB_REPORT_DIR"):
+        env = {k: v for k, v in os.environ.items() if k != "LAB_REPORT_DIR"}
+        for session in (False, True):  # one helper in the group (as a data-loader worker), one that left it
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", os.environ["LAB_REPORT_DIR"]],
+                             env=env, start_new_session=session)
+"""
 ERROR_WITH_TOKEN = """
     import os
     if os.environ.get("LAB_REPORT_DIR"):
@@ -538,6 +546,65 @@ def hostile_lines(root: Path) -> Row:
     return row
 
 
+# ------------------------------------------------------------------ issue 45: round three
+
+
+def merge_refused(root: Path) -> list[Row]:
+    """merge-records of what is not a fallback file: one line, exit 2, the file untouched (it used to be deleted)."""
+    rows = []
+    fault = Fault(root, "merge-refused")
+    big = fault.results / "runs.big.jsonl"
+    with open(big, "wb") as fh:
+        fh.truncate((1 << 30) + 1)  # sparse: a fallback too large to read
+    shipped = []  # copies, by the same names: a regression must not delete the checkout's own files
+    for relative in ("reference_results/h100-80gb.jsonl", "notebooks/01_single_gpu.ipynb"):
+        (fault.dir / relative).parent.mkdir(parents=True, exist_ok=True)
+        shipped.append(Path(shutil.copyfile(ROOT / relative, fault.dir / relative)))
+    cases = [
+        ("merge-records results/runs.jsonl (the target)", fault.results / "runs.jsonl"),
+        ("merge-records reference_results/h100-80gb.jsonl", shipped[0]),
+        ("merge-records notebooks/01_single_gpu.ipynb", shipped[1]),
+        ("merge-records of a fallback too large to read", big),
+    ]
+    for name, source in cases:
+        before = source.read_bytes() if source.stat().st_size < 1 << 30 else source.stat().st_size
+        code, out, err = fault.run("merge-records", str(source))
+        after = source.read_bytes() if source.stat().st_size < 1 << 30 else source.stat().st_size
+        lines = (out + err).strip().splitlines()
+        ok = code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and before == after
+        row = Row(name, "exit 2, one line, the file untouched")
+        rows.append(_finish(row, fault, expect_records=0, ok=ok, observed=f"exit {code}, untouched {before == after}"))
+    return rows
+
+
+def merge_twice_at_once(root: Path) -> Row:
+    row = Row("two merge-records of one fallback at once", "each record once, fallback removed, no traceback")
+    fault = Fault(root, "merge-twice")
+    fallback = fault.results / "runs.r45.jsonl"
+    with open(fallback, "w") as fh:
+        for rank in range(64):
+            fh.write(json.dumps({"experiment": "x", "status": "ok", "run_id": "r45", "rank": rank}) + "\n")
+    procs = [fault.start("merge-records", str(fallback)) for _ in range(2)]
+    said = [(proc.wait(timeout=120), *proc.communicate()) for proc in procs]
+    new = fault.new_records()
+    keys = {(r["run_id"], r["rank"]) for r in new}
+    clean = all("Traceback" not in out + err and len((out + err).strip().splitlines()) == 1 for _, out, err in said)
+    ok = clean and len(new) == len(keys) == 64 and not fallback.exists() and 0 in {code for code, _, _ in said}
+    codes = ",".join(str(code) for code, _, _ in said)
+    return _finish(row, fault, expect_records=64, ok=ok, observed=f"exits {codes}, {len(new)} lines, {len(keys)} runs")
+
+
+def children_hold_output(root: Path) -> Row:
+    row = Row("children hold the run's stdout, --time-limit 60", "ok recorded within the limit, helpers killed")
+    fault = Fault(root, "held-output", LEAVES_CHILDREN_ON_STDOUT)
+    started = time.monotonic()
+    code, _, _ = fault.run("run", "grad-accum", "--set", "train.max_steps=6", "--time-limit", "60", "--quiet")
+    took = time.monotonic() - started
+    new = fault.new_records()
+    ok = code == 0 and _statuses(new) == "ok" and took < 60 + 15
+    return _finish(row, fault, expect_records=1, ok=ok, observed=f"exit {code} in {took:.0f} s, {_statuses(new)}")
+
+
 def main() -> int:
     from lab_helpers.assets import prepare_ci
 
@@ -573,6 +640,9 @@ def main() -> int:
         lambda: relative_results(root),
         lambda: absurd_micro_batch(root),
         lambda: hostile_lines(root),
+        lambda: merge_refused(root),
+        lambda: merge_twice_at_once(root),
+        lambda: children_hold_output(root),
     ]
     print(f"{'fault':<52} | {'expected':<56} | {'observed':<60} | result")
     for step in plan:
