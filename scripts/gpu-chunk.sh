@@ -7,7 +7,7 @@
 # copies what is done into DIR: a kill at the limit loses at most the step in flight, and one oversized file
 # (a profile trace) never takes the records with it.
 #
-#   CHUNK          speed | ranks | single-7b | 13b | offload   (the GPU issues; steps below, costs in
+#   CHUNK          speed | ranks | single-7b | 13b | offload | notebooks   (the GPU issues; steps below, costs in
 #                  configs/gpu-chunk-costs.tsv; docs/measuring-on-a-gpu.md has the table)
 #   --out DIR      the folder that comes back (default: $OUT); it holds at most 7 files:
 #                    chunk.log             preflight, every step's time and outcome, the summary
@@ -15,6 +15,7 @@
 #                    results.tar.gz        LAB_RESULTS without traces: timelines, logs, preflight, prepare log
 #                    trace-<run>.json.gz   one per profiled run, if it fits (else the log says so)
 #                    measurement-overhead.txt   benchmarks/measurement_overhead.py's table (speed)
+#                    NAME.ipynb            each executed notebook (notebooks: 00, 04, 01; wheels --with notebooks)
 #   --wheels DIR   install these wheels first (from `python -m lab_helpers wheelhouse --node-has ...`)
 #   --deadline-s S S seconds from the script's start (default 540; dry run 900): a step starts only while its
 #                  row's seconds in configs/gpu-chunk-costs.tsv are left (60 s when it has none)
@@ -43,7 +44,8 @@ while (($#)); do
     esac
 done
 
-# The chunks: each step is `run ID [ARGS]` (python -m lab_helpers run, quick mode) or `overhead ID`.
+# The chunks: each step is `run ID [ARGS]` (python -m lab_helpers run, quick mode), `overhead ID`, or
+# `notebook NAME` (notebooks/NAME.ipynb executed by scripts/execute_notebook.py, its copy shipped as NAME.ipynb).
 models="" steps=()
 case "$chunk" in
     speed) models=1b
@@ -58,15 +60,18 @@ case "$chunk" in
                "run qlora-7b --set train.micro_batch_size=1") ;;
     13b) models=13b
         steps=("run full-13b-sgd" "run lora-13b" "run full-13b") ;;
+    notebooks) models=1b  # the student's path: 00, 04, then 01 on the 1.1B models (LAB_MODELS), quick mode
+        steps=("notebook 00_check_node" "notebook 04_what_if" "notebook 01_single_gpu") ;;
     offload) models=7b
         steps=("run deepspeed-zero2-offload --set checkpoint_dir=checkpoints/openlm-research/open_llama_7b"
                "run deepspeed-offload --set checkpoint_dir=checkpoints/openlm-research/open_llama_7b") ;;
-    "") echo "gpu-chunk: name a chunk: speed, ranks, single-7b, 13b or offload (see --help)" >&2; exit 2 ;;
-    *) echo "gpu-chunk: unknown chunk '$chunk': speed, ranks, single-7b, 13b or offload" >&2; exit 2 ;;
+    "") echo "gpu-chunk: name a chunk: speed, ranks, single-7b, 13b, offload or notebooks (see --help)" >&2; exit 2 ;;
+    *) echo "gpu-chunk: unknown chunk '$chunk': speed, ranks, single-7b, 13b, offload or notebooks" >&2; exit 2 ;;
 esac
 [[ -n $out ]] || { echo "gpu-chunk: give --out DIR (or set OUT): the folder that comes back" >&2; exit 2; }
 deadline_s="${deadline_s:-$((dry ? 900 : 540))}"
 [[ $deadline_s =~ ^[0-9]+$ ]] || { echo "gpu-chunk: --deadline-s $deadline_s: give whole seconds" >&2; exit 2; }
+deadline_s=$((10#$deadline_s))  # decimal: bash reads 08 as octal and fails
 if [[ -n $first_n ]]; then
     [[ $first_n =~ ^[1-9][0-9]*$ ]] || { echo "gpu-chunk: --steps $first_n: give a whole number from 1" >&2; exit 2; }
     steps=("${steps[@]:0:first_n}")
@@ -144,17 +149,31 @@ if [[ -n $wheels ]]; then
     "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
         "$wheels"/*.whl >"$pre/pip-install.txt" 2>&1 || { say "stopped: installing $wheels failed (preflight/pip-install.txt)"; exit 1; }
     export PYTHONPATH="$site:$repo${PYTHONPATH:+:$PYTHONPATH}"
-    say "installed $(find "$wheels" -name '*.whl' | wc -l) wheels in $((SECONDS - t0)) s"
+    say "installed $(find "$wheels" -name '*.whl' | wc -l) wheels ($(du -sm "$wheels" | cut -f1) MiB) in $((SECONDS - t0)) s"
 else
     export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 fi
 t0=$SECONDS
-if ! "$python" -c "import litgpt, lightning, lab_helpers.lab, lab_helpers.planner" >"$pre/imports.txt" 2>&1; then
+imports="litgpt, lightning, lab_helpers.lab, lab_helpers.planner"
+[[ $chunk == notebooks ]] && imports+=", nbclient, nbformat, ipykernel"  # the wheelhouse's --with notebooks
+if ! "$python" -c "import $imports" >"$pre/imports.txt" 2>&1; then
     say "stopped: the imports failed: $(tail -n 1 "$pre/imports.txt") (preflight/imports.txt)"; exit 1
 fi
 say "imports ok in $((SECONDS - t0)) s"
 
 # --- checkpoints: only the sizes the chunk needs, each build timed, its whole output kept --------------------
+if [[ $chunk == 13b ]] && ((!dry)); then  # 26 GB of random weights: in RAM where /dev/shm holds them with room
+    shm_free_gb=$(df -BG --output=avail /dev/shm 2>/dev/null | tail -1 | tr -dc '0-9')
+    if ((10#${shm_free_gb:-0} >= 30)); then
+        export LAB_CHECKPOINTS=/dev/shm/lab-checkpoints
+        say "checkpoints in $LAB_CHECKPOINTS (/dev/shm has ${shm_free_gb} GB free)"
+    fi
+fi
+if [[ $chunk == offload ]] && ((!dry)); then  # DeepSpeedCPUAdam's JIT build (nvcc) beside the weights' build
+    ( t=$SECONDS; "$python" -c "from deepspeed.ops.op_builder import CPUAdamBuilder as B; B().load()" \
+        >"$LAB_RESULTS/cpu-adam-build.log" 2>&1; echo "exit $? after $((SECONDS - t)) s" >>"$LAB_RESULTS/cpu-adam-build.log" ) &
+    cpu_adam=$!
+fi
 t0=$SECONDS
 if ((dry)); then
     prepare=(-m lab_helpers prepare --profile ci)
@@ -165,6 +184,10 @@ if ! "$python" "${prepare[@]}" >"$LAB_RESULTS/prepare.log" 2>&1; then
     say "stopped: building checkpoints failed: $(tail -n 1 "$LAB_RESULTS/prepare.log") (prepare.log)"; exit 1
 fi
 say "checkpoints ready ($( ((dry)) && echo "the ci models" || echo "$models")) in $((SECONDS - t0)) s"
+if [[ -n ${cpu_adam:-} ]]; then
+    wait "$cpu_adam"
+    say "DeepSpeedCPUAdam build: $(tail -n 1 "$LAB_RESULTS/cpu-adam-build.log") (cpu-adam-build.log)"
+fi
 stream
 
 # --- the steps, in value order, under the one deadline -----------------------------------------------------
@@ -177,6 +200,7 @@ for step in "${steps[@]}"; do
     number=$((number + 1))
     read -r kind id rest <<<"$step"
     key="$id"; [[ $step == *--profile-steps* ]] && key="$id+profile"; [[ $kind == overhead ]] && key="overhead-$id"
+    [[ $kind == notebook ]] && key="notebook-$id"
     need_s=$(min_s_for "$key") left=$(left_s)
     if ((left < need_s)); then
         say "not started: $step (needs ~${need_s} s, ${left} s left)"; not_run+=("$step"); status=1; continue
@@ -185,13 +209,26 @@ for step in "${steps[@]}"; do
     limit_s=$((left - 25))  # the training process's limit: ~25 s of launcher, planner and record around it
     ((limit_s >= 10)) || limit_s=10  # 0 would mean no limit, below 0 a refused run (a cost row under 35 s)
     t0=$SECONDS
-    if [[ $kind == overhead ]]; then
+    if [[ $kind == notebook ]]; then  # executed as a student runs it; the copy ships whatever happens
+        LAB_QUICK=1 LAB_MODELS="$models" timeout -s INT -k 30 "$((left - 5))" "$python" scripts/execute_notebook.py \
+            "notebooks/$id.ipynb" "$out/$id.ipynb" >"$step_log" 2>&1
+        rc=$?
+    elif [[ $kind == overhead ]]; then
         # shellcheck disable=SC2086  # $rest holds the step's own arguments
         LAB_RESULTS="$work/overhead" timeout -s INT -k 20 "$((left - 5))" "$python" benchmarks/measurement_overhead.py \
             --profile "$profile" --steps 12 --repeat 1 "$id" >"$out/measurement-overhead.txt" 2>"$step_log"
         rc=$?
         cat "$out/measurement-overhead.txt" >>"$log"
     else
+        if ((dry)) && [[ $rest =~ --simulate-world\ ([0-9]+) ]]; then
+            # the ci recipes are sized for 2 CPU ranks: N simulated ranks get the global batch that gives each the
+            # micro-batches per step that each of 2 ranks runs, as the notebooks' ci decision does
+            rest+=" --set train.global_batch_size=$("$python" -c 'import sys
+from lab_helpers.arithmetic import resolved
+from lab_helpers.experiments import count_devices
+run = resolved(sys.argv[1], "ci")
+print(int(run.recipe["train"]["global_batch_size"]) * int(sys.argv[2]) // count_devices("all"))' "$id" "${BASH_REMATCH[1]}")"
+        fi
         # shellcheck disable=SC2086  # $rest holds the step's own arguments
         "$python" -m lab_helpers run "$id" --profile "$profile" --quick --quiet --time-limit "$limit_s" \
             $rest >"$step_log" 2>&1

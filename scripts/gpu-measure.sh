@@ -46,6 +46,7 @@ while (($#)); do
     esac
 done
 [[ $deadline_s =~ ^[0-9]+$ ]] || { echo "gpu-measure: --deadline-s $deadline_s: give whole seconds" >&2; exit 2; }
+deadline_s=$((10#$deadline_s))  # decimal: bash reads 08 as octal, errs, and the lease would run with no deadline
 ((${#experiments[@]})) || { echo "gpu-measure: name at least one experiment (see --help)" >&2; exit 2; }
 started=$SECONDS
 python="${LAB_PYTHON:-python3}"
