@@ -114,15 +114,21 @@ def test_help_is_the_header_and_names_every_option(tmp_path: Path) -> None:
     assert "set -uo" not in out.stdout  # the header only, not the code after it
 
 
-@pytest.mark.slow  # three ci runs, all profiled: ~70 s on 2 cores
-def test_a_dry_run_leaves_ok_records_within_the_limits_of_what_comes_back(tmp_path: Path) -> None:
+def _dry_run_passes(tmp_path: Path, chunk: str, *, steps: int) -> Path:
+    """The first ``steps`` steps of ``chunk`` as a dry run: exit 0 and no process left behind; its output folder."""
     out_dir = tmp_path / "out"
     try:
-        out = _chunk(tmp_path, "speed", "--dry-run", "--steps", "3", "--out", str(out_dir))
+        out = _chunk(tmp_path, chunk, "--dry-run", "--steps", str(steps), "--out", str(out_dir))
     finally:
         stragglers = _end_ours(tmp_path, timeout_s=30)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert not stragglers, stragglers
+    return out_dir
+
+
+@pytest.mark.slow  # three ci runs, all profiled: ~70 s on 2 cores
+def test_a_dry_run_leaves_ok_records_within_the_limits_of_what_comes_back(tmp_path: Path) -> None:
+    out_dir = _dry_run_passes(tmp_path, "speed", steps=3)
     records = _records(out_dir)
     assert [r["experiment"] for r in records] == ["lora-1b", "bf16-true", "small-batch"]
     assert all(r["status"] == "ok" and r["profile"] == "ci" and r["mode"] == "quick" for r in records), records
@@ -172,13 +178,7 @@ def test_a_sigkill_mid_chunk_keeps_the_finished_runs_records(tmp_path: Path) -> 
 def test_the_notebooks_chunk_ships_each_executed_notebook_with_every_cell_run(tmp_path: Path) -> None:
     import nbformat
 
-    out_dir = tmp_path / "out"
-    try:
-        out = _chunk(tmp_path, "notebooks", "--dry-run", "--steps", "2", "--out", str(out_dir))
-    finally:
-        stragglers = _end_ours(tmp_path, timeout_s=30)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert not stragglers, stragglers
+    out_dir = _dry_run_passes(tmp_path, "notebooks", steps=2)
     _within_the_limits(out_dir)
     for name in ("00_check_node", "04_what_if"):
         notebook = nbformat.read(out_dir / f"{name}.ipynb", as_version=4)
