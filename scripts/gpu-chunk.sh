@@ -44,13 +44,13 @@ while (($#)); do
     esac
 done
 
-# The chunks: each step is `run ID [ARGS]` (python -m lab_helpers run, quick mode), `overhead ID`, or
+# The chunks: each step is `run ID [ARGS]` (python -m lab_helpers run, quick mode), `overhead ID [REPEAT]`, or
 # `notebook NAME` (notebooks/NAME.ipynb executed by scripts/execute_notebook.py, its copy shipped as NAME.ipynb).
 models="" steps=()
 case "$chunk" in
     speed) models=1b
         steps=("run lora-1b --profile-steps 2" "run bf16-true --profile-steps 2" "run small-batch --profile-steps 2"
-               "run grad-accum" "run bf16-mixed" "run fill-gpu" "overhead lora-1b" "run lora-1b") ;;
+               "run grad-accum" "run bf16-mixed" "run fill-gpu" "overhead lora-1b 3") ;;
     ranks) models=7b
         steps=("run fsdp --simulate-world 4" "run ddp --simulate-world 4" "run fsdp-grad-op --simulate-world 4"
                "run fsdp-bs8 --simulate-world 4" "run ddp-course --simulate-world 4" "run fsdp-course --simulate-world 4"
@@ -216,7 +216,7 @@ for step in "${steps[@]}"; do
     elif [[ $kind == overhead ]]; then
         # shellcheck disable=SC2086  # $rest holds the step's own arguments
         LAB_RESULTS="$work/overhead" timeout -s INT -k 20 "$((left - 5))" "$python" benchmarks/measurement_overhead.py \
-            --profile "$profile" --steps 12 --repeat 1 "$id" >"$out/measurement-overhead.txt" 2>"$step_log"
+            --profile "$profile" --steps 12 --repeat "${rest:-1}" "$id" >"$out/measurement-overhead.txt" 2>"$step_log"
         rc=$?
         cat "$out/measurement-overhead.txt" >>"$log"
     else
