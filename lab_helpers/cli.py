@@ -8,8 +8,8 @@ merge-records FILE                              append a fallback file's records
 plan     RECIPE.yaml [...]                      predict memory before a run (--time: step time)
 bandwidth [--ranks N]                           measure the bus bandwidth between GPUs (gloo on a CPU)
 doctor   [--json]                               what this node can run
-compare  [--out DIR] [--reference NAME] [--markdown]   the comparison table and figure files
-wheelhouse --python 3.12 --dest DIR [--with qlora]  the wheels an offline GPU node needs (beyond its torch)
+compare  [--out DIR] [--reference NAME] [--markdown] [--wide]  the comparison table and figure files
+wheelhouse --python 3.12 --dest DIR [--with qlora|notebooks]  the wheels an offline GPU node needs
 """
 
 from __future__ import annotations
@@ -120,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--reference", default=None, metavar="NAME",
                          help="compare a shipped reference file (reference_results/NAME.jsonl) instead of your runs")
     compare.add_argument("--markdown", action="store_true", help="print the headline columns as a Markdown table")
+    compare.add_argument("--wide", action="store_true", help="print every column (default: what fits the terminal)")
 
     plan = sub.add_parser("plan", help="predict peak memory of a litgpt recipe before running it")
     try:
@@ -213,7 +214,12 @@ def _cmd_run_all(args: argparse.Namespace) -> int:
 
 
 def _print_comparison(
-    out_dir: str | None, profile: str | None = None, *, reference: str | None = None, markdown: bool = False
+    out_dir: str | None,
+    profile: str | None = None,
+    *,
+    reference: str | None = None,
+    markdown: bool = False,
+    wide: bool = False,
 ) -> None:
     """The comparison table on stdout, the figures (and a CSV of the table) in the figures folder."""
     from lab_helpers import compare
@@ -226,7 +232,9 @@ def _print_comparison(
     if markdown:
         print(compare.markdown_table(table))
     else:
-        print(table.to_string(index=False) if len(table) else "no runs recorded yet")
+        from lab_helpers.table_display import terminal_table
+
+        print(terminal_table(table, wide=wide) if len(table) else "no runs recorded yet")
     paths = compare.save_all(frame, out_dir, profile=profile)
     if len(table) and paths:
         table_path = paths[0].parent / "comparison.csv"
@@ -267,7 +275,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         if reference_stem(args.reference) not in shipped:
             raise LabConfigError(f"--reference {args.reference}: no such file in {reference_dir()}; shipped: "
                                  + (", ".join(shipped) or "none"))  # fmt: skip
-    _print_comparison(args.out, reference=args.reference, markdown=args.markdown)
+    _print_comparison(args.out, reference=args.reference, markdown=args.markdown, wide=args.wide)
     return 0
 
 

@@ -10,12 +10,30 @@ itself that way in a notebook and in ``print``, while its data (``table["mfu"]``
 from __future__ import annotations
 
 import math
+import re
+import shutil
+import sys
 from typing import Any
 
 import pandas as pd
 
 REASON_CHARS = 72  # a reason is the first line of the record's text, cut here; the record keeps all of it
 TEXT_COLUMNS = ("experiment", "status", "bound", "reason")
+TERMINAL_WIDTH = 120  # where the terminal's width is not known (a pipe, a log, CI)
+TERMINAL_COLUMNS = (
+    "experiment", "status", "peak_alloc_gib", "peak_tensor_gib", "predicted_peak_alloc_gib", "prediction_error_pct",
+    "ms_per_sample", "tokens_per_s_padded", "gpu_busy_pct", "bound", "mfu", "padding_pct", "train_s",
+)  # fmt: skip
+"""What a person compares in a terminal, in the order they are kept while the width allows: memory measured and
+predicted first, then speed; the reason of a run that did not finish fills what is left. ``--wide`` shows all."""
+MIN_REASON_CHARS = 20
+TERMINAL_HEADERS = {
+    "peak_alloc_gib": "peak GiB", "peak_tensor_gib": "tensors GiB", "predicted_peak_alloc_gib": "predicted GiB",
+    "prediction_error_pct": "error %", "ms_per_sample": "ms/sample", "tokens_per_s_padded": "padded tok/s",
+    "gpu_busy_pct": "GPU busy %", "padding_pct": "padding %", "train_s": "train s", "mfu": "MFU",
+}  # fmt: skip
+"""Short headers for the terminal (the columns' names say the units; the CSV keeps the names)."""
+SIMULATED_LABEL = re.compile(r" \(simulated rank 0 of (\d+), no communication\)")
 
 
 def readable_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -32,6 +50,42 @@ def readable_table(table: pd.DataFrame) -> pd.DataFrame:
         else:
             shown[column] = shown[column].map(lambda value: "" if _is_missing(value) else str(value))
     return shown
+
+
+def terminal_table(table: pd.DataFrame, *, width: int | None = None, wide: bool = False) -> str:
+    """The table for a terminal: the ``TERMINAL_COLUMNS`` that fit in ``width`` characters (the terminal's width
+    where stdout is one, else ``TERMINAL_WIDTH``), then the reason cut to what is left, and a line naming how
+    many columns were left out. ``wide``: every column (the CSV always has them all)."""
+    shown = readable_table(table)
+    if wide or not len(shown):
+        return shown.to_string(index=False)
+    if "experiment" in shown.columns:  # "fsdp (simulated rank 0 of 4, no communication)" -> "fsdp (sim. 0 of 4)"
+        shown["experiment"] = shown["experiment"].map(lambda name: SIMULATED_LABEL.sub(r" (sim. 0 of \1)", name))
+    shown = shown.rename(columns=TERMINAL_HEADERS)
+    keep = [TERMINAL_HEADERS.get(c, c) for c in TERMINAL_COLUMNS]
+    if width is None:
+        width = shutil.get_terminal_size((TERMINAL_WIDTH, 24)).columns if sys.stdout.isatty() else TERMINAL_WIDTH
+
+    def widest(columns: list[str]) -> int:
+        return max(len(line) for line in shown[columns].to_string(index=False).splitlines())
+
+    chosen: list[str] = []
+    for column in (c for c in keep if c in shown.columns):
+        if column in ("experiment", "status") or widest([*chosen, column]) <= width:
+            chosen.append(column)
+    left = width - widest(chosen) - 1  # one space between columns
+    if "reason" in shown.columns and shown["reason"].astype(bool).any() and left >= MIN_REASON_CHARS:
+        reasons = shown["reason"]
+        while left >= MIN_REASON_CHARS:  # the reason cut to what is left of the width, as the table lays it out
+            shown["reason"] = reasons.map(lambda text, limit=left: first_line(text, limit=limit))
+            if (over := widest([*chosen, "reason"]) - width) <= 0:
+                chosen.append("reason")
+                break
+            left -= over
+    text = shown[chosen].to_string(index=False)
+    if omitted := len(shown.columns) - len(chosen):
+        text += f"\n({omitted} more columns: --wide shows them, and the CSV has them all)"
+    return text
 
 
 def first_line(text: Any, limit: int = REASON_CHARS) -> str:

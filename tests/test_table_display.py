@@ -76,3 +76,23 @@ def test_a_closed_pipe_ends_quietly(results):
     result = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=300)
     assert result.stdout.startswith("ci-cpu.jsonl: code path only") and len(result.stdout.splitlines()) == 1
     assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("name", ["h100-80gb", "h200-141gb", "ci-cpu"])
+def test_the_terminal_table_fits_120_columns_and_wide_shows_them_all(name):
+    """issue 43: `compare` printed 26 columns, 419 characters wide. The terminal view keeps what a person compares
+    (experiment, status, memory measured and predicted first), a cut reason where a run did not finish, and says how
+    many columns --wide adds; the data keep every column."""
+    from lab_helpers.table_display import terminal_table
+
+    table = compare.comparison_table(compare.load_reference(name))
+    text = terminal_table(table, width=120)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 120, text
+    header = lines[0].split()
+    assert header[:2] == ["experiment", "status"] and ("peak" in header or "tensors" in header)
+    assert "predicted" in header and "more columns: --wide" in lines[-1]
+    assert len(lines) == len(table) + 2  # header, one line per run, the note
+    wide = terminal_table(table, wide=True)
+    assert max(len(line) for line in wide.splitlines()) > 120
+    assert terminal_table(table, width=80).splitlines()[0].split()[:2] == ["experiment", "status"]
