@@ -26,6 +26,7 @@ from lab_helpers.predict import OOM_DEMO_MARGIN
 from lab_helpers.quick_mode import QUICK_ENV, quick_from_env, quick_overrides
 from lab_helpers.records import append_record, store_records
 from lab_helpers.records import results_path as results_file
+from lab_helpers.recovery import holding_run, recover_orphans, write_launch
 from lab_helpers.results_folder import check_results_folder, remove_if_empty
 from lab_helpers.run_record import base_record, one_line, records_from, relative_to_results
 from lab_helpers.runner import run_command, say
@@ -96,6 +97,7 @@ def run_experiment(
 
     # first, creating nothing: a full disk must be one line before resolve() imports what needs a temporary folder
     check_results_folder(results_file(results_path), create=False)
+    recover_orphans(results_path)  # runs whose launcher died before recording them (once per process)
     node = describe_node()  # once per run: the profile check, the hardware check and the record all use it
     profile = profile or default_profile(node)
     if isinstance(overrides, list):
@@ -128,9 +130,12 @@ def run_experiment(
     base["time_limit_s"] = limit_s
     check_run_files(run)
     run_dir = results_dir() / "runs" / base["run_id"]
+    run_dir.mkdir(parents=True, exist_ok=True)
     command = launcher.command(run, run_dir)
-    with InterruptShield() as shield:  # armed by the runner at the first interrupt, or when the process ends
+    ranks = launcher.ranks(run)
+    with InterruptShield() as shield, holding_run(run_dir):  # the lock: no recovery takes a live run
         try:
+            write_launch(run_dir, base, ranks)  # what a recovery needs, should this launcher die before recording
             outcome = run_command(
                 command,
                 run_dir=run_dir,
@@ -151,17 +156,21 @@ def run_experiment(
         except OSError as exc:  # the run folder or its log could not be made: nothing has started
             remove_if_empty(run_dir)
             raise LabConfigError(f"the run could not start in {run_dir}: {exc.strerror or exc}") from None
-        base["log_error"] = outcome.log_error  # the disk filled up: the log is cut short, the record says so
+        # the disk filled up: the log or the timeline is cut short, the record says so
+        base["log_error"] = "; ".join(e for e in (outcome.log_error, outcome.timeline.error) if e) or None
         try:
-            records = records_from(run, base, outcome, run_dir, launcher.ranks(run))
+            records = records_from(run, base, outcome, run_dir, ranks)
         except Exception as exc:  # noqa: BLE001 -- a bug here must not cost a paid-for run its record
             records = [{**base, "status": "error", "reason": f"the lab could not build the record: {exc!r}",
                         "returncode": outcome.returncode, "wall_s": outcome.wall_s,
                         "log_path": relative_to_results(outcome.log_path)}]  # fmt: skip
-        store_records(records, path=results_path, run_dir=run_dir)  # a fallback file where runs.jsonl fails
-        if summary:
-            for record in records:
-                say(one_line(record))  # stdout may be gone (`| head`): the record is stored already
+        try:
+            # the results file, else the run folder, else off the failed file system; one line says where
+            store_records(records, path=results_path, run_dir=run_dir)
+        finally:  # stored or not, the result was measured: show it (stdout may be gone, `| head`)
+            if summary:
+                for record in records:
+                    say(one_line(record))
     if outcome.interrupted:
         raise KeyboardInterrupt(f"{exp_id} interrupted; recorded as 'interrupted'")
     if shield.count:

@@ -146,7 +146,9 @@ RECORD_FIELDS: tuple[Field, ...] = _reported(
     ("status", None, " | ".join(STATUSES)),
     ("reason", None, "one line: why the run did not end ok, or was skipped"),
     ("returncode", None, "exit code of the launched process"),
-    ("log_error", None, "why the log is incomplete (e.g. the disk filled up)"),
+    ("log_error", None, "why the log or the timeline is incomplete (e.g. the disk filled up)"),
+    ("recovered", None, "how the record was rebuilt from its run folder after the launcher ended before storing it "
+     "(lab_helpers.recovery: exit code unknown, wall_s from the timeline); None: stored by the launcher"),
     # memory
     ("gpu_used_peak_gib", "GiB", "NVML 'memory used' peak of this rank's GPU during the run"),
     ("gpu_used_peak_gib_per_gpu", "GiB", "NVML 'memory used' peak per GPU index"),

@@ -19,6 +19,7 @@ accepts (``record_schema.record_unfit``): one hostile line must not break every 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -28,6 +29,7 @@ import os
 import re
 import stat
 import sys
+import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -79,18 +81,7 @@ def append_record(record: Mapping[str, Any], *, path: Path | str | None = None) 
     Refuses a record without ``experiment`` or with an unknown ``status`` so that nothing malformed is ever
     stored (a bad record would be there forever: the file is never rewritten).
     """
-    if not record.get("experiment"):
-        raise ValueError("a record needs an 'experiment'")
-    if record.get("status") not in STATUSES:
-        raise ValueError(f"status must be one of {', '.join(STATUSES)}; got {record.get('status')!r}")
-    line = _record_line(record)
-    target = results_path(path)
-    fd = _open_locked(target)
-    try:
-        _append_locked(fd, target, line)
-    finally:
-        os.close(fd)  # also releases the lock
-    return target
+    return append_records([record], path=path)
 
 
 def _record_line(record: Mapping[str, Any]) -> bytes:
@@ -163,38 +154,123 @@ def describe_os_error(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-def store_records(records: Sequence[Mapping[str, Any]], *, path: Path | str | None, run_dir: Path) -> Path:
-    """Append ``records`` to the results file; where that fails, to a fallback file, and say so in one line.
+def append_records(records: Sequence[Mapping[str, Any]], *, path: Path | str | None = None) -> Path:
+    """``append_record`` for several records (a run's ranks) in one fenced, fsynced write: all are stored, or none.
 
-    A run's record must land somewhere: the fallback is ``runs.<run_id>.jsonl`` beside the results file, else
-    ``record.jsonl`` in the run's own folder; the line names it and the command that merges it back. Raises
-    RecordWriteError only when no file at all could take the records.
+    A file this call created is removed again when the write fails, so that a full disk is not left with an empty
+    fallback file that looks like a stored record."""
+    for record in records:
+        if not record.get("experiment"):
+            raise ValueError("a record needs an 'experiment'")
+        if record.get("status") not in STATUSES:
+            raise ValueError(f"status must be one of {', '.join(STATUSES)}; got {record.get('status')!r}")
+    data = b"".join(_record_line(record) for record in records)
+    target = results_path(path)
+    existed = os.path.lexists(target)
+    fd = _open_locked(target)
+    try:
+        try:
+            _append_locked(fd, target, data)
+        except RecordWriteError:
+            if not existed and os.fstat(fd).st_size == 0:
+                with contextlib.suppress(OSError):
+                    target.unlink()
+            raise
+    finally:
+        os.close(fd)
+    return target
+
+
+_DISK_ERRORS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EIO}
+"""A file system that failed with one of these takes no fallback either: the next place is off it."""
+
+
+def state_dir() -> Path | None:
+    """``$XDG_STATE_HOME/lab``, else ``~/.local/state/lab``: where a record goes when the results folder's file
+    system takes nothing (None: no home folder is known)."""
+    state = os.environ.get("XDG_STATE_HOME", "")
+    if os.path.isabs(state):
+        return Path(state) / "lab"
+    try:
+        return Path.home() / ".local" / "state" / "lab"
+    except (RuntimeError, KeyError):
+        return None
+
+
+def temp_fallback_dir() -> Path:
+    """This user's folder in the system's temporary directory: the last place a record can go."""
+    return Path(tempfile.gettempdir()) / f"lab-{os.getuid()}"
+
+
+def fallback_places(run_id: str, run_dir: Path | None) -> list[Path]:
+    """Where ``store_records`` tries a run's record after the results file, in order: the run's own folder, then
+    places off the results folder's file system (the state folder, the system's temporary directory)."""
+    places = [] if run_dir is None else [run_dir / _RUN_FOLDER_FALLBACK]
+    places += [folder / f"runs.{run_id}.jsonl" for folder in (state_dir(), temp_fallback_dir()) if folder is not None]
+    return places
+
+
+def store_records(records: Sequence[Mapping[str, Any]], *, path: Path | str | None, run_dir: Path | None) -> Path:
+    """The one place that stores a run's records: the results file; where that fails, the run's folder, then a
+    fallback off the failed file system (``fallback_places``); one line says where and how to merge it back.
+
+    The records go in one write (all or none) wherever they land. A file system that failed for want of room or
+    because it turned read-only (``_DISK_ERRORS``) is not tried again for a fallback, and no empty file is left on
+    it. Raises RecordWriteError (one line naming every place tried) only when no place at all took the records.
     """
     target = results_path(path)
-    try:
-        for record in records:
-            append_record(record, path=target)
-        return target
-    except RecordWriteError as exc:
-        first_error = exc
-    stored = read_records(target) if target.is_file() and not target.is_symlink() else []
-    stored_ids = {(r.get("run_id"), r.get("rank")) for r in stored}
-    left = [r for r in records if (r.get("run_id"), r.get("rank")) not in stored_ids]  # a rank's may be in
     run_id = str(records[0].get("run_id") or "run") if records else "run"
-    for fallback in (target.parent / f"runs.{run_id}.jsonl", run_dir / "record.jsonl"):
-        try:
-            for record in left:
-                append_record(record, path=fallback)
-        except (RecordWriteError, ValueError):
+    tried: list[tuple[Path, RecordWriteError]] = []
+    failed_devices: set[int] = set()
+    for place in [target, *fallback_places(run_id, run_dir)]:
+        if place != target and (_device_of(place) in failed_devices or not _private_folder(place.parent)):
             continue
-        print(
-            f"lab: {first_error.strerror}; the record is in {fallback} instead: merge it back with "
-            f"`python -m lab_helpers merge-records {fallback}`",
-            file=sys.stderr,
-            flush=True,
-        )
-        return fallback
-    raise first_error
+        try:
+            append_records(records, path=place)
+        except RecordWriteError as exc:
+            tried.append((place, exc))
+            if exc.errno in _DISK_ERRORS and (device := _device_of(place)) is not None:
+                failed_devices.add(device)
+            continue
+        if place != target:
+            first = tried[0][1] if tried else None
+            why = first.strerror if first is not None else f"could not store the record in {target}"
+            _say(f"lab: {why}; the record is in {place} instead: merge it back with "
+                 f"`python -m lab_helpers merge-records {place}`")  # fmt: skip
+        return place
+    first = tried[0][1]
+    also = ", ".join(str(place) for place, _ in tried[1:])
+    raise RecordWriteError(first.errno, first.strerror + (f"; nor in {also}" if also else ""))
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # stderr is gone: the record is stored all the same
+        pass
+
+
+def _device_of(path: Path) -> int | None:
+    """The device of ``path``, or of its nearest folder that exists."""
+    for folder in (path, *path.parents):
+        try:
+            return os.stat(folder).st_dev
+        except OSError:
+            continue
+    return None
+
+
+def _private_folder(folder: Path) -> bool:
+    """False for the system-temp fallback folder when it is not this user's own folder (another user's, a link):
+    /tmp is shared, and a record must not be written where another user chose."""
+    if folder != temp_fallback_dir():
+        return True
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        info = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
 
 
 FALLBACK_NAMES = "runs.<run_id>.jsonl or runs/<run_id>/record.jsonl"

@@ -168,8 +168,11 @@ def _status(
         return "error", outcome.exit_cause, "\n".join(outcome.tail[-20:]) or None
     if report.get("status") in ("oom", "error", "interrupted"):
         return report["status"], last_line(report.get("error")), report.get("error")
-    if report.get("status") == "ok" and (not launched or outcome.returncode == 0):
+    if report.get("status") == "ok" and (not launched or outcome.returncode == 0 or outcome.recovered):
         return "ok", None, None
+    if outcome.recovered:  # no exit code to go by: the launcher that waited for it is gone
+        why = "no report from this rank, and its launcher ended before it could record the run"
+        return "error", why, "\n".join(outcome.tail[-20:]) or None
     oom_lines = [line for line in outcome.tail if is_oom_text(line)]
     if oom_lines:
         return "oom", oom_lines[-1][:300], "\n".join(oom_lines)

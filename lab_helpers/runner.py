@@ -57,6 +57,7 @@ class ProcessOutcome:
     interrupted_by: str | None = None  # the signal that ended the run ("SIGHUP"); None: Ctrl-C or no interrupt
     exit_cause: str | None = None  # why the process ended, when the launching side knows better (a dead warm server)
     echo_error: str | None = None  # the output went away (a closed pipe, a dropped terminal); the run went on
+    recovered: bool = False  # rebuilt from the run folder after the launcher died (recovery): no exit code is known
 
 
 def _progress_bar(total: int | None, label: str, enabled: bool):
@@ -140,7 +141,7 @@ class _Output:
         self.cut_note: str | None = None
 
     def lines(self) -> Iterator[bytes]:
-        pending = b""
+        lines = _BoundedLines()
         exited_at: float | None = None
         while True:
             ready, _, _ = select.select([self._fd], [], [], _READ_POLL_S)
@@ -148,15 +149,13 @@ class _Output:
                 chunk = os.read(self._fd, 1 << 16)
                 if not chunk:  # EOF: every holder of the write end has closed it
                     break
-                *whole, pending = (pending + chunk).split(b"\n")
-                yield from (line + b"\n" for line in whole)
+                yield from lines.feed(chunk)
             if exited_at is None and self._proc.poll() is not None:
                 exited_at = time.monotonic()
             if exited_at is not None and time.monotonic() - exited_at > EXIT_GRACE_S:
-                pending += self._cut()
+                yield from lines.feed(self._cut())
                 break
-        if pending:
-            yield pending
+        yield from lines.end()
 
     def _cut(self) -> bytes:
         """Kill what holds the pipe past the grace, then return what is already in it (never waiting for EOF)."""
@@ -180,6 +179,50 @@ class _Output:
                 break
             rest += chunk
         return rest
+
+
+MAX_LINE_BYTES = 64 * 1024
+"""A longer line is cut here (what follows is counted, not kept): one 300 MB line must cost the launcher no more
+than this, in the log, the echo and the error tail alike."""
+_CUT_SLACK = 256  # a cut falls on whitespace within this many bytes, or that many bytes earlier: never in a token
+
+
+class _BoundedLines:
+    """Bytes in, whole lines out (each with its newline), none longer than ``MAX_LINE_BYTES``: past that, a line's
+    bytes are counted up to its end and one note stands for them. Memory is bounded by one line's cap."""
+
+    def __init__(self) -> None:
+        self._pending = bytearray()
+        self._left_out = 0
+
+    def feed(self, chunk: bytes) -> Iterator[bytes]:
+        start = 0
+        while (end := chunk.find(b"\n", start)) != -1:
+            self._take(chunk, start, end)
+            yield self._line() + b"\n"
+            start = end + 1
+        self._take(chunk, start, len(chunk))
+
+    def end(self) -> Iterator[bytes]:
+        if self._pending or self._left_out:
+            yield self._line()
+
+    def _take(self, chunk: bytes, start: int, end: int) -> None:
+        room = max(0, MAX_LINE_BYTES - len(self._pending))
+        keep = min(room, end - start)
+        self._pending += chunk[start : start + keep]
+        self._left_out += end - start - keep
+
+    def _line(self) -> bytes:
+        line, left_out = bytes(self._pending), self._left_out
+        self._pending.clear()
+        self._left_out = 0
+        if not left_out:
+            return line
+        space = max(line.rfind(b" ", len(line) - _CUT_SLACK), line.rfind(b"\t", len(line) - _CUT_SLACK))
+        cut = space if space > 0 else max(0, len(line) - _CUT_SLACK)
+        left_out += len(line) - cut
+        return line[:cut] + f" [lab: {left_out} more bytes of this line left out]".encode()
 
 
 def _pipe_writers(read_fd: int) -> list[tuple[int, str]]:
@@ -260,26 +303,100 @@ def say(line: str, *, file=None) -> bool:
         return False
 
 
-class _Log:
-    """The run's log file; a write that fails (the disk filled up) stops the log, never the run or its record."""
+LOG_MAX_ENV = "LAB_LOG_MAX_MIB"
+LOG_MAX_MIB = 16.0
+"""``output.log``'s cap: its first quarter and its last three quarters are kept, what is between is left out with
+one line that counts it, so a chatty run cannot fill the results disk (``$LAB_LOG_MAX_MIB``, default 16)."""
 
-    def __init__(self, path: Path) -> None:
+
+def log_cap_bytes() -> int:
+    """``$LAB_LOG_MAX_MIB`` in bytes (from 0.01 MiB to 1 TiB; anything else: the default)."""
+    try:
+        mib = float(os.environ.get(LOG_MAX_ENV, LOG_MAX_MIB))
+    except ValueError:
+        mib = LOG_MAX_MIB
+    return int((mib if 0.01 <= mib <= 2**20 else LOG_MAX_MIB) * 2**20)
+
+
+class _Log:
+    """The run's log file, with a size cap that keeps its head and its tail (``log_cap_bytes``).
+
+    Lines are written as they come, so a crash never costs the log. Past the head, the file grows to at most the
+    head and twice the tail; then the last tail's worth of lines is moved up behind the head and one line that
+    counts what was left out, and the file is cut there: at most ``cap`` bytes more on disk than the cap, and each
+    byte is moved at most once (the move copies a tail only after as many new bytes). A write that fails (the disk
+    filled up) stops the log, never the run or its record."""
+
+    def __init__(self, path: Path, cap_bytes: int | None = None) -> None:
         self.error: str | None = None
-        self._fh = open(path, "w", buffering=1, encoding="utf-8")  # noqa: SIM115 -- closed in close()
+        cap = log_cap_bytes() if cap_bytes is None else cap_bytes
+        self._head_cap, self._tail_cap = cap // 4, cap - cap // 4
+        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        self._size = 0
+        self._head_end: int | None = None  # where the head ends, once it is full
+        self._tail_start = 0  # where the kept tail starts (behind the head and the note)
+        self._left_out_lines = self._left_out_bytes = 0
 
     def write(self, line: str) -> None:
-        if self.error is not None:
+        if self._fd is None:
             return
+        data = (line + "\n").encode("utf-8", errors="replace")
         try:
-            self._fh.write(line + "\n")
+            if self._head_end is None and self._size + len(data) > self._head_cap:
+                self._head_end = self._tail_start = self._size
+            _write_all(self._fd, data)
+            self._size += len(data)
+            if self._head_end is not None and self._size - self._tail_start > 2 * self._tail_cap:
+                self._compact()
         except OSError as exc:
-            self.error = f"the log stopped here: {exc.strerror or exc}"
+            self._stop(f"the log stopped here: {exc.strerror or exc}")
+
+    def _compact(self) -> None:
+        """Keep the head, a note counting what is left out, and the last ``tail_cap`` bytes (from a line start)."""
+        assert self._fd is not None and self._head_end is not None
+        start = self._size - self._tail_cap
+        tail = os.pread(self._fd, self._tail_cap, start)
+        first = tail.find(b"\n") + 1  # drop the partial line the cut fell in
+        tail = tail[first:]
+        for offset in range(self._tail_start, start + first, 1 << 20):  # counted a MiB at a time
+            self._left_out_lines += os.pread(self._fd, min(1 << 20, start + first - offset), offset).count(b"\n")
+        self._left_out_bytes += start + first - self._tail_start
+        note = (f"lab: {self._left_out_lines} lines ({self._left_out_bytes / 2**20:.1f} MiB) of output left out "
+                f"here: the log keeps its first {self._head_cap / 2**20:.1f} MiB and its last "
+                f"{self._tail_cap / 2**20:.1f} MiB (${LOG_MAX_ENV})\n").encode()  # fmt: skip
+        offset = self._head_end
+        for piece in (note, tail):
+            while piece:
+                written = os.pwrite(self._fd, piece, offset)
+                piece, offset = piece[written:], offset + written
+        os.ftruncate(self._fd, offset)
+        os.lseek(self._fd, offset, os.SEEK_SET)
+        self._tail_start = self._head_end + len(note)
+        self._size = offset
 
     def close(self) -> None:
-        try:
-            self._fh.close()
-        except OSError as exc:
-            self.error = self.error or f"the log could not be completed: {exc.strerror or exc}"
+        if self._fd is not None:
+            try:
+                if self._head_end is not None and self._size - self._tail_start > self._tail_cap:
+                    self._compact()
+            except OSError as exc:
+                self.error = self.error or f"the log could not be completed: {exc.strerror or exc}"
+            self._stop(None)
+
+    def _stop(self, error: str | None) -> None:
+        self.error = self.error or error
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError as exc:
+                self.error = self.error or f"the log could not be completed: {exc.strerror or exc}"
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def run_command(

@@ -35,6 +35,7 @@ class TimelineSummary:
     visible_order: list[int] = field(default_factory=list)
     host_rss_peak_gib: float | None = None
     t0_monotonic_s: float | None = None  # time.monotonic() of the timeline's t_s = 0: maps a rank's loop onto it
+    error: str | None = None  # why the timeline file is incomplete (a full disk); the peaks above are still whole
 
     def gpu_index_for(self, local_rank: int, device_uuid: str | None = None) -> int | None:
         """The NVML index of the GPU a rank used: by the UUID it reported, else by its place among visible GPUs."""
@@ -229,28 +230,35 @@ class TimelineSampler:
 
     def _loop(self) -> None:
         nvml = _Nvml(self._visible)
+        try:
+            self._sample_until_stopped(nvml)
+        except Exception as exc:  # noqa: BLE001 -- the sampler must never end the run or print a traceback
+            self.summary.error = self.summary.error or f"the sampler stopped: {type(exc).__name__}: {exc}"[:300]
+        finally:
+            nvml.close()
+
+    def _sample_until_stopped(self, nvml: _Nvml) -> None:
         self.summary.gpu_uuids, self.summary.visible_order = dict(nvml.uuids), list(nvml.indices)
-        self.summary.path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         self.summary.t0_monotonic_s = t0
         last_flush = t0
         psutil.cpu_percent(None)  # the first reading is meaningless; prime it
-        with open(self.summary.path, "w", newline="") as fh:
-            writer = csv.writer(fh)
-            writer.writerow(TIMELINE_COLUMNS)
+        rows = _Rows(self.summary)
+        try:
             while True:
                 now = time.monotonic()
-                self._sample(writer, nvml, now - t0, now)
+                self._sample(rows, nvml, now - t0, now)
                 if now - last_flush >= 1.0:
-                    fh.flush()
+                    rows.flush()
                     last_flush = now
                 if self._stop.wait(self._interval_s):
                     end = time.monotonic()
-                    self._sample(writer, nvml, end - t0, end)  # one last reading at the end
+                    self._sample(rows, nvml, end - t0, end)  # one last reading at the end
                     break
-        nvml.close()
+        finally:
+            rows.close()
 
-    def _sample(self, writer, nvml: _Nvml, t_s: float, now_s: float) -> None:
+    def _sample(self, writer: _Rows, nvml: _Nvml, t_s: float, now_s: float) -> None:
         rss_gib = self._memory.read_bytes(now_s) / GIB
         cpu_pct = psutil.cpu_percent(None)
         writer.writerow([f"{t_s:.3f}", "", "", "", "", f"{cpu_pct:.1f}", f"{rss_gib:.4f}"])
@@ -263,6 +271,51 @@ class TimelineSampler:
             writer.writerow([f"{t_s:.3f}", index, _fmt(util), _fmt(mem, 4), _fmt(power), "", ""])
             if mem is not None:
                 summary.gpu_used_peak_gib[index] = max(summary.gpu_used_peak_gib.get(index, 0.0), mem)
+
+
+class _Rows:
+    """The timeline CSV's writer. A write that fails (the disk filled up, the file system turned read-only) stops
+    the file, never the sampling: the peaks still reach the record, and ``summary.error`` says where the file ends."""
+
+    def __init__(self, summary: TimelineSummary) -> None:
+        self._summary = summary
+        self._fh = None
+        try:
+            summary.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(summary.path, "w", newline="")  # noqa: SIM115 -- closed in close()
+            self._writer = csv.writer(self._fh)
+            self._writer.writerow(TIMELINE_COLUMNS)
+        except OSError as exc:
+            self._failed(exc)
+
+    def writerow(self, row: list) -> None:
+        if self._fh is not None:
+            try:
+                self._writer.writerow(row)
+            except OSError as exc:
+                self._failed(exc)
+
+    def flush(self) -> None:
+        if self._fh is not None:
+            try:
+                self._fh.flush()
+            except OSError as exc:
+                self._failed(exc)
+
+    def close(self) -> None:
+        self.flush()
+        self._failed(None)
+
+    def _failed(self, exc: OSError | None) -> None:
+        if exc is not None and self._summary.error is None:
+            self._summary.error = f"the timeline stopped here: {exc.strerror or exc}"
+        fh, self._fh = self._fh, None
+        if fh is not None:
+            try:
+                fh.close()
+            except OSError as late:  # what was still buffered could not be written
+                if self._summary.error is None:
+                    self._summary.error = f"the timeline stopped here: {late.strerror or late}"
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:

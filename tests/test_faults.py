@@ -730,3 +730,89 @@ def test_a_relative_lab_results_started_elsewhere_records_ok_in_that_folder(ci_a
     [record] = read_records(tmp_path / "rel" / "runs.jsonl")
     assert record["status"] == "ok" and (tmp_path / "rel" / record["timeline_path"]).is_file()
     assert not (REPO / "rel").exists()
+
+
+# ----------------------------------------------------- issue 45: the disk fails at the end; orphaned reports
+
+
+def test_the_log_keeps_its_head_and_tail_within_its_cap_and_counts_what_it_left_out(tmp_path, monkeypatch):
+    from lab_helpers.runner import LOG_MAX_ENV
+
+    monkeypatch.setenv(LOG_MAX_ENV, "0.05")  # 51 KiB: 12.8 KiB of head, 38.4 KiB of tail
+    child = "for i in range(20000): print(f'line {i:05d} ' + 'x' * 40)"
+    outcome = run_command([sys.executable, "-c", child], run_dir=tmp_path / "run", echo=False)
+    data = outcome.log_path.read_bytes()
+    lines = data.decode().splitlines()
+    [note] = [line for line in lines if line.startswith("lab:")]
+    kept = [int(line.split()[1]) for line in lines if line.startswith("line")]
+    assert outcome.returncode == 0 and outcome.log_error is None and len(data) <= 0.05 * 2**20 + 300
+    assert kept[0] == 0 and kept[-1] == 19999 and kept == sorted(kept)  # the head, then the tail, whole lines
+    head = [n for n in kept if n < 10000]
+    assert kept[len(head) :] == list(range(kept[len(head)], 20000))  # the tail has no gap
+    assert f"{20000 - len(kept)} lines" in note and "$LAB_LOG_MAX_MIB" in note
+
+
+def test_a_300_mb_line_costs_the_launcher_one_capped_line(tmp_path):
+    """Issue 45: one 300 MB line cost the launcher 1.6 GB. The launcher here is its own process (ru_maxrss)."""
+    script = textwrap.dedent(
+        f"""
+        import resource, sys
+        from pathlib import Path
+        from lab_helpers.runner import run_command
+        child = "import sys\\nfor _ in range(300): sys.stdout.buffer.write(b'y' * 2**20)\\nprint(' end')\\nprint('next')"
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        outcome = run_command([sys.executable, "-c", child], run_dir=Path({str(tmp_path / "run")!r}), echo=True)
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        print("grown_kib", grown, outcome.returncode, file=sys.stderr)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    grown_kib, code = out.stderr.split("grown_kib")[1].split()
+    assert code == "0" and int(grown_kib) < 64 * 1024, out.stderr[-2000:]  # was 1.6 GB
+    log = (tmp_path / "run" / "output.log").read_text()
+    assert "more bytes of this line left out]" in log and log.endswith("next\n") and len(log) < 70_000
+    assert len(out.stdout) < 70_000 and "left out]" in out.stdout  # the echo is the same capped line
+
+
+def _orphan(results: Path, run_id: str, report: dict, *, launch: bool = True) -> Path:
+    """A run folder as a launcher killed with -9 after its training ended leaves it: launch.json, a report."""
+    from lab_helpers.recovery import write_launch
+
+    run_dir = results / "runs" / run_id
+    (run_dir / "reports").mkdir(parents=True)
+    if launch:
+        base = {"run_id": run_id, "experiment": "grad-accum", "profile": "ci", "overrides": {}, "rank": None,
+                "started_at": "2026-11-26T08:00:00+00:00", "world_size": 1, "mode": "full"}  # fmt: skip
+        write_launch(run_dir, base, [None])
+    (run_dir / "reports" / "rank0.json").write_text(json.dumps({"rank": None, **report}))
+    (run_dir / "output.log").write_text("iter 1 ...\n")
+    return run_dir
+
+
+def test_an_orphaned_report_is_recorded_once_marked_recovered(results, capsys):
+    from lab_helpers.recovery import recover_orphans
+
+    ok = {"status": "ok", "train_s": 1.5, "iterations": 4, "tokens": 400, "tokens_padded": 512, "device_name": "cpu"}
+    _orphan(results, "20261126-080000-grad-accum-aaaaaa", ok)
+    _orphan(results, "20261126-080001-grad-accum-bbbbbb", {"status": "oom", "error": "CUDA out of memory."})
+    _orphan(results, "20261126-080002-lora-1b-cccccc", ok, launch=False)  # a run folder of an older lab
+    [record] = [r for r in recover_orphans(once=False) if r["run_id"].endswith("aaaaaa")]
+    assert record["status"] == "ok" and record["returncode"] is None and "recovered on" in record["recovered"]
+    assert record["train_s"] == 1.5 and record["tokens_per_s"] and record["experiment"] == "grad-accum"
+    stored = {r["run_id"][-6:]: r for r in read_records(results / "runs.jsonl")}
+    assert {k: r["status"] for k, r in stored.items()} == {"aaaaaa": "ok", "bbbbbb": "oom", "cccccc": "ok"}
+    assert stored["cccccc"]["experiment"] == "lora-1b" and stored["cccccc"]["recovered"]
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 3 and all(line.startswith("lab: recovered the record of run") for line in said)
+    assert recover_orphans(once=False) == [] and len(read_records(results / "runs.jsonl")) == 3
+
+
+def test_a_live_run_or_one_in_a_fallback_is_no_orphan(results):
+    from lab_helpers.recovery import holding_run, orphaned_runs, recover_orphans
+
+    live = _orphan(results, "20261126-080000-grad-accum-live00", {"status": "ok"})
+    fallback = _orphan(results, "20261126-080001-grad-accum-fall00", {"status": "ok"})
+    (fallback / "record.jsonl").write_text("")
+    with holding_run(live):  # its launcher is between the report and the record
+        assert orphaned_runs() == [] and recover_orphans(once=False) == []
+    assert orphaned_runs() == [live]

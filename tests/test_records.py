@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
 import os
@@ -161,14 +162,14 @@ def test_a_results_file_that_is_a_directory_or_a_fifo_is_one_line_not_a_hang(tmp
         assert read_records(fifo) == []
 
 
-def test_a_record_that_cannot_reach_the_results_file_lands_in_a_fallback_and_merges_back(tmp_path, capsys):
+def test_a_record_that_cannot_reach_the_results_file_lands_in_the_run_folder_and_merges_back(tmp_path, capsys):
     path = tmp_path / "runs.jsonl"
     path.mkdir()  # what a `sudo` run or a slip leaves: runs.jsonl cannot be opened
     run_dir = tmp_path / "runs" / "r1"
     stored = store_records(
         [_record(0, run_id="r1", rank=0), _record(0, run_id="r1", rank=1)], path=path, run_dir=run_dir
     )
-    assert stored == tmp_path / "runs.r1.jsonl"
+    assert stored == run_dir / "record.jsonl"
     said = capsys.readouterr().err.strip().splitlines()
     assert len(said) == 1 and str(stored) in said[0] and "merge-records" in said[0] and "directory" in said[0]
     assert [r["rank"] for r in read_records(stored)] == [0, 1]
@@ -177,15 +178,69 @@ def test_a_record_that_cannot_reach_the_results_file_lands_in_a_fallback_and_mer
     assert [r["rank"] for r in read_records(path)] == [0, 1]
 
 
-def test_the_fallback_goes_to_the_run_folder_when_the_results_folder_takes_nothing(tmp_path, capsys):
+def test_the_fallback_leaves_the_results_folder_when_it_takes_nothing(tmp_path, capsys, monkeypatch):
     results = tmp_path / "results"
     results.mkdir()
     (results / "runs.jsonl").mkdir()
-    (results / "runs.r2.jsonl").mkdir()  # the first fallback is blocked too
-    run_dir = tmp_path / "run"
+    run_dir = results / "runs" / "r2"
+    (run_dir / "record.jsonl").mkdir(parents=True)  # the run folder's fallback is blocked too
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     stored = store_records([_record(0, run_id="r2")], path=results / "runs.jsonl", run_dir=run_dir)
-    assert stored == run_dir / "record.jsonl" and read_records(stored)[0]["run_id"] == "r2"
+    assert stored == tmp_path / "state" / "lab" / "runs.r2.jsonl" and read_records(stored)[0]["run_id"] == "r2"
     assert str(stored) in capsys.readouterr().err
+
+
+def _failing_disk(monkeypatch, tmp_path, failing, errno_=None):
+    """The results folder's file system fails every write (ENOSPC: full; EROFS: remounted read-only), as the real
+    tmpfs of the slow tests does; every other folder stands on a file system of its own."""
+    import errno as errnos
+
+    from lab_helpers import records
+
+    errno_ = errno_ or errnos.ENOSPC
+    append = records._append_locked
+
+    def append_or_fail(fd, target, data):
+        if target.is_relative_to(failing):
+            raise RecordWriteError(errno_, f"could not store the record in {target}: {os.strerror(errno_)}")
+        append(fd, target, data)
+
+    monkeypatch.setattr(records, "_append_locked", append_or_fail)
+    monkeypatch.setattr(records, "_device_of", lambda path: 1 if path.is_relative_to(failing) else hash(path.parts[:5]))
+
+
+def test_a_full_results_disk_sends_the_record_off_it_and_leaves_no_empty_file_there(tmp_path, capsys, monkeypatch):
+    results = tmp_path / "results"
+    run_dir = results / "runs" / "r3"
+    run_dir.mkdir(parents=True)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    _failing_disk(monkeypatch, tmp_path, results)
+    stored = store_records([_record(0, run_id="r3", rank=0), _record(0, run_id="r3", rank=1)],
+                           path=results / "runs.jsonl", run_dir=run_dir)  # fmt: skip
+    assert stored == tmp_path / "state" / "lab" / "runs.r3.jsonl"
+    assert [r["rank"] for r in read_records(stored)] == [0, 1]
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "No space left on device" in line and f"merge-records {stored}" in line
+    assert [p.name for p in results.rglob("*") if p.is_file()] == []  # no 0-byte runs.jsonl or record.jsonl
+
+
+def test_a_record_no_place_takes_is_one_error_naming_every_place(tmp_path, monkeypatch):
+    from lab_helpers import records
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr(records, "temp_fallback_dir", lambda: tmp_path / "tmp" / "lab-0")
+    _failing_disk(monkeypatch, tmp_path, tmp_path, errno.EROFS)
+    with pytest.raises(RecordWriteError) as info:
+        store_records([_record(0, run_id="r4")], path=tmp_path / "results" / "runs.jsonl", run_dir=tmp_path / "run")
+    assert "Read-only file system" in info.value.strerror and "\n" not in info.value.strerror
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+def test_a_write_that_fails_removes_the_file_it_created(tmp_path, monkeypatch):
+    _failing_disk(monkeypatch, tmp_path, tmp_path / "full")
+    with pytest.raises(RecordWriteError):
+        append_record(_record(0), path=tmp_path / "full" / "runs.jsonl")
+    assert not (tmp_path / "full" / "runs.jsonl").exists()
 
 
 HOSTILE_LINES = [

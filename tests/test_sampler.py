@@ -106,3 +106,25 @@ def test_tree_memory_reads_pss_once_a_second_and_sees_growth_between(tmp_path, m
         child.wait()
     assert sampler.summary.samples >= 10 and 1 <= len(reads) <= 3  # ~30 samples, PSS read once a second
     assert sampler.summary.host_rss_peak_gib > 0.18
+
+
+@pytest.mark.parametrize("where", ["/dev/full", "missing-folder-in-a-file"])
+def test_a_timeline_file_that_fails_ends_the_file_quietly_and_keeps_sampling(tmp_path, where):
+    """Issue 45: a disk that filled up (/dev/full: every write is ENOSPC) or a folder that cannot be made printed a
+    20-line 'Exception in thread lab-timeline' traceback; the peaks are still sampled and the error said once."""
+    import os
+    import threading
+    from pathlib import Path
+
+    (tmp_path / "file").write_text("")
+    path = Path(where) if where.startswith("/") else tmp_path / "file" / "t.csv"
+    seen: list = []
+    hook, threading.excepthook = threading.excepthook, seen.append
+    try:
+        with TimelineSampler(path, root_pid=os.getpid(), interval_s=0.05) as sampler:
+            time.sleep(1.3)  # past the one-second flush
+    finally:
+        threading.excepthook = hook
+    summary = sampler.summary
+    assert not seen and summary.samples >= 5 and summary.host_rss_peak_gib > 0
+    assert summary.error and summary.error.startswith("the timeline stopped here:"), summary.error
