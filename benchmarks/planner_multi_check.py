@@ -14,7 +14,9 @@ within 5 %. The course's own settings (``ddp-course``, ``fsdp-course``) are teac
 
 Every run uses the ci profile's recipe with ``train.global_batch_size`` = micro batch x N x 2, so each rank
 accumulates 2 micro-batches per optimizer step at every N (the lab's ``fsdp`` recipe on its reference 4 GPUs
-does the same), and quick mode's step count. Records go to a throw-away results folder.
+does the same), and quick mode's step count. The course's rows too: they resolve without accumulation (the course
+ran batch 4 per GPU; ``accumulation: 1`` in configs/experiments/multi.yaml), but a run's own global batch wins,
+so here they accumulate 2 like the rest. Records go to a throw-away results folder.
 """
 
 from __future__ import annotations

@@ -574,7 +574,8 @@ def _largest_micro_batch(
     """(overrides, how it fits) at the largest micro batch that fits, halving from the recipe's; (None, why not).
 
     An experiment defined without accumulation (global batch = micro batch: small-batch) shrinks both, so it still
-    teaches a small batch; one defined with it keeps its global batch and accumulates more micro-batches.
+    teaches a small batch, as does one whose global batch follows its ranks (``accumulation: 1``, the course's
+    rows); one defined with it keeps its global batch and accumulates more micro-batches.
     """
     from lab_helpers.arithmetic import model_states, resolved
 
@@ -586,10 +587,11 @@ def _largest_micro_batch(
             return None, f"its model states alone are {states.gib:.1f} GiB, more than {where} holds"
     train = dict(resolved(exp_id, profile, overrides).recipe.get("train") or {})
     micro = first = int(train.get("micro_batch_size") or 1)
-    no_accumulation = int(train.get("global_batch_size") or first) == first
+    per_rank = experiment.accumulation == 1  # the course's rows: the global batch follows micro batch x ranks
+    no_accumulation = per_rank or int(train.get("global_batch_size") or first) == first
     while True:
         shrink = {"train.micro_batch_size": micro} if micro != first else {}
-        if shrink and no_accumulation:
+        if shrink and no_accumulation and not per_rank:
             shrink["train.global_batch_size"] = micro
         trial = {**overrides, **shrink}
         plan = predict(exp_id, trial)
@@ -602,8 +604,9 @@ def _largest_micro_batch(
     if micro == first:
         return trial, f"fits {where} as defined: {used}"
     if no_accumulation:
+        batch = "micro batch per GPU" if per_rank else "micro and global batch"
         return trial, (
-            f"micro and global batch {first} -> {micro} so that it fits {where} ({used}), without accumulation, "
+            f"{batch} {first} -> {micro} so that it fits {where} ({used}), without accumulation, "
             "as the course defines it"
         )
     return trial, (

@@ -50,6 +50,10 @@ class Experiment:
     devices: int | str = 1  # an int, or "all" for every GPU on the node (2 processes on a CPU)
     num_nodes: int = 1
     options: Mapping[str, Any] = field(default_factory=dict)  # launch settings, e.g. offload (recipe_defaults)
+    # Micro-batches per optimizer step on each rank, whatever the world: the global batch is then micro batch x
+    # this x ranks wherever it runs (the course's rows: batch 4 per GPU, no accumulation). None: the recipe's
+    # global batch, divided among the ranks. A run's own train.global_batch_size override still wins.
+    accumulation: int | None = None
 
     @property
     def distributed(self) -> bool:
@@ -352,6 +356,8 @@ def resolve(
     recipe = apply_overrides(base_recipe, merged)
     command = "finetune_lora" if experiment.method in ("lora", "qlora") else "finetune_full"
     devices = simulate_world or count_devices(experiment.devices)
+    if experiment.accumulation and "train.global_batch_size" not in (overrides or {}):
+        recipe = _global_batch_for_world(recipe, experiment.accumulation * devices * experiment.num_nodes)
     from lab_helpers.recipe_check import check_recipe  # imports litgpt's signatures: only when resolving
 
     check_recipe(
@@ -367,6 +373,13 @@ def resolve(
     if check_files:  # what this node cannot run at all is the decision's (lab_helpers.decision.blocked), not here
         check_run_files(run)
     return run
+
+
+def _global_batch_for_world(recipe: dict[str, Any], micro_batches: int) -> dict[str, Any]:
+    """``recipe`` with its global batch = micro batch x ``micro_batches`` (an experiment's accumulation x ranks)."""
+    train = dict(recipe.get("train") or {})
+    train["global_batch_size"] = int(train["micro_batch_size"]) * micro_batches
+    return {**recipe, "train": train}
 
 
 def check_simulated_world(experiment: Experiment, world_size: int | None) -> None:

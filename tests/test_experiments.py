@@ -148,3 +148,17 @@ def test_the_old_kind_key_still_reads_as_its_launcher(tmp_path, monkeypatch):
     (folder / "multi.yaml").write_text("e: {model: 7b, method: full, kind: deepspeed}\n")
     with pytest.raises(LabConfigError, match="kind 'deepspeed' is not litgpt or lightning"):
         load_experiments()
+
+
+@pytest.mark.parametrize("exp_id", ["ddp-course", "fsdp-course"])
+def test_the_course_rows_run_their_batch_per_gpu_without_accumulation(exp_id):
+    """The course ran batch 4 per GPU with no accumulation (issue 43): global = micro x world, whatever the world;
+    a run's own global batch (planner_multi_check's) still wins."""
+    for profile, micro in (("gpu", 4), ("ci", 2)):
+        for world in (None, 2, 4, 8):
+            run = resolve(exp_id, profile, check_files=False, simulate_world=world)
+            train = run.recipe["train"]
+            assert (train["micro_batch_size"], run.gradient_accumulation) == (micro, 1), (profile, world)
+            assert train["global_batch_size"] == micro * run.world_size
+    own = resolve(exp_id, "ci", {"train.global_batch_size": 16}, check_files=False, simulate_world=4)
+    assert own.gradient_accumulation == 2
