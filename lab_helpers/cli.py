@@ -345,7 +345,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except LabConfigError as exc:
-        say(f"error: {exc}", file=sys.stderr)
+        from lab_helpers.secrets import for_terminal  # a --set value's escape sequence is shown, never acted on
+
+        say(f"error: {for_terminal(str(exc))}", file=sys.stderr)
         return 2
     except RecordWriteError as exc:  # a full disk: the results file is as it was; say so in one line
         say(f"error: {exc.strerror}", file=sys.stderr)

@@ -16,6 +16,7 @@ from typing import Any
 
 from lab_helpers.experiments import get_experiment, resolve
 from lab_helpers.paths import lab_home, results_dir
+from lab_helpers.secrets import redact, redact_mapping
 
 CONTAINER = "lab"  # provisioning/start-lab.sh's default container name
 
@@ -31,15 +32,18 @@ def litgpt_command(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | 
 
     The recipe file plus every key the experiment (and this node's overrides) set on top of it; for section
     02 this is the single-GPU litgpt run of the same recipe (litgpt's CLI cannot run DDP or DeepSpeed).
+    Secrets are masked as records mask them (``secrets``): ``--access_token '***'``; the run uses the real value.
     """
     experiment = get_experiment(exp_id)
     run = resolve(exp_id, profile, overrides, check_files=False)
-    merged = {**experiment.set, **(experiment.set_by_profile.get(profile) or {}), **dict(overrides or {})}
+    merged = redact_mapping(
+        {**experiment.set, **(experiment.set_by_profile.get(profile) or {}), **dict(overrides or {})}
+    )
     recipe = run.recipe_path.relative_to(lab_home()) if run.recipe_path.is_relative_to(lab_home()) else run.recipe_path
     words = ["litgpt", run.litgpt_command, "--config", str(recipe)]
     for key, value in merged.items():
         words += [f"--{key}", _cli_value(value)]
-    return " ".join(words)
+    return redact(" ".join(words))
 
 
 def strategy_lines(exp_id: str) -> str:

@@ -22,15 +22,32 @@ def read_sample_lengths(path: str | Path) -> list[int]:
     file = Path(path)
     if not file.is_file():
         raise PlanError(f"--sample-lengths: no file {file}")
-    text = file.read_text().strip()
+    text = file.read_text(errors="replace").strip()
     try:
-        values = json.loads(text) if text.startswith("[") else [int(line) for line in text.split() if line]
-        lengths = [int(value) for value in values]
+        values = json.loads(text) if text.startswith("[") else text.split()
+        lengths = [_whole_number(value) for value in values]
+    except json.JSONDecodeError as err:  # says where (line, column), never what: the file may hold a token
+        raise PlanError(
+            f"--sample-lengths {file}: not a JSON list of integers ({err.msg} at line {err.lineno})"
+        ) from None
     except (ValueError, TypeError) as err:
-        raise PlanError(f"--sample-lengths {file}: expected a JSON list or one integer a line ({err})") from None
+        raise PlanError(f"--sample-lengths {file}: expected a JSON list or one integer a line; {err}") from None
     if not lengths or min(lengths) < 1:
         raise PlanError(f"--sample-lengths {file}: expected token counts >= 1, got {len(lengths)} values")
     return lengths
+
+
+def _whole_number(value: object) -> int:
+    """A token count, or ValueError saying what is wrong without quoting it (an unreadable file may be a token
+    file: ``plan --sample-lengths`` echoed its first line)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e18:
+        return int(value)
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:
+        return int(value)
+    what = "text" if isinstance(value, str) else type(value).__name__
+    raise ValueError(f"found {what} that is not a whole number of up to 18 digits")
 
 
 def recipe_sample_lengths(recipe: Mapping[str, Any]) -> tuple[list[int] | None, str]:

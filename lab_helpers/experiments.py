@@ -22,7 +22,8 @@ from lab_helpers.config_error import LabConfigError, did_you_mean
 from lab_helpers.paths import checkpoints_dir, configs_dir, data_dir, lab_home
 from lab_helpers.recipe_defaults import launch_options
 from lab_helpers.record_schema import LAUNCHERS, LEGACY_KIND_TO_LAUNCHER
-from lab_helpers.secrets import redact_mapping
+from lab_helpers.secrets import mask_secret_keys
+from lab_helpers.yaml_values import load_yaml, shown
 
 PROFILES = ("ci", "gpu")
 SECTIONS = ("single", "multi")
@@ -170,10 +171,10 @@ def check_profile(profile: str) -> dict[str, Any]:
 
 
 def _read_yaml(path: Path) -> Any:
-    """``yaml.safe_load`` with libyaml's parser where PyYAML has it: every run reads all experiment files, and the
-    pure-Python parser took 0.4 s of each."""
-    with open(path) as fh:
-        return yaml.load(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # a safe loader
+    """A lab YAML file (profiles, experiments, a recipe) through the bounded reader (``yaml_values``: no aliases,
+    bounded depth, size and numbers), with libyaml's parser where PyYAML has it: every run reads all experiment
+    files, and the pure-Python parser took 0.4 s of each."""
+    return load_yaml(path.read_text(), what=str(path))
 
 
 # ----------------------------------------------------------------------------------------------- overrides
@@ -182,7 +183,8 @@ def _read_yaml(path: Path) -> Any:
 def parse_set_args(pairs: list[str] | None) -> dict[str, Any]:
     """``["train.micro_batch_size=4", "precision=bf16-true"]`` -> a dict; values are read as YAML scalars.
 
-    A value YAML cannot read (an unclosed ``[``, a ``!!python/...`` tag) is one clear line; a date or time
+    A value YAML cannot read (an unclosed ``[``, a ``!!python/...`` tag) is one clear line, and so is one the
+    bounded reader refuses (``yaml_values``: an alias, a 5000-digit number, nesting 5000 deep); a date or time
     (``out_dir=2024-01-01``) stays the text that was typed, since a record can only store JSON types; any
     other non-JSON value (``!!binary``, ``!!set``, ``.nan``, ``.inf``) is refused before anything starts.
     """
@@ -190,7 +192,7 @@ def parse_set_args(pairs: list[str] | None) -> dict[str, Any]:
     for pair in pairs or []:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
-            raise LabConfigError(f"--set {pair!r} is not key=value (e.g. --set train.micro_batch_size=4)")
+            raise LabConfigError(f"--set '{shown(pair)}' is not key=value (e.g. --set train.micro_batch_size=4)")
         key = key.strip()
         overrides[key] = _read_set_value(key, raw) if raw.strip() else None
     return overrides
@@ -198,12 +200,12 @@ def parse_set_args(pairs: list[str] | None) -> dict[str, Any]:
 
 def _read_set_value(key: str, raw: str) -> Any:
     try:
-        value = yaml.safe_load(raw)
+        value = load_yaml(raw, what=f"--set {shown(key)}")
     except yaml.YAMLError as exc:
         problem = " ".join(str(getattr(exc, "problem", None) or "not a YAML value").split())
         raise LabConfigError(
-            f"--set {key}={raw}: cannot read the value ({problem}); expected a number, true/false, null, text, "
-            f"[a, list] or {{a: mapping}}, e.g. --set train.micro_batch_size=4"
+            f"--set {shown(f'{key}={raw}')}: cannot read the value ({problem}); expected a number, true/false, "
+            "null, text, [a, list] or {a: mapping}, e.g. --set train.micro_batch_size=4"
         ) from None
     if isinstance(value, dt.date):  # YAML reads 2024-01-01 as a date; the student typed text (a folder name)
         return raw.strip()
@@ -217,7 +219,7 @@ def _json_value(key: str, raw: str, value: Any) -> Any:
     if isinstance(value, float) and math.isfinite(value):
         return value
     if isinstance(value, float):
-        raise LabConfigError(f"--set {key}={raw}: expected a finite number, e.g. --set {key}=1")
+        raise LabConfigError(f"--set {shown(f'{key}={raw}')}: expected a finite number, e.g. --set {shown(key)}=1")
     if isinstance(value, dt.date):  # inside a list or mapping
         return value.isoformat()
     if isinstance(value, list):
@@ -225,8 +227,8 @@ def _json_value(key: str, raw: str, value: Any) -> Any:
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
         return {k: _json_value(key, raw, v) for k, v in value.items()}
     raise LabConfigError(
-        f"--set {key}={raw}: expected a number, true/false, null, text, a list or a mapping "
-        f"(got a {type(value).__name__}), e.g. --set {key}=some-text"
+        f"--set {shown(f'{key}={raw}')}: expected a number, true/false, null, text, a list or a mapping "
+        f"(got a {type(value).__name__}), e.g. --set {shown(key)}=some-text"
     )
 
 
@@ -289,7 +291,9 @@ def runnable_recipe(recipe: Mapping[str, Any], *, out_dir: Path | None = None) -
     """The recipe a training process is given and its run folder keeps: paths pinned, no secret in it.
 
     Every path is made absolute the way the lab resolves it (``LAB_CHECKPOINTS`` / ``LAB_DATA`` may have moved
-    the folders, and the notebook may run from anywhere), and tokens are masked before anything is written.
+    the folders, and the notebook may run from anywhere), and a secret-named key's text (``access_token``) is
+    masked before anything is written. Nothing else is masked: a path that merely looks like a token
+    (``data/hf_...data2024``) is what the run must use (``secrets.mask_secret_keys``; records mask it).
     """
     resolved = dict(recipe)
     resolved["checkpoint_dir"] = str(resolve_path(recipe["checkpoint_dir"]))
@@ -303,7 +307,7 @@ def runnable_recipe(recipe: Mapping[str, Any], *, out_dir: Path | None = None) -
         if data.get("class_path") == "litgpt.data.Alpaca2k":  # where `prepare --profile gpu` put it
             init_args["download_dir"] = str(resolve_path(init_args.get("download_dir") or "data/alpaca2k"))
         resolved["data"] = {**data, "init_args": init_args}
-    return redact_mapping(resolved)
+    return mask_secret_keys(resolved)
 
 
 def check_checkpoint(checkpoint_dir: Path, profile: str, model_key: str) -> None:

@@ -12,9 +12,12 @@ from lab_helpers.config_error import LabConfigError
 from lab_helpers.planner.errors import PlanError, PlannerUnavailable
 from lab_helpers.planner.spec import STRATEGIES, TrainingSpec, load_recipe, spec_from_recipe
 from lab_helpers.record_schema import BREAKDOWN_PARTS
+from lab_helpers.secrets import for_terminal
 
 if TYPE_CHECKING:
     from lab_helpers.planner.timing import TimePlan
+
+MAX_GPU_MEMORY_GIB = 100_000  # the largest GPU of 2026 has 288 GiB: beyond this, a typo (1e308 overflowed)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,10 +97,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.devices is not None and args.devices < 1:
             raise PlanError(f"--devices must be at least 1, got {args.devices}")
-        # nan, inf, 0 and negatives: one line naming the flag, not a traceback (a 0 GiB GPU holds nothing either)
+        # nan, inf, 0, negatives and 1e308: one line naming the flag, not a traceback (a 0 GiB GPU holds nothing)
         gpu_gib = getattr(args, "gpu_memory_gib", None)
-        if gpu_gib is not None and not (math.isfinite(gpu_gib) and gpu_gib > 0):
-            raise PlanError(f"--gpu-memory-gib must be a finite number of GiB above 0 (e.g. 79), got {gpu_gib:g}")
+        if gpu_gib is not None and not (math.isfinite(gpu_gib) and 0 < gpu_gib <= MAX_GPU_MEMORY_GIB):
+            raise PlanError(
+                f"--gpu-memory-gib must be a number of GiB above 0 and at most {MAX_GPU_MEMORY_GIB:,} (e.g. 79), "
+                f"got {gpu_gib:g}"
+            )
         margin = getattr(args, "margin", None)
         if margin is not None and not 0 <= margin < 1:  # nan fails the comparison too
             raise PlanError(f"--margin must be a fraction from 0 up to (not including) 1 (e.g. 0.05), got {margin:g}")
@@ -130,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "time", False):
             time_plan, time_note = _time(spec, args, recipe)
     except (PlanError, PlannerUnavailable, LabConfigError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {for_terminal(str(err))}", file=sys.stderr)
         return 2
     if args.json:
         extra = {"time": time_plan.to_dict() if time_plan else None} if getattr(args, "time", False) else {}

@@ -28,6 +28,7 @@ import inspect
 import json
 import math
 import re
+import reprlib
 import sys
 import types
 import typing
@@ -37,6 +38,7 @@ from typing import Any
 
 from lab_helpers.config_error import LabConfigError, did_you_mean, setup_function
 from lab_helpers.record_schema import PRECISIONS
+from lab_helpers.yaml_values import shown
 
 COMMANDS: tuple[str, ...] = ("finetune_full", "finetune_lora")
 
@@ -225,8 +227,14 @@ def _fail(key: str, value: Any, expected: str, example: str) -> typing.NoReturn:
 
 
 def _shown(value: Any) -> str:
-    shown = "null" if value is None else repr(value)
-    return shown if len(shown) <= 80 else shown[:77] + "..."
+    """The value as a message quotes it: a bounded repr (a value may hold 100,000 items: ``yaml_values``' bound),
+    secrets masked and control characters escaped (``yaml_values.shown``)."""
+    return "null" if value is None else shown(_REPR.repr(value))
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 3, 6, 6, 6
+_REPR.maxstring, _REPR.maxother, _REPR.maxlong = 80, 80, 40
 
 
 # ---------------------------------------------------------------------------------------------------- keys

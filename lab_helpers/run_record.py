@@ -24,7 +24,7 @@ from lab_helpers.experiments import ResolvedRun, resolve_path
 from lab_helpers.iteration_times import steady_timing
 from lab_helpers.paths import lab_home, results_dir
 from lab_helpers.runner import ProcessOutcome
-from lab_helpers.secrets import redact_mapping
+from lab_helpers.secrets import for_terminal, redact_mapping
 from lab_helpers.time_bound import where_time_goes
 from lab_helpers.time_limit import TIME_LIMIT_ENV
 
@@ -286,5 +286,5 @@ def one_line(record: Mapping[str, Any]) -> str:
         f"{fmt(record.get('tokens_per_s'))} tok/s",
     ]
     if record.get("reason"):
-        parts.append(str(record["reason"]))
+        parts.append(for_terminal(str(record["reason"])))  # an error may quote a token or an escape sequence
     return " | ".join(parts)

@@ -25,7 +25,7 @@ from lab_helpers.child_report import REPORT_DIR_ENV, read_reports
 from lab_helpers.interrupts import InterruptShield, SignalInterrupt
 from lab_helpers.orphan_guard import LAUNCHER_PID_ENV
 from lab_helpers.sampler import TimelineSampler, TimelineSummary
-from lab_helpers.secrets import redact, secret_values
+from lab_helpers.secrets import LineRedactor
 from lab_helpers.warm_start import WarmProcess, kill_group, start_process
 
 ITER_PATTERN = re.compile(r"\biter (\d+)\b")
@@ -432,7 +432,7 @@ def run_command(
         LAUNCHER_PID_ENV: str(os.getpid()),  # the child checks it is still ours (orphan_guard)
         "PYTHONUNBUFFERED": "1",
     }
-    secrets = secret_values(child_env)
+    redact_line = LineRedactor(child_env)  # a token split over two lines too (secrets.py)
     tail: deque[str] = deque(maxlen=_TAIL_LINES)
     bar = _progress_bar(total_iters, label, echo)
     shown = Echo(echo, bar)
@@ -457,7 +457,7 @@ def run_command(
             with sampler:
                 output = _Output(proc)
                 for raw in output.lines():
-                    line = redact(raw.decode("utf-8", errors="replace").rstrip("\r\n"), secrets)
+                    line = redact_line(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
                     log.write(line)
                     tail.append(line)
                     shown.show(line)

@@ -111,11 +111,12 @@ def test_nothing_fits_lists_each_change_with_its_prediction(ci_assets):
 
 def test_fit_with_bad_sizes_is_one_clear_error(ci_assets, capsys):
     recipe = str(CI / "ci-llama-xs" / "lora.yaml")
-    for gib in ("-1", "0", "nan", "inf"):  # a 0 GiB GPU is no more sensible than a negative one
-        code = plan_main([recipe, "--device", "cpu", "--fit", "--gpu-memory-gib", gib])
+    for gib in ("-1", "0", "nan", "inf", "1e308"):  # a 0 GiB GPU is no more sensible than a negative one
+        code = plan_main([recipe, "--device", "cpu", "--fit", "--gpu-memory-gib", gib])  # 1e308: OverflowError
         said = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and said == [
-            f"error: --gpu-memory-gib must be a finite number of GiB above 0 (e.g. 79), got {float(gib):g}"
+            "error: --gpu-memory-gib must be a number of GiB above 0 and at most 100,000 (e.g. 79), "
+            f"got {float(gib):g}"
         ], said
     for margin in ("1", "-0.1", "nan"):
         assert plan_main([recipe, "--device", "cpu", "--fit", "--gpu-memory-gib", "24", "--margin", margin]) == 2

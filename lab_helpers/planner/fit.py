@@ -153,6 +153,7 @@ def largest(
     seen: dict[int, float] = {}
 
     def snap(value: float) -> int:
+        value = min(high, max(low, value))  # before int(): a guess of inf (a budget of 1e308 GiB) is `high`
         return int(min(high, max(low, int(value) // step * step)))
 
     def up(value: int) -> int:  # the next grid value above

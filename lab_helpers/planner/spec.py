@@ -15,9 +15,11 @@ from typing import Any, Literal
 import yaml
 from packaging.version import InvalidVersion, Version
 
+from lab_helpers.config_error import LabConfigError
 from lab_helpers.recipe_check import recipe_command
 from lab_helpers.recipe_defaults import lora_settings
 from lab_helpers.record_schema import PLANNED_PRECISIONS as PRECISIONS
+from lab_helpers.yaml_values import load_yaml
 
 from .errors import PlanError
 
@@ -235,9 +237,11 @@ def load_recipe(recipe: dict | str | Path) -> dict:
     if not path.is_file():
         raise PlanError(f"recipe file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text(), what=f"recipe {path}")  # bounded: no aliases, depth, size (yaml_values)
     except yaml.YAMLError as err:
         raise PlanError(f"recipe {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    except LabConfigError as err:
+        raise PlanError(str(err)) from None
     if not isinstance(data, dict):
         raise PlanError(f"recipe {path} must be a YAML mapping")
     return data
