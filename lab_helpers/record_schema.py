@@ -177,9 +177,10 @@ RECORD_FIELDS: tuple[Field, ...] = _reported(
      "None on a CPU, with gpu_busy_reason"),
     ("gpu_busy_pct_per_gpu", "%", "the same per NVML GPU index"),
     ("gpu_busy_reason", None, "why gpu_busy_pct is None (no GPU, no NVML samples inside the loop)"),
-    ("bound", None, "what limits the run: gpu (gpu_busy_pct >= 80), else host (host_core_pct >= 80, or one "
-     "process: the GPU waits on Python, kernel launches or the data loader), else communication "
-     "(several ranks: the GPU and the host both wait, on the peers); None on a CPU"),
+    ("bound", None, "what limits the run: communication only from a profile (several ranks, collective kernels "
+     ">= 50 % of the device's busy time: NVML counts them as busy), else gpu (gpu_busy_pct >= 80), else host "
+     "(host_core_pct >= 80, or one process: the GPU waits on Python, kernel launches or the data loader); None "
+     "on a CPU, and for several unprofiled ranks with GPU and host both below 80 % (NVML cannot tell)"),
     ("bound_reason", None, "the figures and thresholds behind bound, or why there is none"),
     ("loop_window_s", "s", "[start, end] of the timed loop (loop_monotonic_s) on the timeline's clock (its t_s): "
      "the timeline figure marks load + warm-up before it and teardown after it; None when either is missing"),

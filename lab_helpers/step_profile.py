@@ -35,6 +35,10 @@ TOP_OPS = 10
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 """Chrome-trace categories of work on the GPU (kineto's names): what makes the device busy."""
 
+COLLECTIVE_KERNEL_MARK = "nccl"
+"""In a kernel's name (lower case), a collective: NCCL's kernels (``ncclDevKernel_AllGather_...``, DeepSpeed's and
+Lightning's alike). NVML counts them as busy, so only a trace separates communication from compute."""
+
 
 def steps_from_env() -> int | None:
     """``$LAB_PROFILE_STEPS`` as a positive int, or None (off)."""
@@ -88,12 +92,20 @@ def summarize(
     kernels = sum(1 for e in complete if e.get("cat") == "kernel")
     ops = sum(1 for e in complete if e.get("cat") == "cpu_op" and str(e.get("name", "")).startswith("aten::"))
     device_s = _union_s(device_spans) / 1e6 if device_spans else None
+    collectives = [
+        (float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in complete
+        if e.get("cat") == "kernel" and COLLECTIVE_KERNEL_MARK in str(e.get("name", "")).lower()
+    ]  # fmt: skip
+    collective_s = _union_s(collectives) / 1e6 if device_spans else None
     return {
         "steps": steps,
         "wall_ms_per_step": 1e3 * wall_s / steps,
         "host_op_ms_per_step": 1e3 * host_s / steps,
         "device_busy_ms_per_step": None if device_s is None else 1e3 * device_s / steps,
         "device_idle_pct": None if device_s is None else max(0.0, 100 * (1 - device_s / wall_s)),
+        "collective_ms_per_step": None if collective_s is None else 1e3 * collective_s / steps,
+        # the share of the device's busy time spent in collective kernels (time_bound: ``communication``)
+        "collective_pct": 100 * collective_s / device_s if collective_s is not None and device_s else None,
         "aten_ops_per_step": ops / steps,
         "kernels_per_step": kernels / steps if device_spans else None,
         "top_ops_by": "device time" if device_spans else "CPU time (no GPU: the host's ops are the computation)",

@@ -30,6 +30,11 @@ GPU_BOUND_BUSY_PCT = 80.0
 HOST_BOUND_CORE_PCT = 80.0
 """At or above this share of one core the training process's host side is (nearly) always busy: ``host``."""
 
+COMMUNICATION_BOUND_PCT = 50.0
+"""At or above this share of the device's busy time in collective kernels (a ``--profile-steps`` trace,
+``step_profile.summarize``'s ``collective_pct``), a run of several ranks is ``communication`` bound. NVML alone
+never says so: it counts a collective kernel waiting on its peers as busy."""
+
 NO_GPU_REASON = "no GPU: this run trained on the CPU, which NVML does not sample"
 
 
@@ -71,25 +76,38 @@ def gpu_busy_pct_per_gpu(
 
 
 def classify(
-    gpu_busy_pct: float | None, host_core_pct: float | None, *, world_size: int
+    gpu_busy_pct: float | None, host_core_pct: float | None, *, world_size: int, collective_pct: float | None = None
 ) -> tuple[str | None, str]:
-    """(bound, why): ``gpu`` when the GPU was busy >= GPU_BOUND_BUSY_PCT; otherwise ``host`` when the training
-    process used >= HOST_BOUND_CORE_PCT of a core, or when there is one process (the GPU then waits on the host side:
-    Python, kernel launches, synchronisations, the data loader); otherwise ``communication`` (several ranks whose
-    GPUs and hosts both wait: on the peers, in collectives). None where the GPU figure is missing."""
+    """(bound, why): ``communication`` only from a profile (several ranks whose collective kernels took at least
+    COMMUNICATION_BOUND_PCT of the device's busy time); else ``gpu`` when the GPU was busy >= GPU_BOUND_BUSY_PCT;
+    otherwise ``host`` when the training process used >= HOST_BOUND_CORE_PCT of a core, or when there is one
+    process (the GPU then waits on the host side: Python, kernel launches, synchronisations, the data loader).
+    Several ranks with GPU and host both below their thresholds and no profile: None, since NVML counts
+    collective kernels as busy and cannot tell what waited. None where the GPU figure is missing."""
     if gpu_busy_pct is None:
         return None, "no GPU utilisation inside the training loop"
     host = "n/a" if host_core_pct is None else f"{host_core_pct:.0f} %"
     figures = f"GPU busy {gpu_busy_pct:.0f} %, host {host} of a core"
+    several = world_size > 1
+    if several and collective_pct is not None:
+        figures += f", collectives {collective_pct:.0f} % of the device's busy time (profile)"
+        if collective_pct >= COMMUNICATION_BOUND_PCT:
+            return "communication", f"{figures}: collectives >= {COMMUNICATION_BOUND_PCT:.0f} %"
+    unprofiled = several and collective_pct is None
     if gpu_busy_pct >= GPU_BOUND_BUSY_PCT:
-        return "gpu", f"{figures}: GPU busy >= {GPU_BOUND_BUSY_PCT:.0f} %"
+        caveat = (
+            "; NVML counts collective kernels as busy, so part of it may be communication (a profile tells)"
+            if unprofiled else ""
+        )  # fmt: skip
+        return "gpu", f"{figures}: GPU busy >= {GPU_BOUND_BUSY_PCT:.0f} %{caveat}"
     if host_core_pct is not None and host_core_pct >= HOST_BOUND_CORE_PCT:
         return "host", f"{figures}: GPU busy < {GPU_BOUND_BUSY_PCT:.0f} %, host >= {HOST_BOUND_CORE_PCT:.0f} % of a core"
-    if world_size > 1:
-        return "communication", (
-            f"{figures}: GPU and host both below {GPU_BOUND_BUSY_PCT:.0f} % with {world_size} ranks"
+    if unprofiled:
+        return None, (
+            f"{figures}: GPU and host both below {GPU_BOUND_BUSY_PCT:.0f} % with {world_size} ranks; NVML cannot tell "
+            "what waited (collective kernels count as busy): a profile (--profile-steps) can"
         )
-    return "host", f"{figures}: GPU busy < {GPU_BOUND_BUSY_PCT:.0f} % with one process (waits on the host side)"
+    return "host", f"{figures}: GPU busy < {GPU_BOUND_BUSY_PCT:.0f} % (waits on the host side)"
 
 
 def where_time_goes(
@@ -118,7 +136,9 @@ def where_time_goes(
     reason = None
     if busy is None:
         reason = "no NVML utilisation sample of this rank's GPU inside the training loop (a loop shorter than a sample?)"
-    bound, why = classify(busy, report.get("host_core_pct"), world_size=world_size)
+    profile = report.get("torch_profile_summary")
+    collective_pct = profile.get("collective_pct") if isinstance(profile, Mapping) else None
+    bound, why = classify(busy, report.get("host_core_pct"), world_size=world_size, collective_pct=collective_pct)
     return {
         **none,
         "gpu_busy_pct": busy,
