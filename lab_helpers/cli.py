@@ -7,6 +7,7 @@ results  [--format json|csv]                    every record
 merge-records FILE                              append a fallback file's records to the results file
 plan     RECIPE.yaml [...]                      predict memory before a run (--time: step time)
 bandwidth [--ranks N]                           measure the bus bandwidth between GPUs (gloo on a CPU)
+launch-cost [--device cuda|cpu]                 measure the host's cost per kernel launch (plan --time)
 doctor   [--json]                               what this node can run
 compare  [--out DIR] [--reference NAME] [--markdown] [--wide]  the comparison table and figure files
 wheelhouse --python 3.12 --dest DIR [--with qlora|notebooks]  the wheels an offline GPU node needs
@@ -137,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bandwidth.add_argument("--ranks", type=int, default=None, help="processes (default: every GPU; 2 on a CPU)")
     bandwidth.add_argument("--size-mib", type=float, default=None, help="tensor size per collective (256 GPU, 16 CPU)")
+
+    launch_cost = sub.add_parser(
+        "launch-cost",
+        help="measure this node's host cost per kernel launch (a tiny model's training steps); plan --time uses it here",
+    )
+    launch_cost.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda where there is one")
 
     doctor = sub.add_parser("doctor", help="what this node has and which lab sections it can run")
     from lab_helpers.doctor import add_arguments as add_doctor_arguments
@@ -309,6 +316,15 @@ def _cmd_bandwidth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_launch_cost(args: argparse.Namespace) -> int:
+    from lab_helpers.launch_cost import measure, save
+
+    result = measure(device=args.device)
+    print("\n".join(result.lines()))
+    print(f"recorded in {save(result)}")
+    return 0
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from lab_helpers.doctor import run as run_doctor
 
@@ -331,6 +347,7 @@ COMMANDS = {
     "export-reference": _cmd_export_reference,
     "plan": _cmd_plan,
     "bandwidth": _cmd_bandwidth,
+    "launch-cost": _cmd_launch_cost,
     "doctor": _cmd_doctor,
     "wheelhouse": _cmd_wheelhouse,
 }

@@ -816,3 +816,114 @@ def test_a_live_run_or_one_in_a_fallback_is_no_orphan(results):
     with holding_run(live):  # its launcher is between the report and the record
         assert orphaned_runs() == [] and recover_orphans(once=False) == []
     assert orphaned_runs() == [live]
+
+
+def _disk_fault_env(tmp_path: Path, fixture: str | None = None) -> dict[str, str]:
+    env = _site(tmp_path, fixture) if fixture else dict(os.environ)
+    return {**env, "LAB_PROFILE": "ci", "XDG_STATE_HOME": str(tmp_path / "state")}
+
+
+def _namespaces_or_skip() -> None:
+    from disk_fault import namespaces_work
+
+    if not namespaces_work():
+        pytest.skip("no user namespaces here: a tmpfs of our own cannot be mounted (unshare -r -m)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["fill", "readonly"])
+def test_a_results_disk_that_fails_during_the_run_keeps_the_record_off_it_and_prints_the_result(
+    ci_assets, tmp_path, fault
+):
+    """Issue 45's repro on a real 100 MB tmpfs as LAB_RESULTS: it fills up, or turns read-only, while the run trains.
+    It used to say 'could not store the record', print a 20-line thread traceback, leave 0-byte fallbacks there
+    and never print the result."""
+    _namespaces_or_skip()
+    from disk_fault import run_on_a_failing_disk
+
+    args = ["run", "grad-accum", "--set", "train.max_steps=6", "--quiet"]
+    seen = run_on_a_failing_disk(tmp_path, fault, args, _disk_fault_env(tmp_path))
+    said = seen["stderr"].strip().splitlines()
+    assert seen["faulted"] and seen["returncode"] in (0, 1), seen
+    assert len(said) == 1 and "merge-records" in said[0] and "Traceback" not in seen["stderr"], seen["stderr"]
+    assert seen["fallback"].startswith(str(tmp_path / "state" / "lab")), said  # off the failed file system
+    assert re.search(r"^grad-accum: \w+ \|", seen["stdout"], re.M), seen["stdout"]  # the result line
+    empty = [name for name, size in seen["files"].items() if size == 0 and name.endswith(".jsonl")]
+    assert not empty and not seen["records"], seen["files"]
+    assert seen["merge"]["returncode"] == 0 and not seen["merge"]["fallback_left"], seen["merge"]
+    [record] = seen["records_after_merge"]
+    assert record["experiment"] == "grad-accum" and seen["strays"] == 0
+
+
+# The training process's own output is the fault: 150 lines of 1 MiB and one line of 300 MiB, into a 100 MB folder.
+CHATTY = """
+    import os
+    if os.environ.get("LAB_REPORT_DIR"):
+        import sys
+        for _ in range(150):
+            sys.stdout.buffer.write(b"chatty " + b"z" * (2**20 - 8) + b"\\n")
+        for _ in range(300):
+            sys.stdout.buffer.write(b"w" * 2**20)
+        sys.stdout.buffer.write(b"\\n")
+        sys.stdout.flush()
+"""
+
+
+@pytest.mark.slow
+def test_a_run_whose_output_is_larger_than_the_results_disk_is_recorded_with_a_capped_log(ci_assets, tmp_path):
+    _namespaces_or_skip()
+    from disk_fault import run_on_a_failing_disk
+
+    env = {**_disk_fault_env(tmp_path, CHATTY), "LAB_LOG_MAX_MIB": "4"}
+    seen = run_on_a_failing_disk(tmp_path, "none", ["run", "grad-accum", "--set", "train.max_steps=3", "--quiet"], env)
+    assert seen["returncode"] == 0 and seen["stderr"].strip() == "", seen["stderr"][-2000:]
+    [record] = seen["records"]
+    assert record["status"] == "ok" and record["log_error"] is None
+    [log_size] = [size for name, size in seen["files"].items() if name.endswith("output.log")]
+    assert log_size <= 4 * 2**20 + 1024, log_size
+    assert seen["launcher_peak_rss_mib"] < 800, seen["launcher_peak_rss_mib"]  # a 300 MB line cost 1.6 GB
+    assert seen["strays"] == 0
+
+
+# The training process stays a while after writing its report (as one tearing down its data loaders does), so that
+# the test can kill the launcher in the window between the report and the record.
+LINGERS_AFTER_ITS_REPORT = """
+    import os
+    if os.environ.get("LAB_REPORT_DIR"):
+        import signal, time
+        import lab_helpers.child_report as report
+        _write = report.write_report
+        def write_report(*args, **kwargs):
+            path = _write(*args, **kwargs)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # ended at once when the launcher dies (orphan_guard)
+            print("fixture: report written", flush=True)
+            time.sleep(120)
+            return path
+        report.write_report = write_report
+"""
+
+
+@pytest.mark.slow
+def test_a_launcher_killed_after_its_training_ended_is_recorded_at_the_next_start(ci_assets, results, tmp_path):
+    """Issue 45: `kill -9` of the launcher after the training process ended left a complete rank0.json and no record,
+    and nothing said so. The next `results` records it, marked recovered, and says so in one line; once."""
+    env = {**_site(tmp_path, LINGERS_AFTER_ITS_REPORT), "LAB_PROFILE": "ci"}
+    proc = subprocess.Popen(cli("run", "grad-accum", "--set", "train.max_steps=4", "--quiet"), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not any("fixture: report written" in log.read_text(errors="replace")
+                  for log in results.glob("runs/*/output.log")):  # fmt: skip
+        assert time.monotonic() < deadline and proc.poll() is None, "the run never wrote its report"
+        time.sleep(0.1)
+    proc.kill()
+    proc.wait()
+    [run_dir] = list((results / "runs").iterdir())
+    assert not _wait_gone(run_dir.name, 10) and not (results / "runs.jsonl").exists()
+    shown = subprocess.run(cli("results"), env=env, capture_output=True, text=True, timeout=120)
+    [line] = shown.stderr.strip().splitlines()
+    assert line.startswith(f"lab: recovered the record of run {run_dir.name} (ok)"), shown.stderr
+    [record] = json.loads(shown.stdout)  # stdout stays the JSON it promises
+    assert record["status"] == "ok" and record["recovered"] and record["returncode"] is None
+    assert record["train_s"] > 0 and record["tokens_per_s"] > 0 and record["run_id"] == run_dir.name
+    again = subprocess.run(cli("results"), env=env, capture_output=True, text=True, timeout=120)
+    assert again.stderr.strip() == "" and len(json.loads(again.stdout)) == 1
