@@ -605,6 +605,102 @@ def children_hold_output(root: Path) -> Row:
     return _finish(row, fault, expect_records=1, ok=ok, observed=f"exit {code} in {took:.0f} s, {_statuses(new)}")
 
 
+FAKE_GHP = "ghp_FaultProbeNotReal0123456789abcdefABCD"  # GitHub's classic shape, in GITHUB_PAT (not a name it knew)
+PRINTS_AND_QUOTES_GHP = """
+    import os
+    if os.environ.get("LAB_REPORT_DIR"):
+        import atexit, base64, sys, urllib.parse
+        tok = os.environ["GITHUB_PAT"]
+        print("url", urllib.parse.quote(tok + "/x", safe=""), "basic", base64.b64encode(b"u:" + tok.encode()).decode())
+        print("wrapped " + tok[:15] + "\\n" + tok[15:], flush=True)
+        atexit.register(lambda: (print("RuntimeError: 401 for " + tok, file=sys.stderr, flush=True), os._exit(3)))
+"""
+
+
+def secrets_by_shape(root: Path) -> Row:
+    row = Row("ghp_ in GITHUB_PAT: encoded, split, in an error", "error recorded; no log, CSV or export holds it")
+    fault = Fault(root, "secret-shapes", PRINTS_AND_QUOTES_GHP)
+    fault.env["GITHUB_PAT"] = FAKE_GHP
+    data = fault.dir / "hf_abcdefghijklmnopqrstdata2024"  # a data folder that merely looks like a token: must work
+    shutil.copytree(ROOT / "data" / "ci", data / "ci")
+    fault.env["LAB_DATA"] = str(data)
+    code, out, err = fault.run("run", "grad-accum", "--set", "train.max_steps=2", "--set", f"access_token={FAKE_TOKEN}")
+    said = out + err + "".join(fault.run("results", "--format", "csv")[1:])
+    said += "".join(fault.run("compare", "--out", str(fault.dir / "figures"))[1:])
+    home = fault.dir / "home"
+    home.mkdir()
+    (home / "configs").symlink_to(ROOT / "configs")
+    fault.env["LAB_HOME"] = str(home)
+    said += "".join(fault.run("export-reference", "--profile", "ci")[1:])
+    new = fault.new_records()
+    pieces = (FAKE_GHP, FAKE_GHP[:15], FAKE_GHP[15:], FAKE_TOKEN)
+    files = [p for p in fault.dir.rglob("*") if p.is_file() and p.name != "sitecustomize.py" and "/ci/" not in str(p)]
+    leaks = [p.name for p in files if any(s in p.read_text(errors="replace") for s in pieces)]
+    leaks += ["output"] if any(s in said for s in pieces) else []
+    trained = bool(new) and (new[0].get("iterations") or 0) > 0
+    ok = _statuses(new) == "error" and trained and not leaks and any(p.suffix == ".csv" for p in files)
+    observed = f"{_statuses(new)}, trained {trained}, files or output with it: {len(leaks)}"
+    return _finish(row, fault, expect_records=1, ok=ok, observed=observed)
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    parts = ["&b0 [" + ",".join(["x"] * 10) + "]"]
+    parts += [f"&b{i} [" + ",".join([f"*b{i - 1}"] * 10) + "]" for i in range(1, levels)]
+    return "[" + ", ".join(parts) + "]"
+
+
+def bounded_values(root: Path) -> list[Row]:
+    """Values YAML would expand, Python would refuse, or a terminal would act on: each one line, exit 2, at once,
+    through the CLI's own ``main`` in one process (as bad_set_values)."""
+    fault = Fault(root, "bounded-values")
+    recipe = str(ROOT / "configs" / "ci" / "ci-llama-xs" / "full.yaml")
+    bomb_file, token_file = fault.dir / "bomb.yaml", fault.dir / "token.txt"
+    bomb_file.write_text(f"checkpoint_dir: x\ntrain:\n  micro_batch_size: {_alias_bomb()}\n")
+    token_file.write_text(FAKE_TOKEN + "\n")
+    cases = [
+        ("run --set an alias bomb (10**9 once expanded)", ["run", "grad-accum", "--set", f"train.max_steps={_alias_bomb()}"]),
+        ("plan --set an alias bomb", ["plan", recipe, "--set", f"train.micro_batch_size={_alias_bomb()}"]),
+        ("plan RECIPE holding an alias bomb", ["plan", str(bomb_file)]),
+        ("run --set a 5000-digit integer", ["run", "grad-accum", "--set", "train.max_steps=" + "9" * 5000]),
+        ("run --set a list nested 5000 deep", ["run", "grad-accum", "--set", "train.max_steps=" + "[" * 5000]),
+        ("plan --fit --gpu-memory-gib 1e308", ["plan", recipe, "--fit", "--device", "cpu", "--gpu-memory-gib", "1e308"]),
+        ("run --set a terminal escape sequence", ["run", "grad-accum", "--set", "out_dir=\x1b]0;owned\x07\x1b[2J"]),
+        ("plan --time --sample-lengths a token file", ["plan", recipe, "--time", "--sample-lengths", str(token_file)]),
+    ]  # fmt: skip
+    script = textwrap.dedent(
+        """
+        import contextlib, io, json, sys, time
+        from lab_helpers.cli import main
+        for argv in json.loads(sys.argv[1]):
+            err, started = io.StringIO(), time.monotonic()
+            with contextlib.redirect_stderr(err):
+                try:
+                    code = main(argv)
+                except BaseException as exc:  # a traceback is the fault: count it, go on
+                    code, _ = 1, err.write("Traceback: " + type(exc).__name__)
+            print(json.dumps([code, err.getvalue(), time.monotonic() - started]), flush=True)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, json.dumps([argv for _, argv in cases])],
+        cwd=ROOT, env=fault.env, capture_output=True, text=True, timeout=300,
+    ).stdout  # fmt: skip
+    rows = []
+    for (label, _), line in zip(cases, out.splitlines(), strict=False):
+        code, err, took = json.loads(line)
+        lines = err.strip().splitlines()
+        shown = lines[0] if lines else ""
+        clean = "\x1b" not in err and "\x07" not in err and FAKE_TOKEN not in err and len(err) < 400
+        ok = code == 2 and len(lines) == 1 and shown.startswith("error: ") and clean and took < 30  # the bomb took 63 s
+        started_nothing = not (fault.results / "runs").exists() and not fault.new_records()
+        row = Row(label, "exit 2, one line, nothing expanded or echoed")
+        observed = f"exit {code} in {took:.1f} s: {shown[:40]}"
+        rows.append(_finish(row, fault, expect_records=0, ok=ok and started_nothing, observed=observed))
+    if len(rows) != len(cases):
+        rows.append(Row("bounded values", "one row per case", observed=f"{len(rows)} of {len(cases)} ran"))
+    return rows
+
+
 def main() -> int:
     from lab_helpers.assets import prepare_ci
 
@@ -643,6 +739,8 @@ def main() -> int:
         lambda: merge_refused(root),
         lambda: merge_twice_at_once(root),
         lambda: children_hold_output(root),
+        lambda: secrets_by_shape(root),
+        lambda: bounded_values(root),
     ]
     print(f"{'fault':<52} | {'expected':<56} | {'observed':<60} | result")
     for step in plan:

@@ -91,7 +91,9 @@ unset PYTHONDONTWRITEBYTECODE  # wheels go in --no-compile: the first import wri
 mkdir -p "$LAB_RESULTS/preflight" "$LAB_RESULTS/steps"
 log="$out/chunk.log"
 trace_cap_bytes="${LAB_TRACE_CAP_BYTES:-$((15 * 1024 * 1024))}"
-say() { echo "gpu-chunk [$((SECONDS - started)) s]: $*" | tee -a "$log"; }
+# what is logged and shipped goes through the lab's one redaction (lab_helpers/secrets.py), as records do
+mask() { "$python" -m lab_helpers.secrets || echo "gpu-chunk: (lines not logged: masking them failed)"; }
+say() { echo "gpu-chunk [$((SECONDS - started)) s]: $*" | mask | tee -a "$log"; }
 left_s() { echo $((deadline_s - (SECONDS - started))); }
 
 # shellcheck disable=SC2317  # called after each step and at exit
@@ -180,7 +182,8 @@ if ((dry)); then
 else
     prepare=(-m lab_helpers prepare --profile gpu --random-weights --models "$models")
 fi
-if ! "$python" "${prepare[@]}" >"$LAB_RESULTS/prepare.log" 2>&1; then
+"$python" "${prepare[@]}" 2>&1 | mask >"$LAB_RESULTS/prepare.log"
+if ((PIPESTATUS[0] != 0)); then
     say "stopped: building checkpoints failed: $(tail -n 1 "$LAB_RESULTS/prepare.log") (prepare.log)"; exit 1
 fi
 say "checkpoints ready ($( ((dry)) && echo "the ci models" || echo "$models")) in $((SECONDS - t0)) s"
@@ -231,8 +234,8 @@ print(int(run.recipe["train"]["global_batch_size"]) * int(sys.argv[2]) // count_
         fi
         # shellcheck disable=SC2086  # $rest holds the step's own arguments
         "$python" -m lab_helpers run "$id" --profile "$profile" --quick --quiet --time-limit "$limit_s" \
-            $rest >"$step_log" 2>&1
-        rc=$?
+            $rest 2>&1 | mask >"$step_log"
+        rc=${PIPESTATUS[0]}
     fi
     ((rc == 0)) || status=1
     say "$step: exit $rc after $((SECONDS - t0)) s; $(grep -v '^\s*$' "$step_log" | tail -n 1 | cut -c1-240)"

@@ -68,7 +68,10 @@ unset PYTHONDONTWRITEBYTECODE
 export LAB_RESULTS="${LAB_RESULTS:-$repo/results-gpu}"
 mkdir -p "$LAB_RESULTS"
 log="$LAB_RESULTS/gpu-measure.log"
-say() { echo "gpu-measure: $*" | tee -a "$log"; }
+# every line logged goes through the lab's one redaction (lab_helpers/secrets.py): a --set access_token=... or a
+# token quoted in an error is masked in the log and the pack, as in records
+mask() { "$python" -m lab_helpers.secrets || echo "gpu-measure: (a line not logged: masking it failed)"; }
+say() { echo "gpu-measure: $*" | mask | tee -a "$log"; }
 
 # shellcheck disable=SC2317  # called through the EXIT trap
 pack_results() {  # whatever happened: the records, timelines and logs travel
@@ -81,10 +84,10 @@ pack_results() {  # whatever happened: the records, timelines and logs travel
 trap pack_results EXIT
 
 say "$(date -u +%FT%TZ) on $(hostname -s): ${experiments[*]} (profile $LAB_PROFILE, quick=$quick, deadline ${deadline_s}s${sets:+, ${sets[*]}})"
-"$python" -m lab_helpers doctor >"$LAB_RESULTS/doctor.txt" 2>&1
+"$python" -m lab_helpers doctor 2>&1 | mask >"$LAB_RESULTS/doctor.txt"
 say "doctor: $(grep -m1 -i 'gpu' "$LAB_RESULTS/doctor.txt" || echo 'see doctor.txt')"
 if [[ -n $models ]]; then
-    "$python" -m lab_helpers prepare --profile "$LAB_PROFILE" --random-weights --models "$models" 2>&1 | tail -n 3 | tee -a "$log"
+    "$python" -m lab_helpers prepare --profile "$LAB_PROFILE" --random-weights --models "$models" 2>&1 | tail -n 3 | mask | tee -a "$log"
     ((PIPESTATUS[0] == 0)) || { say "prepare failed: see above"; exit 1; }
     say "prepared $models in $((SECONDS - started)) s"
 fi
@@ -100,7 +103,7 @@ for experiment in "${experiments[@]}"; do
     t0=$SECONDS
     "$python" -m lab_helpers run "$experiment" --profile "$LAB_PROFILE" --quiet "${limit[@]}" "${sets[@]}" \
         "${passed[@]}" 2>&1 |
-        tail -n 2 | tee -a "$log"
+        tail -n 2 | mask | tee -a "$log"
     say "$experiment: exit ${PIPESTATUS[0]} after $((SECONDS - t0)) s"
 done
 exit $status
