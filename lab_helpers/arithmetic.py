@@ -413,3 +413,16 @@ def bf16_over_fp32_text(node: Mapping[str, Any] | None = None) -> str:
         f"{p.model}: bf16 {p.bf16:g} vs TF32 {p.fp32_matmul:g} dense TFLOP/s = {p.bf16 / p.fp32_matmul:.1f}x"
         for p in rows
     )
+
+
+def activation_ratio(plan: Any, other: Any, *, names: tuple[str, str] = ("this run", "the other")) -> str:
+    """Two predictions' activations side by side with their micro batches, as ratios (``plan`` over ``other``):
+    whether activations scale exactly with the batch is read here, never typed (issue 43)."""
+    mine, theirs = (p.breakdown_gib.get("activations") or 0.0 for p in (plan, other))
+    if not theirs or not other.micro_batch_size:
+        return f"no predicted activations for {names[1]}: no ratio"
+    return (
+        f"activations {names[0]} {mine:.4g} GiB (micro batch {plan.micro_batch_size}) / {names[1]} {theirs:.4g} GiB "
+        f"(micro batch {other.micro_batch_size}) = {mine / theirs:.3f}; "
+        f"micro batches {plan.micro_batch_size / other.micro_batch_size:.3f}"
+    )

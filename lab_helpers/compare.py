@@ -942,3 +942,56 @@ def save_all(
             if _timeline_path(record)[0] is not None:
                 paths.append(plot_timeline(record, out_dir=out_dir).lab_path)
     return paths
+
+
+# ------------------------------------------------------------------------------------------------ sentences
+
+
+def reference_for(node: Mapping[str, Any] | None) -> str:
+    """The shipped reference that matches ``node``: its GPU's own file where one is shipped (``h100-80gb``,
+    ``h200-141gb``), else ``ci-cpu`` (a CPU, or a GPU no reference measured)."""
+    from lab_helpers.reference import reference_name_for_gpu
+
+    gpus = (node or {}).get("gpus") or []
+    name = reference_name_for_gpu(gpus[0].get("name")) if gpus else None
+    return name if name in shipped_references() else "ci-cpu"
+
+
+def mfu_words() -> str:
+    """MFU against what to expect, from the data: the time model's assumption (``planner.timing.DEFAULT_MFU``)
+    and the range every shipped GPU reference measured, per file (issue 43: no typed "good" MFU)."""
+    from lab_helpers.planner.timing import DEFAULT_MFU
+
+    assumed = ", ".join(f"{method} {mfu:.2f}" for method, mfu in DEFAULT_MFU.items())
+    measured = []
+    for name in shipped_references():
+        frame = load_results(reference_dir() / f"{name}.jsonl")
+        with_mfu = frame[pd.to_numeric(frame.get("mfu", pd.Series(dtype=float)), errors="coerce").notna()]
+        if len(with_mfu):
+            mfu = pd.to_numeric(with_mfu["mfu"])
+            bound = with_mfu.get("bound", pd.Series(dtype=object)).dropna()
+            host = f"{int((bound == 'host').sum())} of {len(bound)} host-bound" if len(bound) else "bound not recorded"
+            measured.append(f"{name} {mfu.min():.2f}-{mfu.max():.2f} over {len(mfu)} records ({host})")
+    found = "; ".join(measured) or "no shipped GPU records yet"
+    return (
+        f"MFU the lab's time model assumes where no record of a GPU says otherwise: {assumed}. "
+        f"MFU the shipped GPU runs measured: {found}; host-bound: the GPU waited on one host core."
+    )
+
+
+def steps_and_samples(df: pd.DataFrame, experiments: Sequence[str], *, profile: str | None = None) -> pd.DataFrame:
+    """Per experiment, from its latest rank-0 record: micro-batches timed, the optimizer steps they make
+    (micro-batches / accumulation) and the samples seen -- what ``train_s`` alone hides when runs differ in them."""
+    rows = []
+    for exp_id, record in _rank0_records(df, order=list(experiments), profile=profile).items():
+        if exp_id not in experiments:
+            continue
+        train = _mapping(_mapping(record.get("config")).get("train"))
+        micro, global_ = _number(train.get("micro_batch_size")), _number(train.get("global_batch_size"))
+        ranks = _number(record.get("simulated_world_size")) or _number(record.get("world_size")) or 1
+        iterations = _number(record.get("iterations"))
+        accumulation = max(1, int(global_ // (micro * ranks))) if micro and global_ else None
+        steps = iterations / accumulation if iterations and accumulation else None
+        rows.append({"experiment": exp_id, "mode": record.get("mode"), "micro_batches": iterations,
+                     "accumulation": accumulation, "optimizer_steps": steps, "samples": _samples(record)})  # fmt: skip
+    return pd.DataFrame(rows, columns=["experiment", "mode", "micro_batches", "accumulation", "optimizer_steps", "samples"])

@@ -97,3 +97,28 @@ def section_note(node: Mapping[str, Any], *, section: str, profile: str) -> str:
         )
     route = "" if bf16_native(node) else f"; no native bf16: bf16 experiments run in {FP16_ROUTE}, {LOSS_SCALING}"
     return f"{gpu_words(node)}{route}: each cell says whether its experiment runs as defined, smaller, or not"
+
+
+def offload_words(step: Decision, node: Mapping[str, Any]) -> str:
+    """An optimizer-offload run as it runs on ``node``: its micro batch and accumulation, and ONE host-RAM figure
+    (the planner's formula, the one the run's gate checks), split into its parts (issue 43: one offload, one
+    figure)."""
+    from lab_helpers.arithmetic import model_states
+    from lab_helpers.experiments import gradient_accumulation_steps, resolve
+    from lab_helpers.planner.analytic import HOST_PROCESS_BYTES, OFFLOADED_BYTES_PER_TRAINABLE_PARAM
+    from lab_helpers.record_schema import GIB
+
+    run = resolve(step.exp_id, step.profile, step.overrides, check_files=False, simulate_world=step.simulate_world)
+    ranks = decision.node_ranks(run, node)
+    train = run.recipe["train"]
+    trainable = model_states(step.exp_id, profile=step.profile, overrides=step.overrides).counts.trainable
+    offloaded = trainable * OFFLOADED_BYTES_PER_TRAINABLE_PARAM / GIB
+    need = decision.offload_host_gib(run, ranks)
+    return (
+        f"{step.exp_id} here: micro batch {train['micro_batch_size']} x accumulate "
+        f"{gradient_accumulation_steps(run.recipe, world_size=ranks)} on {ranks} rank(s) = global batch "
+        f"{train['global_batch_size']}; host RAM {need:.1f} GiB = {offloaded:.1f} GiB offloaded "
+        f"({OFFLOADED_BYTES_PER_TRAINABLE_PARAM} B/param x {trainable:,} trained parameters: fp32 master "
+        f"weights, Adam's two moments, fp32 gradient partitions) + the rest, {need - offloaded:.1f} GiB, for "
+        f"{ranks} rank process(es) at {HOST_PROCESS_BYTES / GIB:.1f} GiB each"
+    )

@@ -1,0 +1,56 @@
+"""The numbers issue 43 took out of the notebooks' prose, computed from the data instead: which reference a node
+reads, what MFU to expect, what small-batch and grad-accum timed, an offload's one host figure, and whether
+activations scale with the batch."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from node_fixtures import node
+
+from lab_helpers import arithmetic, compare, decision, node_plan
+from lab_helpers.planner.timing import DEFAULT_MFU
+
+
+def test_a_node_reads_its_own_gpus_reference_else_the_ci_runs():
+    shipped = compare.shipped_references()
+    assert {"h100-80gb", "h200-141gb", "ci-cpu"} <= set(shipped)
+    assert compare.reference_for(node("H100-80GB")) == "h100-80gb"
+    assert compare.reference_for(node("4xH100")) == "h100-80gb"
+    assert compare.reference_for(node("H200-141GB")) == "h200-141gb"
+    assert compare.reference_for(node("A10G-24GB")) == "ci-cpu"  # no A10G reference is shipped
+    assert compare.reference_for(node("none")) == "ci-cpu"
+
+
+def test_expected_mfu_is_the_time_models_assumption_beside_what_the_references_measured():
+    words = compare.mfu_words()
+    assert all(f"{method} {mfu:.2f}" in words for method, mfu in DEFAULT_MFU.items())
+    assert "h100-80gb 0.02-" in words and "h200-141gb" in words and "ci-cpu" not in words  # a CPU has no MFU
+    assert "0.3 to 0.5" not in words
+
+
+def test_steps_and_samples_of_the_h100_quick_runs():
+    """Issue 43: in the H100's quick-mode records grad-accum took 2 steps and 64 samples, small-batch 6 and 48."""
+    table = compare.steps_and_samples(compare.load_reference("h100-80gb"), ["small-batch", "grad-accum"])
+    rows = table.set_index("experiment")
+    assert (rows.loc["grad-accum", "optimizer_steps"], rows.loc["grad-accum", "samples"]) == (2, 64)
+    assert (rows.loc["small-batch", "optimizer_steps"], rows.loc["small-batch", "samples"]) == (6, 48)
+
+
+@pytest.mark.parametrize("name", ["4xH100", "H100-80GB"])
+def test_an_offload_has_one_host_figure_the_gates(name):
+    step = node_plan.decide("deepspeed-offload", node(name), profile="gpu")
+    words = node_plan.offload_words(step, node(name))
+    run = arithmetic.resolved("deepspeed-offload", "gpu", step.overrides)
+    need = decision.offload_fit(run, node(name)).need_gib
+    assert f"host RAM {need:.1f} GiB" in words and "fp32 gradient partitions" in words
+    accumulate = "accumulate 4 on 4 rank(s)" if name == "4xH100" else "accumulate 16 on 1 rank(s)"
+    assert accumulate in words, words
+
+
+def test_activation_ratio_reads_both_plans():
+    small = SimpleNamespace(breakdown_gib={"activations": 3.0}, micro_batch_size=8)
+    big = SimpleNamespace(breakdown_gib={"activations": 12.0}, micro_batch_size=32)
+    words = arithmetic.activation_ratio(small, big, names=("small-batch", "baseline"))
+    assert "= 0.250; micro batches 0.250" in words
