@@ -80,6 +80,9 @@ def format_report(node: dict[str, Any]) -> str:
         lines.append("  results shipped with the lab (lab_helpers.compare.load_reference()) to compare real GPU runs")
     lines.append("")
 
+    lines.extend(_launch_cost_lines(gpus))
+    lines.append("")
+
     lines.append("Lab sections on this node")
     on_ci, skipped = [], []
     for section, (ok, reason) in sections_runnable(node).items():
@@ -98,6 +101,18 @@ def format_report(node: dict[str, Any]) -> str:
             + (f"; {', '.join(skipped)} recorded skipped (needs CUDA)." if skipped else ".")
         )
     return "\n".join(lines)
+
+
+def _launch_cost_lines(gpus: list[dict[str, Any]]) -> list[str]:
+    """The host's cost per kernel launch as measured here (``python -m lab_helpers launch-cost``), or how
+    ``plan --time`` does without it: what bounds a host-bound run (the lab's GPU records all are)."""
+    from lab_helpers.launch_cost import NOT_MEASURED, measured_launch_cost
+
+    device = gpus[0].get("name") if gpus else "cpu"
+    cost, source = measured_launch_cost(device)
+    if cost is None:
+        return ["Host cost per kernel launch", f"  {device}: {NOT_MEASURED}"]
+    return ["Host cost per kernel launch", f"  {device}: {cost * 1e6:.1f} us, {source}"]
 
 
 def _gpu_table(gpus: list[dict[str, Any]]) -> list[str]:

@@ -157,6 +157,70 @@ def dense_peak_flops(gpu_name: str | None, precision: str) -> float | None:
     return tflops * TERA if tflops is not None else None
 
 
+# Memory bandwidth (GB/s, 10^9 bytes per second), the roofline's other axis (planner.timing: an op that moves more
+# bytes than its FLOPs can hide takes bytes / bandwidth). The first match wins; variants whose memory differs
+# (A100 40 GB HBM2 against 80 GB HBM2e) have their own rows. Each line: the datasheet figure and where it was read.
+_BANDWIDTH_GBS: tuple[tuple[str, float], ...] = (
+    # GH200: NVIDIA GH200 datasheet, 96 GB HBM3 at 4 TB/s (the 144 GB HBM3e part: 4.9 TB/s). Recalled from the
+    # datasheet; the lower figure is kept, since NVML's name does not say which memory the node has.
+    (r"\bGH200\b", 4000.0),
+    # H200 SXM and NVL: NVIDIA H200 datasheet, "GPU Memory Bandwidth 4.8TB/s" for both (aiwiki.ai/wiki/nvidia_h200:
+    # "141 GB at 4.8 TB/s on its SXM and NVL boards").
+    (r"\bH200\b", 4800.0),
+    # H100 NVL: NVIDIA H100 datasheet, H100 NVL column, 3.9 TB/s (94 GB HBM3; 3.93 TB/s in grokipedia.com/page/210100120).
+    (r"\bH100\b.*\bNVL\b", 3900.0),
+    # H100 PCIe: NVIDIA H100 datasheet, "GPU memory bandwidth 2TB/s" (HBM2e; the table reproduced at
+    # archive-lib.hpctech.co.jp/gpuproduct/nvidia-h100.html: 2000 GB/sec).
+    (r"\bH100\b.*\bPCIE\b", 2000.0),
+    # H100 SXM5: NVIDIA H100 datasheet, "GPU memory bandwidth 3.35TB/s" (same page: 3,350 GB/sec).
+    (r"\bH100\b", 3350.0),
+    # A100 80 GB: NVIDIA A100 datasheet, 1,935 GB/s PCIe and 2,039 GB/s SXM (HBM2e; glennklockwood.com/garden/
+    # processors/A100 quotes the SXM's 2.039 TB/s from the datasheet). The PCIe figure first: NVML says "PCIE".
+    (r"\bA100\b(?=.*\bPCIE\b)(?=.*\b80GB\b)", 1935.0),
+    (r"\bA100\b.*\b80GB\b", 2039.0),
+    # A100 40 GB (SXM4 and PCIe): NVIDIA A100 datasheet, 1,555 GB/s (HBM2; glennklockwood.com, same page: 1.555 TB/s).
+    (r"\bA100\b", 1555.0),
+    # A10G: no NVIDIA datasheet (see the peak table); AWS's g5 page gives 600 GB/s, as the A10's. Used for bytes only.
+    (r"\bA10G\b", 600.0),
+    # A10: NVIDIA A10 datasheet, "GPU Memory Bandwidth 600 GB/s" (GDDR6). Recalled from the datasheet.
+    (r"\bA10\b", 600.0),
+    # A40: NVIDIA A40 datasheet, "GPU memory bandwidth 696 GB/s" (GDDR6 with ECC). Recalled from the datasheet.
+    (r"\bA40\b", 696.0),
+    # RTX A6000: NVIDIA RTX A6000 datasheet, "768 GB/s" (GDDR6). Recalled from the datasheet.
+    (r"\bRTX A6000$", 768.0),
+    # L40S: NVIDIA L40S datasheet, "GPU Memory Bandwidth 864GB/s". Recalled from the datasheet.
+    (r"\bL40S\b", 864.0),
+    # L4: NVIDIA L4 datasheet, "GPU Memory Bandwidth 300GB/s". Recalled from the datasheet.
+    (r"\bL4\b", 300.0),
+    # V100 SXM2 and PCIe: NVIDIA V100 datasheet, "Memory Bandwidth 900 GB/sec" (HBM2) for both.
+    (r"\bV100\b", 900.0),
+    # RTX 4090: NVIDIA Ada Lovelace whitepaper, 1,008 GB/s (21 Gbps GDDR6X, 384-bit).
+    (r"\bRTX 4090$", 1008.0),
+    # RTX 3090: NVIDIA Ampere GA102 whitepaper, 936 GB/s (19.5 Gbps GDDR6X, 384-bit).
+    (r"\bRTX 3090$", 936.0),
+)
+
+
+def memory_bandwidth(gpu_name: str | None) -> float | None:
+    """Datasheet memory bandwidth of ``gpu_name`` in bytes/s (not GB/s); None for a GPU not in the table."""
+    if not gpu_name:
+        return None
+    name = " ".join(str(gpu_name).upper().split())
+    gbs = next((value for pattern, value in _BANDWIDTH_GBS if re.search(pattern, name)), None)
+    return gbs * 1e9 if gbs is not None else None
+
+
+def dense_peaks(gpu_name: str | None) -> dict[str, float | None]:
+    """Dense peak FLOP/s of every matmul unit of ``gpu_name`` ({"bf16": ..., "fp16": ..., "fp32_matmul": ...});
+    empty for an unknown GPU."""
+    peak = find_gpu(gpu_name)
+    if peak is None:
+        return {}
+    return {
+        unit: (getattr(peak, unit) * TERA if getattr(peak, unit) else None) for unit in ("bf16", "fp16", "fp32_matmul")
+    }
+
+
 def known_gpus() -> list[str]:
     """The models in the table, for documentation and the doctor."""
     return [peak.model for _, peak in _TABLE if peak is not None]

@@ -146,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "time", False):
             print(f"  time: {time_plan.summary() if time_plan else time_note}")
             if time_plan:
+                if time_plan.split():
+                    print(f"  time: {time_plan.split()}")
                 print(f"  time: {time_plan.terms()}")
                 for note in time_plan.notes:
                     print(f"  time note: {note}")
@@ -194,14 +196,21 @@ def predict_step_time(spec: TrainingSpec, *, gpu_name: str | None = None, **opti
     this node's GPU (unless ``gpu_name`` names another), the lab's and the shipped records to fit the MFU to, and
     this CPU's measured rates where the step needs them (a CPU step, optimizer offload's host step)."""
     from lab_helpers.cpu_speed import measure_cpu_rates
+    from lab_helpers.launch_cost import measured_launch_cost
     from lab_helpers.node import describe_node
     from lab_helpers.planner.timing import predict_time
     from lab_helpers.records import lab_and_reference_records
 
-    if spec.device != "cpu" and not gpu_name:
+    this_node = None
+    if spec.device != "cpu":
         gpus = describe_node().get("gpus") or []
-        gpu_name = gpus[0].get("name") if gpus else None
+        this_node = gpus[0].get("name") if gpus else None
+        gpu_name = gpu_name or this_node
     needs_cpu = spec.device == "cpu" or spec.offload_optimizer
+    if spec.device != "cpu" and gpu_name and gpu_name == this_node and "launch_cost_s" not in options:
+        cost, source = measured_launch_cost(gpu_name)  # this node's own figure, where it was measured
+        if cost is not None:
+            options = {**options, "launch_cost_s": cost, "launch_cost_source": source}
     return predict_time(
         spec,
         gpu_name=gpu_name,

@@ -181,10 +181,11 @@ def replay(records: list[AllocRecord], phases: list[Phase], sizes: list[int]) ->
     return out
 
 
-def make_dispatch_tracker(accountant: StorageAccountant, shortcuts: dict | None = None):
+def make_dispatch_tracker(accountant: StorageAccountant, shortcuts: dict | None = None, on_op=None):
     """A dispatch mode that reports every op output's storage to ``accountant``. ``shortcuts`` maps an op to a
     function of its positional arguments that makes its outputs directly, or returns None to let the op run
-    (``loss_outputs.SHORTCUTS``: the same storages, made faster than the op's fake kernel makes them)."""
+    (``loss_outputs.SHORTCUTS``: the same storages, made faster than the op's fake kernel makes them).
+    ``on_op(func, args, kwargs, out)`` is told of every op that ran (the time model's op costs)."""
     base = dispatch_mode_base()
     tree_leaves, _ = pytree()
 
@@ -203,6 +204,8 @@ def make_dispatch_tracker(accountant: StorageAccountant, shortcuts: dict | None 
             for leaf in tree_leaves(out):
                 if isinstance(leaf, torch.Tensor):
                     accountant.track(leaf)
+            if on_op is not None:
+                on_op(func, args, kwargs, out)
             return out
 
     return _Tracker()

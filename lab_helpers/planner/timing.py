@@ -1,4 +1,24 @@
-"""Predict a fine-tuning step's time and tokens/s before the run: FLOPs / (dense peak x MFU), plus offload.
+"""Predict a fine-tuning step's time and tokens/s before the run, from the traced step (on a GPU) or from its
+FLOPs (on a CPU, or where nothing calibrates the traced model).
+
+**The traced model (a GPU).** The tracer runs the real step op by op on fake tensors (``tracer``); every op's
+FLOPs, bytes moved and kernel launches are read off its shapes and dtypes (``op_costs``). Per micro-batch:
+
+    host_s   = kernels launched x the per-launch host cost     (the node's CPU, Python and torch build)
+    device_s = sum over ops of max(FLOPs / (peak of its unit x matmul efficiency),
+                                   bytes / (memory bandwidth x bandwidth efficiency))
+    micro_batch_s = max(host_s, device_s)                      (the host runs ahead until the queue is full)
+    step_s   = accumulation x micro_batch_s + the optimizer step's max(host, device) + communication + offload
+
+and ``time_bound`` says which of the two is larger. Three figures are fitted, and only these: the per-launch
+cost (``fit_launch_cost``: host-bound records of this GPU, else of any GPU, a default that says so; or measured
+on the node by ``python -m lab_helpers launch-cost`` and passed in) and the two efficiencies
+(``fit_efficiencies``: the device busy time of the records' profiles). Limits: no overlap of communication with
+compute, no kernel fusion (each op is one kernel at its own roofline), a per-launch cost that depends on the node,
+and bf16's cuDNN attention plan per first-seen sequence length on Hopper is left out (a note says so).
+
+**The FLOPs model** (a CPU; a GPU given ``mfu``, or without records to fit the traced model to):
+FLOPs / (dense peak x MFU), plus offload.
 
 Why this model: a step's arithmetic is known exactly (``lab_helpers.flops`` counts it on the real litgpt model,
 LoRA included), the GPU's dense peak is in the lab's table (``lab_helpers.gpu_peaks``), and what is left -- how
@@ -147,17 +167,49 @@ class TimePlan:
     link_gbs_source: str = ""
     communication_bytes_per_gpu: float = 0.0
     communication: str = ""  # the collectives, in words (communication.CommunicationVolume.describe)
+    # the traced model (GPU with records to calibrate it): host and device per micro-batch, the larger bounds it
+    host_ms_per_micro_batch: float | None = None  # kernels launched x the per-launch host cost
+    device_ms_per_micro_batch: float | None = None  # roofline of the traced ops
+    time_bound: str | None = None  # "host" or "device" (a micro-batch is the larger of the two)
+    kernels_per_micro_batch: float | None = None  # ops that launch a GPU kernel, counted in the trace
+    kernels_per_optimizer_step: float | None = None
+    optimizer_step_ms: float | None = None  # once per optimizer step: the larger of its host and device time
+    launch_cost_us: float | None = None  # host seconds per kernel launch x 1e6
+    launch_cost_source: str = ""
+    matmul_efficiency: float | None = None
+    bandwidth_efficiency: float | None = None
+    efficiency_source: str = ""
+    memory_bandwidth_gbs: float | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     def summary(self) -> str:
+        if self.time_bound is not None:
+            return (
+                f"predicted step {self.step_s:.3g} s, {self.tokens_per_s_padded:,.0f} tokens/s per device on "
+                f"{self.device_name}, {self.time_bound}-bound (host {self.host_ms_per_micro_batch:.1f} ms, device "
+                f"{self.device_ms_per_micro_batch:.1f} ms per micro-batch; MFU {self.mfu:.1%}) (launch cost: "
+                f"{self.launch_cost_source}; efficiencies: {self.efficiency_source})"
+            )
         fixed = f" + {self.overhead_s * 1000:.3g} ms per micro-batch" if self.overhead_s else ""
         # a CPU has no dense peak in the lab's table: its "MFU" is a fitted rate (04 printed "MFU 136.6%")
         rate = f"at MFU {self.mfu:.1%}" if self.device_name != CPU else "(code path only, no MFU on a CPU)"
         return (
             f"predicted step {self.step_s:.3g} s, {self.tokens_per_s_padded:,.0f} tokens/s per device on "
             f"{self.device_name} {rate}{fixed} ({self.mfu_source})"
+        )
+
+    def split(self) -> str:
+        """Host against device per micro-batch, and which one bounds it (the traced model only)."""
+        if self.time_bound is None:
+            return ""
+        return (
+            f"per micro-batch: host {self.host_ms_per_micro_batch:.1f} ms ({self.kernels_per_micro_batch:,.0f} "
+            f"kernel launches x {self.launch_cost_us:.1f} us), device {self.device_ms_per_micro_batch:.1f} ms "
+            f"(roofline of the traced ops at matmul efficiency {self.matmul_efficiency:.2f}, bandwidth efficiency "
+            f"{self.bandwidth_efficiency:.2f} of {self.memory_bandwidth_gbs:,.0f} GB/s): {self.time_bound}-bound; "
+            f"optimizer step {self.optimizer_step_ms:.1f} ms once per step"
         )
 
     def terms(self) -> str:
@@ -186,8 +238,17 @@ def predict_time(
     link_gbs: float | None = None,
     link_gbs_source: str = "given",
     host_link_gbs: float = PCIE4_X16_GBS,
+    launch_cost_s: float | None = None,
+    launch_cost_source: str = "measured on this node",
+    device_efficiency: DeviceEfficiency | None = None,
 ) -> TimePlan:
     """Predict one optimizer step of ``spec`` (see the module docstring for the model).
+
+    On a GPU whose dense peaks and memory bandwidth the lab's table has, with ``records`` to calibrate it, the
+    step is the traced model: per micro-batch the larger of host time (kernels launched x ``launch_cost_s``, the
+    per-launch cost measured on this node by ``python -m lab_helpers launch-cost``, else fitted to the records)
+    and device time (the roofline of the traced ops, efficiencies fitted to the records' profiles). ``mfu``, or
+    no records, gives the FLOPs model (FLOPs / (peak x MFU)).
 
     Every fact about the hardware is an argument: the planner reads no records file and probes nothing
     (``plan_command.predict_step_time`` gathers them for this node). ``gpu_name`` is the NVML/torch name of the GPU;
@@ -201,6 +262,7 @@ def predict_time(
     host-device bandwidth optimizer offload's transfers cross.
     """
     spec.validate()
+    records = list(records)
     if seq_len is None and sample_lengths is not None:
         seq_len = mean_padded_length(sample_lengths, spec.micro_batch_size, spec.seq_len)
     seq = int(seq_len or spec.seq_len)
@@ -241,6 +303,26 @@ def predict_time(
     compute_micro_s = hardware_flops / (peak * used_mfu)
     micro_s = compute_micro_s + efficiency.overhead_s
     accumulation = spec.gradient_accumulation_iters
+    traced = None
+    if device != CPU and mfu is None:
+        traced = traced_model(
+            spec,
+            device,
+            seq,
+            records=records,
+            launch_cost_s=launch_cost_s,
+            launch_cost_source=launch_cost_source,
+            efficiency=device_efficiency,
+        )
+    optimizer_s = 0.0
+    if traced is not None:
+        optimizer_s = traced["optimizer_step_s"]
+        micro_s = max(traced["host_s"], traced["device_s"])
+        compute_micro_s = traced["device_s"]
+        used_mfu = model_flops / (peak * micro_s)
+        source = "the traced model (host and device per micro-batch)"
+        efficiency = Efficiency(used_mfu, micro_s - compute_micro_s, source)
+        notes.extend(traced["notes"])
     volume = step_communication(spec)
     communication_s = 0.0
     if volume.link_bytes_per_gpu and link_gbs is None:
@@ -264,10 +346,27 @@ def predict_time(
                 micro_batches_per_step=accumulation,
             )
             transfer_s = traffic.total_bytes / (host_link_gbs * 1e9)
-    step_s = accumulation * micro_s + communication_s + host_s + transfer_s
+    step_s = accumulation * micro_s + optimizer_s + communication_s + host_s + transfer_s
     tokens = spec.micro_batch_size * seq * accumulation
+    split = {}
+    if traced is not None:
+        split = {
+            "host_ms_per_micro_batch": traced["host_s"] * 1e3,
+            "device_ms_per_micro_batch": traced["device_s"] * 1e3,
+            "time_bound": "host" if traced["host_s"] > traced["device_s"] else "device",
+            "kernels_per_micro_batch": traced["kernels_per_micro_batch"],
+            "kernels_per_optimizer_step": traced["kernels_per_optimizer_step"],
+            "optimizer_step_ms": optimizer_s * 1e3,
+            "launch_cost_us": traced["launch_cost_s"] * 1e6,
+            "launch_cost_source": traced["launch_cost_source"],
+            "matmul_efficiency": traced["matmul_efficiency"],
+            "bandwidth_efficiency": traced["bandwidth_efficiency"],
+            "efficiency_source": traced["efficiency_source"],
+            "memory_bandwidth_gbs": traced["bandwidth"] / 1e9,
+        }
     return TimePlan(
-        compute_s=accumulation * compute_micro_s,
+        **split,
+        compute_s=accumulation * compute_micro_s + (optimizer_s if traced is not None else 0.0),
         host_overhead_s=accumulation * efficiency.overhead_s,
         communication_s=communication_s,
         offload_s=host_s + transfer_s,
@@ -544,6 +643,10 @@ def measured_step(record: Mapping[str, Any]) -> dict[str, float] | None:
     accumulation = gradient_accumulation_steps({"train": batch}, world_size=devices)
     steady_s = steady_train_s(record) or float(train_s)
     micro_s = steady_s / int(iterations)
+    repeated = record.get(REPEATED_LENGTH_FIELD)
+    if isinstance(repeated, (int, float)) and repeated > 0:
+        micro_s = float(repeated)  # first-seen lengths' attention plans left out (see REPEATED_LENGTH_FIELD)
+        steady_s = micro_s * int(iterations)
     return {
         "micro_batch_s": micro_s,
         "recorded_micro_batch_s": float(train_s) / int(iterations),
@@ -596,7 +699,7 @@ def predicted_vs_measured(
             spec = record_spec(record)
         except (PlanError, OSError, ValueError, KeyError, TypeError):
             continue
-        others = [r for r in pool if r is not record] if leave_one_out else pool
+        others = [r for r in pool if r is not record and r != record] if leave_one_out else pool
         device = _gpu_name(record) or CPU
         try:
             plan = predict_time(
@@ -621,6 +724,227 @@ def predicted_vs_measured(
                 "predicted_tokens_per_s": plan.tokens_per_s_padded,
                 "mfu": plan.mfu,
                 "mfu_source": plan.mfu_source,
+                "host_ms_per_micro_batch": plan.host_ms_per_micro_batch,
+                "device_ms_per_micro_batch": plan.device_ms_per_micro_batch,
+                "time_bound": plan.time_bound,
+                "kernels_per_micro_batch": plan.kernels_per_micro_batch,
+                "launch_cost_us": plan.launch_cost_us,
+                "launch_cost_source": plan.launch_cost_source,
+                "matmul_efficiency": plan.matmul_efficiency,
+                "bandwidth_efficiency": plan.bandwidth_efficiency,
+                "efficiency_source": plan.efficiency_source,
+                "measured_micro_batch_s": measured["micro_batch_s"],
+                "predicted_micro_batch_s": plan.step_s / plan.gradient_accumulation_iters,
+                "gradient_accumulation_iters": plan.gradient_accumulation_iters,
             }
         )
     return rows
+
+
+# ------------------------------------------------------------------------------------------------ the traced model
+
+HOST_BOUND_MARGIN = 1.2
+"""A record counts as host-bound, and so calibrates the per-launch cost, where its measured micro-batch is over
+this factor x its predicted device time: there the time is the host's."""
+
+REPEATED_LENGTH_FIELD = "repeated_length_iter_median_s"
+"""A record annotated (by ``benchmarks/planner_time_check.py``) with the median of its timed micro-batches whose
+padded length the run had seen before: bf16 on Hopper pays a cuDNN attention plan per new length (tens of ms of
+host per call, ``benchmarks/speed_diagnosis.py``), which the model leaves out. ``measured_step`` prefers it."""
+
+
+@dataclass(frozen=True)
+class DeviceEfficiency:
+    """The two fitted efficiencies of the roofline, with what they were fitted on."""
+
+    matmul: float
+    bandwidth: float
+    source: str
+
+
+_OPS_CACHE: dict[str, Any] = {}
+
+
+def traced_ops(spec: TrainingSpec, seq_len: int):
+    """The traced op costs (``op_costs.OpCosts``) of ``spec`` at ``seq_len`` tokens a sample (the mean padded
+    length: time follows it), memoised: a leave-one-out check asks each record's ops many times."""
+    from .tracer import trace
+
+    spec = dataclasses.replace(spec, seq_len=int(seq_len))
+    key = repr(spec)
+    if key not in _OPS_CACHE:
+        if len(_OPS_CACHE) > 256:
+            _OPS_CACHE.pop(next(iter(_OPS_CACHE)))
+        _OPS_CACHE[key] = trace(spec).op_costs
+    return _OPS_CACHE[key]
+
+
+def _gpu_rates(gpu_name: str) -> tuple[dict[str, float | None], float | None]:
+    from lab_helpers.gpu_peaks import dense_peaks, memory_bandwidth
+
+    return dense_peaks(gpu_name), memory_bandwidth(gpu_name)
+
+
+def _device_s(ops, gpu_name: str, eff: DeviceEfficiency) -> float:
+    from .op_costs import device_seconds
+
+    peaks, bandwidth = _gpu_rates(gpu_name)
+    return device_seconds(
+        ops, peaks=peaks, bandwidth=bandwidth, matmul_efficiency=eff.matmul, bandwidth_efficiency=eff.bandwidth
+    )
+
+
+def _record_ops(record: Mapping[str, Any]):
+    """(spec, OpCosts at the record's mean padded length, measured) of a single-GPU record, or None."""
+    measured = measured_step(record)
+    if measured is None or not _gpu_name(record) or int(record.get("world_size") or 1) != 1:
+        return None
+    if record.get("simulated_world_size"):
+        return None  # rank 0 of a simulated N-rank run: its strategy's hooks, not one GPU's step
+    try:
+        spec = record_spec(record)
+        return spec, traced_ops(spec, measured["seq_len"]), measured
+    except (PlanError, OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def fit_efficiencies(records: Iterable[Mapping[str, Any]]) -> DeviceEfficiency | None:
+    """The matmul and bandwidth efficiencies that make the roofline of each profiled record's traced ops match
+    its profile's device busy time per optimizer step (``torch_profile_summary``: the kernels' own time, so no
+    host time hides in it); least squares on the log, over a grid of 0.02. None without profiled records."""
+    import numpy as np
+
+    from .op_costs import Ops
+
+    points: list[tuple[list[tuple[float, float, float]], float]] = []
+    names = []
+    for record in map(_clean, records):
+        summary = record.get("torch_profile_summary")
+        if not isinstance(summary, Mapping) or not summary.get("device_busy_ms_per_step"):
+            continue
+        found = _record_ops(record)
+        if found is None:
+            continue
+        spec, ops, _ = found
+        peaks, bandwidth = _gpu_rates(_gpu_name(record))
+        if not bandwidth or not peaks:
+            continue
+        rows = []
+        accumulation = spec.gradient_accumulation_iters
+
+        def add(part: Ops, times: float, rows=rows, peaks=peaks, bandwidth=bandwidth) -> None:
+            for op, n in part:
+                peak = peaks.get(op.unit or "fp32_matmul") or peaks.get("fp32_matmul")
+                rows.append((n * times, op.flops / peak if op.flops and peak else 0.0, op.bytes / bandwidth))
+
+        add(ops.micro_batch, accumulation)
+        add(ops.optimizer_step, 1)
+        points.append((rows, float(summary["device_busy_ms_per_step"]) / 1e3))
+        names.append(f"{record.get('experiment')} ({device_key(_gpu_name(record))})")
+    if not points:
+        return None
+    grid = np.arange(0.1, 1.0001, 0.02)
+    loss = np.zeros((len(grid), len(grid)))
+    for rows, measured in points:
+        n, compute, moved = (np.array(col) for col in zip(*rows, strict=True))
+        # time[i, j] = sum_k n_k max(compute_k / grid_i, moved_k / grid_j)
+        total = np.zeros_like(loss)
+        for i, e_mm in enumerate(grid):
+            total[i] = (n[None, :] * np.maximum(compute[None, :] / e_mm, moved[None, :] / grid[:, None])).sum(axis=1)
+        loss += np.log(total / measured) ** 2
+    i, j = np.unravel_index(np.argmin(loss), loss.shape)
+    return DeviceEfficiency(
+        float(grid[i]),
+        float(grid[j]),
+        f"fitted to the device busy time of {len(points)} profiled record(s): {', '.join(names)}",
+    )
+
+
+def fit_launch_cost(
+    records: Iterable[Mapping[str, Any]], gpu_name: str, eff: DeviceEfficiency
+) -> tuple[float, str] | None:
+    """Host seconds per kernel launch, fitted to host-bound records: (measured micro-batch - its share of the
+    optimizer step's device time) / kernels, the median. Records of this GPU model first (the per-launch cost is
+    the node's: CPU, Python, torch build); else every GPU's, which makes it a default, and the source says so."""
+    key = device_key(gpu_name)
+    same: list[tuple[float, str]] = []
+    other: list[tuple[float, str]] = []
+    for record in map(_clean, records):
+        found = _record_ops(record)
+        if found is None:
+            continue
+        spec, ops, measured = found
+        name = _gpu_name(record)
+        peaks, bandwidth = _gpu_rates(name)
+        if not peaks or not bandwidth:
+            continue
+        accumulation = spec.gradient_accumulation_iters
+        device_micro = _device_s(ops.micro_batch, name, eff)
+        device_step = _device_s(ops.optimizer_step, name, eff)
+        micro = measured["micro_batch_s"]
+        if micro < HOST_BOUND_MARGIN * (device_micro + device_step / accumulation):
+            continue
+        launches = ops.kernels_per_micro_batch() + ops.kernels_per_optimizer_step() / accumulation
+        point = (micro / launches, str(record.get("experiment")))
+        (same if device_key(name) == key else other).append(point)
+    points = same or other
+    if not points:
+        return None
+    where = key if same else f"other GPUs ({key} has none)"
+    label = "fitted" if same else "default, fitted"
+    return (
+        statistics.median(c for c, _ in points),
+        f"{label} to {len(points)} host-bound record(s) on {where}: {', '.join(n for _, n in points)}",
+    )
+
+
+def traced_model(
+    spec: TrainingSpec,
+    gpu_name: str,
+    seq_len: int,
+    *,
+    records: Iterable[Mapping[str, Any]] = (),
+    launch_cost_s: float | None = None,
+    launch_cost_source: str = "measured on this node",
+    efficiency: DeviceEfficiency | None = None,
+) -> dict[str, Any] | None:
+    """Host and device seconds of one micro-batch and of the optimizer step of ``spec`` on ``gpu_name``, from its
+    trace; None where the GPU's bandwidth or peaks are unknown or nothing calibrates the efficiencies and the
+    per-launch cost (``predict_time`` then uses the FLOPs model)."""
+    peaks, bandwidth = _gpu_rates(gpu_name)
+    if not bandwidth or not peaks:
+        return None
+    records = [_clean(r) for r in records]
+    eff = efficiency or fit_efficiencies(records)
+    if eff is None:
+        return None
+    if launch_cost_s is None:
+        fitted = fit_launch_cost(records, gpu_name, eff)
+        if fitted is None:
+            return None
+        launch_cost_s, launch_cost_source = fitted
+    ops = traced_ops(spec, seq_len)
+    kernels_micro, kernels_step = ops.kernels_per_micro_batch(), ops.kernels_per_optimizer_step()
+    device_micro = _device_s(ops.micro_batch, gpu_name, eff)
+    device_step = _device_s(ops.optimizer_step, gpu_name, eff)
+    notes = list(ops.notes)
+    if spec.precision.startswith("bf16") and device_key(gpu_name).startswith(("H100", "H200", "GH200")):
+        notes.append(
+            "not included: on Hopper in bf16, each padded length a run has not seen before builds a cuDNN attention "
+            "plan (47-83 ms of host per call, forward and backward, on the H200: benchmarks/speed_diagnosis.py); "
+            "predicted is the time on repeated lengths"
+        )
+    return {
+        "host_s": kernels_micro * launch_cost_s,
+        "device_s": device_micro,
+        "optimizer_step_s": max(kernels_step * launch_cost_s, device_step),
+        "kernels_per_micro_batch": kernels_micro,
+        "kernels_per_optimizer_step": kernels_step,
+        "launch_cost_s": launch_cost_s,
+        "launch_cost_source": launch_cost_source,
+        "matmul_efficiency": eff.matmul,
+        "bandwidth_efficiency": eff.bandwidth,
+        "efficiency_source": eff.source,
+        "bandwidth": bandwidth,
+        "notes": notes,
+    }

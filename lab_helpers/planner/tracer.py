@@ -37,6 +37,7 @@ from .fake_modules import (
     quantize_linears,
     use_cuda_dropout,
 )
+from .op_costs import OpCosts, combined, from_trace, op_cost
 from .optim8bit import AdamW8bitStandIn
 from .spec import EIGHT_BIT_OPTIMIZERS, TrainingSpec
 
@@ -62,6 +63,8 @@ class TraceResult:
     notes: list[str] = field(default_factory=list)
     # the recorded allocations and phases, kept so that another micro-batch size can be answered from them
     timeline: tuple[list[AllocRecord], list[Phase]] | None = field(default=None, repr=False, compare=False)
+    # FLOPs, bytes and kernels of one steady micro-batch and one optimizer step (the time model's input)
+    op_costs: OpCosts | None = field(default=None, repr=False, compare=False)
 
     def peak_phase(self) -> Phase:
         return max(self.phases, key=lambda p: p.peak_bytes)
@@ -245,7 +248,11 @@ def _extrapolated(a: TraceResult, b: TraceResult, factor: float, notes: list[str
         )
     }
     notes = [*notes, *(n for n in b.notes if n not in notes)]
+    ops = None
+    if a.op_costs is not None and b.op_costs is not None:
+        ops = combined(a.op_costs, b.op_costs, factor, "the extrapolated trace")
     return TraceResult(
+        op_costs=ops,
         phases=phases,
         block_param_bytes=b.block_param_bytes,
         block_param_numel=b.block_param_numel,
@@ -322,8 +329,14 @@ def scaled_trace(a: TraceResult, b: TraceResult, batch_a: int, batch_b: int, bat
         if rest or size < 0:
             return None
         sizes.append(cuda_rounded_bytes(size))
+    ops = None
+    if a.op_costs is not None and b.op_costs is not None:
+        ops = combined(a.op_costs, b.op_costs, (batch - batch_a) / (batch_b - batch_a), f"micro-batch {batch}")
+        if ops.notes != b.op_costs.notes:
+            return None  # the ops did not line up: trace this size instead
     return dataclasses.replace(
         a,
+        op_costs=ops,
         phases=replay(records, phases, sizes),
         seconds=0.0,
         notes=[*a.notes, f"micro-batch {batch} computed from the traces at {batch_a} and {batch_b} (exact)"],
@@ -420,7 +433,14 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
         trainable = [p for p in params if p.requires_grad]
         hooks = [p.register_post_accumulate_grad_hook(lambda p: acct.mark(p.grad, "gradients")) for p in trainable]
 
-        tracker = make_dispatch_tracker(acct, shortcuts=loss_outputs.SHORTCUTS)
+        op_log: list = []
+
+        def on_op(func, args, kwargs, out) -> None:
+            cost = op_cost(func, args, kwargs, out)
+            if cost is not None and acct.phases:
+                op_log.append((acct.phases[-1].name, cost))
+
+        tracker = make_dispatch_tracker(acct, shortcuts=loss_outputs.SHORTCUTS, on_op=on_op)
         lora = spec.method != "full"
 
         def loss_of(logits, targets):
@@ -518,5 +538,7 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
             largest_param_bytes=largest_param,
             # a snapshot: storages freed after the trace must not change it
             timeline=([copy.copy(r) for r in acct.records], acct.phases),
+            # window 1 is the steady one: gradients and optimizer state exist, as in every later micro-batch
+            op_costs=from_trace(op_log, {"w1m0-forward", "w1m0-backward"}, {"w1-step"}),
         )
     return result
