@@ -283,11 +283,16 @@ def reference_stem(name: str) -> str:
     return Path(name).name.removesuffix(".jsonl")
 
 
+DEFAULT_GPU_REFERENCE = "h100-80gb"
+"""The reference shown when several GPUs' files are shipped and none is named: the GPU LAB.md's course uses."""
+
+
 def load_reference(name: str | None = None) -> pd.DataFrame:
     """Results recorded on a real GPU node, for students without one; ``name`` picks one file (e.g. "h100-80gb").
 
-    With no ``name``: the files measured on a GPU (profile ``gpu``) when any is shipped, else every file (today the
-    CPU code-path run), so that GPU figures and CPU stand-ins never share one table. Each row is tagged with its
+    With no ``name``: one file measured on a GPU (profile ``gpu``) when any is shipped (``DEFAULT_GPU_REFERENCE``
+    where several are, with a warning naming the others), else every file (the CPU code-path run), so that GPU
+    figures and CPU stand-ins, or two GPUs, never share one table. Each row is tagged with its
     file (``reference``) and with ``measured_on``: "real GPU measurement (<GPU>)" or "code path only (...)";
     ``reference_label`` says it in one line. Returns an empty frame, with a warning that says why, when nothing is
     shipped (yet).
@@ -323,6 +328,13 @@ def load_reference(name: str | None = None) -> pd.DataFrame:
         return empty_runs_frame().drop(columns="rank_n")
     if name is None and any(_is_gpu(frame) for frame in frames):
         frames = [frame for frame in frames if _is_gpu(frame)]
+        if len(frames) > 1:  # two GPUs never share a table: the course's GPU first (DEFAULT_GPU_REFERENCE)
+            by_name = {frame["reference"].iloc[0]: frame for frame in frames}
+            chosen = DEFAULT_GPU_REFERENCE if DEFAULT_GPU_REFERENCE in by_name else sorted(by_name)[0]
+            others = ", ".join(n for n in sorted(by_name) if n != chosen)
+            warnings.warn(f"reference results of several GPUs are shipped: showing {chosen} (also shipped: {others}; "
+                          f"name one to see it, e.g. REFERENCE_NAME = {others.split(', ')[0]!r})", stacklevel=2)  # fmt: skip
+            frames = [by_name[chosen]]
     return pd.concat(frames, ignore_index=True)
 
 
@@ -950,7 +962,7 @@ def save_all(
 def reference_for(node: Mapping[str, Any] | None) -> str:
     """The shipped reference that matches ``node``: its GPU's own file where one is shipped (``h100-80gb``,
     ``h200-141gb``), else ``ci-cpu`` (a CPU, or a GPU no reference measured)."""
-    from lab_helpers.reference import reference_name_for_gpu
+    from lab_helpers.gpu_peaks import reference_name_for_gpu
 
     gpus = (node or {}).get("gpus") or []
     name = reference_name_for_gpu(gpus[0].get("name")) if gpus else None

@@ -224,3 +224,23 @@ def dense_peaks(gpu_name: str | None) -> dict[str, float | None]:
 def known_gpus() -> list[str]:
     """The models in the table, for documentation and the doctor."""
     return [peak.model for _, peak in _TABLE if peak is not None]
+
+
+# Words of an NVML name that say neither the model nor a variant with other figures: the vendor and brand, the
+# memory size (it comes back from nominal_memory_gib) and the SXM form factor with its HBM, the one the
+# data-centre parts are measured in ("NVIDIA H100 80GB HBM3" is the H100 SXM5). PCIe and NVL stay in the name.
+_NOT_THE_MODEL = re.compile(r"^(NVIDIA|TESLA|GEFORCE|QUADRO|\d+GB|HBM\d*E?|SXM\d*)$")
+
+
+def reference_name_for_gpu(gpu_name: str | None) -> str | None:
+    """The reference file a GPU's records go to: its model in lower case with its memory, e.g.
+    "NVIDIA H100 80GB HBM3" -> ``h100-80gb``, "NVIDIA H200" -> ``h200-141gb`` (the datasheet's one size, from
+    ``gpu_peaks.nominal_memory_gib``), "NVIDIA A100-PCIE-40GB" -> ``a100-pcie-40gb``; the model alone when its
+    memory is unknown. None for no GPU (a CPU run)."""
+    if not gpu_name or not str(gpu_name).strip():
+        return None
+    words = [w for w in re.split(r"[^A-Z0-9]+", str(gpu_name).upper()) if w and not _NOT_THE_MODEL.match(w)]
+    if not words:
+        return None
+    memory = nominal_memory_gib(str(gpu_name))
+    return "-".join(words).lower() + (f"-{memory:g}gb" if memory else "")

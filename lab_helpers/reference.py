@@ -27,15 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from lab_helpers.experiments import LabConfigError
-from lab_helpers.gpu_peaks import nominal_memory_gib
+from lab_helpers.gpu_peaks import reference_name_for_gpu
 from lab_helpers.paths import reference_dir, regular_file_inside, results_dir
 from lab_helpers.records import append_record, latest_runs, load_results, read_records, results_path
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
-# Words of an NVML name that say neither the model nor a variant with other figures: the vendor and brand, the
-# memory size (it comes back from nominal_memory_gib) and the SXM form factor with its HBM, the one the
-# data-centre parts are measured in ("NVIDIA H100 80GB HBM3" is the H100 SXM5). PCIe and NVL stay in the name.
-_NOT_THE_MODEL = re.compile(r"^(NVIDIA|TESLA|GEFORCE|QUADRO|\d+GB|HBM\d*E?|SXM\d*)$")
 TIMELINE_ARCHIVE = "results.tar.gz"  # what scripts/gpu-chunk.sh brings back beside its runs.jsonl
 
 
@@ -52,20 +48,6 @@ class Exported:
     def line(self) -> str:
         on = f" (measured on {self.gpu})" if self.gpu else ""
         return f"{self.path}: {self.added} added, {self.already_there} already there{on}"
-
-
-def reference_name_for_gpu(gpu_name: str | None) -> str | None:
-    """The reference file a GPU's records go to: its model in lower case with its memory, e.g.
-    "NVIDIA H100 80GB HBM3" -> ``h100-80gb``, "NVIDIA H200" -> ``h200-141gb`` (the datasheet's one size, from
-    ``gpu_peaks.nominal_memory_gib``), "NVIDIA A100-PCIE-40GB" -> ``a100-pcie-40gb``; the model alone when its
-    memory is unknown. None for no GPU (a CPU run)."""
-    if not gpu_name or not str(gpu_name).strip():
-        return None
-    words = [w for w in re.split(r"[^A-Z0-9]+", str(gpu_name).upper()) if w and not _NOT_THE_MODEL.match(w)]
-    if not words:
-        return None
-    memory = nominal_memory_gib(str(gpu_name))
-    return "-".join(words).lower() + (f"-{memory:g}gb" if memory else "")
 
 
 def record_gpu(record: Mapping[str, Any]) -> str | None:

@@ -391,3 +391,16 @@ def test_the_readme_table_is_what_compare_prints_from_the_shipped_gpu_records(ca
     assert all(row in readme for row in rows)
     assert main(["compare", "--reference", "v100"]) == 2
     assert "--reference v100: no such file" in capsys.readouterr().err
+
+
+def test_with_no_name_one_gpus_reference_is_shown_never_two_mixed():
+    """With h100-80gb and h200-141gb shipped, load_reference() mixed both GPUs in one table (and 03's figures went
+    to reference-h100-80gb+h200-141gb/): now the course's GPU, with a warning naming the other."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        frame = compare.load_reference()
+    assert set(frame["reference"]) == {compare.DEFAULT_GPU_REFERENCE}
+    assert any("h200-141gb" in str(w.message) for w in caught)
+    assert set(compare.load_reference("h200-141gb")["reference"]) == {"h200-141gb"}
