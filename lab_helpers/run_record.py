@@ -127,7 +127,7 @@ def records_from(
                 timeline_path=outcome.timeline.path,
                 timeline_t0_monotonic_s=outcome.timeline.t0_monotonic_s,
                 gpu_index=outcome.timeline.gpu_index_for(number, report.get("device_uuid")),
-                world_size=run.world_size,
+                world_size=run.ranks_run,  # a simulated rank runs alone, with no collectives: one process
             ),
         }
         record.update(steady_timing(record))  # pure arithmetic on the stored inputs: cannot fail

@@ -214,3 +214,15 @@ def test_a_profiled_quick_run_times_what_an_unprofiled_one_times_then_profiles(c
     assert record["iterations"] == len(timed) == record["iter_count"]  # the profiled ones are not counted as timed
     assert (results / record["torch_profile_trace_path"]).exists()
     assert record["torch_profile_summary"]["steps"] == 1
+
+
+def test_a_simulated_rank_is_classified_as_the_one_process_it_is():
+    """A simulated rank 0 of 4 runs alone with a fake process group: no collectives, so NVML's busy share is its
+    own and a low GPU with a low host is still the host's wait (one process), not 'NVML cannot tell' (issue 43's
+    communication rule applies to several real ranks only)."""
+    from lab_helpers.experiments import resolve
+
+    run = resolve("ddp", "ci", {"train.global_batch_size": 8}, simulate_world=4)
+    assert run.world_size == 4 and run.ranks_run == 1
+    assert time_bound.classify(30.0, 40.0, world_size=run.ranks_run)[0] == "host"
+    assert time_bound.classify(30.0, 40.0, world_size=run.world_size)[0] is None  # what the record said before
