@@ -13,7 +13,8 @@ in a results folder of its own, seeded with two earlier records, and checks afte
 Fixtures where a CPU cannot produce the fault on demand, as in tests/test_faults.py: a training process that
 ignores SIGTERM stands for a rank stuck in a collective; a data loader that sleeps for a hung file system; a
 SIGSTOPped rank for a hung rank; RLIMIT_FSIZE for a disk that fills up; a RuntimeError carrying the token for an
-error that quotes it.
+error that quotes it. Issue 45's failing results disk is real: a 100 MB tmpfs in a mount namespace of the fault's
+own (tests/disk_fault.py; those rows say "skipped" where user namespaces are off), filled up or covered read-only.
 
 Usage: python benchmarks/faults.py   (under 10 minutes on 2 cores; one row per fault, then a summary line). The
 unit tests (tests/test_faults.py) cover each fault separately, including a single Ctrl-C during training.
@@ -38,6 +39,9 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from disk_fault import CHATTY, LINGERS_AFTER_ITS_REPORT, namespaces_work, run_on_a_failing_disk  # noqa: E402
+
 FAKE_TOKEN = "hf_FaultProbeTokenNotReal0123456789abcd"
 SEED_RECORDS = [
     {"experiment": "seed-a", "status": "ok", "profile": "ci", "run_id": "seed-a"},
@@ -103,6 +107,7 @@ class Fault:
                 fh.write(json.dumps(record, sort_keys=True) + "\n")
         self.seed_bytes = (self.results / "runs.jsonl").read_bytes()
         self.env = {**os.environ, "LAB_RESULTS": str(self.results), "LAB_PROFILE": "ci", "LAB_TERMINATE_GRACE_S": "4"}
+        self.env["XDG_STATE_HOME"] = str(self.dir / "state")  # a fallback off the results disk stays in the fault
         self.env.pop("HF_TOKEN", None)
         if fixture:
             site = self.dir / "site"
@@ -443,7 +448,7 @@ def results_file_breaks(root: Path) -> Row:
     _, err = proc.communicate(timeout=300)
     from lab_helpers.records import read_records
 
-    fallback = [r for path in fault.results.glob("runs.*.jsonl") for r in read_records(path)]
+    fallback = [r for path in fault.results.glob("runs/*/record.jsonl") for r in read_records(path)]
     said = [line for line in err.splitlines() if "merge-records" in line]
     ok = _statuses(fallback) == "ok" and len(said) == 1 and "Traceback" not in err
     row.lost = 0 if fallback else 1
@@ -699,6 +704,69 @@ def bounded_values(root: Path) -> list[Row]:
     if len(rows) != len(cases):
         rows.append(Row("bounded values", "one row per case", observed=f"{len(rows)} of {len(cases)} ran"))
     return rows
+
+
+def disk_fails_during_run(root: Path, fault: str) -> Row:
+    """A real 100 MB tmpfs as LAB_RESULTS (tests/disk_fault.py: a mount namespace of its own) that fills up, or that
+    every later open finds read-only, while the run trains."""
+    what = {"fill": "fills up", "readonly": "turns read-only"}[fault]
+    row = Row(f"results disk (100 MB tmpfs) {what} mid-run", "result printed; record off the disk, merged back")
+    if not namespaces_work():
+        return Row(row.fault, row.expected, observed="skipped: no user namespaces here", ok=True)
+    where = Fault(root, f"disk-{fault}")
+    seen = run_on_a_failing_disk(where.dir, fault, ["run", "grad-accum", "--set", "train.max_steps=6", "--quiet"],
+                                 where.env)  # fmt: skip
+    said = seen["stderr"].strip().splitlines()
+    empty = [name for name, size in seen["files"].items() if size == 0 and name.endswith(".jsonl")]
+    merged = seen.get("merge", {}).get("returncode") == 0 and len(seen.get("records_after_merge", [])) == 1
+    printed = any(line.startswith("grad-accum: ") for line in seen["stdout"].splitlines())
+    off_disk = seen.get("fallback", "").startswith(str(where.dir / "state"))
+    row.lost = 0 if merged else 1
+    row.strays = seen["strays"]
+    row.ok = (printed and off_disk and merged and not empty and len(said) == 1 and "Traceback" not in seen["stderr"]
+              and row.strays == 0)  # fmt: skip
+    row.observed = (f"exit {seen['returncode']}, printed {printed}, fallback off the disk {off_disk}, "
+                    f"merged {merged}, 0-byte {len(empty)}, lines {len(said)}")  # fmt: skip
+    return row
+
+
+def output_larger_than_disk(root: Path) -> Row:
+    row = Row("150 MiB output + a 300 MiB line, 100 MB results disk", "ok recorded; log capped; launcher bounded")
+    if not namespaces_work():
+        return Row(row.fault, row.expected, observed="skipped: no user namespaces here", ok=True)
+    where = Fault(root, "disk-chatty", CHATTY)
+    env = {**where.env, "LAB_LOG_MAX_MIB": "4"}
+    seen = run_on_a_failing_disk(where.dir, "none", ["run", "grad-accum", "--set", "train.max_steps=3", "--quiet"], env)
+    log_mib = max((size for name, size in seen["files"].items() if name.endswith("output.log")), default=0) / 2**20
+    rss = seen["launcher_peak_rss_mib"]
+    row.lost = 0 if len(seen["records"]) == 1 else 1
+    row.strays = seen["strays"]
+    row.ok = _statuses(seen["records"]) == "ok" and log_mib <= 4.01 and rss < 800 and row.strays == 0
+    row.observed = f"exit {seen['returncode']}, {_statuses(seen['records'])}, log {log_mib:.1f} MiB, RSS {rss:.0f} MiB"
+    return row
+
+
+def launcher_killed_after_training(root: Path) -> Row:
+    row = Row("kill -9 launcher after its training ended", "next `results` records it once, marked recovered")
+    fault = Fault(root, "orphaned-report", LINGERS_AFTER_ITS_REPORT)
+    proc = fault.start("run", "grad-accum", "--set", "train.max_steps=4", "--quiet")
+    deadline = time.monotonic() + 240
+    while not any("fixture: report written" in log.read_text(errors="replace")
+                  for log in fault.results.glob("runs/*/output.log")):  # fmt: skip
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError("the run never wrote its report")
+        time.sleep(0.1)
+    proc.kill()
+    proc.communicate()
+    before = len(fault.new_records())
+    code, _, err = fault.run("results")
+    again_code, _, again = fault.run("results")
+    new = fault.new_records()
+    said = [line for line in err.splitlines() if line.startswith("lab: recovered the record of run")]
+    ok = before == 0 and code == again_code == 0 and len(said) == 1 and not again.strip()
+    ok = ok and _statuses(new) == "ok" and bool(new[0].get("recovered"))
+    return _finish(row, fault, expect_records=1, ok=ok,
+                   observed=f"before {before}, after {_statuses(new)} (recovered), lines {len(said)}")  # fmt: skip
 
 
 def main() -> int:

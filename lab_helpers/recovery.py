@@ -18,6 +18,7 @@ import datetime as dt
 import fcntl
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -63,8 +64,8 @@ def holding_run(run_dir: Path, *, wait: bool = True) -> Iterator[bool]:
 
 def orphaned_runs(results_file: Path | None = None) -> list[Path]:
     """Run folders with a report whose launcher is gone and whose ``run_id`` no record names: not in the results
-    file, nor in a fallback file (``records.fallback_places``). Cheap where there is none: a folder listing, and the
-    results file's bytes searched for each candidate's ``run_id`` (no record is parsed)."""
+    file, nor in a fallback file (``records.fallback_places``). Cheap: a folder listing, and one pass over the results
+    file's bytes for the run_ids it holds (no record is parsed)."""
     orphans = []
     for run_dir in _unrecorded(results_file):
         with holding_run(run_dir, wait=False) as held:
@@ -84,11 +85,15 @@ def _unrecorded(results_file: Path | None, only: Path | None = None) -> list[Pat
     candidates = [folder for folder in folders if _has_report(folder)]
     if not candidates:
         return []
-    stored = _bytes_of(results_path(results_file))
+    stored = set(_RUN_ID.findall(_bytes_of(results_path(results_file))))  # one pass, however many runs
     return [
         run_dir for run_dir in sorted(candidates)
-        if f'"run_id": {json.dumps(run_dir.name)}'.encode() not in stored and not _in_a_fallback(run_dir)
+        if run_dir.name.encode() not in stored and not _in_a_fallback(run_dir)
     ]  # fmt: skip
+
+
+_RUN_ID = re.compile(rb'"run_id": "([^"\\]*)"')
+"""A record's run_id as ``records`` writes every line (json.dumps, sorted keys): no line needs parsing."""
 
 
 def _has_report(run_dir: Path) -> bool:

@@ -26,6 +26,36 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 FAULTS = ("fill", "readonly", "none")
 
+# The training process's own output is the fault: 150 lines of 1 MiB and one line of 300 MiB, into a 100 MB folder.
+CHATTY = """
+    import os
+    if os.environ.get("LAB_REPORT_DIR"):
+        import sys
+        for _ in range(150):
+            sys.stdout.buffer.write(b"chatty " + b"z" * (2**20 - 8) + b"\\n")
+        for _ in range(300):
+            sys.stdout.buffer.write(b"w" * 2**20)
+        sys.stdout.buffer.write(b"\\n")
+        sys.stdout.flush()
+"""
+
+# The training process stays a while after writing its report (as one tearing down its data loaders does), so that
+# the test can kill the launcher in the window between the report and the record.
+LINGERS_AFTER_ITS_REPORT = """
+    import os
+    if os.environ.get("LAB_REPORT_DIR"):
+        import signal, time
+        import lab_helpers.child_report as report
+        _write = report.write_report
+        def write_report(*args, **kwargs):
+            path = _write(*args, **kwargs)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # ended at once when the launcher dies (orphan_guard)
+            print("fixture: report written", flush=True)
+            time.sleep(120)
+            return path
+        report.write_report = write_report
+"""
+
 
 def namespaces_work() -> bool:
     """Whether this machine lets us mount a tmpfs in a private mount namespace (user namespaces enabled)."""

@@ -670,7 +670,7 @@ def test_a_hang_up_during_training_records_the_signal_and_leaves_nothing_running
 @pytest.mark.slow
 def test_an_unopenable_results_file_sends_the_record_to_a_fallback_that_merges_back(ci_assets, results, tmp_path):
     """runs.jsonl becomes a directory while the run trains (as a slip or a `sudo` run leaves it): the record lands
-    in runs.<run_id>.jsonl, one line names that file and merge-records, and merge-records brings it back."""
+    in the run folder's record.jsonl, one line names that file and merge-records, and merge-records brings it back."""
     err_path = tmp_path / "stderr.txt"
     with open(err_path, "wb") as err:
         proc = subprocess.Popen(
@@ -682,7 +682,7 @@ def test_an_unopenable_results_file_sends_the_record_to_a_fallback_that_merges_b
         (results / "runs.jsonl").mkdir()
         proc.wait(timeout=300)
     said = err_path.read_text(errors="replace")
-    fallback = results / f"runs.{run_dir.name}.jsonl"
+    fallback = run_dir / "record.jsonl"
     assert proc.returncode == 0 and "Traceback" not in said, said[-2000:]
     [line] = [line for line in said.splitlines() if "merge-records" in line]
     assert str(fallback) in line and "directory" in line, line
@@ -855,24 +855,10 @@ def test_a_results_disk_that_fails_during_the_run_keeps_the_record_off_it_and_pr
     assert record["experiment"] == "grad-accum" and seen["strays"] == 0
 
 
-# The training process's own output is the fault: 150 lines of 1 MiB and one line of 300 MiB, into a 100 MB folder.
-CHATTY = """
-    import os
-    if os.environ.get("LAB_REPORT_DIR"):
-        import sys
-        for _ in range(150):
-            sys.stdout.buffer.write(b"chatty " + b"z" * (2**20 - 8) + b"\\n")
-        for _ in range(300):
-            sys.stdout.buffer.write(b"w" * 2**20)
-        sys.stdout.buffer.write(b"\\n")
-        sys.stdout.flush()
-"""
-
-
 @pytest.mark.slow
 def test_a_run_whose_output_is_larger_than_the_results_disk_is_recorded_with_a_capped_log(ci_assets, tmp_path):
     _namespaces_or_skip()
-    from disk_fault import run_on_a_failing_disk
+    from disk_fault import CHATTY, run_on_a_failing_disk
 
     env = {**_disk_fault_env(tmp_path, CHATTY), "LAB_LOG_MAX_MIB": "4"}
     seen = run_on_a_failing_disk(tmp_path, "none", ["run", "grad-accum", "--set", "train.max_steps=3", "--quiet"], env)
@@ -885,28 +871,12 @@ def test_a_run_whose_output_is_larger_than_the_results_disk_is_recorded_with_a_c
     assert seen["strays"] == 0
 
 
-# The training process stays a while after writing its report (as one tearing down its data loaders does), so that
-# the test can kill the launcher in the window between the report and the record.
-LINGERS_AFTER_ITS_REPORT = """
-    import os
-    if os.environ.get("LAB_REPORT_DIR"):
-        import signal, time
-        import lab_helpers.child_report as report
-        _write = report.write_report
-        def write_report(*args, **kwargs):
-            path = _write(*args, **kwargs)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # ended at once when the launcher dies (orphan_guard)
-            print("fixture: report written", flush=True)
-            time.sleep(120)
-            return path
-        report.write_report = write_report
-"""
-
-
 @pytest.mark.slow
 def test_a_launcher_killed_after_its_training_ended_is_recorded_at_the_next_start(ci_assets, results, tmp_path):
     """Issue 45: `kill -9` of the launcher after the training process ended left a complete rank0.json and no record,
     and nothing said so. The next `results` records it, marked recovered, and says so in one line; once."""
+    from disk_fault import LINGERS_AFTER_ITS_REPORT
+
     env = {**_site(tmp_path, LINGERS_AFTER_ITS_REPORT), "LAB_PROFILE": "ci"}
     proc = subprocess.Popen(cli("run", "grad-accum", "--set", "train.max_steps=4", "--quiet"), env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
