@@ -353,6 +353,10 @@ COMMANDS = {
 }
 
 
+RECOVERING = ("results", "compare", "export-reference", "run-all")
+"""The commands that first record orphaned runs (``recovery``); ``run`` does so in ``lab.run_experiment``."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from lab_helpers.interrupts import end_runs_on_signals
     from lab_helpers.runner import say, silence_stdout
@@ -360,6 +364,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     end_runs_on_signals()  # `kill`, a dropped SSH terminal (SIGHUP), ...: the run is ended and recorded
     try:
+        if args.command in RECOVERING:
+            from lab_helpers.recovery import recover_orphans
+
+            recover_orphans()  # runs whose launcher died before recording them: recorded now, said on stderr
         return COMMANDS[args.command](args)
     except LabConfigError as exc:
         from lab_helpers.secrets import for_terminal  # a --set value's escape sequence is shown, never acted on
