@@ -25,12 +25,12 @@ import json
 import statistics
 import sys
 import tempfile
-from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lab_helpers.iteration_times import timed_iterations  # noqa: E402
+from lab_helpers.step_profile import DEVICE_CATEGORIES  # noqa: E402
 
 ATTENTION_OPS = ("aten::_cudnn_attention_forward", "aten::_cudnn_attention_backward",
                  "aten::_efficient_attention_forward", "aten::_efficient_attention_backward",
@@ -75,12 +75,9 @@ def trace_rows(path: Path) -> list[dict]:
     for a, b in zip(starts, starts[1:], strict=False):
         inside = [e for e in events if a <= e["ts"] < b]
         attention = [e["dur"] / 1e3 for e in inside if e["name"] in ATTENTION_OPS]
-        busy = defaultdict(float)
-        for e in inside:
-            if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
-                busy["device"] += e["dur"] / 1e3
+        device_ms = sum(e["dur"] / 1e3 for e in inside if e.get("cat") in DEVICE_CATEGORIES)
         rows.append({"wall_ms": (b - a) / 1e3, "attention_max_ms": max(attention, default=0.0),
-                     "attention_calls": len(attention), "device_ms": busy["device"]})  # fmt: skip
+                     "attention_calls": len(attention), "device_ms": device_ms})  # fmt: skip
     return rows
 
 

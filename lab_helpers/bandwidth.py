@@ -167,8 +167,12 @@ def bandwidth_path() -> Path:
 
 
 def save(result: BandwidthResult, path: Path | None = None) -> Path:
-    """Keep the latest measurement per (host, device) in one small JSON file, written atomically."""
-    path = path or bandwidth_path()
+    return keep_per_node(result, path or bandwidth_path())
+
+
+def keep_per_node(result: Any, path: Path) -> Path:
+    """Keep the latest measurement per (host, device) of a node measurement (a dataclass with ``host`` and
+    ``device_name``: bandwidth's, launch_cost's) in one small JSON file, written atomically."""
     entries = _read(path)
     entries[f"{result.host}|{result.device_name}"] = asdict(result)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -176,6 +180,12 @@ def save(result: BandwidthResult, path: Path | None = None) -> Path:
     tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
     tmp.replace(path)
     return path
+
+
+def this_hosts_entries(path: Path) -> list[dict[str, Any]]:
+    """The measurements ``keep_per_node`` kept in ``path`` for this host (none when the file is missing or bad)."""
+    host = platform.node()
+    return [e for e in _read(path).values() if isinstance(e, dict) and e.get("host") == host]
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -190,9 +200,7 @@ def measured_link_gbs(device_name: str | None, path: Path | None = None) -> tupl
     """(GB/s, where from) measured on *this* host for ``device_name`` ("cpu", a GPU's name, or None for this
     node's GPUs), or (None, None) when nothing was measured here."""
     host = platform.node()
-    for entry in _read(path or bandwidth_path()).values():
-        if not isinstance(entry, dict) or entry.get("host") != host:
-            continue
+    for entry in this_hosts_entries(path or bandwidth_path()):
         same = (
             entry.get("device_name") == device_name
             if device_name is not None

@@ -438,18 +438,24 @@ def _simulated(
     return Decision(exp_id, profile, True, overrides, status, _join([*notes, note], verdict or None), world)
 
 
+def ci_simulated_global_batch(run: Any, world: int) -> int:
+    """The ci recipes' batches are sized for 2 CPU ranks: as rank 0 of ``world``, the global batch grows with the
+    world, so that each simulated rank runs the micro-batches per step that each of 2 ranks runs."""
+    from lab_helpers.experiments import count_devices
+
+    return int(run.recipe["train"]["global_batch_size"]) * world // count_devices("all")
+
+
 def _decide_ci(exp_id: str, node: Mapping[str, Any], profile: str) -> Decision:
     from lab_helpers.arithmetic import resolved
-    from lab_helpers.experiments import check_profile, count_devices
+    from lab_helpers.experiments import check_profile
 
     run = resolved(exp_id, profile)
     if reason := blocked(run, node):
         return Decision(exp_id, profile, False, {}, "skipped", reason)  # the record's reason, as run_experiment's
     stand_in = check_profile(profile)["models"][run.experiment.model]
     if world := simulated_world_here(run.experiment, node):
-        # the ci batches are sized for 2 CPU ranks: the global batch grows with the world, so that each of the
-        # simulated ranks runs the micro-batches per step that each of 2 ranks runs
-        global_batch = int(run.recipe["train"]["global_batch_size"]) * world // count_devices("all")
+        global_batch = ci_simulated_global_batch(run, world)
         return Decision(
             exp_id, profile, True, {"train.global_batch_size": global_batch}, "ok",
             f"ci profile: the same recipe on {stand_in}, a tiny random-weight stand-in; no GPU here, so rank 0 of "

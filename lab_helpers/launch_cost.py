@@ -20,10 +20,9 @@ and read several times lower.
 
 from __future__ import annotations
 
-import json
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -162,32 +161,18 @@ def launch_cost_path() -> Path:
 
 
 def save(result: LaunchCostResult, path: Path | None = None) -> Path:
-    """Keep the latest measurement per (host, device) in one small JSON file, written atomically."""
-    path = path or launch_cost_path()
-    entries = _read(path)
-    entries[f"{result.host}|{result.device_name}"] = asdict(result)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
-    tmp.replace(path)
-    return path
+    """Keep the latest measurement per (host, device), as ``bandwidth`` keeps its own."""
+    from lab_helpers.bandwidth import keep_per_node
 
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return keep_per_node(result, path or launch_cost_path())
 
 
 def measured_launch_cost(device_name: str | None, path: Path | None = None) -> tuple[float | None, str | None]:
     """(seconds per launch, where from) measured on *this* host for ``device_name`` ("cpu", a GPU's name, or None
     for this node's GPU), or (None, None) when nothing was measured here."""
-    host = platform.node()
-    for entry in _read(path or launch_cost_path()).values():
-        if not isinstance(entry, dict) or entry.get("host") != host:
-            continue
+    from lab_helpers.bandwidth import this_hosts_entries
+
+    for entry in this_hosts_entries(path or launch_cost_path()):
         same = entry.get("device_name") == device_name if device_name is not None else entry.get("device_name") != "cpu"
         cost = entry.get("launch_cost_s")
         if same and isinstance(cost, (int, float)) and cost > 0:

@@ -228,9 +228,8 @@ for step in "${steps[@]}"; do
             # micro-batches per step that each of 2 ranks runs, as the notebooks' ci decision does
             rest+=" --set train.global_batch_size=$("$python" -c 'import sys
 from lab_helpers.arithmetic import resolved
-from lab_helpers.experiments import count_devices
-run = resolved(sys.argv[1], "ci")
-print(int(run.recipe["train"]["global_batch_size"]) * int(sys.argv[2]) // count_devices("all"))' "$id" "${BASH_REMATCH[1]}")"
+from lab_helpers.decision import ci_simulated_global_batch
+print(ci_simulated_global_batch(resolved(sys.argv[1], "ci"), int(sys.argv[2])))' "$id" "${BASH_REMATCH[1]}")"
         fi
         # shellcheck disable=SC2086  # $rest holds the step's own arguments
         "$python" -m lab_helpers run "$id" --profile "$profile" --quick --quiet --time-limit "$limit_s" \
