@@ -991,6 +991,32 @@ def mfu_words() -> str:
     )
 
 
+def speed_words(exp_id: str, pair: str, df: pd.DataFrame | None = None) -> str:
+    """``exp_id`` against ``pair`` in real tokens/s, from every shipped GPU reference that ran both (and ``df``,
+    the node's own results, where both ran on a GPU): which was faster, and how busy each GPU was and what bound
+    it where the records say. Issue 43: a speed sentence is computed from the records, never typed."""
+    frames = [(name, load_results(reference_dir() / f"{name}.jsonl")) for name in shipped_references()]
+    if df is not None:
+        frames.insert(0, ("this node", df))
+    lines = []
+    for name, frame in frames:
+        records = _rank0_records(frame, order=None, profile="gpu")
+        mine, theirs = records.get(exp_id, {}), records.get(pair, {})
+        speeds = [_number(r.get("tokens_per_s")) for r in (mine, theirs)]
+        if not all(speeds):
+            continue
+        verdict = "faster" if speeds[0] > speeds[1] else "slower"
+        line = f"{name}: {exp_id} {speeds[0]:,.0f} tokens/s, {pair} {speeds[1]:,.0f}: {exp_id} {verdict}"
+        busy = [_number(r.get("gpu_busy_pct")) for r in (mine, theirs)]
+        if all(b is not None for b in busy):
+            bound = [r.get("bound") or "?" for r in (mine, theirs)]
+            line += f" (GPU busy {busy[0]:.0f} % vs {busy[1]:.0f} %, bound {bound[0]} vs {bound[1]})"
+        lines.append(line)
+    if not lines:
+        return f"no GPU records of both {exp_id} and {pair} yet"
+    return f"Measured speed, {exp_id} against {pair}:\n" + "\n".join(f"  {line}" for line in lines)
+
+
 def steps_and_samples(df: pd.DataFrame, experiments: Sequence[str], *, profile: str | None = None) -> pd.DataFrame:
     """Per experiment, from its latest rank-0 record: micro-batches timed, the optimizer steps they make
     (micro-batches / accumulation) and the samples seen -- what ``train_s`` alone hides when runs differ in them."""

@@ -54,3 +54,25 @@ def test_activation_ratio_reads_both_plans():
     big = SimpleNamespace(breakdown_gib={"activations": 12.0}, micro_batch_size=32)
     words = arithmetic.activation_ratio(small, big, names=("small-batch", "baseline"))
     assert "= 0.250; micro batches 0.250" in words
+
+
+def test_speed_words_say_what_the_gpu_records_measured_and_which_was_faster():
+    """01's speed sentences (bf16-true against fp32, a 1.1B LoRA against a full 7B, fill-gpu) come from the
+    shipped GPU records: the tokens/s and the verdict follow the records, and the node's own GPU runs come first."""
+    import pandas as pd
+
+    h200 = compare.load_reference("h200-141gb")
+    latest = compare.latest_runs(h200, profile="gpu").set_index("experiment")
+    lora, full = (float(latest.loc[e, "tokens_per_s"]) for e in ("lora-1b", "full-7b"))
+    words = compare.speed_words("lora-1b", "full-7b")
+    verdict = "faster" if lora > full else "slower"
+    assert f"h200-141gb: lora-1b {lora:,.0f} tokens/s, full-7b {full:,.0f}: lora-1b {verdict}" in words
+    assert "GPU busy" in words and "ci-cpu" not in words  # a CPU record has no GPU speed to compare
+    mine = pd.DataFrame([
+        {"experiment": "lora-1b", "profile": "gpu", "status": "ok", "tokens_per_s": 200.0, "run_id": "a",
+         "started_at": "2026-11-26T10:00:00+00:00"},
+        {"experiment": "full-7b", "profile": "gpu", "status": "ok", "tokens_per_s": 100.0, "run_id": "b",
+         "started_at": "2026-11-26T10:01:00+00:00"},
+    ])  # fmt: skip
+    assert compare.speed_words("lora-1b", "full-7b", mine).splitlines()[1].startswith("  this node: lora-1b 200")
+    assert compare.speed_words("lora-1b", "no-such-run") == "no GPU records of both lora-1b and no-such-run yet"
