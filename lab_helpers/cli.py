@@ -10,6 +10,7 @@ bandwidth [--ranks N]                           measure the bus bandwidth betwee
 launch-cost [--device cuda|cpu]                 measure the host's cost per kernel launch (plan --time)
 doctor   [--json]                               what this node can run
 compare  [--out DIR] [--reference NAME] [--markdown] [--wide]  the comparison table and figure files
+answers  --reference NAME [--notebook NN]         every notebook question answered from a reference (instructors)
 wheelhouse --python 3.12 --dest DIR [--with qlora|notebooks]  the wheels an offline GPU node needs
 """
 
@@ -122,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
                          help="compare a shipped reference file (reference_results/NAME.jsonl) instead of your runs")
     compare.add_argument("--markdown", action="store_true", help="print the headline columns as a Markdown table")
     compare.add_argument("--wide", action="store_true", help="print every column (default: what fits the terminal)")
+
+    answers = sub.add_parser("answers", help="instructors: every notebook question, answered from a reference's records")
+    answers.add_argument("--reference", required=True, metavar="NAME", help="reference_results/NAME.jsonl, e.g. h100-80gb")
+    answers.add_argument("--notebook", default=None, metavar="NN", help="only this notebook's questions, e.g. 01")
+    answers.add_argument("--markdown", action="store_true", help="Markdown headings and bold labels")
 
     plan = sub.add_parser("plan", help="predict peak memory of a litgpt recipe before running it")
     try:
@@ -286,6 +292,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_answers(args: argparse.Namespace) -> int:
+    from lab_helpers.answers import report
+
+    print(report(args.reference, notebook=args.notebook, markdown=args.markdown))
+    return 0
+
+
 def _cmd_export_reference(args: argparse.Namespace) -> int:
     from lab_helpers.lab import default_profile
     from lab_helpers.reference import export_references
@@ -345,6 +358,7 @@ COMMANDS = {
     "merge-records": _cmd_merge_records,
     "compare": _cmd_compare,
     "export-reference": _cmd_export_reference,
+    "answers": _cmd_answers,
     "plan": _cmd_plan,
     "bandwidth": _cmd_bandwidth,
     "launch-cost": _cmd_launch_cost,
