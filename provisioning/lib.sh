@@ -36,6 +36,31 @@ help_or_unknown() {
     esac
 }
 
+# json_string TEXT: TEXT as a JSON string, quotes included: backslash, double quote and every control character
+# escaped, so that a value passed to `ansible-playbook -e '{"key": ...}'` stays one value whatever it holds
+# (`-e "key=$value"` is split by Ansible at spaces and `=`: "a b=c" became two variables).
+json_string() {
+    local text=$1 out='' char code i
+    for ((i = 0; i < ${#text}; i++)); do
+        char=${text:i:1}
+        case $char in
+            '"') out+='\"' ;;
+            "\\") out+="\\\\" ;;
+            $'\n') out+='\n' ;;
+            $'\t') out+='\t' ;;
+            $'\r') out+='\r' ;;
+            *)
+                printf -v code '%d' "'$char"
+                if ((code >= 0 && code < 32)) || ((code == 127)); then
+                    printf -v char '\\u%04x' "$code"
+                fi
+                out+=$char
+                ;;
+        esac
+    done
+    printf '"%s"' "$out"
+}
+
 # quote ARGS...: the command as one line that can be pasted back into a shell.
 quote() {
     local line

@@ -46,7 +46,7 @@ parse_args() {
                         EXTRA+=(--forks "$2")
                         ;;
                     --limit) EXTRA+=(--limit "$2") ;;
-                    --user) EXTRA+=(-e "lab_user=$2") ;;
+                    --user) EXTRA+=(-e "{\"lab_user\": $(json_string "$2")}") ;; # JSON: one value, whatever it holds
                 esac
                 shift
                 ;;

@@ -27,7 +27,37 @@ STUB
     run "$SCRIPT" -i "$INVENTORY" --forks 8 --limit node1 --user cc -- -vv
     echo "$output"
     [ "$status" -eq 0 ]
-    called "^ansible-playbook -i $INVENTORY $PROVISIONING_DIR/ansible/class.yml --forks 8 --limit node1 -e lab_user=cc -vv\$"
+    called "^ansible-playbook -i $INVENTORY $PROVISIONING_DIR/ansible/class.yml --forks 8 --limit node1 -e \\{\"lab_user\": \"cc\"\\} -vv\$"
+}
+
+# stub_ansible_args: a recording ansible-playbook that writes each argument on a line of its own (ARGS_LOG).
+stub_ansible_args() {
+    export ARGS_LOG=$BATS_TEST_TMPDIR/args.log
+    cat >"$STUB_BIN/ansible-playbook" <<'STUB'
+#!/usr/bin/env bash
+printf '%s\n' "$@" >"$ARGS_LOG"
+STUB
+    chmod +x "$STUB_BIN/ansible-playbook"
+}
+
+@test "--user is passed as JSON extra-vars: a value with a space, '=', quotes or a backslash stays one variable" {
+    need_ansible
+    local real_ansible
+    real_ansible=$(command -v ansible-playbook)
+    stub_ansible_args
+    local name='a b=c "q" \x'
+    run "$SCRIPT" -i "$INVENTORY" --user "$name"
+    [ "$status" -eq 0 ]
+    local extra
+    extra=$(grep -A1 -x -- -e "$ARGS_LOG" | tail -1)
+    [ "$extra" = '{"lab_user": "a b=c \"q\" \\x"}' ]
+    # the real Ansible reads it back as one variable holding the whole name, and no variable "c"
+    printf -- '- hosts: localhost\n  gather_facts: false\n  tasks:\n    - debug:\n        msg: "[{{ lab_user }}] [{{ c | default(\x27no c\x27) }}]"\n' \
+        >"$BATS_TEST_TMPDIR/echo.yml"
+    run "$real_ansible" -i localhost, -c local "$BATS_TEST_TMPDIR/echo.yml" -e "$extra"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [[ $output == *'"msg": "[a b=c \"q\" \\x] [no c]"'* ]]
 }
 
 @test "--dry-run becomes ansible's --check (each node runs provision-node.sh --dry-run)" {
