@@ -23,6 +23,10 @@ H200, an A10G, a V100, four H100s, none) and from the planner's predictions for 
   that holds the course's batch does :func:`lab_helpers.predict.oom_demo_overrides` raise the batch (baseline)
   or, where a bigger batch would change the lesson (full-13b on a GPU that holds 13B's states), run a precision
   whose model states alone do not fit; the sentence says which and why;
+* **pairs** -- an experiment compared with another (``pair:`` in configs/experiments) runs at the same micro batch
+  as its pair wherever both run on one model: the smaller of the two each fits alone (the one that fits more moves
+  down, keeping its global batch); where they cannot compare so (the pair is skipped or runs another model), the
+  sentence says so and names what to compare instead (:func:`_paired`);
 * **no native bf16** (V100) -- bf16 experiments run in ``16-mixed``: fp16 autocast with dynamic loss scaling;
 * **optimizer offload** -- host RAM from the planner's one formula
   (:func:`lab_helpers.planner.analytic.offload_host_bytes` on the run's real parameter counts and ranks) against
@@ -334,7 +338,37 @@ def decide(
 ) -> Decision:
     """What ``node`` does with ``exp_id`` on ``profile``: run as defined, run with overrides (and why), or skip
     (and why, naming what runs instead). ``predict`` (exp_id, overrides) -> a plan with ``gpu_used_gib`` and
-    ``oom_overrides`` default to the lab's planner asked about this node's GPU; tests pass recorded plans."""
+    ``oom_overrides`` default to the lab's planner asked about this node's GPU; tests pass recorded plans.
+
+    An experiment compared with others (``pair``: its group, ``experiments.pair_group``) is decided with them:
+    each is first decided alone, then :func:`_paired` runs the group at one micro batch where it can, or says why
+    it cannot. Every experiment of a group is decided from the same alone-decisions, so the answer does not
+    depend on which the notebook asks first; the planner memoizes its predictions, so asking a group again
+    costs no new prediction, and a skipped experiment asks nothing of its group."""
+    from lab_helpers.experiments import get_experiment, pair_group
+
+    how = {"profile": profile, "predict": predict, "oom_overrides": oom_overrides}
+    mine = _decide_alone(exp_id, node, **how)
+    group = pair_group(exp_id)
+    if len(group) == 1:
+        return mine
+    if not mine.runs:  # nothing to run at its pair's settings; its comparison is in the shipped records
+        pair = get_experiment(exp_id).pair
+        where = "in the reference results (03_compare with USE_REFERENCE = True)"
+        return mine if pair is None else _with_notes(mine, mine.overrides, [f"compare it with its pair {pair} {where}"])
+    alone = {e: mine if e == exp_id else _decide_alone(e, node, **how) for e in group}
+    return _paired(exp_id, alone, node)
+
+
+def _decide_alone(
+    exp_id: str,
+    node: NodeFacts,
+    *,
+    profile: str,
+    predict: Predict | None = None,
+    oom_overrides: OomOverrides | None = None,
+) -> Decision:
+    """:func:`decide` for ``exp_id`` as if it were compared with nothing."""
     from lab_helpers import predict as plans
     from lab_helpers.arithmetic import resolved
 
@@ -382,6 +416,185 @@ def decide(
     except NoPrediction as exc:
         status = "oom" if experiment.expect == "oom" else "ok"
         return Decision(exp_id, profile, True, overrides, status, _join(notes, str(exc)))
+
+
+# ----------------------------------------------------------------------------------------------- pairs
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """What a decided experiment runs with, as far as a pair compares it."""
+
+    runs: bool
+    ok: bool  # runs expecting no OOM (an OOM demonstration's batch is its lesson: never moved)
+    model: str  # the model key (1b, 3b, ...) it trains here
+    checkpoint_dir: str
+    micro: int
+    global_batch: int
+    shrinks_global: bool  # defined without accumulation (small-batch): its global batch follows its micro batch
+    per_rank: bool  # ``accumulation: 1``: the global batch follows micro batch x ranks
+    fills: bool  # ``fill_gpu``: its micro batch is chosen when it starts, the largest that fits -- its lesson
+    all_gpus: bool  # ``devices: all``: its ranks are the node's GPUs
+    defined_micro: int
+    defined_checkpoint_dir: str
+
+
+def _settings(step: Decision) -> _Settings:
+    from lab_helpers.arithmetic import resolved
+
+    run = resolved(step.exp_id, step.profile, step.overrides)
+    defined_run = resolved(step.exp_id, step.profile)
+    defined = defined_run.recipe["train"]
+    train = run.recipe["train"]
+    per_rank = run.experiment.accumulation == 1
+    return _Settings(
+        runs=step.runs,
+        ok=step.expected_status == "ok",
+        model=_model_key(run, defined_run),
+        checkpoint_dir=str(run.recipe["checkpoint_dir"]),
+        micro=int(train["micro_batch_size"]),
+        global_batch=int(train.get("global_batch_size") or train["micro_batch_size"]),
+        shrinks_global=not per_rank and int(defined.get("global_batch_size") or 0) == int(defined["micro_batch_size"]),
+        per_rank=per_rank,
+        fills=bool(run.options.get("fill_gpu")),
+        all_gpus=run.experiment.devices == "all",
+        defined_micro=int(defined["micro_batch_size"]),
+        defined_checkpoint_dir=str(defined_run.recipe["checkpoint_dir"]),
+    )
+
+
+def _model_key(run: Any, defined: Any) -> str:
+    """The model key (``1b``) ``run`` trains: its experiment's, or the profile's model whose checkpoint a
+    substitute's ``checkpoint_dir`` names."""
+    from lab_helpers.experiments import check_profile
+
+    checkpoint_dir = str(run.recipe["checkpoint_dir"])
+    if checkpoint_dir == str(defined.recipe["checkpoint_dir"]):
+        return run.experiment.model
+    models = check_profile(run.profile)["models"]
+    return next((k for k in models if _smaller_model_checkpoint(run.profile, k) == checkpoint_dir), checkpoint_dir)
+
+
+def _paired(exp_id: str, alone: Mapping[str, Decision], node: Mapping[str, Any]) -> Decision:
+    """``exp_id``'s decision within its pair group (``alone``: each experiment of the group decided on its own).
+
+    The rule: experiments linked by ``pair`` that both run on the same model, expecting no OOM, run at one micro
+    batch -- the smallest of the micro batches each fits alone, the largest that fits them all (memory grows with
+    the micro batch, so each fits it without a new prediction). The one that fits a larger batch is the one that
+    moves: the other cannot move up (it would not fit). It keeps its global batch (its optimizer step) unless it
+    is defined without accumulation (small-batch), which shrinks both as it does alone. ``fill_gpu`` takes the
+    largest micro batch when it starts -- the difference is its lesson -- and never moves its pair.
+
+    Where an experiment that runs and its pair cannot compare so (the pair is skipped, runs another model or
+    another micro batch), the sentence of the one that names the pair says so in one clause, and what the
+    student can compare instead: the planner's prediction for the pair at this run's settings."""
+    from lab_helpers.experiments import get_experiment, linked, load_experiments
+
+    mine = alone[exp_id]
+    section = load_experiments(get_experiment(exp_id).section)
+    settings = {e: _settings(d) for e, d in alone.items()}
+    eligible = {e for e, s in settings.items() if s.runs and s.ok and not s.fills}
+    links = [(e, p) for e in alone if (p := section[e].pair) in eligible and e in eligible
+             and settings[e].model == settings[p].model]  # fmt: skip
+    micro = {e: s.micro for e, s in settings.items()}
+    notes: list[str] = []
+    if exp_id in eligible:
+        group = linked(exp_id, links)
+        target = min(settings[e].micro for e in group)
+        for e in group:
+            micro[e] = target if _can_run_at(settings[e], target, alone[e], node) else settings[e].micro
+        if micro[exp_id] < settings[exp_id].micro:
+            setter = next(e for e in alone if e in group and settings[e].micro == target)
+            others = [e for e in alone if e in group and e != exp_id]
+            notes.append(_moved_words(settings[exp_id], target, others, setter))
+    overrides = _at_micro(mine.overrides, settings[exp_id], micro[exp_id])
+    pair = section[exp_id].pair
+    if pair is not None and pair in alone:
+        if clause := _pair_clause(exp_id, pair, alone, settings, micro):
+            notes.append(clause)
+    return _with_notes(mine, overrides, notes)
+
+
+def _with_notes(step: Decision, overrides: Mapping[str, Any], notes: list[str]) -> Decision:
+    from dataclasses import replace
+
+    return replace(step, overrides=dict(overrides), sentence=_join([step.sentence, *notes])) if notes else step
+
+
+def _can_run_at(s: _Settings, micro: int, step: Decision, node: Mapping[str, Any]) -> bool:
+    """Whether ``micro`` divides the global batch over the ranks the step runs on (it always fits: it is no
+    larger than the micro batch the step fits alone)."""
+    if micro >= s.micro or s.shrinks_global or s.per_rank:
+        return True
+    ranks = step.simulate_world or (len(node.get("gpus") or []) if s.all_gpus else 1) or 1
+    return s.global_batch % (micro * ranks) == 0
+
+
+def _at_micro(overrides: Mapping[str, Any], s: _Settings, micro: int) -> dict[str, Any]:
+    """``overrides`` with the micro batch ``micro`` (none where it is the recipe's own)."""
+    out = dict(overrides)
+    if micro == s.micro:
+        return out
+    out.pop("train.micro_batch_size", None)
+    if micro != s.defined_micro:
+        out["train.micro_batch_size"] = micro
+    if s.shrinks_global:
+        out.pop("train.global_batch_size", None)
+        if micro != s.defined_micro:
+            out["train.global_batch_size"] = micro
+    return out
+
+
+def _moved_words(s: _Settings, target: int, others: list[str], setter: str) -> str:
+    what = "micro and global batch" if s.shrinks_global else "micro batch per GPU" if s.per_rank else "micro batch"
+    said = s.micro != s.defined_micro  # the step's sentence already says the global batch stays
+    kept = "" if s.shrinks_global or s.per_rank or said else f"; the global batch stays {s.global_batch}"
+    return (
+        f"{what} {s.micro} -> {target} so that it compares with {' and '.join(others)} at the same micro batch "
+        f"({target} is the largest {setter} fits here{kept})"
+    )
+
+
+def _pair_clause(
+    exp_id: str, pair: str, alone: Mapping[str, Decision], settings: Mapping[str, _Settings], micro: Mapping[str, int]
+) -> str | None:
+    """The one clause that says why ``exp_id`` and its ``pair`` do not compare at the same settings here, and what
+    to compare instead; None where they do."""
+    mine, theirs = settings[exp_id], settings[pair]
+    if theirs.runs and theirs.model == mine.model:
+        if mine.fills:
+            return (
+                f"its pair {pair} runs at micro batch {micro[pair]}; this run takes the largest that fits when it "
+                "starts, the one difference between them"
+            )
+        if micro[pair] == micro[exp_id]:
+            return None
+    if not theirs.runs:
+        state = "does not run here"
+    elif theirs.model != mine.model:
+        state = f"runs the {theirs.model.upper()} model here and this run the {mine.model.upper()}"
+    else:
+        state = f"runs at micro batch {micro[pair]} here and this run at {micro[exp_id]}"
+    ask = _prediction_overrides(alone[pair], theirs, mine, micro[exp_id])
+    given = f", overrides={ask!r}" if ask else ""
+    call = f"lab.predict_experiment({pair!r}, profile={alone[pair].profile!r}{given})"
+    return (
+        f"its pair {pair} {state}, so compare with the planner's prediction for {pair} on the "
+        f"{mine.model.upper()} model at micro batch {micro[exp_id]}: {call}"
+    )
+
+
+def _prediction_overrides(pair_step: Decision, theirs: _Settings, mine: _Settings, micro: int) -> dict[str, Any]:
+    """The pair's overrides at this run's model and micro batch (the pair's own precision route kept)."""
+    batch = ("train.micro_batch_size", "train.global_batch_size", "checkpoint_dir")
+    out = {k: v for k, v in pair_step.overrides.items() if k not in batch}
+    if mine.checkpoint_dir != theirs.defined_checkpoint_dir:
+        out["checkpoint_dir"] = mine.checkpoint_dir
+    if micro != theirs.defined_micro:
+        out["train.micro_batch_size"] = micro
+        if theirs.shrinks_global:
+            out["train.global_batch_size"] = micro
+    return out
 
 
 class NoPrediction(Exception):

@@ -55,6 +55,10 @@ class Experiment:
     # this x ranks wherever it runs (the course's rows: batch 4 per GPU, no accumulation). None: the recipe's
     # global batch, divided among the ranks. A run's own train.global_batch_size override still wins.
     accumulation: int | None = None
+    # The experiment of the same section this one is compared with (its cell puts the two side by side; its
+    # ``expect`` names it): on a node where both run on one model, the decision runs them at the same micro
+    # batch, or the step says why they cannot compare (decision.decide). None: compared with none.
+    pair: str | None = None
 
     @property
     def distributed(self) -> bool:
@@ -153,7 +157,44 @@ def load_experiments(section: str | None = None) -> dict[str, Experiment]:
                     f"experiment {exp_id!r}: launcher {spec['launcher']!r} is not one of {', '.join(LAUNCHERS)}"
                 )
             experiments[exp_id] = Experiment(id=exp_id, section=name, **spec)
+        check_pairs({e: x for e, x in experiments.items() if x.section == name}, path)
     return experiments
+
+
+def check_pairs(section: Mapping[str, Experiment], path: Path) -> None:
+    """Each ``pair`` names another experiment of the same file that trains the same model size (LabConfigError):
+    a pair compares one change, and an unknown id would silently compare nothing."""
+    for exp_id, experiment in section.items():
+        pair = experiment.pair
+        if pair is None:
+            continue
+        if not isinstance(pair, str) or pair not in section or pair == exp_id:
+            known = {e: x for e, x in section.items() if e != exp_id}
+            hint = did_you_mean(str(pair), known) if isinstance(pair, str) else f"; known: {', '.join(known)}"
+            raise LabConfigError(f"experiment {exp_id!r} in {path.name}: pair {pair!r} is not another experiment "
+                                 f"of {path.name}{hint}")  # fmt: skip
+        if section[pair].model != experiment.model:
+            raise LabConfigError(
+                f"experiment {exp_id!r} in {path.name}: its pair {pair!r} trains the {section[pair].model} model, "
+                f"not the {experiment.model}: a pair compares one change on one model"
+            )
+
+
+def pair_group(exp_id: str) -> tuple[str, ...]:
+    """``exp_id`` and every experiment joined to it by ``pair`` links, either way and through others (small-batch,
+    grad-accum and length-grouped are one group), in the section's order; ``(exp_id,)`` where it has none: the
+    experiments ``decision.decide`` decides together."""
+    section = load_experiments(get_experiment(exp_id).section)
+    group = linked(exp_id, [(e, x.pair) for e, x in section.items() if x.pair])
+    return tuple(e for e in section if e in group)
+
+
+def linked(start: str, links: list[tuple[str, str]]) -> set[str]:
+    """``start`` and every id joined to it through ``links`` (pairs of ids, followed either way)."""
+    group = {start}
+    while not (more := {a for a, b in links if b in group} | {b for a, b in links if a in group}) <= group:
+        group |= more
+    return group
 
 
 def get_experiment(exp_id: str) -> Experiment:

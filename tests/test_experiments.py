@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -162,3 +163,41 @@ def test_the_course_rows_run_their_batch_per_gpu_without_accumulation(exp_id):
             assert train["global_batch_size"] == micro * run.world_size
     own = resolve(exp_id, "ci", {"train.global_batch_size": 16}, check_files=False, simulate_world=4)
     assert own.gradient_accumulation == 2
+
+
+def test_every_pair_is_data_and_each_expect_names_its_pair():
+    """Issue 43: the pairs the notebooks compare are ``pair:`` keys, not words in ``expect``: each names another
+    experiment of its section on the same model, every "(its pair)" has one, and its expect names the pair."""
+    experiments = load_experiments()
+    pairs = {e: x.pair for e, x in experiments.items() if x.pair}
+    assert {
+        "grad-accum": "small-batch", "bf16-mixed": "bf16-true", "act-ckpt": "full-7b", "adamw-8bit": "full-7b",
+        "fill-gpu": "lora-1b", "fsdp-course": "fsdp", "fsdp-grad-op": "fsdp",
+    }.items() <= pairs.items()  # fmt: skip
+    for exp_id, experiment in experiments.items():
+        if "its pair" in experiment.expect:
+            assert experiment.pair, exp_id
+        if experiment.pair:
+            pair = experiments[experiment.pair]
+            assert experiment.pair in experiment.expect, exp_id
+            assert (pair.section, pair.model) == (experiment.section, experiment.model), exp_id
+
+
+@pytest.mark.parametrize(
+    ("single", "message"),
+    [
+        ("b: {model: 1b, method: full, pair: aa}", "experiment 'b' in single.yaml: pair 'aa' is not another "
+                                                  "experiment of single.yaml (did you mean 'a'?)"),
+        ("b: {model: 1b, method: full, pair: b}", "pair 'b' is not another experiment of single.yaml"),
+        ("b: {model: 1b, method: full, pair: c}", "pair 'c' is not another experiment of single.yaml"),
+        ("b: {model: 3b, method: full, pair: a}", "its pair 'a' trains the 1b model, not the 3b"),
+    ],
+)
+def test_a_pair_that_is_no_experiment_of_its_file_is_one_line(tmp_path, monkeypatch, single, message):
+    folder = tmp_path / "configs" / "experiments"
+    folder.mkdir(parents=True)
+    (folder / "single.yaml").write_text(f"a: {{model: 1b, method: full}}\n{single}\n")
+    (folder / "multi.yaml").write_text("c: {model: 1b, method: full, launcher: lightning-strategy, strategy: ddp}\n")
+    monkeypatch.setenv("LAB_HOME", str(tmp_path))
+    with pytest.raises(LabConfigError, match=re.escape(message)):
+        load_experiments()

@@ -8,6 +8,7 @@ planner itself is tested in test_planner.py; one slow test here asks the real pl
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +18,7 @@ from node_fixtures import NODES, node
 
 from lab_helpers import node_plan
 from lab_helpers.arithmetic import GIB, model_states, resolved
-from lab_helpers.experiments import check_profile, load_experiments, resolve
+from lab_helpers.experiments import check_profile, load_experiments, pair_group, resolve
 
 ACTIVATION_GIB_PER_SAMPLE = {"1b": 2.0, "3b": 2.5, "7b": 3.0, "13b": 3.5}  # fixture: not measured figures
 OVERHEAD_GIB = 1.0
@@ -346,3 +347,121 @@ def test_lab_models_skips_every_other_size_and_the_final_check_expects_it(monkey
     monkeypatch.setenv("LAB_MODELS", "1b,70b")
     with pytest.raises(LabConfigError, match="LAB_MODELS=1b,70b: unknown model size 70b; choose from 1b, 3b, 7b, 13b"):
         node_plan.decide("small-batch", node("none"), profile="ci")
+
+
+# ----------------------------------------------------------------------------------------------- pairs (issue 43)
+
+PAIRED = {e: x.pair for e, x in load_experiments().items() if x.pair}
+PAIR_NODES = ("A10G-24GB", "L40S-48GB", "A100-40GB", "H100-80GB", "H200-141GB", "V100-32GB", "4xA100-80GB", "none")
+
+
+def _runs_at(step) -> tuple[str, int, int]:
+    """(checkpoint, micro batch, global batch) a running step trains with."""
+    train = resolved(step.exp_id, step.profile, step.overrides).recipe
+    return str(train["checkpoint_dir"]), train["train"]["micro_batch_size"], train["train"]["global_batch_size"]
+
+
+@pytest.mark.parametrize("name", PAIR_NODES)
+def test_every_pair_runs_at_the_same_settings_or_the_step_says_why(name):
+    """Issue 43: compared experiments run at the same settings on a node (the same model and micro batch), or the
+    sentence of the one that names its pair says why not, and what to compare instead."""
+    paired = sorted({*PAIRED, *PAIRED.values()})
+    steps, _ = decide_all(name, paired, profile="ci" if name == "none" else "gpu")
+    for exp_id, pair in PAIRED.items():
+        mine, theirs = steps[exp_id], steps[pair]
+        fills = resolved(exp_id, mine.profile).options.get("fill_gpu")
+        both = mine.runs and theirs.runs and mine.expected_status == theirs.expected_status == "ok"
+        if both and not fills and _runs_at(mine)[0] == _runs_at(theirs)[0]:  # one model: one micro batch, always
+            assert _runs_at(mine)[1] == _runs_at(theirs)[1], (name, exp_id, mine.overrides, theirs.overrides)
+        if mine.runs and theirs.runs and not fills and _runs_at(mine)[:2] == _runs_at(theirs)[:2]:
+            assert f"its pair {pair}" not in mine.sentence, (name, exp_id, mine.sentence)
+            continue
+        clause = mine.sentence.partition(f"its pair {pair} ")[2]  # the clause after the pair's name
+        assert clause, (name, exp_id, pair, mine, theirs)
+        if fills:  # the micro batch differs on purpose: fill-gpu takes the largest that fits when it starts
+            assert "largest that fits" in clause and "train.micro_batch_size" not in mine.overrides
+        elif not mine.runs:
+            assert "reference results" in clause, clause
+        else:
+            assert "does not run here" in clause or "model here" in clause or "runs at micro batch" in clause
+            asked = ast.literal_eval(re.search(r"overrides=(\{.*?\})\)", clause).group(1)) if "overrides=" in clause else {}
+            assert f"lab.predict_experiment({pair!r}, profile={mine.profile!r}" in clause
+            # what it names is the pair at this run's model and micro batch
+            prediction = resolve(pair, mine.profile, asked, check_files=False).recipe
+            assert (str(prediction["checkpoint_dir"]), prediction["train"]["micro_batch_size"]) == _runs_at(mine)[:2]
+
+
+def test_a10g_runs_bf16_true_at_bf16_mixeds_micro_batch_keeping_its_global_batch():
+    """The one that fits a larger micro batch moves down to its pair's (the other cannot move up), keeping its global
+    batch; decided alone, bf16-true would run at 4 against bf16-mixed's 2 (the fixture planner's A10G)."""
+    from lab_helpers import decision
+
+    steps, _ = decide_all("A10G-24GB", ["bf16-true", "bf16-mixed"])
+    alone = decision._decide_alone("bf16-true", node("A10G-24GB"), profile="gpu", predict=FixturePlanner(node("A10G-24GB")))
+    assert alone.overrides == {"train.micro_batch_size": 4}
+    assert steps["bf16-true"].overrides == steps["bf16-mixed"].overrides == {"train.micro_batch_size": 2}
+    assert _runs_at(steps["bf16-true"])[2] == 32 and steps["bf16-true"].expected_status == "ok"
+    assert "micro batch 4 -> 2 so that it compares with bf16-mixed" in steps["bf16-true"].sentence
+    assert "bf16-true" not in steps["bf16-mixed"].sentence  # it did not move, and the two compare
+
+
+def test_small_batch_its_pairs_and_theirs_run_at_one_micro_batch(monkeypatch):
+    """A group (small-batch with grad-accum and length-grouped) runs at the smallest micro batch any of them fits:
+    here grad-accum's activations are made to cost more, so it fits only 1; small-batch (no accumulation) shrinks
+    micro and global batch with it, and length-grouped follows small-batch, its pair."""
+
+    class Heavier(FixturePlanner):
+        def __call__(self, exp_id, overrides):
+            plan = super().__call__(exp_id, overrides)
+            if exp_id == "grad-accum":
+                plan.gpu_used_gib += 1.5
+            return plan
+
+    the_node = node("A10G-24GB")
+    planner = Heavier(the_node)
+    group = pair_group("small-batch")
+    steps = {e: node_plan.decide(e, the_node, profile="gpu", predict=planner) for e in group}
+    assert steps["grad-accum"].overrides == {"train.micro_batch_size": 1}
+    for exp_id in set(group) - {"grad-accum"}:  # both defined without accumulation
+        assert steps[exp_id].overrides == {"train.micro_batch_size": 1, "train.global_batch_size": 1}, steps[exp_id]
+        assert "micro and global batch 2 -> 1" in steps[exp_id].sentence
+        assert "1 is the largest grad-accum fits here" in steps[exp_id].sentence
+
+
+def test_a_pair_is_decided_the_same_whichever_the_notebook_asks_first_and_asks_no_new_prediction():
+    """Each experiment of a group is decided from the same alone-decisions: the order does not matter, and moving
+    one to its pair's micro batch asks the planner nothing the alone-decisions did not (the real planner memoizes
+    its predictions, so a group costs what its experiments cost alone)."""
+    from lab_helpers import decision
+
+    group = [*pair_group("act-ckpt"), *pair_group("bf16-true"), *pair_group("grad-accum")]
+    forward, planner = decide_all("A10G-24GB", group)
+    backward, _ = decide_all("A10G-24GB", list(reversed(group)))
+    assert forward == backward
+    alone = FixturePlanner(node("A10G-24GB"))
+    for exp_id in group:
+        decision._decide_alone(exp_id, node("A10G-24GB"), profile="gpu", predict=alone, oom_overrides=oom_fixture({}))
+    key = lambda calls: {(e, tuple(sorted(o.items()))) for e, o in calls}  # noqa: E731
+    assert key(planner.calls) == key(alone.calls)
+
+
+def test_a10g_techniques_on_the_1b_name_their_pair_full_7b_and_its_prediction_there():
+    steps, _ = decide_all("A10G-24GB", ["full-7b", "act-ckpt", "adamw-8bit"])
+    assert not steps["full-7b"].runs
+    for exp_id in ("act-ckpt", "adamw-8bit"):
+        sentence = steps[exp_id].sentence
+        assert "its pair full-7b does not run here, so compare with the planner's prediction for full-7b on the 1B " \
+               "model at micro batch 4: lab.predict_experiment('full-7b', profile='gpu', overrides={'checkpoint_dir': " \
+               f"{steps[exp_id].overrides['checkpoint_dir']!r}}})" in sentence, sentence  # fmt: skip
+        assert sentence.count("its pair") == 1
+
+
+def test_v100_bf16_mixed_names_its_skipped_pair_and_ci_names_adamw_8bits():
+    steps, _ = decide_all("V100-32GB", ["bf16-true", "bf16-mixed"])
+    assert "its pair bf16-true does not run here" in steps["bf16-mixed"].sentence
+    assert "lab.predict_experiment('bf16-true', profile='gpu', overrides={'train.micro_batch_size': 4})" in steps[
+        "bf16-mixed"
+    ].sentence
+    steps, _ = decide_all("none", ["full-7b", "adamw-8bit"], profile="ci")
+    assert not steps["adamw-8bit"].runs and steps["adamw-8bit"].expected_status == "skipped"
+    assert "compare it with its pair full-7b in the reference results" in steps["adamw-8bit"].sentence
