@@ -81,6 +81,7 @@ from lab_helpers.iteration_times import steady_train_s
 
 from .communication import CommunicationVolume, communication_per_optimizer_step, host_device_bytes_per_optimizer_step
 from .errors import PlanError
+from .published import lora_vs_nf4_minutes
 from .spec import TrainingSpec, precision_bytes
 
 CPU = "cpu"
@@ -97,15 +98,10 @@ well-tuned pre-training reaches (40-60 %) because fine-tuning batches are short 
 than full: its FLOPs are ~2/3 of a full step's, but the frozen matmuls and dropout on the adapter path do not
 shrink in proportion. Replace with the lab's own GPU records as soon as they exist (``mfu_for`` does it)."""
 
-# litgpt's own resource table (Lightning-AI/litgpt tutorials/resource-tables.md, 10/2023, 1x A100-SXM4-40GB,
-# bf16-true, finetune/lora.py, micro batch 1): minutes per 1k iterations without and with bnb.nf4, same model
-# and data. The ratio is QLoRA's extra time (dequantising every weight per matmul) relative to LoRA.
-LITGPT_LORA_VS_NF4_MIN: dict[str, tuple[float, float]] = {
-    "phi-1.5": (1.62, 1.77),
-    "StableLM Alpha 3B": (1.24, 1.82),
-    "Llama 2 7B": (2.36, 3.68),
-    "Llama 2 13B": (3.19, 6.38),
-}
+# litgpt's own resource table (``published``: tutorials/resource-tables.md, 10/2023, 1x A100-SXM4-40GB, bf16-true,
+# finetune/lora.py, micro batch 1): minutes per 1k iterations without and with bnb.nf4, same model and data. The
+# ratio is QLoRA's extra time (dequantising every weight per matmul) relative to LoRA.
+LITGPT_LORA_VS_NF4_MIN: dict[str, tuple[float, float]] = lora_vs_nf4_minutes()
 QLORA_SPEED_RATIO = statistics.median(lora / nf4 for lora, nf4 in LITGPT_LORA_VS_NF4_MIN.values())
 """LoRA time / QLoRA time in litgpt's table (median of its four models): QLoRA's MFU is LoRA's times this."""
 
@@ -860,41 +856,50 @@ def fit_efficiencies(records: Iterable[Mapping[str, Any]]) -> DeviceEfficiency |
     )
 
 
+def host_bound_launch_cost(micro_batch_s: float, ops, accumulation: int, gpu_name: str, eff: DeviceEfficiency):
+    """The host seconds per kernel launch that one measured micro-batch implies, or None where it is not
+    host-bound (under ``HOST_BOUND_MARGIN`` x its traced device time, the optimizer step's share included): the
+    measured micro-batch / (its traced kernels + its share of the optimizer step's). ``ops`` is its
+    ``op_costs.OpCosts``, ``accumulation`` its micro-batches per optimizer step."""
+    device = _device_s(ops.micro_batch, gpu_name, eff) + _device_s(ops.optimizer_step, gpu_name, eff) / accumulation
+    if micro_batch_s < HOST_BOUND_MARGIN * device:
+        return None
+    return micro_batch_s / (ops.kernels_per_micro_batch() + ops.kernels_per_optimizer_step() / accumulation)
+
+
 def fit_launch_cost(
     records: Iterable[Mapping[str, Any]], gpu_name: str, eff: DeviceEfficiency
 ) -> tuple[float, str] | None:
-    """Host seconds per kernel launch, fitted to host-bound records: (measured micro-batch - its share of the
-    optimizer step's device time) / kernels, the median. Records of this GPU model first (the per-launch cost is
-    the node's: CPU, Python, torch build); else every GPU's, which makes it a default, and the source says so."""
+    """Host seconds per kernel launch, fitted to host-bound records (``host_bound_launch_cost`` of each), the
+    median. Records of this GPU model first (the per-launch cost is the node's: CPU, Python, torch build); else
+    every GPU's, which makes it a default, and the source says so. Only the records that can count are traced."""
     key = device_key(gpu_name)
-    same: list[tuple[float, str]] = []
-    other: list[tuple[float, str]] = []
-    for record in map(_clean, records):
-        found = _record_ops(record)
-        if found is None:
-            continue
-        spec, ops, measured = found
-        name = _gpu_name(record)
-        peaks, bandwidth = _gpu_rates(name)
-        if not peaks or not bandwidth:
-            continue
-        accumulation = spec.gradient_accumulation_iters
-        device_micro = _device_s(ops.micro_batch, name, eff)
-        device_step = _device_s(ops.optimizer_step, name, eff)
-        micro = measured["micro_batch_s"]
-        if micro < HOST_BOUND_MARGIN * (device_micro + device_step / accumulation):
-            continue
-        launches = ops.kernels_per_micro_batch() + ops.kernels_per_optimizer_step() / accumulation
-        point = (micro / launches, str(record.get("experiment")))
-        (same if device_key(name) == key else other).append(point)
-    points = same or other
-    if not points:
+    records = [_clean(record) for record in records]
+
+    def points(same_gpu: bool) -> list[tuple[float, str]]:
+        found_points = []
+        for record in records:
+            name = _gpu_name(record)
+            if name is None or (device_key(name) == key) != same_gpu or not all(_gpu_rates(name)):
+                continue
+            found = _record_ops(record)
+            if found is None:
+                continue
+            spec, ops, measured = found
+            cost = host_bound_launch_cost(measured["micro_batch_s"], ops, spec.gradient_accumulation_iters, name, eff)
+            if cost is not None:
+                found_points.append((cost, str(record.get("experiment"))))
+        return found_points
+
+    same = points(True)
+    chosen = same or points(False)
+    if not chosen:
         return None
     where = key if same else f"other GPUs ({key} has none)"
     label = "fitted" if same else "default, fitted"
     return (
-        statistics.median(c for c, _ in points),
-        f"{label} to {len(points)} host-bound record(s) on {where}: {', '.join(n for _, n in points)}",
+        statistics.median(c for c, _ in chosen),
+        f"{label} to {len(chosen)} host-bound record(s) on {where}: {', '.join(n for _, n in chosen)}",
     )
 
 
