@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from lab_helpers.paths import write_lab_file
+
 FILE_NAME = "bandwidth.json"
 CPU_PROCESSES = 2  # the ci profile plays a 2-rank run on one CPU (configs/experiments/multi.yaml: devices "all")
 GPU_SIZE_BYTES = 256 * 2**20  # large enough that NCCL reaches its bus bandwidth (nccl-tests plateau ~64-256 MiB)
@@ -175,11 +177,7 @@ def keep_per_node(result: Any, path: Path) -> Path:
     ``device_name``: bandwidth's, launch_cost's) in one small JSON file, written atomically."""
     entries = _read(path)
     entries[f"{result.host}|{result.device_name}"] = asdict(result)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
-    tmp.replace(path)
-    return path
+    return write_lab_file(path, json.dumps(entries, indent=1, sort_keys=True).encode())  # never through a link
 
 
 def this_hosts_entries(path: Path) -> list[dict[str, Any]]:

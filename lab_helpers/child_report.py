@@ -54,14 +54,11 @@ def write_report(fields: dict[str, Any], *, rank: int | None = None, directory: 
     unknown = set(fields) - set(REPORT_FIELDS)
     if unknown:
         raise ValueError(f"unknown report fields: {sorted(unknown)}")
-    directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"rank{rank if rank is not None else 0}.json"
-    tmp = target.with_suffix(f".tmp{os.getpid()}")
+    from lab_helpers.paths import write_lab_file  # the rule of every file the lab writes: never through a link
     from lab_helpers.secrets import redact_mapping  # an error text can carry a token: never store one
 
-    tmp.write_text(json.dumps(redact_mapping({"rank": rank, **fields}), default=str))
-    os.replace(tmp, target)
-    return target
+    return write_lab_file(target, json.dumps(redact_mapping({"rank": rank, **fields}), default=str).encode())
 
 
 def read_reports(directory: Path) -> dict[int, dict[str, Any]]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import errno
 import sys
+import warnings
 from collections.abc import Sequence
 
 from lab_helpers.experiments import PROFILES, SECTIONS, LabConfigError
@@ -116,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="every record of FILE (e.g. the runs.jsonl a GPU chunk brought back) instead of the latest of $LAB_RESULTS",
     )
     export.add_argument("--note", default="", help="how the runs were made (command, GPU, random weights)")
+    export.add_argument(
+        "--force",
+        action="store_true",
+        help="add records to a file that holds another profile's or GPU's (refused otherwise: ci records never "
+        "land in the shipped h100-80gb.jsonl by a mistyped NAME)",
+    )
 
     compare = sub.add_parser("compare", help="write the comparison table and plots")
     compare.add_argument("--out", default=None, help="folder for the figure files (default: results/figures)")
@@ -239,6 +246,7 @@ def _print_comparison(
     from lab_helpers.records import load_results
 
     frame = load_results() if reference is None else compare.load_reference(reference)
+    out_dir = compare.figures_folder(out_dir, frame)  # one line and exit 2 before anything is printed
     if reference is not None:
         print(compare.reference_label(frame))
     table = compare.comparison_table(frame, profile=profile)
@@ -250,9 +258,7 @@ def _print_comparison(
         print(terminal_table(table, wide=wide) if len(table) else "no runs recorded yet")
     paths = compare.save_all(frame, out_dir, profile=profile)
     if len(table) and paths:
-        table_path = paths[0].parent / "comparison.csv"
-        table.to_csv(table_path, index=False)
-        paths.insert(0, table_path)
+        paths.insert(0, compare.save_table(table, out_dir))
     for path in paths:
         print(f"wrote {path}")
 
@@ -304,7 +310,7 @@ def _cmd_export_reference(args: argparse.Namespace) -> int:
     from lab_helpers.reference import export_references
 
     profile = args.profile or (None if args.source else default_profile())  # --from: the file's one profile
-    for exported in export_references(args.name, profile=profile, note=args.note, source=args.source):
+    for exported in export_references(args.name, profile=profile, note=args.note, source=args.source, force=args.force):
         print(exported.line())
     return 0
 
@@ -370,19 +376,89 @@ COMMANDS = {
 RECOVERING = ("results", "compare", "export-reference", "run-all")
 """The commands that first record orphaned runs (``recovery``); ``run`` does so in ``lab.run_experiment``."""
 
+LOCATIONS = {
+    "prepare": ("LAB_CHECKPOINTS", "LAB_DATA"),
+    "run": ("LAB_RESULTS", "LAB_CHECKPOINTS", "LAB_DATA"),
+    "run-all": ("LAB_RESULTS", "LAB_CHECKPOINTS", "LAB_DATA"),
+    "results": ("LAB_RESULTS",),
+    "merge-records": ("LAB_RESULTS",),
+    "compare": ("LAB_RESULTS",),
+    "export-reference": ("LAB_RESULTS",),
+}
+"""The lab folders (``paths.LOCATION_ENV``) each command reads or writes: each one the user set is checked before
+the command starts (``paths.check_locations``: a file, a dangling link, /proc, a name too long, a byte that is not
+UTF-8 is one line and exit 2, never a traceback or a late ``litgpt exited with 2``)."""
+
+
+class OutputError(OSError):
+    """Standard output could not take what a command printed (``> /dev/full``, a closed pipe)."""
+
+
+class _CheckedOutput:
+    """sys.stdout, whose failed writes raise OutputError: told apart from any other OSError, so that a full
+    ``/dev/full`` is one line and exit 2 while a bug elsewhere still shows its traceback."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise OutputError(exc.errno, exc.strerror) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise OutputError(exc.errno, exc.strerror) from None
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _open_standard_streams() -> bool:
+    """Point a closed stdin, stdout or stderr at /dev/null -- else the next file the lab opens (runs.jsonl) would
+    get its number and take what is printed -- and say whether stdout was open."""
+    import os
+
+    stdout_open = True
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            stdout_open = stdout_open and fd != 1
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    return stdout_open and sys.stdout is not None
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     from lab_helpers.interrupts import end_runs_on_signals
     from lab_helpers.runner import say, silence_stdout
 
+    stdout_open = _open_standard_streams()
     args = build_parser().parse_args(argv)
+    if not stdout_open:  # `>&-`: what the command says would go nowhere (or into the next file opened)
+        say("error: standard output is closed (>&-): nothing was done; send it to a file or to /dev/null instead",
+            file=sys.stderr)  # fmt: skip
+        return 2
+    sys.stdout = _CheckedOutput(sys.stdout)
+    shown_warning, warnings.formatwarning = warnings.formatwarning, _warning_line
     end_runs_on_signals()  # `kill`, a dropped SSH terminal (SIGHUP), ...: the run is ended and recorded
     try:
+        from lab_helpers.paths import check_locations
+
+        check_locations(LOCATIONS.get(args.command, ()))
         if args.command in RECOVERING:
             from lab_helpers.recovery import recover_orphans
 
             recover_orphans()  # runs whose launcher died before recording them: recorded now, said on stderr
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        sys.stdout.flush()  # here, not at exit: a full /dev/full is then one line, not "Exception ignored"
+        return code
     except LabConfigError as exc:
         from lab_helpers.secrets import for_terminal  # a --set value's escape sequence is shown, never acted on
 
@@ -394,8 +470,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         say(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
         return 130  # the run is recorded, with the signal that ended it
-    except (BrokenPipeError, OSError) as exc:  # stdout went away while printing (`| head`): nothing left to say
-        if isinstance(exc, BrokenPipeError) or exc.errno == errno.EIO:
-            silence_stdout()
+    except OSError as exc:
+        if isinstance(exc, BrokenPipeError) or exc.errno in (errno.EPIPE, errno.EIO):
+            silence_stdout()  # stdout went away while printing (`| head`): nothing left to say
             return 1
+        if isinstance(exc, OutputError):  # `> /dev/full`: what was printed is lost; say so in one line
+            silence_stdout()
+            say(f"error: standard output could not be written: {exc.strerror}", file=sys.stderr)
+            return 2
         raise
+    finally:
+        warnings.formatwarning = shown_warning
+        if isinstance(sys.stdout, _CheckedOutput):
+            sys.stdout = sys.stdout._stream
+
+
+def _warning_line(message, category, filename, lineno, line=None) -> str:  # noqa: ARG001 -- formatwarning's signature
+    """A warning on the command line: one line, escaped as errors are, not Python's file, line and source."""
+    from lab_helpers.secrets import for_terminal
+
+    return f"warning: {for_terminal(str(message))}\n"

@@ -22,10 +22,20 @@ from typing import Any
 import pandas as pd
 
 from lab_helpers import figure_source, timeline_phases
+from lab_helpers.config_error import LabConfigError
 from lab_helpers.iteration_times import ONE_OFF_FACTOR as ONE_OFF_FACTOR  # the notebook names it
 from lab_helpers.iteration_times import finite_number as _number
 from lab_helpers.iteration_times import one_off_excess_s, one_off_iterations
-from lab_helpers.paths import lab_home, reference_dir, regular_file_inside, results_dir
+from lab_helpers.paths import (
+    describe_os_error,
+    lab_folder,
+    lab_home,
+    reference_dir,
+    regular_file_inside,
+    results_dir,
+    shown_path,
+    write_lab_file,
+)
 from lab_helpers.record_schema import BREAKDOWN_PARTS
 from lab_helpers.records import empty_runs_frame, latest_runs, load_results
 from lab_helpers.table_display import ComparisonTable
@@ -390,10 +400,34 @@ def figures_dir(frame: pd.DataFrame | None = None) -> Path:
     return base / f"reference-{'+'.join(names)}" if names else base
 
 
+def figures_folder(out_dir: Path | str | None, frame: pd.DataFrame | None = None) -> Path:
+    """The folder a frame's figures go to (``out_dir``, else ``figures_dir(frame)``), created and checked by the
+    rule of every folder the lab writes into (``paths.lab_folder``): a LabConfigError line where it cannot be."""
+    return _figures_dir(out_dir if out_dir is not None else figures_dir(frame))
+
+
 def _figures_dir(out_dir: Path | str | None) -> Path:
     folder = Path(out_dir) if out_dir is not None else results_dir() / "figures"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    try:
+        return lab_folder(folder)
+    except OSError as exc:
+        raise LabConfigError(f"figures folder {shown_path(folder)}: {describe_os_error(exc)}") from None
+
+
+def write_figure_file(folder: Path | str | None, filename: str, data) -> Path:
+    """Write one file of the figures folder (a PNG, comparison.csv) by the rule of every file the lab writes
+    (``paths.write_lab_file``: a regular file in its folder, never through a link); a folder or file it cannot
+    write is one LabConfigError line naming it."""
+    path = _figures_dir(folder) / filename
+    try:
+        return write_lab_file(path, data)
+    except OSError as exc:
+        raise LabConfigError(f"{shown_path(path)}: not written: {describe_os_error(exc)}") from None
+
+
+def save_table(table: pd.DataFrame, folder: Path | str | None) -> Path:
+    """The comparison table as ``comparison.csv`` in the figures folder."""
+    return write_figure_file(folder, "comparison.csv", table.to_csv(index=False).encode())
 
 
 def _new_figure(
@@ -408,8 +442,7 @@ def _new_figure(
 
 
 def _save(figure: Any, out_dir: Path | str | None, filename: str) -> Any:
-    path = _figures_dir(out_dir) / filename
-    figure.savefig(path, dpi=110)
+    path = write_figure_file(out_dir, filename, lambda fh: figure.savefig(fh, format="png", dpi=110))
     figure.lab_path = path  # where it went, for save_all and for the notebook to show
     return figure
 
@@ -811,7 +844,7 @@ def plot_timeline(record_or_path: Any, *, out_dir: Path | str | None = None) -> 
     """
     path, name = _timeline_path(record_or_path)
     record = {} if isinstance(record_or_path, (str, Path)) else dict(record_or_path)
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120]  # a name the file system takes
     filename = f"timeline_{safe}.png"
     if path is None:
         figure, ax = _new_figure(6, 2.5)

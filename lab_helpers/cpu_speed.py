@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lab_helpers.paths import write_lab_file
+
 CACHE_ENV = "LAB_CPU_SPEED_CACHE"
 """Where the measured rates are kept (default ``~/.cache/lab_helpers/cpu_speed.json``)."""
 
@@ -58,10 +60,7 @@ def measure_cpu_rates(*, refresh: bool = False) -> CpuRates:
         cache = {}
     cache[key] = asdict(rates)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cache, indent=1))
-        tmp.replace(path)  # atomic: a crash leaves the old cache, never half a file
+        write_lab_file(path, json.dumps(cache, indent=1).encode())  # atomic, never through a link
     except OSError:
         pass  # a read-only home: measure again next time
     return rates

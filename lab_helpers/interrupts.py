@@ -7,8 +7,9 @@ rank stuck in a collective -- which then holds the GPU. Once armed, the shield c
 instead of raising; the caller looks at ``count`` after the record is stored and raises then.
 
 The shield holds every signal that would end the run: SIGINT, and each signal whose default action ends the
-process (SIGHUP from a dropped SSH connection, SIGTERM, SIGQUIT, SIGUSR1, ...) while it still has that default or
-the CLI's ``raise_signal_interrupt``. A handler someone else installed (a test timer's SIGALRM) is left alone.
+process (SIGHUP from a dropped SSH connection, SIGTERM, SIGQUIT, SIGUSR1, SIGTRAP, the real-time signals, ...) while
+it still has that default or the CLI's ``raise_signal_interrupt``. A handler someone else installed (a test timer's
+SIGALRM) is left alone.
 
 Python delivers signals to the main thread only, so outside it there is nothing to hold and ``arm`` does nothing.
 """
@@ -19,16 +20,26 @@ import signal
 import threading
 from types import FrameType
 
-_ENDING_NAMES = (
-    "SIGHUP", "SIGTERM", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF", "SIGXCPU",
-    "SIGPWR", "SIGIO", "SIGSTKFLT",
-)  # fmt: skip
-ENDING_SIGNALS: tuple[signal.Signals, ...] = tuple(
-    getattr(signal, name) for name in _ENDING_NAMES if hasattr(signal, name)
-)
-"""Signals whose default action ends the process (signal(7)), SIGINT apart: the CLI turns each into an interrupt,
-so that a dropped terminal (SIGHUP) ends and records a run as SIGTERM does. SIGPIPE and SIGXFSZ are left out:
-Python ignores both (a write then fails with an error the lab handles); faults (SIGSEGV, SIGBUS) cannot be."""
+_NOT_ENDING = ("SIGCHLD", "SIGCONT", "SIGURG", "SIGWINCH", "SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU")
+"""signal(7)'s signals whose default action is to ignore or to stop, not to end the process."""
+_LEFT_OUT = ("SIGINT", "SIGKILL", "SIGPIPE", "SIGXFSZ", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL")
+"""Ending signals the CLI does not turn into an interrupt: SIGINT is Python's own (KeyboardInterrupt); SIGKILL cannot
+be caught; Python ignores SIGPIPE and SIGXFSZ (a write then fails with an error the lab handles); a fault (SIGSEGV,
+SIGBUS, SIGFPE, SIGILL) cannot be returned from."""
+
+
+def _ending_signals() -> tuple[int, ...]:
+    """Every signal whose default action ends the process, bar ``_LEFT_OUT``: one rule, not a list of names, so that
+    SIGTRAP, SIGSYS, SIGABRT sent by ``kill`` and each real-time signal (SIGRTMIN..SIGRTMAX, which end a process by
+    default) are recorded as SIGTERM is. Signals the C library keeps for itself (32 and 33 under glibc) are not in
+    ``signal.valid_signals()`` and are skipped where Python refuses them."""
+    skipped = {getattr(signal, name) for name in (*_NOT_ENDING, *_LEFT_OUT) if hasattr(signal, name)}
+    return tuple(sorted(int(s) for s in signal.valid_signals() if s not in skipped))
+
+
+ENDING_SIGNALS: tuple[int, ...] = _ending_signals()
+"""Signals whose default action ends the process, SIGINT apart: the CLI turns each into an interrupt, so that a
+dropped terminal (SIGHUP), a real-time signal or SIGTRAP ends and records a run as SIGTERM does."""
 
 HELD_SIGNALS = (signal.SIGINT, *ENDING_SIGNALS)
 
@@ -43,6 +54,10 @@ class SignalInterrupt(KeyboardInterrupt):
 
 
 def signal_name(signum: int) -> str:
+    """SIGTERM, SIGRTMIN+1 (a real-time signal by its place, as kill -l names it), else "signal N"."""
+    low, high = getattr(signal, "SIGRTMIN", None), getattr(signal, "SIGRTMAX", None)
+    if low is not None and high is not None and low < signum < high:
+        return f"SIGRTMIN+{signum - low}"
     try:
         return signal.Signals(signum).name
     except ValueError:
@@ -57,8 +72,11 @@ def raise_signal_interrupt(signum: int, frame: FrameType | None) -> None:  # noq
 def end_runs_on_signals() -> None:
     """Install ``raise_signal_interrupt`` for every ending signal that is not ignored (a background job's)."""
     for signum in ENDING_SIGNALS:
-        if signal.getsignal(signum) is signal.SIG_DFL:
-            signal.signal(signum, raise_signal_interrupt)
+        try:
+            if signal.getsignal(signum) is signal.SIG_DFL:
+                signal.signal(signum, raise_signal_interrupt)
+        except (OSError, ValueError):  # one the platform keeps for itself
+            continue
 
 
 def _would_end_the_run(handler: object) -> bool:
@@ -80,10 +98,13 @@ class InterruptShield:
         if self.armed or threading.current_thread() is not threading.main_thread():
             return
         for signum in HELD_SIGNALS:
-            previous = signal.getsignal(signum)
-            if not _would_end_the_run(previous):
-                continue  # ignored, or someone else's handler
-            signal.signal(signum, self._hold)
+            try:
+                previous = signal.getsignal(signum)
+                if not _would_end_the_run(previous):
+                    continue  # ignored, or someone else's handler
+                signal.signal(signum, self._hold)
+            except (OSError, ValueError):  # one the platform keeps for itself
+                continue
             self._saved[signum] = signal.SIG_DFL if previous is None else previous
 
     def release(self) -> None:

@@ -21,7 +21,7 @@ from lab_helpers import predict
 from lab_helpers.decision import blocked, default_profile_here, profile_problem, section_decisions
 from lab_helpers.experiments import LabConfigError, check_run_files, parse_set_args, resolve
 from lab_helpers.launch import launcher_for
-from lab_helpers.paths import absolute_locations, lab_home, results_dir
+from lab_helpers.paths import absolute_locations, check_locations, lab_home, results_dir
 from lab_helpers.predict import OOM_DEMO_MARGIN
 from lab_helpers.quick_mode import QUICK_ENV, quick_from_env, quick_overrides
 from lab_helpers.records import append_record, store_records
@@ -96,6 +96,7 @@ def run_experiment(
     from lab_helpers.time_limit import time_limit_s as run_time_limit_s
 
     # first, creating nothing: a full disk must be one line before resolve() imports what needs a temporary folder
+    check_locations()  # LAB_RESULTS, LAB_CHECKPOINTS, LAB_DATA: a file, /proc, a byte litgpt cannot read
     check_results_folder(results_file(results_path), create=False)
     recover_orphans(results_path)  # runs whose launcher died before recording them (once per process)
     node = describe_node()  # once per run: the profile check, the hardware check and the record all use it

@@ -11,6 +11,7 @@ Units: GiB are 2^30 bytes everywhere (litgpt prints GB = 10^9: say so where one 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -149,6 +150,8 @@ RECORD_FIELDS: tuple[Field, ...] = _reported(
     ("log_error", None, "why the log or the timeline is incomplete (e.g. the disk filled up)"),
     ("recovered", None, "how the record was rebuilt from its run folder after the launcher ended before storing it "
      "(lab_helpers.recovery: exit code unknown, wall_s from the timeline); None: stored by the launcher"),
+    ("merged_at", None, "ISO time, UTC, when merge-records brought the record back from a fallback file; readers "
+     "place it by its start, not at the end of the file (records.record_order). None: stored by the launcher"),
     # memory
     ("gpu_used_peak_gib", "GiB", "NVML 'memory used' peak of this rank's GPU during the run"),
     ("gpu_used_peak_gib_per_gpu", "GiB", "NVML 'memory used' peak per GPU index"),
@@ -289,7 +292,7 @@ def record_unfit(record: Any) -> str | None:
     for key in _RECORD_PATH_FIELDS:
         if (problem := run_file_problem(record.get(key))) is not None:
             return f"{key} {problem}"
-    if (bad := _bad_text(record)) is not None:
+    if not _encodes(record) and (bad := _bad_text(record)) is not None:  # at C speed; the walk finds where
         return f"text that is not valid Unicode in {bad}"
     return None
 
@@ -319,6 +322,14 @@ def _number(value: Any) -> bool:
 
 def _sane_number(value: Any) -> bool:
     return _number(value) and math.isfinite(value) and abs(value) <= SANE_MAGNITUDE
+
+
+def _encodes(value: Any) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False, allow_nan=True).encode("utf-8")
+    except (UnicodeEncodeError, ValueError, TypeError, RecursionError):
+        return False
+    return True
 
 
 def _bad_text(value: Any, where: str = "the record") -> str | None:

@@ -20,6 +20,7 @@ accepts (``record_schema.record_unfit``): one hostile line must not break every 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import errno
 import fcntl
 import json
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from lab_helpers.iteration_times import steady_timing
-from lab_helpers.paths import results_dir
+from lab_helpers.paths import describe_os_error, open_regular, results_dir
 from lab_helpers.record_schema import STATUSES, conform, record_unfit
 from lab_helpers.secrets import redact_mapping
 
@@ -82,6 +83,17 @@ def append_record(record: Mapping[str, Any], *, path: Path | str | None = None) 
     stored (a bad record would be there forever: the file is never rewritten).
     """
     return append_records([record], path=path)
+
+
+def record_lines(records: Sequence[Mapping[str, Any]]) -> bytes:
+    """Records as the lines a records file stores (``_record_line``), each checked first: a record without
+    ``experiment`` or with an unknown ``status`` is refused (ValueError), so that nothing malformed is ever stored."""
+    for record in records:
+        if not record.get("experiment"):
+            raise ValueError("a record needs an 'experiment'")
+        if record.get("status") not in STATUSES:
+            raise ValueError(f"status must be one of {', '.join(STATUSES)}; got {record.get('status')!r}")
+    return b"".join(_record_line(record) for record in records)
 
 
 def _record_line(record: Mapping[str, Any]) -> bytes:
@@ -129,29 +141,9 @@ def _append_locked(fd: int, target: Path, data: bytes) -> None:
 
 
 def open_results_file(target: Path) -> int:
-    """An fd for appending to ``target``: created if missing, never through a symbolic link, never anything but a
-    regular file (a FIFO would block, a directory or a device is no results file). Raises OSError."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    fd = os.open(target, flags, 0o644)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def describe_os_error(exc: OSError) -> str:
-    """An OSError in words a student can act on."""
-    if exc.errno == errno.ELOOP:
-        return "it is a symbolic link, and the lab does not write through one (remove the link)"
-    if exc.errno == errno.EISDIR:
-        return "it is a directory"
-    if exc.errno in (errno.EACCES, errno.EPERM):
-        return "permission denied (another user, e.g. a `sudo` run, may own it)"
-    return exc.strerror or str(exc)
+    """An fd for appending to ``target``: created if missing, by the rule of every file the lab appends to
+    (``paths.open_regular``: never through a symbolic link, never anything but a regular file). Raises OSError."""
+    return open_regular(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 
 
 def append_records(records: Sequence[Mapping[str, Any]], *, path: Path | str | None = None) -> Path:
@@ -159,12 +151,7 @@ def append_records(records: Sequence[Mapping[str, Any]], *, path: Path | str | N
 
     A file this call created is removed again when the write fails, so that a full disk is not left with an empty
     fallback file that looks like a stored record."""
-    for record in records:
-        if not record.get("experiment"):
-            raise ValueError("a record needs an 'experiment'")
-        if record.get("status") not in STATUSES:
-            raise ValueError(f"status must be one of {', '.join(STATUSES)}; got {record.get('status')!r}")
-    data = b"".join(_record_line(record) for record in records)
+    data = record_lines(records)
     target = results_path(path)
     existed = os.path.lexists(target)
     fd = _open_locked(target)
@@ -310,9 +297,11 @@ def merge_records(source: Path | str, *, path: Path | str | None = None) -> Merg
     file itself or a link to it, a notebook, a reference file, a backup of many runs) is refused with a
     LabConfigError and left as it is. The whole merge holds the results file's lock (the one ``append_record``
     takes) and the fallback's, so two merges of one file at once append it once. Records already there (same
-    ``run_id`` and ``rank``) are not appended again. The fallback is unlinked only when every one of its lines is
-    a record that is in the results file afterwards; else it is kept and ``kept_because`` says why. Raises
-    RecordWriteError when the results file cannot take the records (the fallback is then kept as it is).
+    ``run_id`` and ``rank``) are not appended again. Each appended record is marked ``merged_at``: readers place it
+    by when it started (``record_order``), so an old run merged late never hides a newer one. The fallback is
+    unlinked only when every one of its lines is a record that is in the results file afterwards; else it is kept
+    and ``kept_because`` says why. Raises RecordWriteError when the results file cannot take the records (the
+    fallback is then kept as it is).
     """
     source = Path(os.path.abspath(source))
     target = Path(os.path.abspath(results_path(path)))
@@ -332,12 +321,13 @@ def merge_records(source: Path | str, *, path: Path | str | None = None) -> Merg
             records, damaged = _fallback_records(source, _read_fd(src_fd, source), run_id)
             stored = {(r.get("run_id"), r.get("rank")) for r in iter_records(target)}
             new: dict[tuple, bytes] = {}
+            merged_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
             for record in records:
                 key = (record.get("run_id"), record.get("rank"))
                 if key in stored or key in new:
                     result.already_there += 1
-                else:
-                    new[key] = _record_line(record)
+                else:  # marked: it takes its place among the records by its start (record_order), not at the end
+                    new[key] = _record_line({**record, "merged_at": record.get("merged_at") or merged_at})
             if new:
                 _append_locked(fd, target, b"".join(new.values()))
             result.merged = len(new)
@@ -435,6 +425,11 @@ def _fallback_records(source: Path, data: bytes, run_id: str) -> tuple[list[dict
     if not records:
         raise _not_a_fallback(source, "no record in it" + (f" ({damaged[0]})" if damaged else ""))
     return records, damaged
+
+
+def _run_of(frame, row: int) -> str:
+    run_id = frame["run_id"].iloc[row] if "run_id" in frame else None
+    return f", run {_shown(run_id)}" if isinstance(run_id, str) else ""
 
 
 def _shown(value: Any) -> str:
@@ -555,21 +550,126 @@ def load_results(path: Path | str | None = None):
     records = [conformed(record) for record in read_records(path)]
     if not records:
         return pd.DataFrame(columns=["experiment", "profile", "status", "rank"])
-    frame = pd.json_normalize(records, max_level=0)
+    frame = pd.DataFrame(records)  # json_normalize(max_level=0) is this after a deep copy of every record
     for column in ("experiment", "profile", "status", "rank"):
         if column not in frame:
             frame[column] = None
+    if odd := odd_started_at(frame):
+        shown = "; ".join(
+            f"record {i + 1} ({_shown(frame['experiment'].iloc[i])}{_run_of(frame, i)}): started_at "
+            f"{_shown(frame['started_at'].iloc[i])} is {why}"
+            for i, why in odd[:_SHOWN_PROBLEMS]
+        ) + ("; ..." if len(odd) > _SHOWN_PROBLEMS else "")
+        warnings.warn(f"{results_path(path)}: {len(odd)} record(s) with an odd start time ({shown}): a clock ahead "
+                      "or behind, or an edited record; tables take runs in the order they were stored, not by "
+                      "started_at", stacklevel=2)  # fmt: skip
     return frame
 
 
 # ------------------------------------------------------------------------------------------------ selecting
 
+LATE_MARKS = ("recovered", "merged_at")
+"""Fields of a record the lab appends after runs that started later may be stored: a run recovered from its run
+folder (``recovery``), a fallback file merged back (``merge_records``). Such a record takes its place in the order
+of records by when it started, never after a run that started after it."""
+
+CLOCK_SLACK_S = 300.0
+"""How far a ``started_at`` may run ahead of the records after it (or of now) before it is shown as odd: clocks
+of two machines, or one adjusted by NTP, differ by seconds, not by minutes."""
+
+
+def record_order(frame) -> list[float]:
+    """Each row's place in the order of records: its position in the file (append-only: a later line is a later
+    run, whatever any clock said), so that a clock ahead or an edited ``started_at`` hides nothing. A row appended
+    late by the lab itself (``LATE_MARKS``) is placed just before the first ordinary row that started after it.
+    Linear in the rows, bar one binary search per late row."""
+    import bisect
+
+    import pandas as pd
+
+    rows = len(frame)
+    started = _started(frame)
+    late = _late(frame)
+    ordinary = [i for i in range(rows) if not late[i]]
+    running_max, peaks = None, []  # the latest start among ordinary rows so far (NaT counts as none)
+    for i in ordinary:
+        if not pd.isna(started[i]) and (running_max is None or started[i] > running_max):
+            running_max = started[i]
+        peaks.append(running_max.value if running_max is not None else -(2**63))
+    order = [float(i) for i in range(rows)]
+    for i in range(rows):
+        if late[i] and not pd.isna(started[i]):
+            j = bisect.bisect_right(peaks, started[i].value)  # the first ordinary row that started after it
+            if j < len(ordinary) and ordinary[j] < i:
+                order[i] = ordinary[j] - 0.5 + i / (2.0 * rows + 1)  # before it; late rows keep their own order
+    return order
+
+
+def odd_started_at(frame) -> list[tuple[int, str]]:
+    """(row, why) for each ordinary row whose ``started_at`` cannot be when it started -- a clock ahead or behind,
+    an edited record. A run is stored once it has ended, so a run stored earlier started before every run stored
+    later had ended: where two rows break that, the fewer of the two explanations is shown (the rows ahead of
+    the runs stored after them, or the rows behind the runs stored before them), and any start in the future.
+    Tables order by ``record_order`` whatever this finds; nothing is changed."""
+    import datetime as dt
+
+    import pandas as pd
+
+    started, late = _started(frame), _late(frame)
+    wall = list(pd.to_numeric(frame["wall_s"], errors="coerce")) if "wall_s" in frame else [None] * len(frame)
+    slack = pd.Timedelta(seconds=CLOCK_SLACK_S)
+    now = pd.Timestamp(dt.datetime.now(dt.UTC))
+    rows = [i for i in range(len(frame)) if not late[i] and not pd.isna(started[i])]
+    odd = {i: "in the future" for i in rows if started[i] > now + slack}
+    rows = [i for i in rows if i not in odd]  # a start in the future says nothing of the others
+    ends = {i: started[i] + pd.Timedelta(seconds=float(wall[i]) if _duration(wall[i]) else 0.0) for i in rows}
+    ahead, earliest_end = [], None  # the earliest end of a run stored after the row at hand
+    for i in reversed(rows):
+        if earliest_end is not None and started[i] > earliest_end + slack:
+            ahead.append(i)
+        earliest_end = ends[i] if earliest_end is None else min(earliest_end, ends[i])
+    behind, latest_start = [], None  # the latest start of a run stored before the row at hand
+    for i in rows:
+        if latest_start is not None and ends[i] + slack < latest_start:
+            behind.append(i)
+        latest_start = started[i] if latest_start is None else max(latest_start, started[i])
+    if ahead and len(ahead) <= len(behind):
+        odd.update({i: "later than the end of a run stored after it" for i in ahead})
+    elif behind:
+        odd.update({i: "earlier than the start of a run stored before it" for i in behind})
+    return sorted(odd.items())
+
+
+def _duration(seconds: Any) -> bool:
+    return seconds is not None and 0 <= seconds < 1e7  # NaN fails both comparisons
+
+
+def _started(frame) -> list:
+    import pandas as pd
+
+    if "started_at" not in frame:
+        return [pd.NaT] * len(frame)
+    return list(pd.to_datetime(frame["started_at"], errors="coerce", utc=True, format="ISO8601"))
+
+
+def _late(frame) -> list[bool]:
+    late = [False] * len(frame)
+    for mark in LATE_MARKS:
+        if mark in frame:
+            late = [was or not _missing(value) for was, value in zip(late, frame[mark], strict=True)]
+    return late
+
+
+def _missing(value: Any) -> bool:
+    return value is None or value is False or (isinstance(value, float) and value != value)
+
 
 def latest_runs(df, *, profile: str | None = None, order: Sequence[str] | None = None):
     """The latest record per (experiment, rank), sorted by the lab's experiment order (then rank).
 
-    "Latest" is by ``started_at`` (ISO time); records without one count by their position in the file, so a
-    rerun of an experiment replaces the earlier run in every table and plot while the file keeps both.
+    "Latest" is the last in the order of records (``record_order``: the position in the file, never a clock), so a
+    rerun of an experiment replaces the earlier run in every table and plot while the file keeps both, and a
+    ``started_at`` ahead of its time (``odd_started_at``) hides nothing.
     ``order`` defaults to the order of configs/experiments/*.yaml; experiments not in it follow, as recorded.
     """
     import pandas as pd
@@ -580,25 +680,20 @@ def latest_runs(df, *, profile: str | None = None, order: Sequence[str] | None =
     for column in ("experiment", "rank", "profile", "started_at", "status"):
         if column not in frame:
             frame[column] = None
+    frame["_position"] = record_order(frame.reset_index(drop=True))
     if profile is not None:
         frame = frame[frame["profile"] == profile]
     frame = frame[frame["experiment"].notna()]
     if frame.empty:
         return empty_runs_frame()
     frame["experiment"] = _marked_simulated(frame)  # never the same row, bar or point as a real N-GPU run
-    frame["_position"] = range(len(frame))
     frame["_rank"] = pd.to_numeric(frame["rank"], errors="coerce").fillna(0).astype(int)
-    frame["_started"] = pd.to_datetime(frame["started_at"], errors="coerce", utc=True, format="ISO8601")
-    frame = frame.sort_values(["_started", "_position"], na_position="first", kind="stable")
+    frame = frame.sort_values("_position", kind="stable")
     frame = frame.groupby(["experiment", "_rank"], sort=False, dropna=False).tail(1)
     rank_of = _order_index(frame["experiment"], order)
     frame["_order"] = frame["experiment"].map(rank_of)
     frame = frame.sort_values(["_order", "_rank"], kind="stable")
-    return (
-        frame.drop(columns=["_position", "_started", "_order"])
-        .rename(columns={"_rank": "rank_n"})
-        .reset_index(drop=True)
-    )
+    return frame.drop(columns=["_position", "_order"]).rename(columns={"_rank": "rank_n"}).reset_index(drop=True)
 
 
 def simulated_label(experiment: str, world_size: int) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from lab_helpers.child_report import read_reports
-from lab_helpers.paths import results_dir
+from lab_helpers.paths import results_dir, write_lab_file
 from lab_helpers.records import _json_safe, fallback_places, results_path, store_records
 from lab_helpers.runner import ProcessOutcome, say
 from lab_helpers.sampler import TimelineSummary
@@ -39,10 +39,8 @@ _checked: set[Path] = set()  # results files already checked by this process
 
 def write_launch(run_dir: Path, base: Mapping[str, Any], ranks: list[int | None]) -> None:
     """What a recovery needs to build the run's records, written before the training starts (tmp + rename)."""
-    target = run_dir / LAUNCH_FILENAME
-    tmp = target.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(_json_safe(redact_mapping({"base": dict(base), "ranks": ranks})), sort_keys=True))
-    os.replace(tmp, target)
+    data = json.dumps(_json_safe(redact_mapping({"base": dict(base), "ranks": ranks})), sort_keys=True)
+    write_lab_file(run_dir / LAUNCH_FILENAME, data.encode())  # a regular file, never through a link
 
 
 @contextlib.contextmanager

@@ -28,10 +28,18 @@ from typing import Any
 
 from lab_helpers.experiments import LabConfigError
 from lab_helpers.gpu_peaks import reference_name_for_gpu
-from lab_helpers.paths import reference_dir, regular_file_inside, results_dir
-from lab_helpers.records import append_record, latest_runs, load_results, read_records, results_path
+from lab_helpers.paths import (
+    describe_os_error,
+    lab_folder,
+    reference_dir,
+    regular_file_inside,
+    results_dir,
+    shown_path,
+    write_lab_file,
+)
+from lab_helpers.records import latest_runs, load_results, read_records, record_lines, results_path
 
-_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")  # never hidden (".", ".."), a name the file system takes
 TIMELINE_ARCHIVE = "results.tar.gz"  # what scripts/gpu-chunk.sh brings back beside its runs.jsonl
 
 
@@ -57,11 +65,17 @@ def record_gpu(record: Mapping[str, Any]) -> str | None:
     if isinstance(names, list) and names and isinstance(names[0], str) and names[0].strip():
         return names[0]
     device = record.get("device_name")
-    return device if isinstance(device, str) and device.strip() else None
+    cpu = isinstance(device, str) and device.startswith("cpu (")  # child_report.device_name() on a CPU: no GPU
+    return device if isinstance(device, str) and device.strip() and not cpu else None
 
 
 def export_references(
-    name: str | None = None, *, profile: str | None = None, note: str = "", source: Path | str | None = None
+    name: str | None = None,
+    *,
+    profile: str | None = None,
+    note: str = "",
+    source: Path | str | None = None,
+    force: bool = False,
 ) -> list[Exported]:
     """Add records to ``reference_results/<name>.jsonl``, one file per GPU, and say what each file got.
 
@@ -69,9 +83,12 @@ def export_references(
     (a chunk's runs.jsonl), every record of ``profile`` in that file (``profile`` defaults to the one profile the
     file holds). Without ``name`` the file is named after the records' GPU; a ``name`` that disagrees with it is
     refused, naming the file the records belong in. Records without a GPU (the ci profile) need a ``name``.
+    A file already there takes only records of its own profile and GPU (``_kind``): ci records never land in the
+    shipped H100 file, unless ``force``.
     """
     if name is not None and not _NAME.match(name):
-        raise LabConfigError(f"reference name {name!r}: use letters, digits, '.', '_' and '-' only (e.g. h100-80gb)")
+        raise LabConfigError(f"reference name {_shown(name)}: use letters, digits, '.', '_' and '-' only, starting "
+                             "with a letter or digit, at most 100 characters (e.g. h100-80gb)")  # fmt: skip
     records, timelines = _chosen_records(profile, source)
     by_file: dict[str, list[dict[str, Any]]] = {}
     gpus: dict[str, str | None] = {}
@@ -93,16 +110,48 @@ def export_references(
             f"({measured}); leave NAME out, and each GPU's records go to its own file"
         )
     folder = reference_dir()
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        lab_folder(folder)
+    except OSError as exc:
+        raise LabConfigError(f"reference folder {shown_path(folder)}: {describe_os_error(exc)}") from None
     with _folder_lock(folder):  # two exports at once would each rename their own copy over the other's
+        if not force:  # every file checked before any is written
+            for stem, rows in by_file.items():
+                _refuse_another_kind(folder / f"{stem}.jsonl", rows)
         return [_add_to(folder, stem, rows, gpus[stem], note, timelines) for stem, rows in by_file.items()]
 
 
+def _kind(record: Mapping[str, Any]) -> tuple[str, str]:
+    """What a reference file holds one of: the records' profile and the GPU they were measured on."""
+    return str(record.get("profile")), record_gpu(record) or "no GPU (a CPU)"
+
+
+def _refuse_another_kind(target: Path, rows: list[dict[str, Any]]) -> None:
+    """A LabConfigError when ``target`` already holds records and ``rows`` are of a profile or GPU it holds none
+    of: a ci run exported as ``h100-80gb`` would otherwise be added to the shipped H100 file without a word."""
+    if not _existing_bytes(target):
+        return
+    shipped = {_kind(record) for record in read_records(target)}
+    new = sorted({_kind(record) for record in rows} - shipped)
+    if shipped and new:
+        held = "; ".join(f"profile {p} on {g}" for p, g in sorted(shipped))
+        raise LabConfigError(
+            f"export-reference: {target.parent.name}/{target.name} holds records of {held}, and these are of "
+            f"{'; '.join(f'profile {p} on {g}' for p, g in new)}: nothing exported (one file per GPU and profile: "
+            "give another NAME, e.g. ci-cpu, or --force to add them to this file anyway)"
+        )
+
+
+def _shown(name: str) -> str:
+    text = repr(name)
+    return text if len(text) <= 40 else f"{text[:30]}...' ({len(name)} characters)"
+
+
 def export_reference(
-    name: str, *, profile: str | None = None, note: str = "", source: Path | str | None = None
+    name: str, *, profile: str | None = None, note: str = "", source: Path | str | None = None, force: bool = False
 ) -> Path:
     """:func:`export_references` into the one file ``name``; returns its path."""
-    return export_references(name, profile=profile, note=note, source=source)[0].path
+    return export_references(name, profile=profile, note=note, source=source, force=force)[0].path
 
 
 def _chosen_records(profile: str | None, source: Path | str | None) -> tuple[list[dict[str, Any]], _Timelines]:
@@ -144,21 +193,26 @@ def _add_to(
             shipped.add(_key(record))
             new.append(record)
     if new:
-        tmp = folder / f".{stem}.jsonl.tmp{os.getpid()}"  # the old file stays whole until the new one is
-        tmp.unlink(missing_ok=True)
-        try:
-            tmp.write_bytes(old)
-            for record in new:
-                record = dict(record)
-                if record.get("timeline_path"):
-                    record["timeline_path"] = timelines.copy(record, folder)
-                record["reference_note"] = note or f"exported with: {' '.join(sys.argv) or 'export_reference'}"
-                append_record(record, path=tmp)  # redacted and fsynced as it is written (records.py)
-            os.replace(tmp, target)
-            _fsync_dir(folder)
-        finally:
-            tmp.unlink(missing_ok=True)
+        rows = []
+        for record in new:
+            record = dict(record)
+            if record.get("timeline_path"):
+                record["timeline_path"] = timelines.copy(record, folder)
+            record["reference_note"] = note or f"exported with: {' '.join(sys.argv) or 'export_reference'}"
+            rows.append(record)
+        fence = b"\n" if old and not old.endswith(b"\n") else b""
+        # the old bytes, then the new lines (redacted: records.record_lines), written by the lab's one rule for a
+        # file (paths.write_lab_file: a new file renamed into place, never through a link): never half a file
+        _write(target, old + fence + record_lines(rows))
+        _fsync_dir(folder)
     return Exported(target, added=len(new), already_there=len(records) - len(new), gpu=gpu)
+
+
+def _write(path: Path, data) -> None:
+    try:
+        write_lab_file(path, data)
+    except OSError as exc:
+        raise LabConfigError(f"{shown_path(path)}: not written: {describe_os_error(exc)}; nothing exported") from None
 
 
 class _Timelines:
@@ -186,17 +240,12 @@ class _Timelines:
                 stacklevel=4,
             )
             return None
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        destination.unlink(missing_ok=True)  # never write through a link left there
         if source is not None:
-            shutil.copyfile(source, destination)
+            with open(source, "rb") as data:
+                _write(destination, lambda out: shutil.copyfileobj(data, out))
         else:
-            with (
-                tarfile.open(self.archive, "r:gz") as tar,
-                tar.extractfile(member) as data,
-                open(destination, "xb") as out,
-            ):
-                shutil.copyfileobj(data, out)
+            with tarfile.open(self.archive, "r:gz") as tar, tar.extractfile(member) as data:
+                _write(destination, lambda out: shutil.copyfileobj(data, out))
         return timeline
 
     def _member(self, timeline: str) -> tarfile.TarInfo | None:

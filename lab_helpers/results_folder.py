@@ -16,10 +16,10 @@ import tempfile
 from pathlib import Path
 
 from lab_helpers.config_error import LabConfigError
-from lab_helpers.records import describe_os_error, open_results_file
+from lab_helpers.paths import describe_os_error, path_problem
+from lab_helpers.records import open_results_file
 
 MIN_FREE_BYTES = 64 * 2**20  # a run writes its log, timeline and reports: a few MB on the ci profile
-SPECIAL_ROOTS = ("/proc", "/sys", "/dev")
 _FIX = "set LAB_RESULTS to a folder you can write, e.g. LAB_RESULTS=$HOME/lab-results"
 
 
@@ -32,9 +32,8 @@ def check_results_folder(results_file: Path, *, create: bool = True) -> None:
     dependencies need a temporary directory that a full disk does not give -- and a refused ``--set`` value then
     still leaves nothing behind."""
     folder = results_file.parent
-    real = os.path.realpath(folder)
-    if any(real == root or real.startswith(root + "/") for root in SPECIAL_ROOTS):
-        raise LabConfigError(f"results folder {folder} is on a special file system ({real}); {_FIX}")
+    if (problem := path_problem(folder)) is not None:  # the rule of every lab folder (paths.lab_folder)
+        raise LabConfigError(f"results folder {folder}: {problem}; {_FIX}")
     probed = folder
     try:
         if create:

@@ -24,6 +24,7 @@ from pathlib import Path
 from lab_helpers.child_report import REPORT_DIR_ENV, read_reports
 from lab_helpers.interrupts import InterruptShield, SignalInterrupt
 from lab_helpers.orphan_guard import LAUNCHER_PID_ENV
+from lab_helpers.paths import open_regular
 from lab_helpers.sampler import TimelineSampler, TimelineSummary
 from lab_helpers.secrets import LineRedactor
 from lab_helpers.warm_start import WarmProcess, kill_group, start_process
@@ -331,7 +332,7 @@ class _Log:
         self.error: str | None = None
         cap = log_cap_bytes() if cap_bytes is None else cap_bytes
         self._head_cap, self._tail_cap = cap // 4, cap - cap // 4
-        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        self._fd: int | None = open_regular(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)  # never through a link
         self._size = 0
         self._head_end: int | None = None  # where the head ends, once it is full
         self._tail_start = 0  # where the kept tail starts (behind the head and the note)

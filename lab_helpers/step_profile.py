@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from lab_helpers.paths import write_lab_file
+
 STEPS_ENV = "LAB_PROFILE_STEPS"
 """The launcher passes ``--profile-steps N`` to the training process through this variable (unset: off)."""
 
@@ -233,7 +235,7 @@ class StepProfiler:
         on_device = any(e.get("cat") in DEVICE_CATEGORIES for e in events)
         top = top_ops_from(self._profiler.key_averages(), steps=captured_steps, by_device=on_device)
         summary = summarize(events, wall_s=self._t1 - self._t0, steps=captured_steps, top_ops=top)
-        (self.out_dir / SUMMARY_FILENAME).write_text(json.dumps(summary, indent=1))
+        write_lab_file(self.out_dir / SUMMARY_FILENAME, json.dumps(summary, indent=1).encode())
         print(f"lab: torch.profiler trace of {captured_steps} steady optimizer step(s): {trace_path}", flush=True)
         for line in summary_lines(summary):
             print(f"lab: {line}", flush=True)

@@ -51,6 +51,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from lab_helpers.experiments import LabConfigError
+from lab_helpers.paths import write_lab_file
 
 REPO = Path(__file__).resolve().parent.parent
 PYPROJECT = REPO / "pyproject.toml"
@@ -625,7 +626,7 @@ def build_wheelhouse(
     if missing:
         raise WheelhouseError(f"pip saved no wheel for {', '.join(missing)} in {dest}")
     size_mib = sum((dest / w).stat().st_size for w in wheels) / 2**20
-    (dest / EXTRAS_FILE).write_text(",".join(extras) + "\n")
+    write_lab_file(dest / EXTRAS_FILE, (",".join(extras) + "\n").encode())  # the lab's rule: never through a link
     manifest = {
         "python": target.python,
         "glibc": target.glibc,
@@ -639,7 +640,7 @@ def build_wheelhouse(
         "size_mib": round(size_mib, 1),
         "install": f"LAB_WHEELHOUSE={dest} bash scripts/run-lab.sh",
     }
-    (dest / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
+    write_lab_file(dest / MANIFEST_FILE, (json.dumps(manifest, indent=1) + "\n").encode())
     echo(f"wheelhouse: {len(wheels)} wheels, {size_mib:.0f} MiB in {dest}")
     echo(f"wheelhouse: on the node, in the checkout: LAB_WHEELHOUSE={dest} bash scripts/run-lab.sh")
     return manifest

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
-from conftest import REPO
+from conftest import REPO, cli
 
 from lab_helpers.compare import load_reference
 from lab_helpers.experiments import LabConfigError
@@ -243,3 +244,66 @@ def test_records_without_a_gpu_need_a_name(lab_home, results, capsys):
     assert code == 2 and "names no GPU" in err and "give NAME" in err and "\n" not in err
     code, out, _ = _export(capsys, "ci-cpu", "--profile", "ci")
     assert code == 0 and out.endswith("ci-cpu.jsonl: 1 added, 0 already there")
+
+
+# -------------------------------------------------------- issue 45: an export never lands in another kind's file
+
+
+def _cli_export(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(cli("export-reference", *args), capture_output=True, text=True, timeout=180, cwd=REPO)
+
+
+def test_a_ci_export_named_after_the_shipped_h100_file_is_refused_unless_forced(lab_home, results):
+    """The issue's repro through the real CLI: `export-reference h100-80gb` from the ci profile silently added ci
+    records to the shipped H100 file. Now one line, exit 2, the file byte for byte; --force adds them."""
+    folder = lab_home / "reference_results"
+    folder.mkdir()
+    shipped = H100_SHIPPED.read_bytes()
+    (folder / "h100-80gb.jsonl").write_bytes(shipped)
+    append_record({"experiment": "grad-accum", "profile": "ci", "status": "ok", "run_id": "a",
+                   "device_name": "cpu (x86_64)"})  # fmt: skip
+    refused = _cli_export("h100-80gb", "--profile", "ci")
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1 and "Traceback" not in refused.stderr, refused.stderr
+    assert "profile gpu on NVIDIA H100 80GB HBM3" in lines[0] and "profile ci on no GPU" in lines[0]
+    assert "--force" in lines[0] and (folder / "h100-80gb.jsonl").read_bytes() == shipped
+    forced = _cli_export("h100-80gb", "--profile", "ci", "--force")
+    assert forced.returncode == 0, forced.stderr
+    text = (folder / "h100-80gb.jsonl").read_bytes()
+    assert text.startswith(shipped) and len(text.splitlines()) == len(shipped.splitlines()) + 1
+
+
+def test_a_ci_run_on_a_cpu_names_no_gpu_and_goes_to_the_name_given(lab_home, results, capsys):
+    """A ci run's device_name is "cpu (<processor>)": no GPU, so NAME decides (it went to cpu-x86-64.jsonl)."""
+    append_record({"experiment": "grad-accum", "profile": "ci", "status": "ok", "run_id": "a",
+                   "device_name": "cpu (x86_64)"})  # fmt: skip
+    code, out, _ = _export(capsys, "ci-cpu", "--profile", "ci")
+    assert code == 0 and out.endswith("ci-cpu.jsonl: 1 added, 0 already there")
+    assert sorted(p.name for p in (lab_home / "reference_results").iterdir()) == ["ci-cpu.jsonl"]
+
+
+@pytest.mark.parametrize("name", [".", "..", ".hidden", "x" * 300, "a/b"])
+def test_a_name_that_is_no_reference_file_name_is_one_line(lab_home, results, name):
+    append_record({"experiment": "grad-accum", "profile": "ci", "status": "ok", "run_id": "a"})
+    proc = _cli_export(name, "--profile", "ci")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "reference name" in lines[0], proc.stderr
+    assert len(lines[0]) < 300 and not (lab_home / "reference_results").exists()
+
+
+def test_an_export_never_writes_through_a_link_planted_as_a_timeline(lab_home, results):
+    """The export's timelines are written by the rule of every file the lab writes (paths.write_lab_file): a link
+    planted where a timeline goes is refused in one line, even one that stays inside the reference folder."""
+    (results / "runs" / "a").mkdir(parents=True)
+    (results / "runs" / "a" / "timeline.csv").write_text("t_s,gpu\n0.0,0\n")
+    append_record({"experiment": "grad-accum", "profile": "ci", "status": "ok", "run_id": "a",
+                   "timeline_path": "runs/a/timeline.csv"})  # fmt: skip
+    folder = lab_home / "reference_results"
+    (folder / "runs" / "a").mkdir(parents=True)
+    victim = folder / "README.md"
+    victim.write_text("untouched\n")
+    (folder / "runs" / "a" / "timeline.csv").symlink_to(victim)
+    proc = _cli_export("ci-cpu", "--profile", "ci")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "symbolic link" in lines[0], proc.stderr
+    assert victim.read_text() == "untouched\n" and not (folder / "ci-cpu.jsonl").exists()

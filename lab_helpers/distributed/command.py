@@ -16,6 +16,7 @@ import yaml
 
 from lab_helpers.distributed.deepspeed_config import ZERO_STAGES, deepspeed_config
 from lab_helpers.experiments import ResolvedRun, runnable_recipe
+from lab_helpers.paths import write_lab_file
 
 RECIPE_FILENAME = "recipe.yaml"
 DEEPSPEED_FILENAME = "deepspeed.json"
@@ -65,7 +66,7 @@ def build_command(run: ResolvedRun, run_dir: Path) -> list[str]:
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe = run_recipe(run, run_dir)
     recipe_path = run_dir / RECIPE_FILENAME
-    recipe_path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    write_lab_file(recipe_path, yaml.safe_dump(recipe, sort_keys=False).encode())  # never through a link
     num_nodes = run.experiment.num_nodes
     strategy = run.experiment.strategy
     argv = [

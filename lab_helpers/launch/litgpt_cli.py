@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 
 from lab_helpers.experiments import ResolvedRun, runnable_recipe
+from lab_helpers.paths import write_lab_file
 
 RECIPE_FILENAME = "recipe.yaml"
 
@@ -20,7 +21,7 @@ class LitgptCliLauncher:
         run_dir.mkdir(parents=True, exist_ok=True)
         recipe_file = run_dir / RECIPE_FILENAME
         recipe = runnable_recipe(run.recipe, out_dir=run_dir / "out")
-        recipe_file.write_text(yaml.safe_dump(recipe, sort_keys=False))
+        write_lab_file(recipe_file, yaml.safe_dump(recipe, sort_keys=False).encode())  # never through a link
         argv = [sys.executable, "-m", "lab_helpers.child_litgpt", run.litgpt_command, "--config", str(recipe_file)]
         if run.options["activation_checkpointing"]:  # litgpt has no such flag on one device: the child applies it
             from lab_helpers.activation_checkpointing import FLAG

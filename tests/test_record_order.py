@@ -1,0 +1,121 @@
+"""Issue 45: one ordering of records. A ``started_at`` ahead of its time (a clock ahead, an edited record) hid every
+newer run in the tables; the order is now the position in the append-only file, and the odd time is named.
+
+The CLI runs for real (``python -m lab_helpers compare / results / merge-records``) on records appended as the lab
+appends them; no training is needed, the fault is in what the file holds.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import resource
+import subprocess
+import warnings
+
+import pytest
+from conftest import REPO, cli
+
+from lab_helpers import compare
+from lab_helpers.records import append_record, load_results, odd_started_at, read_records
+
+AHEAD = "2099-01-01T00:00:00+00:00"
+
+
+def _record(run_id: str, started_at: str, train_s: float, **extra) -> dict:
+    return {"experiment": "grad-accum", "profile": "ci", "status": "ok", "rank": 0, "run_id": run_id,
+            "started_at": started_at, "train_s": train_s, "wall_s": train_s + 5, **extra}  # fmt: skip
+
+
+def _compare(results, tmp_path) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    out = subprocess.run(cli("compare", "--out", str(tmp_path / "figures")), capture_output=True, text=True,
+                         timeout=120, cwd=REPO, env={**os.environ, "LAB_RESULTS": str(results)})  # fmt: skip
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    with open(tmp_path / "figures" / "comparison.csv") as fh:
+        return out, list(csv.DictReader(fh))
+
+
+def test_a_start_time_ahead_hides_no_newer_run_and_is_named(results, tmp_path):
+    """The issue's repro: a record dated 2099, then two newer runs of the same experiment. `compare` (its table, its
+    CSV) shows the last one stored; stderr names the odd time in one warning line."""
+    path = results / "runs.jsonl"
+    append_record(_record("earlier", "2026-01-01T10:00:00+00:00", 11.0), path=path)
+    append_record(_record("ahead", AHEAD, 99.0), path=path)
+    append_record(_record("newer", "2026-01-02T10:00:00+00:00", 22.0), path=path)
+    append_record(_record("newest", "2026-01-03T10:00:00+00:00", 33.0), path=path)
+    out, rows = _compare(results, tmp_path)
+    assert [(row["experiment"], row["train_s"]) for row in rows] == [("grad-accum", "33.0")]
+    warned = [line for line in out.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warned) == 1 and AHEAD in warned[0] and "'ahead'" in warned[0] and "in the future" in warned[0]
+    assert "order they were stored" in warned[0]
+    # the notebooks' tables read the same frame through the same function
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table = compare.comparison_table(load_results(path))
+    assert list(table["train_s"]) == [33.0]
+    listed = subprocess.run(cli("results"), capture_output=True, text=True, timeout=120, cwd=REPO,
+                            env={**os.environ, "LAB_RESULTS": str(results)})  # fmt: skip
+    assert listed.returncode == 0 and AHEAD in listed.stdout  # every record, the odd one as it was stored
+
+
+def test_a_fallback_merged_late_hides_no_run_that_started_after_it(results, tmp_path):
+    """merge-records appends an old run's record after newer ones: it is marked ``merged_at`` and takes its place by
+    its start, so the newer run stays the one the tables show (and no odd time is reported for it)."""
+    path = results / "runs.jsonl"
+    append_record(_record("first", "2026-01-01T10:00:00+00:00", 11.0), path=path)
+    append_record(_record("rerun", "2026-01-03T10:00:00+00:00", 33.0), path=path)
+    fallback = tmp_path / "state" / "runs.old.jsonl"
+    append_record(_record("old", "2026-01-02T10:00:00+00:00", 22.0), path=fallback)
+    merged = subprocess.run(cli("merge-records", str(fallback)), capture_output=True, text=True, timeout=120,
+                            cwd=REPO, env={**os.environ, "LAB_RESULTS": str(results)})  # fmt: skip
+    assert merged.returncode == 0, merged.stderr
+    stored = read_records(path)
+    assert [r["run_id"] for r in stored] == ["first", "rerun", "old"] and stored[-1]["merged_at"]
+    out, rows = _compare(results, tmp_path)
+    assert [row["train_s"] for row in rows] == ["33.0"] and "warning" not in out.stderr, out.stderr
+
+
+def test_odd_start_times_name_the_fewer_rows():
+    """Where two stored runs disagree with their order, the fewer of the two explanations is named: one record
+    ahead of the runs after it, or one behind the runs before it; a start in the future is always named."""
+    import pandas as pd
+
+    ahead = pd.DataFrame([_record("a", "2026-01-01T10:00:00+00:00", 1), _record("b", "2026-03-01T00:00:00+00:00", 1),
+                          _record("c", "2026-01-02T10:00:00+00:00", 1), _record("d", "2026-01-03T10:00:00+00:00", 1)])
+    assert odd_started_at(ahead) == [(1, "later than the end of a run stored after it")]
+    behind = pd.DataFrame([_record("a", "2026-01-01T10:00:00+00:00", 1), _record("b", "2026-01-02T10:00:00+00:00", 1),
+                           _record("c", "2026-01-03T10:00:00+00:00", 1), _record("d", "2025-06-01T10:00:00+00:00", 1)])
+    assert odd_started_at(behind) == [(3, "earlier than the start of a run stored before it")]
+    future = pd.DataFrame([_record("a", AHEAD, 1), _record("b", "2026-01-02T10:00:00+00:00", 1)])
+    assert odd_started_at(future) == [(0, "in the future")]
+    # two runs at once (the shorter stored first) and a run stored within the slack: nothing odd
+    overlap = pd.DataFrame([_record("long", "2026-01-01T10:00:00+00:00", 1800), _record("short",
+                            "2026-01-01T10:05:00+00:00", 60), _record("next", "2026-01-01T10:40:00+00:00", 1)])
+    assert odd_started_at(overlap) == []  # fmt: skip
+
+
+def _cpu_seconds_of(command: list[str], env: dict) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(command, stdout=subprocess.DEVNULL, check=True, timeout=300, cwd=REPO, env=env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+@pytest.mark.slow
+def test_reading_5000_records_stays_under_4_s_and_20000_linear(tmp_path):
+    """`results` over 5,000 of the shipped ci records (about 4 KB each) in under 4 s of CPU, and 20,000 in at most
+    5 times that: linear (CPU time, not wall time, so that a busy machine does not decide it)."""
+    import json
+
+    shipped = read_records(REPO / "reference_results" / "ci-cpu.jsonl")
+    took = {}
+    for count in (5000, 20000):
+        folder = tmp_path / str(count)
+        folder.mkdir()
+        with open(folder / "runs.jsonl", "w") as fh:
+            for i in range(count):
+                fh.write(json.dumps({**shipped[i % len(shipped)], "run_id": f"r{i}", "timeline_path": None}) + "\n")
+        env = {**os.environ, "LAB_RESULTS": str(folder)}
+        took[count] = min(_cpu_seconds_of(cli("results"), env) for _ in range(2))
+    assert took[5000] < 4.0, took
+    assert took[20000] < 5 * took[5000], took
