@@ -10,6 +10,10 @@ Choices come from the lab's own recipes (``configs/<profile>/<model>/<method>.ya
 tiny CPU stand-ins, predicted as the live tensor bytes of a CPU step, against a pretend device memory (a CPU
 has no GPU memory to run out of); on ``gpu`` the real models, against this node's GPU (80 GiB where there is
 none).
+
+``host_or_device`` splits a GPU step into the host's time (kernel launches) and the device's, says which bounds it
+and asks the traced time model what would change that: a bigger micro batch, LoRA on fewer layers, another GPU on
+the same host (notebook 04's "Host or device?").
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ class Answer:
             limit = " (the whole per-GPU global batch)" if self.largest_micro_batch == self.micro_batch_limit else ""
             lines.append(f"largest micro batch that fits: {self.largest_micro_batch}{limit}")
         lines.append(self.time.summary() if self.time is not None else "time: not predicted")
+        if self.time is not None and self.time.split():
+            lines.append(self.time.split())
         return "\n".join(lines + [f"note: {note}" for note in self.notes])
 
 
@@ -277,6 +283,152 @@ def show(*, profile: str, **values: Any) -> Answer:
     except ImportError:
         pass
     return answer
+
+
+# ------------------------------------------------------------------------------------------------ host or device
+
+COMPARED_GPUS = ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")
+"""The GPUs ``host_or_device`` may set beside this one (NVML names in the lab's peak and bandwidth tables): the one
+whose traced device time for the same step is shortest."""
+LORA_TARGETS = ("lora_query", "lora_key", "lora_value", "lora_projection", "lora_mlp", "lora_head")
+FEWER_LORA_TARGETS = {"lora_key": False, "lora_projection": False, "lora_mlp": False, "lora_head": False}
+"""LoRA on the query and value alone (litgpt's defaults), against a recipe that adapts more layers."""
+
+
+@dataclass
+class Variant:
+    """One change to the run and the traced time model's answer for it (``plan`` a TimePlan)."""
+
+    change: str
+    plan: Any
+    fits: bool | None = None  # the memory plan's verdict, where the change can run out of memory
+
+    def line(self) -> str:
+        p = self.plan
+        fits = "" if self.fits is None else (", fits in memory" if self.fits else ", will OOM")
+        return (
+            f"{self.change}: host {p.host_ms_per_micro_batch:.0f} ms, device {p.device_ms_per_micro_batch:.0f} ms per "
+            f"micro-batch -> {p.time_bound}-bound; {p.tokens_per_s_padded:,.0f} tokens/s, step {p.step_s:.3g} s for "
+            f"{p.gradient_accumulation_iters} x {p.micro_batch_size} samples{fits}"
+        )
+
+
+@dataclass
+class HostOrDevice:
+    """Which of host and device bounds a GPU step (the traced time model), and what would change that."""
+
+    setup: str
+    base: Any  # TimePlan of the run as asked
+    variants: list[Variant] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def changed(self) -> list[Variant]:
+        """The variants whose bound differs from the run's."""
+        return [v for v in self.variants if v.plan.time_bound != self.base.time_bound]
+
+    def text(self) -> str:
+        if self.base is None or self.base.time_bound is None:
+            return "\n".join([f"{self.setup}: no host/device split predicted", *self.notes])
+        changed = ", ".join(v.change for v in self.changed()) or "none of these"
+        lines = [
+            f"{self.setup}:",
+            f"  {Variant('as asked', self.base).line()}",
+            f"  ({self.base.split()})",
+            "changed one way at a time (the same host, the same fitted figures):",
+            *(f"  {v.line()}" for v in self.variants),
+            f"what turns it {'device' if self.base.time_bound == 'host' else 'host'}-bound: {changed}",
+        ]
+        return "\n".join(lines + [f"note: {note}" for note in self.notes])
+
+
+def host_or_device(profile: str, values: dict[str, Any] | None = None, **time_options: Any) -> HostOrDevice:
+    """The traced time model's host and device time per micro-batch for the explorer's ``values`` on a GPU, the
+    bound, and the same run changed three ways: bigger micro batches (doubled up to where the device takes longer
+    than the host, or memory runs out), LoRA on the query and value only, and the GPU in ``COMPARED_GPUS`` with
+    the shortest device time (the same host: its per-launch cost kept).
+
+    A CPU has no split (one core is host and device), so on the ``ci`` profile this asks about the ``gpu``
+    profile's default recipe. The GPU is this node's, else ``NO_GPU_NAME``. ``time_options`` go to the planner
+    (``launch_cost_s``, ``device_efficiency``: given, nothing is fitted to records)."""
+    import copy
+    import dataclasses
+
+    from lab_helpers.plan_command import predict_step_time
+    from lab_helpers.planner import PlanError, predict
+    from lab_helpers.planner.timing import DeviceEfficiency, device_key
+
+    notes: list[str] = []
+    if profile == "ci":
+        profile = "gpu"
+        notes.append("a CPU has no host/device split: asked about the gpu profile's recipe")
+    values = {**defaults(profile), **(values or {})}
+    gpu_name = _this_gpu_name()
+    if gpu_name is None:
+        gpu_name = NO_GPU_NAME
+        notes.append(f"no GPU here: predicted for an {NO_GPU_NAME}, the lab's reference GPU")
+    spec = spec_for(values, profile)
+    setup = f"{_setup_line(values)}, on an {gpu_name}"
+    if spec.devices == 1:
+        setup = (
+            f"{values['model']} {values['method']} {values['precision']}, micro batch {spec.micro_batch_size} x "
+            f"{spec.seq_len} tokens, {values.get('optimizer', 'AdamW')}, on one {gpu_name}"
+        )
+    try:
+        base = predict_step_time(spec, gpu_name=gpu_name, **time_options)
+    except PlanError as err:
+        return HostOrDevice(setup, None, notes=[*notes, f"not predicted: {err}"])
+    if base.time_bound is None:
+        return HostOrDevice(setup, base, notes=[*notes, f"the FLOPs model, not the traced one ({base.mfu_source})"])
+    fixed = {
+        **time_options,
+        "launch_cost_s": base.launch_cost_us / 1e6,
+        "launch_cost_source": base.launch_cost_source,
+        "device_efficiency": DeviceEfficiency(
+            base.matmul_efficiency, base.bandwidth_efficiency, base.efficiency_source
+        ),
+    }
+    answer = HostOrDevice(setup, base, notes=notes)
+
+    def time(changed, gpu: str = gpu_name):
+        return predict_step_time(changed, gpu_name=gpu, **fixed)
+
+    micro = spec.micro_batch_size
+    while base.time_bound == "host" and micro < MAX_MICRO_BATCH_TRIED:
+        micro *= 2
+        bigger = spec_for({**values, "micro_batch_size": micro}, profile)
+        fits = predict(bigger).fits
+        plan = time(bigger)
+        answer.variants.append(Variant(f"micro batch {micro}", plan, fits))
+        if plan.time_bound != "host" or not fits:
+            break
+    if spec.method != "full" and any(spec.lora.get(key) for key in FEWER_LORA_TARGETS):
+        config = copy.deepcopy(spec.model_config)  # a LoRA config carries the targets the trace builds
+        for key, value in FEWER_LORA_TARGETS.items():
+            if hasattr(config, key):
+                setattr(config, key, value)
+        fewer = dataclasses.replace(spec, model_config=config, lora={**spec.lora, **FEWER_LORA_TARGETS})
+        targets = ", ".join(key[5:] for key in LORA_TARGETS if spec.lora.get(key))
+        answer.variants.append(Variant(f"LoRA on query and value only (the recipe: {targets})", time(fewer)))
+    others = [name for name in COMPARED_GPUS if device_key(name) != device_key(gpu_name)]
+    if others:
+        plans = {name: time(spec, name) for name in others}
+        best = min(plans, key=lambda name: plans[name].device_ms_per_micro_batch)
+        faster = plans[best].device_ms_per_micro_batch < base.device_ms_per_micro_batch
+        same_step = abs(plans[best].step_s - base.step_s) <= 0.005 * base.step_s
+        change = f"{'a faster' if faster else 'another'} GPU, an {best} (same host)"
+        answer.variants.append(Variant(change + (", the same step" if same_step else ""), plans[best]))
+    return answer
+
+
+MAX_MICRO_BATCH_TRIED = 256
+"""``host_or_device`` doubles the micro batch up to this (each double is a trace and a memory plan)."""
+
+
+def _this_gpu_name() -> str | None:
+    from lab_helpers.node import describe_node
+
+    gpus = describe_node().get("gpus") or []
+    return gpus[0].get("name") if gpus else None
 
 
 def widgets(profile: str):

@@ -143,9 +143,7 @@ def test_the_cheapest_change_can_be_the_optimizer_or_the_sharding(ci_assets):
     sharding (grad-op keeps gathered weights from forward to backward: more than full shard; ZeRO-2 keeps every
     weight on every rank: more than ZeRO-3)."""
     base = {**what_if.defaults("ci"), "model": "ci-llama-m", "method": "full", "precision": "32-true"}
-    plans = {
-        name: predict(what_if.spec_for({**base, "optimizer": name}, "ci")) for name in what_if.OPTIMIZERS
-    }
+    plans = {name: predict(what_if.spec_for({**base, "optimizer": name}, "ci")) for name in what_if.OPTIMIZERS}
     states = {name: plan.breakdown_gib["optimizer_states"] for name, plan in plans.items()}
     params = plans["AdamW"].breakdown_gib["parameters"]  # fp32: 4 B/param
     assert states["AdamW"] == pytest.approx(2 * params, rel=0.01)
@@ -164,3 +162,40 @@ def test_the_cheapest_change_can_be_the_optimizer_or_the_sharding(ci_assets):
     answer = what_if.explore(profile="ci", **{**two, "strategy": "fsdp", "sharding": "grad-op", "optimizer": "SGD"})
     title = answer.figure.axes[0].get_title()
     assert "SGD" in title and "fsdp (grad-op shard)" in title
+
+
+@pytest.mark.slow  # the traced time model asked ~6 times and 3 memory plans of TinyLlama: ~30-60 s on 2 cores
+def test_host_or_device_gives_the_split_and_what_changes_the_bound():
+    """On the ci profile (a CPU: no split of its own) the gpu profile's default recipe, its host and device time per
+    micro-batch, and the run changed one way at a time, each answered by the traced model with the same figures."""
+    from lab_helpers.planner.timing import DeviceEfficiency
+
+    launch = 77e-6
+    split = what_if.host_or_device("ci", launch_cost_s=launch, device_efficiency=DeviceEfficiency(0.5, 0.56, "given"))
+    base = split.base
+    assert base.host_ms_per_micro_batch == pytest.approx(base.kernels_per_micro_batch * launch * 1e3)
+    assert base.time_bound == ("host" if base.host_ms_per_micro_batch > base.device_ms_per_micro_batch else "device")
+    assert base.time_bound == "host"  # TinyLlama's LoRA at micro batch 4: thousands of small kernels
+    micro = [v for v in split.variants if v.change.startswith("micro batch")]
+    # a bigger micro batch: the same kernels (the same host time), more device time; doubled until the bound turns
+    assert [v.plan.micro_batch_size for v in micro] == [8, 16, 32][: len(micro)] and micro
+    device = [base.device_ms_per_micro_batch, *(v.plan.device_ms_per_micro_batch for v in micro)]
+    assert device == sorted(device) and device[-1] > 3 * device[0]
+    assert all(v.plan.host_ms_per_micro_batch == pytest.approx(base.host_ms_per_micro_batch, rel=0.02) for v in micro)
+    assert all(v.plan.time_bound == "host" and v.fits for v in micro[:-1])
+    assert micro[-1].plan.time_bound == "device" or not micro[-1].fits
+    fewer = next(v for v in split.variants if v.change.startswith("LoRA on query and value only"))
+    # the gpu recipe's targets, each once
+    assert fewer.change.endswith("(the recipe: query, key, value, projection, mlp, head)")
+    assert fewer.plan.kernels_per_micro_batch < 0.9 * base.kernels_per_micro_batch  # fewer adapters, fewer launches
+    assert fewer.plan.host_ms_per_micro_batch < base.host_ms_per_micro_batch
+    other = split.variants[-1]
+    assert "GPU" in other.change and other.plan.device_name != base.device_name
+    assert other.plan.host_ms_per_micro_batch == base.host_ms_per_micro_batch  # the same host
+    if other.plan.time_bound == "host":  # a GPU that is faster or not, the step is the host's
+        assert other.plan.step_s == pytest.approx(base.step_s, rel=1e-3) and "the same step" in other.change
+    assert split.changed() == [v for v in split.variants if v.plan.time_bound != "host"]
+    text = split.text()
+    assert "-> host-bound" in text and "what turns it device-bound: " in text
+    verdict = next(line for line in text.splitlines() if line.startswith("what turns it device-bound: "))
+    assert verdict.endswith(micro[-1].change) == (micro[-1].plan.time_bound == "device")
