@@ -426,3 +426,153 @@ def activation_ratio(plan: Any, other: Any, *, names: tuple[str, str] = ("this r
         f"(micro batch {other.micro_batch_size}) = {mine / theirs:.3f}; "
         f"micro batches {plan.micro_batch_size / other.micro_batch_size:.3f}"
     )
+
+
+# ------------------------------------------------------------------------------ activation checkpointing's peak
+
+STEP_SETTINGS: dict[str, dict[str, bool]] = {
+    "foreach": {"optimizer.foreach": True},
+    "for-loop": {"optimizer.foreach": False},
+    "fused": {"optimizer.fused": True},
+}
+"""The ``--set`` override that asks for each step implementation (``planner.spec.STEP_IMPLEMENTATIONS``)."""
+
+_STEP_WHAT = {
+    "foreach": "updates every parameter in one op, so each intermediate is the size of all parameters at once",
+    "for-loop": "updates one parameter at a time, so its intermediates are the size of one parameter",
+    "fused": "updates every parameter in place in one kernel, with no intermediates",
+}
+
+
+def step_lever(plan: Any) -> dict[str, bool]:
+    """The override that runs ``plan``'s optimizer step the other way: the for-loop where it is foreach (a GPU's
+    default) or fused, foreach where it is the for-loop (a CPU's default, so that a CPU shows what a GPU's default
+    costs); {} where the step is not a torch optimizer's."""
+    step = getattr(plan, "optimizer_step", None)
+    if step is None:
+        return {}
+    return dict(STEP_SETTINGS["foreach" if step == "for-loop" else "for-loop"])
+
+
+def setting_words(step: str) -> str:
+    """``optimizer.foreach=false``: the override of ``STEP_SETTINGS`` as ``--set`` spells it."""
+    return ", ".join(f"{key}={str(value).lower()}" for key, value in STEP_SETTINGS[step].items())
+
+
+def phase_words(phase: str | None) -> str:
+    """A planner phase (``w0-step``, ``w1m1-backward``) or a record's ``peak_phase`` in words."""
+    if not phase:
+        return "an unknown phase"
+    for suffix, words in (("-step", "the optimizer step"), ("-backward", "backward"), ("-forward", "forward")):
+        if phase.endswith(suffix):
+            return words
+    return "the optimizer step" if phase == "optimizer step" else phase
+
+
+def _off(measured: float, predicted: float) -> str:
+    pct = 100 * (measured / predicted - 1)
+    return "within 0.01%" if abs(pct) < 0.005 else f"{pct:+.2f}%"
+
+
+def _gib(value: float) -> str:
+    return f"{value:.1f} GiB" if abs(value) >= 10 else f"{value:.3g} GiB"
+
+
+def checkpointing_words(checkpointed: Any, plain: Any, *, names: tuple[str, str] = ("act-ckpt", "full-7b")) -> str:
+    """What activation checkpointing bought, in sentences computed from two plans (issue 43): the activations
+    with and without it, the predicted peak and its phase, and, where the peak is inside the optimizer step, the
+    step's temporaries there beside the parameters."""
+    ckpt, pair = names
+    act_with, act_without = (p.breakdown_gib.get("activations") or 0.0 for p in (checkpointed, plain))
+    lines = []
+    if act_without:
+        lines.append(
+            f"Activations (predicted): {pair} {_gib(act_without)}, {ckpt} {_gib(act_with)}: checkpointing keeps "
+            f"{100 * act_with / act_without:.2g}% of them."
+        )
+    drop = plain.peak_alloc_gib - checkpointed.peak_alloc_gib
+    before, after = phase_words(plain.peak_phase), phase_words(checkpointed.peak_phase)
+    lines.append(
+        f"Peak (predicted): {pair} {_gib(plain.peak_alloc_gib)} in {before}, {ckpt} "
+        f"{_gib(checkpointed.peak_alloc_gib)} in {after}: {_gib(drop)} lower, of the "
+        f"{_gib(act_without - act_with)} the activations fell."
+        + (f" The peak moved from {before} to {after}." if before != after else "")
+    )
+    step = checkpointed.optimizer_step
+    if step is not None and after == "the optimizer step":
+        temporaries = checkpointed.breakdown_gib.get("temporaries") or 0.0
+        params = checkpointed.breakdown_gib.get("parameters") or 0.0
+        lines.append(
+            f"At that peak the {step} step ({setting_words(step)}) holds {_gib(temporaries)} of temporaries, "
+            f"{temporaries / params:.2f}x the parameters' {_gib(params)}: it {_STEP_WHAT[step]}."
+            if params
+            else f"At that peak the {step} step holds {_gib(temporaries)} of temporaries."
+        )
+    return "\n".join(lines)
+
+
+def step_lever_words(checkpointed: Any, other_step: Any, *, records: Any = None, name: str = "act-ckpt") -> str:
+    """The lever on a peak inside the optimizer step, computed (issue 43): ``other_step`` (``checkpointed`` with
+    ``step_lever(checkpointed)``) predicted against ``checkpointed``, then both as measured where ``records`` (a
+    list of records or ``records.load_results()``'s frame) hold an ok run of exactly that prediction."""
+    step, other = checkpointed.optimizer_step, other_step.optimizer_step
+    if step is None or other is None or step == other:
+        return f"{name}: no other optimizer step to compare (the step is {step or 'not a torch optimizer'}'s)"
+    change = other_step.peak_alloc_gib - checkpointed.peak_alloc_gib
+    lines = [
+        f"The {other} step ({setting_words(other)}) {_STEP_WHAT[other]}: the planner predicts "
+        f"{_gib(other_step.peak_alloc_gib)} in {phase_words(other_step.peak_phase)}, {change:+.3g} GiB against "
+        f"the {step} step's {_gib(checkpointed.peak_alloc_gib)} in {phase_words(checkpointed.peak_phase)}."
+    ]
+    plans = (checkpointed, other_step)
+    measured = [_measured(name, p, records) for p in plans]
+    if any(measured):
+        lines.append(
+            "Measured: "
+            + "; ".join(
+                f"{p.optimizer_step} step {_gib(m[0])} in {phase_words(m[1])} (predicted {_gib(p.peak_alloc_gib)}, "
+                f"{_off(m[0], p.peak_alloc_gib)})"
+                if m
+                else f"{p.optimizer_step} step not run yet"
+                for p, m in zip(plans, measured, strict=True)
+            )
+            + "."
+        )
+    return "\n".join(lines)
+
+
+def _measured(exp_id: str, plan: Any, records: Any) -> tuple[float, str | None] | None:
+    """(peak, phase) of the latest ok rank-0 run of ``exp_id`` that was predicted as ``plan`` (same predicted peak,
+    same step implementation): ``peak_alloc_gib`` on a GPU, ``peak_tensor_gib`` on a CPU; None if there is none."""
+    from lab_helpers.planner.spec import step_implementation
+
+    if records is None:
+        return None
+    rows = records.to_dict("records") if hasattr(records, "to_dict") else list(records)
+    found = None
+    for row in rows:
+        predicted = _finite(row.get("predicted_peak_alloc_gib"))
+        if row.get("experiment") != exp_id or row.get("status") != "ok" or predicted is None:
+            continue
+        if _finite(row.get("rank")) not in (None, 0) or abs(predicted - plan.peak_alloc_gib) > 1e-6 * max(predicted, 1):
+            continue
+        config = row.get("config") if isinstance(row.get("config"), Mapping) else {}
+        optimizer = config.get("optimizer") if isinstance(config.get("optimizer"), Mapping) else {}
+        args = optimizer.get("init_args") if isinstance(optimizer.get("init_args"), Mapping) else {}
+        device = "cpu" if str(row.get("device_name") or "cpu").startswith("cpu") else "cuda"
+        if step_implementation(args.get("foreach"), args.get("fused"), device) != plan.optimizer_step:
+            continue
+        peak = _finite(row.get("peak_alloc_gib"))
+        peak = peak if peak is not None else _finite(row.get("peak_tensor_gib"))
+        if peak is not None:
+            phase = row.get("peak_phase")
+            found = (peak, phase if isinstance(phase, str) else None)
+    return found
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number == number and number not in (float("inf"), float("-inf")) else None

@@ -47,7 +47,7 @@ from lab_helpers.quick_mode import (
 from lab_helpers.record_schema import GIB
 from lab_helpers.step_profile import DIR_ENV as PROFILE_DIR_ENV
 from lab_helpers.step_profile import StepProfiler, steps_from_env
-from lab_helpers.tensor_peak import LiveTensorPeak
+from lab_helpers.tensor_peak import LiveTensorPeak, PeakPhase
 
 COMMANDS = {"finetune_full": "litgpt.finetune.full", "finetune_lora": "litgpt.finetune.lora"}
 TENSOR_PEAK_ENV = "LAB_TENSOR_PEAK"
@@ -80,6 +80,9 @@ class _TrainingClock:
         self.whole_run_tensors: LiveTensorPeak | None = None
         self.tensor_peak_bytes: int | None = None
         self.alloc_before_fit_gib: float | None = None  # on CUDA: max_memory_allocated before fit's reset
+        # the phase of the loop in which the training peak was first reached (tensor_peak.PeakPhase: backward,
+        # optimizer step, ...), read at fabric.backward's and optimizer.step's boundaries
+        self.peak_phases: PeakPhase | None = None
         # the process's CPU time (time.process_time: every thread, the autograd engine's included) and the monotonic
         # clock where the timed loop starts and ends, and the CPU time of validation inside it: host_core_pct and
         # loop_monotonic_s
@@ -110,12 +113,15 @@ class _TrainingClock:
                 print(f"lab: activation checkpointing on {wrapped} blocks (torch.utils.checkpoint, non-reentrant)")
             if self.whole_run_tensors is not None and model is not None:
                 self.whole_run_tensors.seed([*model.parameters(), *model.buffers()])  # the training peak starts here
+            self._watch_peak_phases(args, kwargs)
             self._mark("fit_start")
             self.fit_start = time.perf_counter()
             self.excluded.clear()
             try:
                 result = fit(*args, **kwargs)
             finally:
+                if self.peak_phases is not None:
+                    self.peak_phases.boundary("end of training")
                 if self.whole_run_tensors is not None and model is not None:
                     self.tensor_peak_bytes = self.whole_run_tensors.peak_bytes
             self._mark("end")
@@ -127,12 +133,34 @@ class _TrainingClock:
 
         return timed_fit
 
-    def wrap_excluded(self, function):
+    def _watch_peak_phases(self, args: tuple, kwargs: dict) -> None:
+        """Cut the loop at ``fabric.backward`` and ``optimizer.step`` (the objects litgpt's ``fit`` calls) so that
+        the report can say in which phase the training peak was reached; and print how the optimizer steps."""
+        fabric, optimizer = _fabric_and_optimizer(args, kwargs)
+        if optimizer is not None:
+            print(optimizer_words(optimizer))
+        if self.whole_run_tensors is not None:
+            tensors = self.whole_run_tensors
+            self.peak_phases = PeakPhase(lambda: tensors.peak_bytes)
+        elif _on_cuda():
+            import torch
+
+            self.peak_phases = PeakPhase(torch.cuda.max_memory_allocated)
+        if self.peak_phases is None or fabric is None or optimizer is None:
+            return
+        fabric.backward = self.peak_phases.wrap(fabric.backward, "backward", before="forward")
+        optimizer.step = self.peak_phases.wrap(optimizer.step, "optimizer step", before="before the optimizer step")
+
+    def wrap_excluded(self, function, phase: str | None = None):
         def timed(*args, **kwargs):
             start, thread_start = time.perf_counter(), time.process_time()
+            if phase is not None and self.peak_phases is not None:
+                self.peak_phases.boundary("after the optimizer step")
             try:
                 return function(*args, **kwargs)
             finally:
+                if phase is not None and self.peak_phases is not None:
+                    self.peak_phases.boundary(phase)
                 self.excluded.append((start, time.perf_counter()))
                 self.excluded_thread_s.append((start, time.process_time() - thread_start))
 
@@ -391,8 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         argv.remove(activation_checkpointing.FLAG)
         clock.checkpoint_blocks = True
     module.fit = clock.wrap_fit(module.fit)
-    module.validate = clock.wrap_excluded(module.validate)
-    module.generate_example = clock.wrap_excluded(module.generate_example)
+    module.validate = clock.wrap_excluded(module.validate, "validation")
+    module.generate_example = clock.wrap_excluded(module.generate_example, "example generation")
     module.get_dataloaders = _wrap_get_dataloaders(module.get_dataloaders, clock, quick=quick_from_env())
     if os.environ.get(SAVE_ENV) != "1":
         _skip_final_save(module)
@@ -442,11 +470,41 @@ def main(argv: list[str] | None = None) -> int:
             **clock.profile_fields,
             "peak_tensor_gib": None if clock.tensor_peak_bytes is None else clock.tensor_peak_bytes / GIB,
             "peak_tensor_whole_run_gib": None if tensors is None else tensors.whole_run_peak_gib,
+            "peak_phase": None if clock.peak_phases is None else clock.peak_phases.phase,
             "device_name": device_name(),
             "device_uuid": device_uuid(),
         }
     )
     return code
+
+
+def _fabric_and_optimizer(args: tuple, kwargs: dict) -> tuple[Any, Any]:
+    """The Fabric and the (Fabric-wrapped) optimizer litgpt's ``fit`` uses: ``fit(fabric, state, ...)`` for full
+    fine-tuning (``state["optimizer"]``), ``fit(fabric, model, optimizer, ...)`` for LoRA."""
+    fabric = kwargs.get("fabric", args[0] if args else None)
+    optimizer = kwargs.get("optimizer", args[2] if len(args) > 2 else None)
+    state = kwargs.get("state", args[1] if len(args) > 1 else None)
+    if isinstance(state, dict):
+        optimizer = state.get("optimizer")
+    return fabric, optimizer if hasattr(optimizer, "step") else None
+
+
+def optimizer_words(optimizer: Any) -> str:
+    """The optimizer as the run built it (from ``optimizer.init_args``, by litgpt's ``instantiate_torch_optimizer``)
+    and, for a torch optimizer, which step implementation torch runs (``planner.spec.step_implementation``): what
+    the planner was asked about, in the run's own log."""
+    from lab_helpers.planner.spec import step_implementation
+
+    inner = getattr(optimizer, "optimizer", optimizer)  # Fabric's _FabricOptimizer wraps the optimizer
+    name = f"{type(inner).__module__}.{type(inner).__name__}"
+    defaults = getattr(inner, "defaults", None) or {}
+    if "foreach" not in defaults:
+        return f"lab: optimizer {name}"
+    params = [p for group in inner.param_groups for p in group["params"]]
+    device = params[0].device.type if params else "cpu"
+    foreach, fused = defaults.get("foreach"), defaults.get("fused")
+    implementation = step_implementation(foreach, fused, device)
+    return f"lab: optimizer {name} foreach={foreach} fused={fused} on {device}: the {implementation} step"
 
 
 def _model_of(args: tuple, kwargs: dict) -> Any:

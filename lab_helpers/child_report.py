@@ -29,6 +29,7 @@ REPORT_DIR_ENV = "LAB_REPORT_DIR"
 #   peak_alloc_whole_run_gib: float | None  -- max_memory_allocated over the whole process (load included), as
 #                                        litgpt prints it; peak_alloc_gib starts when training starts
 #   peak_tensor_whole_run_gib: float | None -- on a CPU: the same over the whole process
+#   peak_phase: str | None             -- the loop's phase of the training peak (tensor_peak.PEAK_PHASES)
 #   train_s: float                     -- inside the training loop after the warm-up step, validation excluded
 #   warmup_s: float | None             -- the first optimizer step's iterations (None: not timed apart)
 #   warmup_iterations: int | None      -- micro-batches of warm-up (0: the run was too short to exclude any)

@@ -9,7 +9,7 @@ the decision sits below the lab, and this module, which the notebooks import, ab
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from lab_helpers import decision
@@ -45,6 +45,11 @@ class Step(Decision):
                 self.exp_id, profile=self.profile, overrides=self.overrides, simulate_world=self.simulate_world, **kwargs
             )
         return lab.record_skipped(self.exp_id, profile=self.profile, reason=self.sentence, overrides=self.overrides)
+
+    def with_overrides(self, more: Mapping[str, Any]) -> Step:
+        """This step with ``more`` set on top of this node's overrides: a lever on the same run (the optimizer
+        step's implementation, ``arithmetic.step_lever``) that runs, or is skipped, where this step is."""
+        return replace(self, overrides={**self.overrides, **more})
 
 
 def decide(exp_id: str, node: Mapping[str, Any], **how: Any) -> Step:

@@ -74,6 +74,9 @@ REPORT_FIELDS: tuple[Field, ...] = _fields(
     ("peak_alloc_whole_run_gib", "GiB",
      "torch.cuda.max_memory_allocated over the whole process: checkpoint load (QLoRA's quantization) included"),
     ("peak_tensor_whole_run_gib", "GiB", "on a CPU: the peak of live tensor bytes over the whole process"),
+    ("peak_phase", None, "the phase of the training loop in which its peak (peak_alloc_gib on a GPU, peak_tensor_gib "
+     "on a CPU) was first reached: forward | backward | optimizer step | ... (tensor_peak.PEAK_PHASES); None where "
+     "nothing was counted"),
     ("train_s", "s", "inside the training loop after the warm-up step, validation excluded"),
     ("warmup_s", "s", "the first optimizer step's iterations (None: not timed apart)"),
     ("warmup_iterations", "micro-batches", "micro-batches of warm-up (0: the run was too short to exclude any)"),
@@ -115,7 +118,7 @@ PER_ITERATION_KEYS: tuple[str, ...] = ("iter", "loss", "iter_time_s", "tokens")
 
 RECORD_FIELDS: tuple[Field, ...] = _reported(
     "rank", "world_size", "error", "peak_alloc_gib", "peak_reserved_gib", "peak_tensor_gib",
-    "peak_alloc_whole_run_gib", "peak_tensor_whole_run_gib", "train_s", "warmup_s",
+    "peak_alloc_whole_run_gib", "peak_tensor_whole_run_gib", "peak_phase", "train_s", "warmup_s",
     "warmup_iterations", "tokens", "tokens_padded", "iterations", "device_name", "device_uuid", "strategy_used",
     "host_core_pct", "loop_monotonic_s", "torch_profile_steps", "torch_profile_iters", "torch_profile_trace_path",
     "torch_profile_summary", "quick_stop", "quick_stop_halves_pct",

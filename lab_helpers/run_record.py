@@ -97,6 +97,7 @@ def records_from(
             # the same peaks over the whole process (checkpoint load, QLoRA's quantization included)
             "peak_alloc_whole_run_gib": report.get("peak_alloc_whole_run_gib"),
             "peak_tensor_whole_run_gib": report.get("peak_tensor_whole_run_gib"),
+            "peak_phase": report.get("peak_phase"),  # where in the loop the training peak was reached
             "gpu_used_peak_gib": outcome.timeline.gpu_used_peak_for(number, report.get("device_uuid")),
             "gpu_used_peak_gib_per_gpu": {str(k): v for k, v in outcome.timeline.gpu_used_peak_gib.items()} or None,
             "host_rss_peak_gib": outcome.timeline.host_rss_peak_gib,

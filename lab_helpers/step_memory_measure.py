@@ -104,10 +104,10 @@ def _run_step(spec: Any, device: str, phases: _Phases, counter: Any = None) -> N
         checkpoint_blocks(model)
     with torch.device(device):
         model.max_seq_length = spec.seq_len  # outside the dtype: the RoPE cache in fp32, as litgpt's fit has it
-    options = {k: v for k, v in spec.optimizer_kwargs.items() if k not in ("foreach", "fused", "capturable")}
+    options = dict(spec.optimizer_kwargs)  # foreach / fused as the recipe gives them; else torch's default here
     if isinstance(options.get("betas"), list):
         options["betas"] = tuple(options["betas"])
-    optimizer = getattr(torch.optim, spec.optimizer)(model.parameters(), foreach=device == "cuda", **options)
+    optimizer = getattr(torch.optim, spec.optimizer)(model.parameters(), **options)
     vocab, batch, seq = spec.model_config.padded_vocab_size, spec.micro_batch_size, spec.seq_len
     accumulation = spec.gradient_accumulation_iters
     if counter is not None:

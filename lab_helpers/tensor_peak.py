@@ -20,8 +20,9 @@ count off where a CPU timing matters more than the memory figure.
 
 from __future__ import annotations
 
+import functools
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
@@ -141,3 +142,49 @@ def _watch_storage_resizes() -> None:
     resize_._lab_watched = True  # type: ignore[attr-defined]
     torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
 
+
+PEAK_PHASES: tuple[str, ...] = (
+    "forward",
+    "backward",
+    "before the optimizer step",
+    "optimizer step",
+    "after the optimizer step",
+    "validation",
+    "example generation",
+    "end of training",
+)
+"""Where in the training loop a measured peak can be (``peak_phase`` in a record). The loop is cut at the calls
+the training process wraps -- ``fabric.backward``, ``optimizer.step``, litgpt's ``validate`` and
+``generate_example`` -- and at the end of ``fit``: a stretch that ends at a backward call is that micro-batch's
+forward (data, model, loss), the call itself its backward, and so on."""
+
+
+class PeakPhase:
+    """The phase of the training loop in which a peak was first reached, without a timeline: ``peak`` reads the
+    peak so far (``LiveTensorPeak.peak_bytes`` on a CPU, ``torch.cuda.max_memory_allocated`` on a GPU: both
+    host-side counters, no synchronisation), and at every boundary a peak that grew since the last one is
+    credited to the stretch that just ended. ``phase`` is None until the peak grows past where it started."""
+
+    def __init__(self, peak: Callable[[], float]) -> None:
+        self._peak = peak
+        self._last = peak()
+        self.phase: str | None = None
+
+    def boundary(self, ended: str) -> None:
+        """The stretch ``ended`` (one of ``PEAK_PHASES``) is over."""
+        now = self._peak()
+        if now > self._last:
+            self._last, self.phase = now, ended
+
+    def wrap(self, function: Callable, name: str, *, before: str) -> Callable:
+        """``function`` as the phase ``name``, the stretch before each call as ``before``."""
+
+        @functools.wraps(function)  # keeps what others marked on it (an LR scheduler's _wrapped_by_lr_sched)
+        def wrapped(*args, **kwargs):
+            self.boundary(before)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.boundary(name)
+
+        return wrapped

@@ -4,8 +4,9 @@ The tracer's dispatch mode sees every aten op of the real training step (``accou
 ``op_cost`` turns one into an ``OpCost``:
 
 * **kernels**: 0 for views, metadata and allocations (``empty``; a view changes strides, not memory), the
-  multi-tensor-apply launches of a ``_foreach_*`` op (``foreach_kernels``: CUDA packs up to 110/64/48/36/30
-  tensors, by how many lists the op touches, and 320 blocks of 65,536 elements per launch), else 1. An op that
+  multi-tensor-apply launches of a ``_foreach_*`` op or a fused optimizer step (``foreach_kernels``: CUDA packs
+  up to 110/64/48/36/30 tensors, by how many lists the op touches, and 320 blocks of 65,536 elements per launch),
+  else 1. An op that
   CUDA runs as several kernels (a split-K matmul, a two-pass reduction) counts 1: the per-launch host cost
   fitted to measured runs absorbs the difference, and ``benchmarks/planner_time_check.py`` prints traced
   against profiled kernels;
@@ -55,6 +56,10 @@ _ATTENTION_FORWARD = {
     "_scaled_dot_product_cudnn_attention",
 }
 _ATTENTION_BACKWARD = {name + "_backward" for name in _ATTENTION_FORWARD}
+_FUSED_OPTIMIZER_STEPS = {"_fused_adam_", "_fused_adamw_", "_fused_sgd_", "_fused_adagrad_"}
+"""A fused optimizer's step: one in-place multi-tensor-apply kernel over params, grads and states (ATen's
+``fused_adamw_impl.cu``: ``multi_tensor_apply_for_fused_optimizer<4>`` over params, grads, exp_avgs, exp_avg_sqs),
+launched like a ``_foreach_`` op of that depth."""
 FOREACH_MAX_TENSORS = (110, 64, 48, 36, 30)  # ATen MultiTensorApply.cuh: depthToMaxTensors
 FOREACH_MAX_BLOCKS = 320  # depthToMaxBlocks
 FOREACH_CHUNK = 65536  # kChunkSize
@@ -128,8 +133,10 @@ def op_cost(func, args, kwargs, out) -> OpCost | None:
         return None
     inputs = _tensors(args) + _tensors(list((kwargs or {}).values()))
     outputs = _tensors(out)
-    if name.startswith("_foreach_"):
+    if name.startswith("_foreach_") or name in _FUSED_OPTIMIZER_STEPS:
         lists = [a for a in args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
+        if name in _FUSED_OPTIMIZER_STEPS:  # CUDA packs the tensor lists; the one-element step counts ride apart
+            lists = [a for a in lists if a[0].dim() > 0]
         inplace = name.endswith("_")
         lists = lists + ([] if inplace or not outputs else [outputs])
         kernels = foreach_kernels(lists)

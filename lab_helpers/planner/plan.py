@@ -47,6 +47,9 @@ class MemoryPlan:
     whole_run_peak_phase: str = ""
     whole_run_gpu_used_gib: float = 0.0
     peaks_by_phase_gib: dict[str, float] = field(default_factory=dict)
+    # how the optimizer steps (spec.STEP_IMPLEMENTATIONS: foreach | for-loop | fused), as the run will; None where
+    # the step is not a torch optimizer's (QLoRA's paged AdamW, 8-bit AdamW, DeepSpeed)
+    optimizer_step: str | None = None
 
     def to_dict(self) -> dict:
         return json.loads(json.dumps(asdict(self)))
@@ -138,6 +141,7 @@ def _predict(spec: TrainingSpec) -> MemoryPlan:
         whole_run_peak_phase=whole["phase"],
         whole_run_gpu_used_gib=whole_used_gib,
         peaks_by_phase_gib=whole["by_phase_gib"],
+        optimizer_step=spec.optimizer_step,
     )
 
 

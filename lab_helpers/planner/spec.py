@@ -45,6 +45,26 @@ DEEPSPEED_STRATEGIES: tuple[str, ...] = ("deepspeed-zero2", "deepspeed-zero3")
 # bitsandbytes' 8-bit AdamW (``bitsandbytes.optim.AdamW8bit`` / ``PagedAdamW8bit``): both moments in 8 bits.
 EIGHT_BIT_OPTIMIZERS: tuple[str, ...] = ("AdamW8bit", "PagedAdamW8bit")
 OPTIMIZERS: tuple[str, ...] = ("AdamW", "Adam", "SGD", "DeepSpeedCPUAdam", *EIGHT_BIT_OPTIMIZERS)
+TORCH_OPTIMIZERS: tuple[str, ...] = ("AdamW", "Adam", "SGD")
+STEP_IMPLEMENTATIONS: tuple[str, ...] = ("foreach", "for-loop", "fused")
+"""How a torch optimizer's step runs. ``foreach``: each update is one op over every parameter at once
+(``_foreach_*``), so a temporary of an update is the size of all parameters (AdamW's ``exp_avg_sq.sqrt()``: one
+parameter-sized tensor); ``for-loop``: one parameter at a time, temporaries the size of the largest parameter;
+``fused``: one in-place kernel per parameter group (``_fused_adamw_``), no parameter-sized temporaries."""
+
+
+def step_implementation(foreach: object, fused: object, device: str) -> str:
+    """The step implementation torch runs for a torch optimizer's ``foreach`` / ``fused`` arguments on ``device``,
+    as ``torch.optim.adam.adam`` (and SGD alike) decides it: ``fused=True`` is fused; ``foreach=True`` foreach;
+    both None (the default, litgpt's recipes) is torch's choice, ``_default_to_fused_or_foreach``: foreach for CUDA
+    tensors, the for-loop on a CPU; anything else (``foreach=False``, or ``fused=False`` alone) the for-loop."""
+    if fused:
+        return "fused"
+    if foreach:
+        return "foreach"
+    if foreach is None and fused is None:
+        return "foreach" if device == "cuda" else "for-loop"
+    return "for-loop"
 
 
 BNB_FIRST_DROPPING_MATMUL_INPUT = "0.43.2"
@@ -154,6 +174,21 @@ class TrainingSpec:
     max_new_tokens: int = 100
 
     @property
+    def optimizer_step(self) -> str | None:
+        """How the optimizer's step runs (``STEP_IMPLEMENTATIONS``), from ``optimizer.init_args`` as the run passes
+        them and the device; None where the step is not a torch optimizer's (QLoRA's paged AdamW, 8-bit AdamW,
+        DeepSpeed's)."""
+        if (
+            self.optimizer not in TORCH_OPTIMIZERS
+            or self.method == "qlora"
+            or self.strategy in DEEPSPEED_STRATEGIES
+            or self.offload_optimizer
+        ):
+            return None
+        kwargs = self.optimizer_kwargs
+        return step_implementation(kwargs.get("foreach"), kwargs.get("fused"), self.device)
+
+    @property
     def software(self) -> Software:
         """What the run's bitsandbytes and litgpt releases do that the planner models."""
         return Software.of(self.bitsandbytes_version, self.litgpt_version)
@@ -193,6 +228,11 @@ class TrainingSpec:
             raise PlanError(
                 "DeepSpeedCPUAdam steps on the CPU: it needs --strategy deepspeed-zero3 --offload-optimizer"
             )
+        if self.optimizer_kwargs.get("fused") and self.optimizer_kwargs.get("foreach"):
+            raise PlanError(  # torch.optim refuses it when the run builds the optimizer
+                "optimizer.init_args: fused and foreach cannot both be true (torch refuses it); "
+                "set one, e.g. --set optimizer.foreach=false"
+            )
         if self.optimizer in EIGHT_BIT_OPTIMIZERS and self.strategy in DEEPSPEED_STRATEGIES:
             raise PlanError(f"{self.optimizer} is modelled on one GPU, DDP or FSDP, not under DeepSpeed")
         if self.fsdp_impl is not None and (self.fsdp_impl not in ("fsdp1", "fsdp2") or self.strategy != "fsdp"):
@@ -217,8 +257,16 @@ class TrainingSpec:
 
 
 def _set_dotted(tree: dict, dotted: str, value: object) -> None:
+    """Set ``dotted`` in ``tree``; ``data.X`` and ``optimizer.X`` mean ``data.init_args.X`` and
+    ``optimizer.init_args.X``, as ``--set`` has them (``experiments.apply_overrides``), so that
+    ``overrides={"optimizer.foreach": False}`` reaches the optimizer here too."""
     node = tree
     parts = dotted.split(".")
+    if parts[0] in ("data", "optimizer") and len(parts) == 2 and parts[1] not in ("class_path", "init_args"):
+        if parts[0] == "optimizer" and isinstance(tree.get("optimizer"), str):
+            name = tree["optimizer"]
+            tree["optimizer"] = {"class_path": name if "." in name else f"torch.optim.{name}", "init_args": {}}
+        parts = [parts[0], "init_args", parts[1]]
     for part in parts[:-1]:
         child = node.get(part)
         if child is None:

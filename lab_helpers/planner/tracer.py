@@ -130,9 +130,31 @@ def _build_model(spec: TrainingSpec, pdtype: torch.dtype):
     return model
 
 
+def torch_optimizer_kwargs(spec: TrainingSpec) -> tuple[dict, list[str]]:
+    """The init arguments the trace builds a torch optimizer with, and what it could not take as given.
+
+    ``foreach`` and ``fused`` are the recipe's (``optimizer.init_args``, as litgpt's ``instantiate_torch_optimizer``
+    passes them): they decide the step's temporaries (``spec.STEP_IMPLEMENTATIONS``). Where the recipe gives
+    neither, torch chooses by where the tensors are -- foreach for CUDA tensors, the for-loop on a CPU -- and the
+    trace's tensors are fake CPU ones, so the device's choice is asked for explicitly. ``capturable=True`` needs
+    CUDA tensors and is traced as False: its step adds one-element tensors per parameter, the same
+    parameter-sized temporaries."""
+    kwargs = dict(spec.optimizer_kwargs)
+    notes = []
+    if kwargs.pop("capturable", None):
+        notes.append(
+            "optimizer capturable=True traced as False (it needs CUDA tensors): its step adds one-element "
+            "tensors per parameter, not counted"
+        )
+    if isinstance(kwargs.get("betas"), list):
+        kwargs["betas"] = tuple(kwargs["betas"])
+    if kwargs.get("foreach") is None and kwargs.get("fused") is None:
+        kwargs["foreach"] = spec.device == "cuda"
+    return kwargs, notes
+
+
 def _make_optimizer(spec: TrainingSpec, model: torch.nn.Module):
     params = list(model.parameters())
-    kwargs = {k: v for k, v in spec.optimizer_kwargs.items() if k not in ("foreach", "fused", "capturable")}
     if spec.method == "qlora":
         return PagedAdamWStandIn(params)
     if spec.optimizer == "DeepSpeedCPUAdam" or spec.strategy.startswith("deepspeed"):
@@ -142,13 +164,13 @@ def _make_optimizer(spec: TrainingSpec, model: torch.nn.Module):
     cls = getattr(torch.optim, spec.optimizer, None)
     if cls is None:
         raise PlanError(f"optimizer {spec.optimizer!r} is not a torch.optim class")
-    if "betas" in kwargs and isinstance(kwargs["betas"], list):
-        kwargs["betas"] = tuple(kwargs["betas"])
+    kwargs, _ = torch_optimizer_kwargs(spec)
     try:
-        # torch picks the foreach implementation for CUDA tensors and the for-loop one for CPU tensors; their step
-        # temporaries differ (foreach makes them for every parameter at once), so ask for what the device will run.
-        return cls(params, foreach=spec.device == "cuda", **kwargs)
-    except TypeError as err:
+        # fused: one in-place op (_fused_adamw_) whose fake kernel allocates nothing, as CUDA's (ATen
+        # fused_adamw_impl.cu: multi_tensor_apply in place over params, grads and both moments) and the CPU's
+        # (measured on the ci profile: tests/test_optimizer_step.py) allocate nothing
+        return cls(params, **kwargs)
+    except (TypeError, RuntimeError, ValueError) as err:
         raise PlanError(f"optimizer {spec.optimizer} rejects its init_args: {err}") from None
 
 
@@ -521,7 +543,9 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
         state_bytes = _bytes(
             v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.numel() > 1
         )
+        uses_torch_optimizer = spec.optimizer_step is not None
         result = TraceResult(
+            notes=torch_optimizer_kwargs(spec)[1] if uses_torch_optimizer else [],
             phases=acct.phases,
             total_param_numel=total_numel,
             trainable_param_numel=_numel(trainable),
