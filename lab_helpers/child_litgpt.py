@@ -1,6 +1,7 @@
 """Entry point of a single-GPU training process: litgpt's own CLI, plus what only this process can measure.
 
     python -m lab_helpers.child_litgpt finetune_full --config RUN_DIR/recipe.yaml [--activation-checkpointing]
+        [--batch-order length-grouped]
 
 litgpt prints memory only on CUDA, only allocated, and in GB, and its "training time" includes validation.
 This wrapper runs litgpt's unmodified CLI but wraps the finetune module's ``fit``, ``validate`` and
@@ -11,8 +12,10 @@ loop minus validation with the first optimizer step timed apart as warm-up, and 
 part. In quick mode (``quick_mode``) the longest samples open the second optimizer step, which is warm-up too, and
 the timing stops at an optimizer step's end once quick mode's stopping rule says so (``quick_mode.stop_reason``:
 the loop is ended through litgpt's own epoch check). No weights are saved unless asked. ``--activation-checkpointing`` (the lab's switch, not litgpt's) wraps every transformer block
-in ``torch.utils.checkpoint`` before ``fit`` (``activation_checkpointing``). A CUDA OOM ends the process with
-status ``oom`` and the allocator's message; the GPU is freed because the process is gone.
+in ``torch.utils.checkpoint`` before ``fit`` (``activation_checkpointing``). ``--batch-order length-grouped`` (the
+lab's too) trains on micro-batches of samples of similar length (``quick_mode.LengthGroupedSampler``), in quick and
+full mode; its quick run is never ``stable`` by the rule (its micro-batches differ in length by design). A CUDA OOM
+ends the process with status ``oom`` and the allocator's message; the GPU is freed because the process is gone.
 """
 
 from __future__ import annotations
@@ -38,12 +41,14 @@ from lab_helpers.child_report import (
 )
 from lab_helpers.orphan_guard import start_orphan_guard
 from lab_helpers.quick_mode import (
+    BATCH_ORDER_FLAG,
     put_longest_batch_in_second_step,
     quick_from_env,
     stable_halves_pct,
     stop_reason,
     warmup_steps,
 )
+from lab_helpers.recipe_defaults import BATCH_ORDERS
 from lab_helpers.record_schema import GIB
 from lab_helpers.step_profile import DIR_ENV as PROFILE_DIR_ENV
 from lab_helpers.step_profile import StepProfiler, steps_from_env
@@ -94,6 +99,7 @@ class _TrainingClock:
         self.profile_fields: dict[str, Any] = {}
         # quick mode's stopping rule (quick_mode.stop_reason), asked at every optimizer step's end after warm-up
         self.quick = False
+        self.judge_stable = True  # False for a length-grouped run: only the rule's caps or the run's end stop it
         self.accumulation = 1
         self.train_args: Any = None  # litgpt's TrainArgs, the object its fit loop reads ``epochs`` from
         self.quick_stop: str | None = None
@@ -228,7 +234,7 @@ class _TrainingClock:
             self.excluded_thread_s.append((began, time.process_time() - thread_began))
             return True
         times = self.rule_times_s(time.perf_counter())
-        reason = stop_reason(times, stable_pct=stable_halves_pct()) or ("run_end" if self._own_steps_done() else None)
+        reason = stop_reason(times, stable_pct=self._stable_pct()) or ("run_end" if self._own_steps_done() else None)
         if reason is None:
             return False
         self._say_stop(reason, times)
@@ -249,14 +255,18 @@ class _TrainingClock:
             return False  # a run by epochs ends with its data: no room was made for the profile
         return len(self.batch_starts) >= (max_steps - self.profile_steps - 1) * self.accumulation
 
+    def _stable_pct(self) -> float | None:
+        """The rule's ``stable`` agreement; None (never stable) for micro-batches that differ in length by design."""
+        return stable_halves_pct() if self.judge_stable else None
+
     def _say_stop(self, reason: str, times: list[float]) -> None:
         from lab_helpers.iteration_times import iteration_stats
 
         self.quick_stop, self.quick_stop_halves_pct = reason, iteration_stats(times)["iter_halves_pct"]
         halves = "n/a" if self.quick_stop_halves_pct is None else f"{self.quick_stop_halves_pct:.1f}%"
+        rule = f"stable within {stable_halves_pct():g}%" if self.judge_stable else "length-grouped: no stable rule"
         print(f"lab: quick mode: timing ends ({reason}) after {len(times)} timed micro-batches, "
-              f"{sum(times):.1f} s; medians of the two halves {halves} apart (stable within "
-              f"{stable_halves_pct():g}%)", flush=True)  # fmt: skip
+              f"{sum(times):.1f} s; medians of the two halves {halves} apart ({rule})", flush=True)  # fmt: skip
 
     def quick_fields(self) -> dict[str, Any]:
         """``quick_stop`` and ``quick_stop_halves_pct`` for the report: what ended a quick run's timing (None in full
@@ -266,7 +276,7 @@ class _TrainingClock:
             return {"quick_stop": None, "quick_stop_halves_pct": None}
         if self.quick_stop is None:
             times = self.rule_times_s(self.fit_end) if self.steady and self.fit_end is not None else []
-            self._say_stop(stop_reason(times, stable_pct=stable_halves_pct()) or "run_end", times)
+            self._say_stop(stop_reason(times, stable_pct=self._stable_pct()) or "run_end", times)
         return {"quick_stop": self.quick_stop, "quick_stop_halves_pct": self.quick_stop_halves_pct}
 
     @property
@@ -361,13 +371,17 @@ class _WatchedBatches:
         return getattr(self._dataloader, name)
 
 
-def _wrap_get_dataloaders(get_dataloaders, clock: _TrainingClock, *, quick: bool):
-    """litgpt's ``get_dataloaders``, with the training batches watched (and, in quick mode, reordered)."""
+def _wrap_get_dataloaders(get_dataloaders, clock: _TrainingClock, *, quick: bool, batch_order: str = "shuffle"):
+    """litgpt's ``get_dataloaders``, with the training batches watched (and, in quick mode or in another order than
+    litgpt's shuffle, reordered: ``quick_mode.batch_sampler``)."""
+    clock.judge_stable = batch_order == "shuffle"
 
     def wrapped(fabric, data, tokenizer, train):
         accumulation = train.gradient_accumulation_iters(fabric.world_size, 1)  # devices x nodes = world size
-        if quick:
-            put_longest_batch_in_second_step(data, train.micro_batch_size, accumulation)
+        if quick or batch_order != "shuffle":
+            put_longest_batch_in_second_step(
+                data, train.micro_batch_size, accumulation, batch_order=batch_order, warmup=quick
+            )
         train_loader, val_loader = get_dataloaders(fabric, data, tokenizer, train)
         steps = warmup_steps(train.max_steps, quick=quick)  # quick: the peak step is warm-up too
         watched = clock.watch_batches(
@@ -421,7 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     module.fit = clock.wrap_fit(module.fit)
     module.validate = clock.wrap_excluded(module.validate, "validation")
     module.generate_example = clock.wrap_excluded(module.generate_example, "example generation")
-    module.get_dataloaders = _wrap_get_dataloaders(module.get_dataloaders, clock, quick=quick_from_env())
+    module.get_dataloaders = _wrap_get_dataloaders(
+        module.get_dataloaders, clock, quick=quick_from_env(), batch_order=_take_batch_order(argv)
+    )
     if os.environ.get(SAVE_ENV) != "1":
         _skip_final_save(module)
 
@@ -505,6 +521,18 @@ def optimizer_words(optimizer: Any) -> str:
     foreach, fused = defaults.get("foreach"), defaults.get("fused")
     implementation = step_implementation(foreach, fused, device)
     return f"lab: optimizer {name} foreach={foreach} fused={fused} on {device}: the {implementation} step"
+
+
+def _take_batch_order(argv: list[str]) -> str:
+    """``--batch-order ORDER`` taken out of ``argv`` (litgpt's CLI never sees it); ``shuffle`` without it."""
+    if BATCH_ORDER_FLAG not in argv:
+        return "shuffle"
+    at = argv.index(BATCH_ORDER_FLAG)
+    order = argv[at + 1] if at + 1 < len(argv) else ""
+    del argv[at : at + 2]
+    if order not in BATCH_ORDERS:
+        raise SystemExit(f"{BATCH_ORDER_FLAG} {order!r}: expected one of {', '.join(BATCH_ORDERS)}")
+    return order
 
 
 def _model_of(args: tuple, kwargs: dict) -> Any:

@@ -16,6 +16,7 @@ from typing import Any
 
 from lab_helpers.experiments import get_experiment, resolve
 from lab_helpers.paths import lab_home, results_dir
+from lab_helpers.quick_mode import MEGA_BATCH_BATCHES
 from lab_helpers.secrets import redact, redact_mapping
 
 CONTAINER = "lab"  # provisioning/start-lab.sh's default container name
@@ -99,6 +100,18 @@ ACTIVATION_CHECKPOINTING_NOTE = "\n".join(
 )
 
 
+LENGTH_GROUPED_NOTE = "\n".join(
+    [
+        "plus micro-batches of samples of similar length, which litgpt's finetune_full has no setting for; the lab runs",
+        "`python -m lab_helpers.child_litgpt finetune_full --config ... --batch-order length-grouped`, which gives",
+        "litgpt's training loader the lab's sampler (lab_helpers/quick_mode.py, LengthGroupedSampler). In your own",
+        f"script: a DataLoader batch_sampler that shuffles, sorts each mega-batch of {MEGA_BATCH_BATCHES} micro-batches by "
+        "length and",
+        "shuffles the micro-batches; with Hugging Face's Trainer, TrainingArguments(group_by_length=True).",
+    ]
+)
+
+
 def show_commands(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None) -> None:
     """Print the equivalent litgpt command (and, for 02, the Lightning strategy lines)."""
     lightning = get_experiment(exp_id).distributed
@@ -106,6 +119,8 @@ def show_commands(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | N
     print(f"{what}:\n  " + litgpt_command(exp_id, profile=profile, overrides=overrides))
     if get_experiment(exp_id).options.get("activation_checkpointing"):
         print(ACTIVATION_CHECKPOINTING_NOTE)
+    if get_experiment(exp_id).options.get("batch_order", "shuffle") != "shuffle":
+        print(LENGTH_GROUPED_NOTE)
     if lightning:
         print("in your own Lightning script, the lines that change:\n  " + strategy_lines(exp_id).replace("\n", "\n  "))
 

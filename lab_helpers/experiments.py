@@ -20,7 +20,7 @@ import yaml
 
 from lab_helpers.config_error import LabConfigError, did_you_mean
 from lab_helpers.paths import checkpoints_dir, configs_dir, data_dir, lab_home
-from lab_helpers.recipe_defaults import launch_options
+from lab_helpers.recipe_defaults import BATCH_ORDERS, launch_options
 from lab_helpers.record_schema import LAUNCHERS, LEGACY_KIND_TO_LAUNCHER
 from lab_helpers.secrets import mask_secret_keys
 from lab_helpers.yaml_values import load_yaml, shown
@@ -394,6 +394,7 @@ def resolve(
     ``simulate_world=N``: the run is rank 0 of a world of N, played alone on this machine's one device."""
     experiment = get_experiment(exp_id)
     check_simulated_world(experiment, simulate_world)
+    check_batch_order(experiment)
     check_profile(profile)
     recipe_path = recipe_path_for(experiment, profile)
     merged = {**experiment.set, **(experiment.set_by_profile.get(profile) or {}), **(overrides or {})}
@@ -437,6 +438,22 @@ def check_simulated_world(experiment: Experiment, world_size: int | None) -> Non
         raise LabConfigError(f"{experiment.id!r} runs on one device: only multi-GPU experiments have ranks to simulate")
     if experiment.num_nodes > 1:
         raise LabConfigError(f"{experiment.id!r} spans nodes: simulated ranks play one node's GPUs, not a network")
+
+
+def check_batch_order(experiment: Experiment) -> None:
+    """An experiment's ``batch_order`` option is one of ``BATCH_ORDERS``, and grouping by length is asked only of
+    the single-GPU launcher (LabConfigError): the Lightning path deals one shuffle to its ranks in rounds
+    (``quick_mode.QuickOrderSampler``) and has no grouped order."""
+    order = (experiment.options or {}).get("batch_order", "shuffle")
+    if order not in BATCH_ORDERS:
+        raise LabConfigError(
+            f"experiment {experiment.id!r}: batch_order {order!r} is not one of {', '.join(BATCH_ORDERS)}"
+        )
+    if order != "shuffle" and experiment.distributed:
+        raise LabConfigError(
+            f"experiment {experiment.id!r}: batch_order {order!r} runs on one device (launcher litgpt-cli) only; "
+            "the Lightning path deals one shuffle to its ranks in rounds and does not group samples by length"
+        )
 
 
 def check_run_files(run: ResolvedRun) -> None:

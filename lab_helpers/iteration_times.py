@@ -131,6 +131,11 @@ def steady_timing(record: Mapping[str, Any]) -> dict[str, Any]:
     ``flops_per_token`` = flops_per_step x iterations / tokens_padded, the FLOPs of one padded token.
     ``padding_pct`` says how much of it is padding: 100 x (tokens_padded - tokens) / tokens_padded. Pure
     arithmetic on the record's own columns: readers re-derive it for old records (``records.load_results``).
+
+    A length-grouped run (``batch_order``) is the exception: its micro-batches differ in length by design, so its
+    median micro-batch is a shorter or a longer one than its mean, and the mean tokens over the median time would
+    miscount it; its rates and MFU take the mean timed micro-batch (``train_s / iterations``), the same span as its
+    tokens. ``iter_median_s`` stays the median.
     """
     train_s = finite_number(record.get("train_s"))
     if train_s is None:  # the loop never finished timing (an OOM, a crash in warm-up): no time figures at all
@@ -140,6 +145,8 @@ def steady_timing(record: Mapping[str, Any]) -> dict[str, Any]:
     median_s = stats["iter_median_s"]
     if median_s is None and train_s and iterations:
         median_s = stats["iter_median_s"] = train_s / iterations  # iter_count 0 says it is no median
+    if record.get("batch_order") == "length-grouped" and train_s and iterations:
+        median_s = train_s / iterations  # the mean micro-batch: see above
     tokens, padded = finite_number(record.get("tokens")), finite_number(record.get("tokens_padded"))
     flops_per_step, peak = finite_number(record.get("flops_per_step")), finite_number(record.get("gpu_peak_flops"))
 

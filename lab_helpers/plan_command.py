@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from lab_helpers.config_error import LabConfigError
 from lab_helpers.planner.errors import PlanError, PlannerUnavailable
 from lab_helpers.planner.spec import STRATEGIES, TrainingSpec, load_recipe, spec_from_recipe
+from lab_helpers.recipe_defaults import BATCH_ORDERS
 from lab_helpers.record_schema import BREAKDOWN_PARTS
 from lab_helpers.secrets import for_terminal
 
@@ -74,6 +75,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="--time: the data's sample lengths in tokens (a JSON list, or one number a line); default: the "
         "recipe's data, tokenized as litgpt does, where it is on this machine",
     )
+    parser.add_argument(
+        "--batch-order",
+        choices=BATCH_ORDERS,
+        default=None,
+        help="--time: time the micro-batches quick mode's sampler makes in this order (length-grouped: the "
+        "length-grouped experiment's), at their mean padded length; default: a micro-batch of random samples "
+        "(the expected longest of micro-batch-size samples)",
+    )
 
 
 def _print_table(plan) -> None:
@@ -111,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             getattr(args, "margin", None) is not None or getattr(args, "max_micro_batch", None) is not None
         ):
             raise PlanError("--margin and --max-micro-batch belong to --fit")
-        for flag in ("gpu_name", "link_gbs", "sample_lengths"):
+        for flag in ("gpu_name", "link_gbs", "sample_lengths", "batch_order"):
             if getattr(args, flag, None) is not None and not getattr(args, "time", False):
                 raise PlanError(f"--{flag.replace('_', '-')} is an input of the time prediction: add --time")
         strategy = args.strategy
@@ -224,9 +233,11 @@ def _time(spec: TrainingSpec, args: argparse.Namespace, recipe: dict[str, Any]) 
     """(TimePlan, "") or (None, why not): a plan without a known GPU still prints its memory.
 
     The inputs the planner does not look up itself are gathered here: the link bandwidth (``--link-gbs``, else
-    this node's measured one) and the data's sample lengths (``--sample-lengths``, else the recipe's data)."""
+    this node's measured one) and the data's sample lengths (``--sample-lengths``, else the recipe's data); with
+    ``--batch-order``, the mean padded length of the micro-batches quick mode's sampler makes of them in that order
+    (``data_lengths.batch_padding``: the same batches the run takes)."""
     from lab_helpers.bandwidth import measured_link_gbs
-    from lab_helpers.data_lengths import read_sample_lengths, recipe_sample_lengths
+    from lab_helpers.data_lengths import batch_padding, read_sample_lengths, recipe_sample_lengths
 
     gpu_name = getattr(args, "gpu_name", None)
     link_gbs, link_source = getattr(args, "link_gbs", None), "--link-gbs"
@@ -237,12 +248,23 @@ def _time(spec: TrainingSpec, args: argparse.Namespace, recipe: dict[str, Any]) 
         lengths, lengths_note = read_sample_lengths(path), ""
     else:
         lengths, lengths_note = recipe_sample_lengths(recipe)
+    order = getattr(args, "batch_order", None)
+    batches = None
+    if order and lengths:
+        batches = batch_padding(lengths, micro_batch_size=spec.micro_batch_size, batch_order=order,
+                                max_seq_length=spec.seq_len)  # fmt: skip
     try:
         plan = predict_step_time(
-            spec, gpu_name=gpu_name, sample_lengths=lengths, link_gbs=link_gbs, link_gbs_source=link_source or ""
-        )
+            spec, gpu_name=gpu_name, sample_lengths=lengths, link_gbs=link_gbs, link_gbs_source=link_source or "",
+            seq_len=batches.mean_padded_length if batches else None,
+        )  # fmt: skip
     except PlanError as err:
         return None, f"not predicted ({err})"
+    if batches:
+        lengths_note = (
+            f"mean padded length {plan.seq_len} tokens over the {batches.micro_batches} {order} micro-batches quick "
+            f"mode makes of {len(lengths)} samples: {batches.padding_pct:.1f}% of their padded tokens are padding"
+        )
     plan.notes.append(lengths_note or f"mean padded length {plan.seq_len} tokens from {len(lengths)} samples' lengths")
     return plan, ""
 

@@ -27,6 +27,12 @@ Experiments that are compared time the same samples in the same order (``QuickOr
 every quick run is one fixed shuffle of the data set, cut into micro-batches of the run's size, so grad-accum
 (32/8) and small-batch (8/8), or bf16-true and 32-true, time the same samples whatever their batch settings.
 Records say which mode ran (``mode``: ``quick`` or ``full``).
+
+An experiment may ask for another order of the same samples (``options: {batch_order: length-grouped}``, the
+``length-grouped`` experiment): ``LengthGroupedSampler`` batches samples of similar length, so that litgpt, which
+pads every micro-batch to its longest sample, pads less. Its micro-batches differ in length by design, so the
+stopping rule's ``stable`` (a steady micro-batch time) does not apply to it: it times until the rule's caps or
+the end of the run. Records say which order ran (``batch_order``).
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ import os
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+from lab_helpers.recipe_defaults import BATCH_ORDERS
 
 QUICK_ENV = "LAB_QUICK"
 """``LAB_QUICK=1`` turns quick mode on for every run (the CLI's ``--quick`` and ``quick=True`` do the same)."""
@@ -72,6 +80,9 @@ ended before the rule did."""
 
 QUICK_WARMUP_STEPS = 2
 """Optimizer steps of warm-up in quick mode: the first and the peak step (the longest batch), see above."""
+
+QUICK_SEED = 42
+"""The seed of quick mode's fixed shuffle (``QuickOrderSampler``), and of the length-grouped order's."""
 
 
 def quick_warmup_steps(max_steps: int | None) -> int:
@@ -112,15 +123,18 @@ def stable_halves_pct() -> float:
     return value if math.isfinite(value) and value > 0 else STABLE_HALVES_PCT
 
 
-def stop_reason(timed_s: Sequence[float], *, stable_pct: float = STABLE_HALVES_PCT) -> str | None:
+def stop_reason(timed_s: Sequence[float], *, stable_pct: float | None = STABLE_HALVES_PCT) -> str | None:
     """The stopping rule on the iteration times timed so far (seconds, in order; warm-up and profiled ones left
     out): ``stable``, ``iteration_cap``, ``time_cap``, or None to keep timing. Asked at optimizer-step ends only,
-    so that a run times whole steps (every step's last micro-batch carries the optimizer step)."""
+    so that a run times whole steps (every step's last micro-batch carries the optimizer step). ``stable_pct``
+    None: never ``stable`` (a length-grouped run, whose micro-batches differ in length by design: only the caps
+    or the run's end stop it)."""
     from lab_helpers.iteration_times import iteration_stats
 
     count = len(timed_s)
     halves_pct = iteration_stats(timed_s)["iter_halves_pct"]
-    if count >= RULE_MIN_ITERATIONS and halves_pct is not None and halves_pct <= stable_pct:
+    stable = stable_pct is not None and halves_pct is not None and halves_pct <= stable_pct
+    if count >= RULE_MIN_ITERATIONS and stable:
         return "stable"
     if count >= RULE_MAX_ITERATIONS:
         return "iteration_cap"
@@ -172,9 +186,12 @@ class QuickOrderSampler:
     cannot be shared evenly is left out, so no rank waits in a collective for a batch its peers lack).
     """
 
+    batch_order = "shuffle"
+    """What a record's ``batch_order`` says for a run ordered by this sampler."""
+
     def __init__(
-        self, lengths: Sequence[int], *, batch_size: int, accumulation: int, seed: int = 42, rank: int = 0,
-        world_size: int = 1,
+        self, lengths: Sequence[int], *, batch_size: int, accumulation: int, seed: int = QUICK_SEED, rank: int = 0,
+        world_size: int = 1, warmup: bool = True,
     ) -> None:  # fmt: skip
         if batch_size < 1 or accumulation < 1:
             raise ValueError(f"batch_size and accumulation must be >= 1; got {batch_size}, {accumulation}")
@@ -190,6 +207,7 @@ class QuickOrderSampler:
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
+        self.warmup = warmup  # False: no warm-up batches (a full run of another order, ``order_training_batches``)
         self._epoch = 0
 
     def shuffle(self, epoch: int = 0) -> list[int]:
@@ -211,30 +229,106 @@ class QuickOrderSampler:
         return len(self.lengths) // (self.batch_size * self.world_size)
 
     def warmup_batches(self) -> int:
-        return QUICK_WARMUP_STEPS * self.accumulation
+        return QUICK_WARMUP_STEPS * self.accumulation if self.warmup else 0
 
     def __len__(self) -> int:
         return self.warmup_batches() + self._rounds()
 
+    def timed_batches(self, epoch: int = 0) -> list[list[int]]:
+        """This rank's batches of pass ``epoch`` after its warm-up batches, in order: what a run times, and what a
+        prediction of its padding reads (``data_lengths.batch_padding``), so that the two cannot differ."""
+        return self._timed(self.shuffle(epoch))
+
+    def _timed(self, order: Sequence[int]) -> list[list[int]]:
+        if self.world_size == 1:  # the last batch of one rank may be short: no sample twice
+            return [list(order[k * self.batch_size : (k + 1) * self.batch_size]) for k in range(self._rounds())]
+        return [self._share(order, round_) for round_ in range(self._rounds())]
+
+    def _warmup_fill(self, order: Sequence[int], timed: Sequence[list[int]]) -> list[list[int]]:
+        """The warm-up batches other than the longest one: from the start of the shuffle (not timed)."""
+        return [self._share(order, k) for k in range(self.warmup_batches() - 1)]
+
     def __iter__(self) -> Iterator[list[int]]:
         epoch, self._epoch = self._epoch, self._epoch + 1
         order = self.shuffle(epoch)
-        if epoch == 0:
+        timed = self._timed(order)
+        if epoch == 0 and self.warmup:
             by_length = sorted(range(len(self.lengths)), key=lambda i: (-self.lengths[i], i))
             longest = by_length[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
-            others = (self._share(order, k) for k in range(self.warmup_batches() - 1))
+            others = iter(self._warmup_fill(order, timed))
             for index in range(self.warmup_batches()):
                 yield longest if index == self.accumulation else next(others)
-        for round_ in range(self._rounds()):
-            batch = self._share(order, round_)
-            if self.world_size == 1:  # the last batch of one rank may be short: no sample twice
-                batch = order[round_ * self.batch_size : (round_ + 1) * self.batch_size]
-            yield batch
+        yield from timed
 
 
-def put_longest_batch_in_second_step(data: Any, micro_batch_size: int, accumulation: int) -> None:
+MEGA_BATCH_BATCHES = 50
+"""Micro-batches per mega-batch of ``LengthGroupedSampler`` (Hugging Face's ``LengthGroupedSampler`` uses 50 too):
+samples are sorted by length only within a mega-batch, so that a pass still mixes lengths at random at that scale
+and the grouping needs no sort of the whole data set."""
+
+
+class LengthGroupedSampler(QuickOrderSampler):
+    """Micro-batches of samples of similar length: the same shuffle as ``QuickOrderSampler`` (every sample once per
+    pass), cut into mega-batches of ``MEGA_BATCH_BATCHES x batch_size`` samples, each sorted by length (longest
+    first; ties keep the shuffle's order) and cut into micro-batches, and then the micro-batches of the pass shuffled
+    (seeded), so that a run does not go from long batches to short ones. Deterministic: the seed and the lengths
+    give the batches. Quick mode's warm-up rule is kept: the ``batch_size`` longest samples open the second
+    optimizer step (the other warm-up batches are the pass's first grouped ones, not timed).
+
+    Why litgpt pads less: it pads each micro-batch to its longest sample, and samples of similar length leave
+    little room. The peak memory is the longest batch's, which both orders hold (quick mode puts it in warm-up).
+
+    Why home-made and not a library's (Hugging Face ``transformers``' ``LengthGroupedSampler``, ``group_by_length``):
+    it must keep quick mode's warm-up rule and the lab's seeded shuffle, and the planner reads its batches
+    (``timed_batches``) to predict the padding, which a sampler inside another package's Trainer cannot give.
+
+    One rank only: the Lightning path deals one shuffle to its ranks in rounds (``QuickOrderSampler``), and grouping
+    there would need every rank's batch of a round to be of one length; the lab refuses it there
+    (``experiments.check_batch_order``).
+    """
+
+    batch_order = "length-grouped"
+
+    def __init__(self, lengths: Sequence[int], **kwargs: Any) -> None:
+        super().__init__(lengths, **kwargs)
+        if self.world_size != 1:
+            raise ValueError(f"length-grouped batches are made for one rank; got a world of {self.world_size}")
+
+    def _timed(self, order: Sequence[int]) -> list[list[int]]:
+        size = MEGA_BATCH_BATCHES * self.batch_size
+        batches: list[list[int]] = []
+        for start in range(0, len(order), size):
+            mega = sorted(order[start : start + size], key=lambda i: -self.lengths[i])  # stable: ties keep order
+            batches += [mega[k : k + self.batch_size] for k in range(0, len(mega), self.batch_size)]
+        # the batches' own shuffle: another seeded stream than the samples' (a text seed is hashed by SHA-512,
+        # the same on every machine and Python run)
+        random.Random(f"{self.seed}:{order[:8]}:batches").shuffle(batches)
+        return batches
+
+    def _warmup_fill(self, order: Sequence[int], timed: Sequence[list[int]]) -> list[list[int]]:
+        return [timed[k % len(timed)] for k in range(self.warmup_batches() - 1)]
+
+
+def batch_sampler(lengths: Sequence[int], *, batch_order: str = "shuffle", **kwargs: Any) -> QuickOrderSampler:
+    """The sampler of ``batch_order`` (``recipe_defaults.BATCH_ORDERS``): ``QuickOrderSampler`` for ``shuffle``,
+    ``LengthGroupedSampler`` for ``length-grouped``; ``kwargs`` are the samplers' own."""
+    if batch_order not in BATCH_ORDERS:
+        raise ValueError(f"batch_order {batch_order!r} is not one of {', '.join(BATCH_ORDERS)}")
+    return (LengthGroupedSampler if batch_order == "length-grouped" else QuickOrderSampler)(lengths, **kwargs)
+
+
+BATCH_ORDER_FLAG = "--batch-order"
+"""The litgpt child's switch for an order other than ``shuffle`` (the lab's, not litgpt's: removed from the arguments
+before litgpt's CLI reads them)."""
+
+
+def put_longest_batch_in_second_step(
+    data: Any, micro_batch_size: int, accumulation: int, *, batch_order: str = "shuffle", warmup: bool = True
+) -> None:
     """Quick mode: the data module's training loader puts its longest samples at the start of the second step,
-    and times one shuffle that ignores the batch settings (``QuickOrderSampler``).
+    and times one shuffle that ignores the batch settings (``QuickOrderSampler``); with ``batch_order``
+    ``length-grouped``, the same shuffle in micro-batches of similar length (``LengthGroupedSampler``).
+    ``warmup=False`` (a full run of the grouped order): no warm-up batches, only the grouped passes.
 
     Used by both launch paths (litgpt's CLI in ``child_litgpt``, the Lightning script in ``distributed.train``).
     The rank and world size are read when the loader is made, after the process group exists (one rank when
@@ -248,18 +342,36 @@ def put_longest_batch_in_second_step(data: Any, micro_batch_size: int, accumulat
         loader = original()
         rank, world_size = _rank_and_world_size()
         lengths = [len(item["input_ids"]) for item in loader.dataset]
-        sampler = QuickOrderSampler(
-            lengths, batch_size=micro_batch_size, accumulation=accumulation, rank=rank, world_size=world_size
-        )
-        if rank == 0:
+        sampler = batch_sampler(
+            lengths, batch_order=batch_order, batch_size=micro_batch_size, accumulation=accumulation, rank=rank,
+            world_size=world_size, warmup=warmup,
+        )  # fmt: skip
+        if rank == 0 and warmup:
             print(f"lab: quick mode: the {micro_batch_size} longest samples (up to {max(lengths)} tokens) form "
                   f"micro-batch {accumulation + 1}, the first of the second optimizer step (warm-up, not timed)"
                   + (f", on each of {world_size} ranks" if world_size > 1 else ""), flush=True)  # fmt: skip
+        if batch_order != "shuffle":
+            print(f"lab: {batch_order} batches: {_padding_line(sampler)}", flush=True)
         return DataLoader(
             loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers, collate_fn=loader.collate_fn
         )
 
     data.train_dataloader = train_dataloader
+
+
+def _padding_line(sampler: QuickOrderSampler) -> str:
+    """One pass's padding in ``sampler``'s order beside the shuffled order's, for the run's log."""
+    shuffled = QuickOrderSampler(sampler.lengths, batch_size=sampler.batch_size, accumulation=1, seed=sampler.seed)
+
+    def share(batches: list[list[int]]) -> float:
+        padded = sum(len(batch) * max(sampler.lengths[i] for i in batch) for batch in batches)
+        return 100 * (padded - sum(sampler.lengths)) / padded
+
+    return (
+        f"the shuffle cut into mega-batches of {MEGA_BATCH_BATCHES} x {sampler.batch_size} samples, each sorted by "
+        f"length into micro-batches, the micro-batches shuffled; one pass is "
+        f"{share(sampler.timed_batches()):.1f}% padding (shuffled: {share(shuffled.timed_batches()):.1f}%)"
+    )
 
 
 def _rank_and_world_size() -> tuple[int, int]:

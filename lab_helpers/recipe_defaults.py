@@ -45,9 +45,17 @@ LAUNCH_OPTION_DEFAULTS: Mapping[str, Any] = {
     # the largest micro batch `plan --fit` says fits, accumulation keeping the global batch (predict.fill_gpu_overrides,
     # applied by lab.run_experiment unless a micro batch is given): the fill-gpu experiment
     "fill_gpu": False,
+    # the order of the training samples in micro-batches (BATCH_ORDERS): litgpt-cli only; the length-grouped
+    # experiment's "length-grouped" (quick_mode.LengthGroupedSampler, applied by the child: --batch-order)
+    "batch_order": "shuffle",
 }
 """Launch settings of an experiment (``options:`` in configs/experiments/*.yaml); all but
-``activation_checkpointing`` concern ``lightning-strategy`` experiments only."""
+``activation_checkpointing``, ``fill_gpu`` and ``batch_order`` concern ``lightning-strategy`` experiments only."""
+
+BATCH_ORDERS: tuple[str, ...] = ("shuffle", "length-grouped")
+"""``batch_order``: ``shuffle`` -- samples in random order (quick mode: the lab's fixed shuffle,
+``quick_mode.QuickOrderSampler``; a full run: litgpt's own shuffled loader); ``length-grouped`` -- micro-batches of
+samples of similar length (``quick_mode.LengthGroupedSampler``), so that less of each is padding."""
 
 FSDP_IMPLS = ("auto", "fsdp1", "fsdp2")
 """``fsdp_impl``: FSDP1 (Lightning's ``FSDPStrategy``, flat parameters), FSDP2 (``ModelParallelStrategy`` +
@@ -69,6 +77,8 @@ DS_PREFETCH_BUCKET_NUMEL = 50_000_000
 def launch_options(strategy: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
     """An experiment's ``options`` over ``LAUNCH_OPTION_DEFAULTS``, every default made concrete."""
     merged = {**LAUNCH_OPTION_DEFAULTS, **(options or {})}
+    if merged["batch_order"] not in BATCH_ORDERS:
+        raise ValueError(f"batch_order {merged['batch_order']!r} is not one of {', '.join(BATCH_ORDERS)}")
     if merged["offload_optimizer"] is None:
         merged["offload_optimizer"] = strategy in OFFLOADING_STRATEGIES
     return merged

@@ -129,6 +129,9 @@ RECORD_FIELDS: tuple[Field, ...] = _reported(
     ("section", None, "single | multi"),
     ("profile", None, "ci | gpu"),
     ("mode", None, "full | quick (quick_mode: until the peak and a steady step time are measured)"),
+    ("batch_order", None, "the order of the samples in micro-batches (recipe_defaults.BATCH_ORDERS): shuffle (quick "
+     "mode: the lab's fixed shuffle; a full run: litgpt's shuffled loader) | length-grouped (micro-batches of samples "
+     "of similar length, quick_mode.LengthGroupedSampler); None: a record from before the field, shuffled"),
     ("started_at", None, "ISO time, UTC"),
     ("method", None, "full | lora | qlora"),
     ("strategy", None, "single | ddp | fsdp | deepspeed-zero2 | deepspeed-zero3"),
@@ -169,15 +172,16 @@ RECORD_FIELDS: tuple[Field, ...] = _reported(
     ("iter_count", "micro-batches", "how many timed iterations the median and IQR are of"),
     ("iter_halves_pct", "%", "|median of the first half - median of the second half| / median: quick mode's "
      "stability figure (stable below 10 %)"),
-    ("tokens_per_s", "tokens/s", "unpadded tokens of a mean timed micro-batch / iter_median_s"),
-    ("tokens_per_s_padded", "tokens/s", "padded tokens of a mean timed micro-batch / iter_median_s: the ONE token "
+    ("tokens_per_s", "tokens/s", "unpadded tokens of a mean timed micro-batch / iter_median_s (a length-grouped "
+     "run: / the mean timed micro-batch, train_s / iterations, since its micro-batches differ in length by design)"),
+    ("tokens_per_s_padded", "tokens/s", "padded tokens of a mean timed micro-batch / the same time: the ONE token "
      "count of MFU"),
     ("padding_pct", "%", "100 x (tokens_padded - tokens) / tokens_padded: the share of tokens_per_s_padded that is padding"),
     ("flops_per_step", "FLOP", "model FLOPs of one micro-batch (forward + backward), the MFU numerator's unit"),
     ("flops_per_token", "FLOP/token", "flops_per_step x iterations / tokens_padded: model FLOPs of one padded token"),
     ("gpu_peak_flops", "FLOP/s", "the GPU's dense peak for the precision, from the lab's peak table"),
     ("mfu", "fraction", "tokens_per_s_padded x flops_per_token / gpu_peak_flops (= flops_per_step / iter_median_s / "
-     "gpu_peak_flops; derived; None on a CPU)"),
+     "gpu_peak_flops, the mean timed micro-batch for a length-grouped run; derived; None on a CPU)"),
     # where the time goes (lab_helpers.time_bound)
     ("gpu_busy_pct", "%", "NVML utilisation of this rank's GPU averaged over the timed loop only (loop_monotonic_s); "
      "None on a CPU, with gpu_busy_reason"),

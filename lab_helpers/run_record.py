@@ -48,6 +48,7 @@ def base_record(run: ResolvedRun, node: Mapping[str, Any] | None = None) -> dict
         "simulated_world_size": run.simulated_world_size,
         "method": run.experiment.method,
         "strategy": run.experiment.strategy,
+        "batch_order": run.options["batch_order"],  # the child is told it (--batch-order) and cannot run another
         "recipe_path": str(
             run.recipe_path.relative_to(lab_home()) if run.recipe_path.is_relative_to(lab_home()) else run.recipe_path
         ),

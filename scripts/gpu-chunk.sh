@@ -7,7 +7,7 @@
 # copies what is done into DIR: a kill at the limit loses at most the step in flight, and one oversized file
 # (a profile trace) never takes the records with it.
 #
-#   CHUNK          speed | ranks | single-7b | 13b | offload | notebooks   (the GPU issues; steps below, costs in
+#   CHUNK          speed | ranks | single-7b | 13b | offload | notebooks | padding   (the GPU issues; steps below, costs in
 #                  configs/gpu-chunk-costs.tsv; docs/measuring-on-a-gpu.md has the table)
 #   --out DIR      the folder that comes back (default: $OUT); it holds at most 7 files:
 #                    chunk.log             preflight, every step's time and outcome, the summary
@@ -62,11 +62,13 @@ case "$chunk" in
         steps=("run full-13b-sgd" "run lora-13b" "run full-13b") ;;
     notebooks) models=1b  # the student's path: 00, 04, then 01 on the 1.1B models (LAB_MODELS), quick mode
         steps=("notebook 00_check_node" "notebook 04_what_if" "notebook 01_single_gpu") ;;
+    padding) models=1b  # issue 43: small-batch and its length-grouped order, the same samples
+        steps=("run small-batch" "run length-grouped") ;;
     offload) models=7b
         steps=("run deepspeed-zero2-offload --set checkpoint_dir=checkpoints/openlm-research/open_llama_7b"
                "run deepspeed-offload --set checkpoint_dir=checkpoints/openlm-research/open_llama_7b") ;;
-    "") echo "gpu-chunk: name a chunk: speed, ranks, single-7b, 13b, offload or notebooks (see --help)" >&2; exit 2 ;;
-    *) echo "gpu-chunk: unknown chunk '$chunk': speed, ranks, single-7b, 13b, offload or notebooks" >&2; exit 2 ;;
+    "") echo "gpu-chunk: name a chunk: speed, ranks, single-7b, 13b, offload, notebooks or padding (see --help)" >&2; exit 2 ;;
+    *) echo "gpu-chunk: unknown chunk '$chunk': speed, ranks, single-7b, 13b, offload, notebooks or padding" >&2; exit 2 ;;
 esac
 [[ -n $out ]] || { echo "gpu-chunk: give --out DIR (or set OUT): the folder that comes back" >&2; exit 2; }
 deadline_s="${deadline_s:-$((dry ? 900 : 540))}"

@@ -16,6 +16,7 @@ SHARED_LAB_SINGLE = [
     "full-13b-sgd", "lora-1b", "lora-3b", "lora-7b", "lora-13b", "qlora-7b",
     "act-ckpt", "adamw-8bit",  # LAB.md's "Beyond the course", after the course's own matrix
     "fill-gpu",  # the lab's own speed experiment (issue 25): lora-1b at the largest micro batch that fits
+    "length-grouped",  # issue 43's padding experiment: small-batch in micro-batches of samples of similar length
 ]  # fmt: skip
 
 

@@ -27,6 +27,10 @@ class LitgptCliLauncher:
             from lab_helpers.activation_checkpointing import FLAG
 
             argv.append(FLAG)
+        if run.options["batch_order"] != "shuffle":  # litgpt has no such setting: the child orders the batches
+            from lab_helpers.quick_mode import BATCH_ORDER_FLAG
+
+            argv += [BATCH_ORDER_FLAG, run.options["batch_order"]]
         return argv
 
     def ranks(self, run: ResolvedRun) -> list[int | None]:
