@@ -15,6 +15,9 @@ ignores SIGTERM stands for a rank stuck in a collective; a data loader that slee
 SIGSTOPped rank for a hung rank; RLIMIT_FSIZE for a disk that fills up; a RuntimeError carrying the token for an
 error that quotes it. Issue 45's failing results disk is real: a 100 MB tmpfs in a mount namespace of the fault's
 own (tests/disk_fault.py; those rows say "skipped" where user namespaces are off), filled up or covered read-only.
+Issue 45's round three adds: a record dated 2099 before a newer run, links planted where compare --out writes,
+export-reference into another kind's file or under no file name, SIGRTMIN+1 and SIGTRAP, lab folders that are no
+folders (and a byte that is not UTF-8), a closed or full stdout.
 
 Usage: python benchmarks/faults.py   (under 10 minutes on 2 cores; one row per fault, then a summary line). The
 unit tests (tests/test_faults.py) cover each fault separately, including a single Ctrl-C during training.
@@ -769,6 +772,167 @@ def launcher_killed_after_training(root: Path) -> Row:
                    observed=f"before {before}, after {_statuses(new)} (recovered), lines {len(said)}")  # fmt: skip
 
 
+# ------------------------------------------------------------------ issue 45, round three: the rest
+
+
+def odd_start_time(root: Path) -> Row:
+    """A record whose started_at is in 2099 (a clock ahead, an edited record), then a real run of the same
+    experiment: every table shows the newer run, and the odd time is named."""
+    row = Row("started_at 2099 on a record, then a newer run", "the newer run in the tables; the odd time named")
+    fault = Fault(root, "odd-start")
+    with open(fault.results / "runs.jsonl", "a") as fh:  # an edited record, as a hand or a wrong clock left it
+        fh.write(json.dumps({"experiment": "grad-accum", "status": "ok", "profile": "ci", "run_id": "ahead",
+                             "started_at": "2099-01-01T00:00:00+00:00", "train_s": 999.0}) + "\n")  # fmt: skip
+    fault.seed_bytes = (fault.results / "runs.jsonl").read_bytes()
+    code, _, _ = fault.run("run", "grad-accum", "--set", "train.max_steps=2", "--quiet")
+    compare_code, out, err = fault.run("compare", "--out", str(fault.dir / "figures"))
+    table = (fault.dir / "figures" / "comparison.csv").read_text() if compare_code == 0 else ""
+    new = fault.new_records()[1:]
+    row_of = [line for line in table.splitlines() if line.startswith("grad-accum,")]
+    shown_new = len(row_of) == 1 and ",999.0," not in row_of[0]
+    named = "2099-01-01" in err and "odd start time" in err and "Traceback" not in err
+    ok = code == 0 and compare_code == 0 and _statuses(new) == "ok" and shown_new and named
+    observed = f"run {code}, compare {compare_code}, newer shown {shown_new}, odd named {named}"
+    return _finish(row, fault, expect_records=2, ok=ok, observed=observed)
+
+
+def _one_line(code: int, err: str) -> tuple[bool, str]:
+    lines = err.strip().splitlines()
+    shown = lines[0] if lines else ""
+    return code == 2 and len(lines) == 1 and shown.startswith("error: ") and "Traceback" not in err, shown
+
+
+def planted_links(root: Path) -> list[Row]:
+    """compare --out writes by the rule of runs.jsonl: never through a link planted as one of its files, and a
+    --out that is no folder is one line."""
+    rows = []
+    fault = Fault(root, "planted-links")
+    victim = fault.dir / "victim.txt"
+    victim.write_text("untouched\n")
+    (fault.dir / "a-file").write_text("")
+    cases = [("compare --out DIR, DIR/comparison.csv a link", "comparison.csv"),
+             ("compare --out DIR, DIR/memory.png a link", "memory.png"),
+             ("compare --out a regular file", None), ("compare --out /proc/x", None),
+             ("compare --out /dev/null", None)]  # fmt: skip
+    for name, planted in cases:
+        out = fault.dir / f"out-{len(rows)}"
+        if planted is not None:
+            out.mkdir()
+            (out / planted).symlink_to(victim)
+        else:
+            out = {"compare --out a regular file": fault.dir / "a-file"}.get(name, Path(name.split()[-1]))
+        code, _, err = fault.run("compare", "--out", str(out))
+        ok, shown = _one_line(code, err)
+        ok = ok and victim.read_text() == "untouched\n" and (fault.dir / "a-file").read_text() == ""
+        row = Row(name, "exit 2, one line, nothing written through")
+        rows.append(_finish(row, fault, expect_records=0, ok=ok, observed=f"exit {code}: {shown[7:]}"))
+    return rows
+
+
+def export_refused(root: Path) -> list[Row]:
+    """export-reference from the ci profile into the shipped H100 file, or to a name that is no file name."""
+    rows = []
+    fault = Fault(root, "export-refused")
+    home = fault.dir / "home"
+    (home / "reference_results").mkdir(parents=True)
+    (home / "configs").symlink_to(ROOT / "configs")
+    shipped = home / "reference_results" / "h100-80gb.jsonl"
+    shutil.copyfile(ROOT / "reference_results" / "h100-80gb.jsonl", shipped)
+    fault.env["LAB_HOME"] = str(home)
+    cases = [("export-reference h100-80gb from the ci profile", ["h100-80gb"]),
+             ("export-reference .", ["."]), ("export-reference <a 300-character name>", ["x" * 300])]  # fmt: skip
+    before = shipped.read_bytes()
+    for name, args in cases:
+        code, _, err = fault.run("export-reference", *args, "--profile", "ci")
+        ok, shown = _one_line(code, err)
+        names = sorted(p.name for p in (home / "reference_results").iterdir())
+        ok = ok and shipped.read_bytes() == before and names == ["h100-80gb.jsonl"]
+        row = Row(name, "exit 2, one line, no reference file changed")
+        rows.append(_finish(row, fault, expect_records=0, ok=ok, observed=f"exit {code}: {shown[7:]}"))
+    code, _, _ = fault.run("export-reference", "h100-80gb", "--profile", "ci", "--force")
+    forced = shipped.read_bytes()
+    ok = code == 0 and forced.startswith(before) and len(forced.splitlines()) == len(before.splitlines()) + 2
+    row = Row("export-reference h100-80gb --force (ci)", "the ci records added after the shipped ones")
+    rows.append(_finish(row, fault, expect_records=0, ok=ok, observed=f"exit {code}, shipped lines kept {ok}"))
+    return rows
+
+
+def other_ending_signals(root: Path) -> list[Row]:
+    rows = []
+    for name, signum in (("SIGRTMIN+1", signal.SIGRTMIN + 1), ("SIGTRAP", signal.SIGTRAP)):
+        row = Row(f"{name} to the CLI during training", f"interrupted recorded, naming {name}, exit 130")
+        fault = Fault(root, f"signal-{signum}")
+        proc = fault.start("run", "grad-accum", "--set", "train.max_steps=10000")
+        fault.wait_for_training(proc)
+        proc.send_signal(signum)
+        proc.communicate(timeout=120)
+        new = fault.new_records()
+        ok = proc.returncode == 130 and _statuses(new) == "interrupted" and name in (new[0].get("reason") or "")
+        rows.append(_finish(row, fault, expect_records=1, ok=ok, observed=f"exit {proc.returncode}, {_statuses(new)}"))
+    return rows
+
+
+def bad_locations(root: Path) -> list[Row]:
+    """LAB_RESULTS, LAB_CHECKPOINTS, LAB_DATA as what is no folder the lab can use, for compare and prepare (and a
+    run, for a byte that is not UTF-8): one line and exit 2 each, nothing created; through the CLI's own main in one
+    process per value, as bounded_values."""
+    fault = Fault(root, "bad-locations")
+    (fault.dir / "a-file").write_text("")
+    (fault.dir / "dangling").symlink_to(fault.dir / "nowhere")
+    values = {"/proc/x": "/proc/x", "a regular file": str(fault.dir / "a-file"),
+              "a dangling link": str(fault.dir / "dangling"), "a 300-character name": str(fault.dir / ("n" * 300)),
+              "a non-UTF-8 byte": os.fsdecode(bytes(fault.dir) + b"/d\xffata")}  # fmt: skip
+    script = textwrap.dedent(
+        """
+        import contextlib, io, json, os, sys
+        from lab_helpers.cli import main
+        for name, value, argv in json.loads(sys.argv[1]):
+            env = dict(os.environ)
+            os.environ[name] = value  # a byte that is not UTF-8 comes as a surrogate escape, as Python reads it
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                try:
+                    code = main(argv)
+                except BaseException as exc:  # a traceback is the fault: count it, go on
+                    code, _ = 1, err.write("Traceback: " + type(exc).__name__)
+            os.environ.clear()
+            os.environ.update(env)
+            print(json.dumps([code, err.getvalue()]), flush=True)
+        """
+    )
+    rows = []
+    for label, value in values.items():
+        runs = [("LAB_RESULTS", value, ["compare"]), ("LAB_CHECKPOINTS", value, ["prepare"]),
+                ("LAB_DATA", value, ["prepare"]), ("LAB_DATA", value, ["run", "grad-accum"])]  # fmt: skip
+        out = subprocess.run([sys.executable, "-c", script, json.dumps(runs)], cwd=ROOT, env=fault.env,
+                             capture_output=True, text=True, timeout=300, errors="surrogateescape").stdout  # fmt: skip
+        answers = [json.loads(line) for line in out.splitlines()]
+        good = [_one_line(code, err)[0] for code, err in answers]
+        created = [v for v in (str(fault.dir / ("n" * 300)),) if os.path.lexists(v)]
+        row = Row(f"LAB_* = {label} (compare, prepare, run)", "each: exit 2, one line, nothing started")
+        ok = len(answers) == len(runs) and all(good) and not created
+        shown = _one_line(*answers[0])[1][7:] if answers else ""
+        rows.append(_finish(row, fault, expect_records=0, ok=ok,
+                            observed=f"{sum(good)} of {len(runs)} one line: {shown}"))  # fmt: skip
+    return rows
+
+
+def closed_or_full_stdout(root: Path) -> list[Row]:
+    rows = []
+    fault = Fault(root, "stdout")
+    for name, redirect in (("results >&- (stdout closed)", ">&-"), ("results > /dev/full", "> /dev/full"),
+                           ("compare > /dev/full", "> /dev/full")):  # fmt: skip
+        command = name.split()[0]
+        shell = f"{sys.executable} -m lab_helpers {command} --{'format' if command == 'results' else 'wide'}"
+        shell += " json" if command == "results" else ""
+        proc = subprocess.run(["bash", "-c", f"{shell} {redirect}"], cwd=ROOT, env=fault.env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        ok, shown = _one_line(proc.returncode, proc.stderr)
+        row = Row(name, "exit 2, one line")
+        rows.append(_finish(row, fault, expect_records=0, ok=ok, observed=f"exit {proc.returncode}: {shown[7:]}"))
+    return rows
+
+
 def main() -> int:
     from lab_helpers.assets import prepare_ci
 
@@ -809,6 +973,16 @@ def main() -> int:
         lambda: children_hold_output(root),
         lambda: secrets_by_shape(root),
         lambda: bounded_values(root),
+        lambda: disk_fails_during_run(root, "fill"),
+        lambda: disk_fails_during_run(root, "readonly"),
+        lambda: output_larger_than_disk(root),
+        lambda: launcher_killed_after_training(root),
+        lambda: odd_start_time(root),
+        lambda: planted_links(root),
+        lambda: export_refused(root),
+        lambda: other_ending_signals(root),
+        lambda: bad_locations(root),
+        lambda: closed_or_full_stdout(root),
     ]
     print(f"{'fault':<52} | {'expected':<56} | {'observed':<60} | result")
     for step in plan:
