@@ -81,7 +81,7 @@ def test_questions_come_from_every_notebook_keyed_by_section():
 
 
 def test_every_notebook_question_has_an_answer_entry():
-    """A question without an entry fails here: write its answer function in lab_helpers/answers.py."""
+    """A question without an entry fails here: write its answer function in lab_helpers/answers/ (its notebook's module)."""
     missing = answers.unanswered(answers.notebook_questions())
     assert not missing, "no answer entry for: " + "; ".join(f"{q.key}: {q.text[:80]}" for q in missing)
 
