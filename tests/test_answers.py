@@ -139,6 +139,12 @@ def test_h200_figures_are_the_records_own(outputs):
         in phases
     )
     assert "simulated rank" in _answer(out, "ddp")
+    predicted = {e: _gib(r[e]["predicted"]["peak_alloc_gib"]) for e in ("full-7b", "act-ckpt")}
+    assert f"the peak only {predicted['full-7b']} -> {predicted['act-ckpt']}" in phases
+    lever = _answer(out, "the-lever-how-adamw-steps")
+    assert "the foreach step as stored with h200-141gb's run; the for-loop step traced by the planner now" in lever
+    assert f"the foreach step {_gib(r['act-ckpt']['peak_alloc_gib'])} against" in lever
+    assert "moves back to the backward" in lever and "did not run `act-ckpt` with the for-loop step" in lever
 
 
 def test_h100_figures_are_the_records_own(outputs):
@@ -163,6 +169,28 @@ def test_ci_figures_are_the_records_own_and_what_a_cpu_cannot_answer(outputs):
     assert "a CPU has no GPU memory" in _answer(out, "full-7b")
     assert "ci-cpu did not run `act-ckpt`" in _answer(out, "act-ckpt")
     assert "recorded `qlora-7b` as skipped" in out or "`qlora-7b` record has no prediction" in out
+
+
+def test_the_lever_measured_where_a_reference_ran_it():
+    """01's lever (`optimizer.foreach=false` on act-ckpt) from a reference that ran both steps: the H200's records of
+    benchmarks/optimizer_step.sh beside h200-141gb's. Both predictions are the stored ones (nothing traced), the
+    measured peaks are the records' own, and the later step variants never stand for `act-ckpt` as defined."""
+    from lab_helpers.records import conformed, read_records
+
+    lever = Path(__file__).resolve().parent.parent / "benchmarks" / "optimizer_step_h200.records.jsonl"
+    bench = [conformed(r) for r in read_records(lever)]
+    ref = [conformed(r) for r in read_records(reference_dir() / "h200-141gb.jsonl")]
+    f = answers.Facts("h200-lever", ref + bench)
+    assert not (f.record("act-ckpt").get("overrides") or {}).keys() & {"optimizer.foreach", "optimizer.fused"}
+    said = answers.ANSWERS[("01", "the-lever-how-adamw-steps", 1)](f)
+    assert not said.missing, said.missing
+    peak = {r["predicted"]["optimizer_step"]: r["peak_alloc_gib"] for r in bench}
+    assert "the foreach and the for-loop steps as stored with h200-lever's runs" in said.text
+    assert f"the for-loop step {_gib(peak['for-loop'])} in backward against" in said.text
+    fell = peak["foreach"] - peak["for-loop"]
+    assert f"{_gib(peak['foreach'])} -> {_gib(peak['for-loop'])} ({_gib(fell)};" in said.text
+    saved = f.peak("full-7b") - f.peak("act-ckpt")  # against the as-defined run, the foreach step's
+    assert f"Saved {_gib(saved)}" in answers.ANSWERS[("01", "act-ckpt", 2)](f).text and saved > 0
 
 
 def test_unknown_reference_is_one_line_and_exit_2(tmp_path):

@@ -131,6 +131,24 @@ class Plan:
     def model_states(self) -> float:
         return sum(self.part(p) for p in ("parameters", "gradients", "optimizer_states"))
 
+    # -- the names of the planner's MemoryPlan, so that ``arithmetic``'s words take a stored prediction too
+
+    @property
+    def breakdown_gib(self) -> dict[str, float]:
+        return dict(self.data.get("breakdown_gib") or {})
+
+    @property
+    def peak_alloc_gib(self) -> float:
+        return self.peak
+
+    @property
+    def peak_phase(self) -> str | None:
+        return self.data.get("peak_phase")
+
+    @property
+    def optimizer_step(self) -> str | None:
+        return self.data.get("optimizer_step")
+
 
 def phase_words(phase: str | None) -> str:
     """The planner's phase names (``w1m1-backward``, ``w0-step``) in words."""
@@ -150,6 +168,16 @@ class Answer:
     computed: bool = True
 
 
+STEP_OVERRIDES = ("optimizer.foreach", "optimizer.fused")
+"""Overrides that run an experiment with another optimizer step (01's lever, ``arithmetic.step_lever``): such a
+run is a variant of its experiment, never the experiment as the other questions mean it."""
+
+
+def step_variant(record: Mapping[str, Any]) -> bool:
+    overrides = record.get("overrides")
+    return isinstance(overrides, Mapping) and any(key in overrides for key in STEP_OVERRIDES)
+
+
 class Facts:
     """One reference's records, and the small questions every answer asks of them."""
 
@@ -157,7 +185,9 @@ class Facts:
         self.name = name
         self.records = records
         latest: dict[tuple[str, int], dict[str, Any]] = {}
-        ordered = sorted(enumerate(records), key=lambda ir: (str(ir[1].get("started_at") or ""), ir[0]))
+        ordered = sorted(  # an experiment's latest run as defined; its latest step variant only where it has none
+            enumerate(records), key=lambda ir: (not step_variant(ir[1]), str(ir[1].get("started_at") or ""), ir[0])
+        )
         for _, record in ordered:
             if record.get("rank") in (None, 0) and record.get("experiment"):
                 latest[(record["experiment"], self.world(record))] = record
