@@ -24,17 +24,38 @@ def _cli(*args: str, env_dir: Path) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
 
 
+_EACH_REFERENCE = """
+import contextlib, io, json, sys, traceback
+from lab_helpers.cli import main
+
+done = {}
+for name in sys.argv[1:]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(["answers", "--reference", name])
+        except BaseException:
+            code = -1
+            traceback.print_exc()
+    done[name] = (code, out.getvalue(), err.getvalue())
+json.dump(done, sys.__stdout__)
+"""
+
+
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory, ci_assets) -> dict[str, tuple[int, str, str]]:
-    """Each reference's key, made by the real CLI, the three at once (each traces one planner step); the ci
-    stand-ins' configs built (``ci_assets``), which the arithmetic of ci-cpu's answers counts."""
-    folder = tmp_path_factory.mktemp("results")
-    running = {name: _cli("--reference", name, env_dir=folder) for name in REFERENCES}
-    done = {}
-    for name, process in running.items():
-        out, err = process.communicate(timeout=600)
-        done[name] = (process.returncode, out, err)
-    return done
+    """Each reference's key, made once for the module by the CLI's ``main`` (``answers --reference NAME``), the
+    three in one child process: torch, litgpt and the planner's memo are paid for once, not three times (issue 44:
+    three ``python -m lab_helpers answers`` took about 25 s of a busy 2-core machine, 75 s at worst);
+    ``test_unknown_reference_is_one_line_and_exit_2`` runs the module entry point itself. The ci stand-ins'
+    configs are built (``ci_assets``): the arithmetic of ci-cpu's answers counts them."""
+    import os
+
+    env = {**os.environ, "LAB_RESULTS": str(tmp_path_factory.mktemp("results"))}
+    done = subprocess.run([sys.executable, "-c", _EACH_REFERENCE, *REFERENCES], capture_output=True, text=True,
+                          env=env, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {name: tuple(result) for name, result in json.loads(done.stdout).items()}
 
 
 def _records(name: str) -> dict[str, dict]:
