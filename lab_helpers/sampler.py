@@ -8,6 +8,7 @@ while a rank is stuck or dying, and survive an OOM in the child. Rows go to a CS
 from __future__ import annotations
 
 import csv
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import psutil
 
+from lab_helpers.paths import open_regular
 from lab_helpers.record_schema import GIB
 
 TIMELINE_COLUMNS = ("t_s", "gpu", "util_pct", "mem_used_gib", "power_w", "host_cpu_pct", "host_ram_gib")
@@ -282,7 +284,9 @@ class _Rows:
         self._fh = None
         try:
             summary.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(summary.path, "w", newline="")  # noqa: SIM115 -- closed in close()
+            # the rule of every file the lab streams into (paths.open_regular): never through a link, never a FIFO
+            fd = open_regular(summary.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            self._fh = os.fdopen(fd, "w", newline="")
             self._writer = csv.writer(self._fh)
             self._writer.writerow(TIMELINE_COLUMNS)
         except OSError as exc:

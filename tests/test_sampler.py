@@ -128,3 +128,17 @@ def test_a_timeline_file_that_fails_ends_the_file_quietly_and_keeps_sampling(tmp
     summary = sampler.summary
     assert not seen and summary.samples >= 5 and summary.host_rss_peak_gib > 0
     assert summary.error and summary.error.startswith("the timeline stopped here:"), summary.error
+
+
+def test_the_timeline_is_never_written_through_a_planted_link(tmp_path):
+    """Issue 45's one rule for every file the lab writes (paths.open_regular): a timeline.csv planted as a link to
+    another file is refused, the other file stays as it was, and sampling goes on with the error said once."""
+    import os
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    (tmp_path / "t.csv").symlink_to(victim)
+    with TimelineSampler(tmp_path / "t.csv", root_pid=os.getpid(), interval_s=0.05) as sampler:
+        time.sleep(0.5)
+    assert victim.read_text() == "keep me\n"
+    assert sampler.summary.samples >= 2 and sampler.summary.error
