@@ -40,6 +40,7 @@ from lab_helpers.paths import (
 from lab_helpers.records import latest_runs, load_results, read_records, record_lines, results_path
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")  # never hidden (".", ".."), a name the file system takes
+CI_CPU_REFERENCE = "ci-cpu"  # the ci profile's file: its records name no GPU
 TIMELINE_ARCHIVE = "results.tar.gz"  # what scripts/gpu-chunk.sh brings back beside its runs.jsonl
 
 
@@ -94,11 +95,11 @@ def export_references(
     gpus: dict[str, str | None] = {}
     for record in records:
         gpu = record_gpu(record)
-        stem = reference_name_for_gpu(gpu) or name
+        stem = reference_name_for_gpu(gpu) or name or (CI_CPU_REFERENCE if record.get("profile") == "ci" else None)
         if stem is None:
             raise LabConfigError(
                 f"record {record.get('run_id')!r} ({record.get('experiment')}) names no GPU, so its file cannot "
-                "be told from it: give NAME (e.g. ci-cpu for the ci profile on a CPU)"
+                "be told from it: give NAME (e.g. h100-80gb)"
             )
         by_file.setdefault(stem, []).append(record)
         gpus.setdefault(stem, gpu)

@@ -238,12 +238,15 @@ def test_compare_reads_the_exported_h200_file(lab_home, results, tmp_path, capsy
     assert "| bf16-true | ok |" in out and "| small-batch | ok |" in out
 
 
-def test_records_without_a_gpu_need_a_name(lab_home, results, capsys):
-    append_record({"experiment": "grad-accum", "profile": "ci", "status": "ok", "run_id": "a"})
-    code, _, err = _export(capsys, "--profile", "ci")
+def test_records_without_a_gpu_go_to_ci_cpu_on_the_ci_profile_else_need_a_name(lab_home, results, capsys):
+    append_record({"experiment": "grad-accum", "profile": "gpu", "status": "ok", "run_id": "g"})
+    code, _, err = _export(capsys, "--profile", "gpu")
     assert code == 2 and "names no GPU" in err and "give NAME" in err and "\n" not in err
-    code, out, _ = _export(capsys, "ci-cpu", "--profile", "ci")
+    append_record({"experiment": "grad-accum", "profile": "ci", "status": "ok", "run_id": "a"})
+    code, out, _ = _export(capsys, "--profile", "ci")  # the ci profile's file, as compare.reference_for names it
     assert code == 0 and out.endswith("ci-cpu.jsonl: 1 added, 0 already there")
+    code, out, _ = _export(capsys, "ci-cpu", "--profile", "ci")
+    assert code == 0 and out.endswith("ci-cpu.jsonl: 0 added, 1 already there")
 
 
 # -------------------------------------------------------- issue 45: an export never lands in another kind's file
