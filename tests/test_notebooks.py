@@ -234,3 +234,12 @@ def test_what_if_notebook_runs_the_callback_once_and_offers_the_widgets():
     called = [name for name, _ in _calls(_read(NOTEBOOKS_DIR / "04_what_if.ipynb"))]
     assert called.count("what_if.show") == 1
     assert "what_if.widgets" in called
+
+
+def test_what_if_notebook_draws_two_charts_which_nbval_checks_for_images():
+    """04 draws the explorer's answer and the time check: exactly two drawing cells. Every nbval run checks that each
+    drawing cell shows an image (notebooks/conftest.py), so 04 is not executed a second time here for that."""
+    from notebook_images import draws
+
+    nb = _read(NOTEBOOKS_DIR / "04_what_if.ipynb")
+    assert sum(draws(cell.source) for cell in _code_cells(nb)) == 2
