@@ -40,10 +40,10 @@ def test_the_cli_installs_its_handler_for_each_one():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["SIGRTMIN+1", "SIGTRAP"])
+@pytest.mark.parametrize("name", ["SIGRTMIN+1"])  # SIGTRAP takes the same handler: checked in a fresh CLI above
 def test_a_real_time_signal_or_sigtrap_during_training_is_recorded(ci_assets, results, tmp_path, name):
     """The issue's repro on the real CLI: the run is ended as for SIGTERM, recorded `interrupted` naming the signal,
-    exit 130, nothing left running."""
+    exit 130, nothing left running. (One real run: each costs ~20 s of CI on 2 cores.)"""
     from test_faults import _wait_for_iter, _wait_gone
 
     signum = signal.SIGRTMIN + 1 if name == "SIGRTMIN+1" else signal.SIGTRAP
