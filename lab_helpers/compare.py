@@ -1002,6 +1002,11 @@ def reference_for(node: Mapping[str, Any] | None) -> str:
     return name if name in shipped_references() else "ci-cpu"
 
 
+def shipped_frames() -> list[tuple[str, pd.DataFrame]]:
+    """Every shipped reference file as (name, its records), untagged: what the sentences below compute from."""
+    return [(name, load_results(reference_dir() / f"{name}.jsonl")) for name in shipped_references()]
+
+
 def mfu_words() -> str:
     """MFU against what to expect, from the data: the time model's assumption (``planner.timing.DEFAULT_MFU``)
     and the range every shipped GPU reference measured, per file (issue 43: no typed "good" MFU)."""
@@ -1009,8 +1014,7 @@ def mfu_words() -> str:
 
     assumed = ", ".join(f"{method} {mfu:.2f}" for method, mfu in DEFAULT_MFU.items())
     measured = []
-    for name in shipped_references():
-        frame = load_results(reference_dir() / f"{name}.jsonl")
+    for name, frame in shipped_frames():
         with_mfu = frame[pd.to_numeric(frame.get("mfu", pd.Series(dtype=float)), errors="coerce").notna()]
         if len(with_mfu):
             mfu = pd.to_numeric(with_mfu["mfu"])
@@ -1028,7 +1032,7 @@ def speed_words(exp_id: str, pair: str, df: pd.DataFrame | None = None) -> str:
     """``exp_id`` against ``pair`` in real tokens/s, from every shipped GPU reference that ran both (and ``df``,
     the node's own results, where both ran on a GPU): which was faster, and how busy each GPU was and what bound
     it where the records say. Issue 43: a speed sentence is computed from the records, never typed."""
-    frames = [(name, load_results(reference_dir() / f"{name}.jsonl")) for name in shipped_references()]
+    frames = shipped_frames()
     if df is not None:
         frames.insert(0, ("this node", df))
     lines = []
