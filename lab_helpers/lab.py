@@ -12,10 +12,11 @@ file (records). Bad input fails before any process starts.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lab_helpers import predict
 from lab_helpers.decision import blocked, default_profile_here, profile_problem, section_decisions
@@ -33,6 +34,23 @@ from lab_helpers.runner import run_command, say
 from lab_helpers.warm_start import WARM_START_ENV
 from lab_helpers.warm_start import setting_for as warm_start_setting
 
+if TYPE_CHECKING:  # for readers and type checkers; at run time each is imported on first use (below)
+    from lab_helpers.activations_by_hand import compare_with_planner, experiment_terms
+    from lab_helpers.activations_by_hand import misses as activations_missed
+    from lab_helpers.activations_by_hand import summary as activations_summary
+    from lab_helpers.commands import closing_text, show_commands
+    from lab_helpers.decision import sections_runnable
+    from lab_helpers.distributed.notebook import check_records, rank_rows, show_prediction
+    from lab_helpers.doctor import format_report
+    from lab_helpers.experiments import get_experiment, load_experiments
+    from lab_helpers.guesses import guess_table
+    from lab_helpers.node import describe_node
+    from lab_helpers.padding import latest_record, padding_words
+    from lab_helpers.prepare import prepare
+    from lab_helpers.records import load_results
+    from lab_helpers.step_memory import plot_step
+    from lab_helpers.step_profile import summary_lines
+
 __all__ = [
     "default_profile",
     "run_experiment",
@@ -42,6 +60,28 @@ __all__ = [
     "oom_demo_overrides",
     "OOM_DEMO_MARGIN",
     "LabConfigError",
+    "activations_missed",
+    "activations_summary",
+    "check_records",
+    "closing_text",
+    "compare_with_planner",
+    "describe_node",
+    "experiment_terms",
+    "format_report",
+    "get_experiment",
+    "guess_table",
+    "latest_record",
+    "load_experiments",
+    "load_results",
+    "padding_words",
+    "plot_step",
+    "prepare",
+    "rank_rows",
+    "results_dir",
+    "sections_runnable",
+    "show_commands",
+    "show_prediction",
+    "summary_lines",
 ]
 
 PROFILE_ENV = "LAB_PROFILE"
@@ -311,3 +351,46 @@ def oom_demo_overrides(
     return predict.oom_demo_overrides(
         exp_id, profile=profile or default_profile(), max_doublings=max_doublings, gpu_memory_gib=gpu_memory_gib
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The notebooks' one namespace: what their cells call from the layers below, as ``lab.NAME`` or
+# ``from lab_helpers.lab import NAME``. Each is imported on first use (PEP 562, as ``planner``'s names are): the CLI
+# imports this module for every run and must not pay for pandas or matplotlib.
+
+_NOTEBOOK_API = {
+    "activations_missed": "lab_helpers.activations_by_hand.misses",
+    "activations_summary": "lab_helpers.activations_by_hand.summary",
+    "check_records": "lab_helpers.distributed.notebook.check_records",
+    "closing_text": "lab_helpers.commands.closing_text",
+    "compare_with_planner": "lab_helpers.activations_by_hand.compare_with_planner",
+    "describe_node": "lab_helpers.node.describe_node",
+    "experiment_terms": "lab_helpers.activations_by_hand.experiment_terms",
+    "format_report": "lab_helpers.doctor.format_report",
+    "get_experiment": "lab_helpers.experiments.get_experiment",
+    "guess_table": "lab_helpers.guesses.guess_table",
+    "latest_record": "lab_helpers.padding.latest_record",
+    "load_experiments": "lab_helpers.experiments.load_experiments",
+    "load_results": "lab_helpers.records.load_results",
+    "padding_words": "lab_helpers.padding.padding_words",
+    "plot_step": "lab_helpers.step_memory.plot_step",
+    "prepare": "lab_helpers.prepare.prepare",
+    "rank_rows": "lab_helpers.distributed.notebook.rank_rows",
+    "sections_runnable": "lab_helpers.decision.sections_runnable",
+    "show_commands": "lab_helpers.commands.show_commands",
+    "show_prediction": "lab_helpers.distributed.notebook.show_prediction",
+    "summary_lines": "lab_helpers.step_profile.summary_lines",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _NOTEBOOK_API:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, _, attribute = _NOTEBOOK_API[name].rpartition(".")
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value  # found once, then an ordinary module attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_NOTEBOOK_API})

@@ -81,4 +81,4 @@ def test_the_figure_shows_both_panels_and_says_what_they_are(specs, capsys):
 def test_a_drawing_cell_of_the_step_must_show_an_image():
     from notebook_images import draws
 
-    assert draws('step_memory.plot_step("full-7b", profile=PROFILE)')
+    assert draws('lab.plot_step("full-7b", profile=PROFILE)')  # as the notebooks call it
