@@ -145,7 +145,7 @@ class Fault:
     def new_records(self) -> list[dict]:
         import warnings
 
-        from lab_helpers.records import read_records
+        from lab_helpers.record.records import read_records
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -345,7 +345,7 @@ def damaged_file(root: Path) -> Row:
     code, _, _ = fault.run("run", "lora-1b", "--set", "train.max_steps=2", "--quiet")
     import warnings
 
-    from lab_helpers.records import read_records
+    from lab_helpers.record.records import read_records
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -449,7 +449,7 @@ def results_file_breaks(root: Path) -> Row:
     (fault.results / "runs.jsonl").rename(fault.results / "seeds.jsonl")
     (fault.results / "runs.jsonl").mkdir()
     _, err = proc.communicate(timeout=300)
-    from lab_helpers.records import read_records
+    from lab_helpers.record.records import read_records
 
     fallback = [r for path in fault.results.glob("runs/*/record.jsonl") for r in read_records(path)]
     said = [line for line in err.splitlines() if "merge-records" in line]

@@ -32,9 +32,9 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lab_helpers.experiments import resolve, runnable_recipe  # noqa: E402
+from lab_helpers.config.experiments import resolve, runnable_recipe  # noqa: E402
 from lab_helpers.lab import run_experiment  # noqa: E402
-from lab_helpers.run_record import per_iteration_rows  # noqa: E402
+from lab_helpers.record.run_record import per_iteration_rows  # noqa: E402
 
 
 def steady_iteration_s(rows: list[dict], warmup_iterations: int) -> tuple[float, int]:

@@ -1,4 +1,4 @@
-"""Accuracy of lab_helpers.planner against measured peak memory.
+"""Accuracy of lab_helpers.planning.planner against measured peak memory.
 
 Two sources of truth, printed one row per case with measured, predicted and error:
 
@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from litgpt import Config  # noqa: E402
 
-from lab_helpers.planner import TrainingSpec, predict  # noqa: E402
-from lab_helpers.record_schema import GIB
+from lab_helpers.config.record_schema import GIB
+from lab_helpers.planning.planner import TrainingSpec, predict  # noqa: E402
 
 A10G_USABLE_GIB = 22.0  # 24 GB A10G: 22.35 GiB total as reported by CUDA
 
@@ -215,9 +215,9 @@ def qlora_version_rows(path: Path, finished: list[dict]) -> None:
     """Which bitsandbytes a GPU's QLoRA runs behaved like: each ok QLoRA record's run predicted again with the
     same settings (``predict.planner_inputs`` of the record's experiment, profile and overrides), with the
     bitsandbytes the record names, and with 0.42 (each 4-bit layer's input kept until the graph dies)."""
-    from lab_helpers.experiments import resolve
-    from lab_helpers.planner import spec_from_recipe
-    from lab_helpers.predict import planner_inputs
+    from lab_helpers.config.experiments import resolve
+    from lab_helpers.planning.planner import spec_from_recipe
+    from lab_helpers.planning.predict import planner_inputs
 
     rows = [rec for rec in finished if rec.get("method") == "qlora" and rec.get("peak_alloc_gib")]
     if not rows:
@@ -250,7 +250,7 @@ def lab_matrix_rows() -> tuple[int, int]:
     with LAB.md's expected verdict where it states one (fits / OOM) and its comparisons between experiments."""
     import yaml
 
-    from lab_helpers.planner import plan_recipe
+    from lab_helpers.planning.planner import plan_recipe
 
     root = Path(__file__).resolve().parents[1]
     profiles = yaml.safe_load((root / "configs/profiles.yaml").read_text())
@@ -340,7 +340,7 @@ def main() -> int:
     parser.add_argument("--records", type=Path, default=None, help="run records (JSON lines) with measured peaks")
     parser.add_argument("--only", default=None, help="run only recipes containing this text")
     args = parser.parse_args()
-    print("# lab_helpers.planner accuracy")
+    print("# lab_helpers.planning.planner accuracy")
     import torch
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
@@ -357,7 +357,7 @@ def main() -> int:
         agree, total = lab_matrix_rows()
         print(f"lab matrix: {agree}/{total} stated expectations agree with the predictions")
     if args.records:
-        from lab_helpers.records import read_records
+        from lab_helpers.record.records import read_records
 
         finished = [rec for rec in read_records(args.records) if rec.get("status") == "ok"]
         lab = record_rows(args.records, finished)

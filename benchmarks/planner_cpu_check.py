@@ -5,7 +5,7 @@ real, its peak of live tensor bytes (``peak_tensor_gib``) beside the planner's p
 
 Why: the planner's GPU accuracy can only be checked on a GPU, but the quantity it computes -- the bytes of live
 tensors at the step's worst moment -- exists on any machine. On a CPU the lab counts it in the real litgpt loop
-(lab_helpers.tensor_peak); the planner predicts it with ``device="cpu"`` (no CUDA context, no cuBLAS
+(lab_helpers.training.tensor_peak); the planner predicts it with ``device="cpu"`` (no CUDA context, no cuBLAS
 workspace). Target: each within 10 %. The whole process's peak (checkpoint load included:
 ``peak_tensor_whole_run_gib``) is compared with the planner's whole-run prediction too. Runs use quick mode's
 step count where it is shorter. Records go to a throw-away results folder.
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from lab_helpers.assets import prepare_ci
-    from lab_helpers.experiments import load_experiments
+    from lab_helpers.config.experiments import load_experiments
     from lab_helpers.lab import run_experiment
 
     prepare_ci(progress=lambda *_: None)

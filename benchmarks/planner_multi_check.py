@@ -40,7 +40,7 @@ ACCUMULATION = 2
 
 def simulated_overrides(exp_id: str, world_size: int, *, profile: str = "ci") -> dict[str, int]:
     """The global batch that gives every one of ``world_size`` ranks ``ACCUMULATION`` micro-batches per step."""
-    from lab_helpers.experiments import resolve
+    from lab_helpers.config.experiments import resolve
 
     micro = int(resolve(exp_id, profile, check_files=False).recipe["train"]["micro_batch_size"])
     return {"train.global_batch_size": micro * world_size * ACCUMULATION}
@@ -70,7 +70,7 @@ def gpu_rows(records_path: Path) -> int:
     own experiment, overrides and N."""
     import json
 
-    from lab_helpers.predict import predict_experiment
+    from lab_helpers.planning.predict import predict_experiment
 
     records = [json.loads(line) for line in records_path.read_text().splitlines() if line.strip()]
     records = [r for r in records if r.get("simulated_world_size") and r.get("status") == "ok"]

@@ -37,7 +37,7 @@ CHILD = r"""
 import dataclasses, json, resource, sys, time
 t0 = time.perf_counter(); c0 = time.process_time()
 from litgpt import Config
-from lab_helpers.planner import TrainingSpec, predict
+from lab_helpers.planning.planner import TrainingSpec, predict
 t1 = time.perf_counter(); c1 = time.process_time()
 name, method, mb, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 lora = {} if method == "full" else dict(lora_r=32, lora_alpha=16, lora_dropout=0.05, lora_query=True, lora_key=True,
@@ -45,7 +45,7 @@ lora = {} if method == "full" else dict(lora_r=32, lora_alpha=16, lora_dropout=0
 spec = TrainingSpec(Config.from_name(name), method, "bf16-true", mb, 512, lora=lora,
     quantize="bnb.nf4" if method == "qlora" else None, gradient_accumulation_iters=4)
 if mode == "fit":
-    from lab_helpers.planner import fit
+    from lab_helpers.planning.planner import fit
     result = fit(spec, gpu_memory_gib=80.0)
     t2 = time.perf_counter(); c2 = time.process_time()
     print(json.dumps({"fit_wall_s": t2 - t1, "fit_cpu_s": c2 - c1, "predictions": result.predictions,
@@ -84,7 +84,7 @@ def main() -> int:
     parser.add_argument("--only", default=None, help="only cases whose model or case label contains this text")
     args = parser.parse_args()
     print(
-        "# lab_helpers.planner speed: one process per case; imports, one prediction, then micro-batch 1..10;"
+        "# lab_helpers.planning.planner speed: one process per case; imports, one prediction, then micro-batch 1..10;"
         " then plan --fit on 80 GiB in a fresh process"
     )
     print(f"# host: {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}; other jobs may share the CPUs (see cpu s)")

@@ -1,5 +1,5 @@
 """The time model against measured runs: each finished record's time beside the planner's prediction
-(lab_helpers.planner.timing), every fitted figure taken from the *other* records (leave-one-out).
+(lab_helpers.planning.planner.timing), every fitted figure taken from the *other* records (leave-one-out).
 
     python benchmarks/planner_time_check.py [--records FILE.jsonl] [--calibration FILE.jsonl ...]
     python benchmarks/planner_time_check.py > benchmarks/planner_time_check.out.txt
@@ -47,7 +47,7 @@ def repeated_length_medians(records: list[dict]) -> dict[int, tuple[float, str]]
     ones where none repeats, what it is) for the records whose lengths rebuild exactly."""
     from speed_diagnosis import padded_lengths
 
-    from lab_helpers.iteration_times import timed_iterations
+    from lab_helpers.config.iteration_times import timed_iterations
 
     out = {}
     with tempfile.TemporaryDirectory(prefix="time-check-") as tmp:
@@ -87,9 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         help="more records to fit to (never compared): the profiled records whose device time fits the efficiencies",
     )
     args = parser.parse_args(argv)
-    from lab_helpers.cpu_speed import measure_cpu_rates
-    from lab_helpers.planner.timing import CPU, REPEATED_LENGTH_FIELD, device_key, predicted_vs_measured
-    from lab_helpers.records import read_records
+    from lab_helpers.hardware.cpu_speed import measure_cpu_rates
+    from lab_helpers.planning.planner.timing import CPU, REPEATED_LENGTH_FIELD, device_key, predicted_vs_measured
+    from lab_helpers.record.records import read_records
 
     def shown(path: str) -> Path:
         resolved = Path(path).resolve()

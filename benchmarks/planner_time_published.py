@@ -1,6 +1,6 @@
 """The traced time model against litgpt's published LoRA times: each row of litgpt's resource table (1x
 A100-SXM4-40GB, finetune/lora.py, minutes per 1,000 iterations at micro batch 1, 2 and 4, with and without
---quantize bnb.nf4; the rows, their source and the settings read from it are in lab_helpers/planner/published.py)
+--quantize bnb.nf4; the rows, their source and the settings read from it are in lab_helpers/planning/planner/published.py)
 predicted from the row's settings.
 
     python benchmarks/planner_time_published.py > benchmarks/planner_time_published.out.txt
@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from litgpt import Config  # noqa: E402
 
-from lab_helpers.planner import TrainingSpec  # noqa: E402
-from lab_helpers.planner.published import (  # noqa: E402
+from lab_helpers.planning.planner import TrainingSpec  # noqa: E402
+from lab_helpers.planning.planner.published import (  # noqa: E402
     LITGPT_LORA_A100_GLOBAL_BATCH,
     LITGPT_LORA_A100_GPU,
     LITGPT_LORA_A100_LORA,
@@ -65,7 +65,7 @@ def sample_lengths(model: str) -> list[int]:
 
 
 def row_spec(row) -> TrainingSpec:
-    from lab_helpers.planner.timing import mean_padded_length
+    from lab_helpers.planning.planner.timing import mean_padded_length
 
     config = Config.from_name(row.litgpt_name)
     seq = mean_padded_length(sample_lengths(row.model), row.micro_batch_size, config.block_size)
@@ -84,15 +84,15 @@ def row_spec(row) -> TrainingSpec:
 
 
 def main() -> int:
-    from lab_helpers.planner.timing import (
+    from lab_helpers.planning.planner.timing import (
         DeviceEfficiency,
         fit_efficiencies,
         host_bound_launch_cost,
         predict_time,
         traced_ops,
     )
-    from lab_helpers.planner.tracer import trace
-    from lab_helpers.records import read_records
+    from lab_helpers.planning.planner.tracer import trace
+    from lab_helpers.record.records import read_records
 
     print("$ python benchmarks/planner_time_published.py")
     print(f"# {LITGPT_LORA_A100_SOURCE}: {len(LITGPT_LORA_A100_ROWS)} rows with a time")

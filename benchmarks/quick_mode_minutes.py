@@ -22,11 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from litgpt import Config  # noqa: E402
 
-from lab_helpers.arithmetic import count_params  # noqa: E402
-from lab_helpers.experiments import load_experiments, resolve  # noqa: E402
-from lab_helpers.flops import train_flops_per_step  # noqa: E402
-from lab_helpers.gpu_peaks import dense_peak_flops  # noqa: E402
-from lab_helpers.quick_mode import quick_overrides  # noqa: E402
+from lab_helpers.config.experiments import load_experiments, resolve  # noqa: E402
+from lab_helpers.hardware.gpu_peaks import dense_peak_flops  # noqa: E402
+from lab_helpers.planning.arithmetic import count_params  # noqa: E402
+from lab_helpers.planning.flops import train_flops_per_step  # noqa: E402
+from lab_helpers.training.quick_mode import quick_overrides  # noqa: E402
 
 STARTUP_S = 30.0
 """Python, torch, litgpt and Lightning imports, the data set's tokenisation and the sanity validation."""

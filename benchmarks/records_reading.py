@@ -18,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from lab_helpers.records import read_records  # noqa: E402
+from lab_helpers.record.records import read_records  # noqa: E402
 
 
 def cpu_seconds(env: dict[str, str]) -> float:

@@ -23,7 +23,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lab_helpers.sampler import TimelineSampler  # noqa: E402
+from lab_helpers.launch.sampler import TimelineSampler  # noqa: E402
 
 RANK = "import sys, torch, lightning, litgpt; print('ready', flush=True); sys.stdin.readline()"
 

@@ -29,8 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lab_helpers.iteration_times import timed_iterations  # noqa: E402
-from lab_helpers.step_profile import DEVICE_CATEGORIES  # noqa: E402
+from lab_helpers.config.iteration_times import timed_iterations  # noqa: E402
+from lab_helpers.training.step_profile import DEVICE_CATEGORIES  # noqa: E402
 
 ATTENTION_OPS = ("aten::_cudnn_attention_forward", "aten::_cudnn_attention_backward",
                  "aten::_efficient_attention_forward", "aten::_efficient_attention_backward",
@@ -47,7 +47,7 @@ def padded_lengths(record: dict, workdir: Path) -> tuple[list[int], list[int]]:
 
     from lab_helpers.assets import make_alpaca_json
     from lab_helpers.assets.tokenizer import write_tokenizer_files
-    from lab_helpers.quick_mode import QuickOrderSampler
+    from lab_helpers.training.quick_mode import QuickOrderSampler
 
     config, train = record["config"], record["config"]["train"]
     data_args = dict(config["data"]["init_args"])

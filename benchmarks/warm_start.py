@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lab_helpers import warm_start  # noqa: E402
 from lab_helpers.lab import run_experiment  # noqa: E402
+from lab_helpers.launch import warm_start  # noqa: E402
 
 
 def runs(experiment: str, profile: str, count: int, *, warm: bool) -> list[dict]:

@@ -22,8 +22,8 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-from lab_helpers.experiments import PROFILES, SECTIONS, LabConfigError
-from lab_helpers.records import RecordWriteError
+from lab_helpers.config.experiments import PROFILES, SECTIONS, LabConfigError
+from lab_helpers.record.records import RecordWriteError
 
 
 def _add_profile(parser: argparse.ArgumentParser) -> None:
@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = sub.add_parser("plan", help="predict peak memory of a litgpt recipe before running it")
     try:
-        from lab_helpers.plan_command import add_arguments as add_plan_arguments
+        from lab_helpers.present.plan_command import add_arguments as add_plan_arguments
 
         add_plan_arguments(plan)
     except ImportError:  # the planner is optional at import time; the subcommand then says so
@@ -159,12 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     launch_cost.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda where there is one")
 
     doctor = sub.add_parser("doctor", help="what this node has and which lab sections it can run")
-    from lab_helpers.doctor import add_arguments as add_doctor_arguments
+    from lab_helpers.present.doctor import add_arguments as add_doctor_arguments
 
     add_doctor_arguments(doctor)
 
     wheelhouse = sub.add_parser("wheelhouse", help="collect the wheels an offline GPU node needs beyond its torch")
-    from lab_helpers.wheelhouse import add_arguments as add_wheelhouse_arguments
+    from lab_helpers.assets.wheelhouse import add_arguments as add_wheelhouse_arguments
 
     add_wheelhouse_arguments(wheelhouse)
     return parser
@@ -174,7 +174,7 @@ def _experiment_list(width: int = 100) -> str:
     """The experiment ids by section, each with what it teaches, for ``run --help``: the ids live in
     configs/experiments/*.yaml, so ``--help`` is where a user finds them without opening a file. A broken
     experiment file still leaves ``--help`` working: the error is what the run itself would say."""
-    from lab_helpers.experiments import load_experiments
+    from lab_helpers.config.experiments import load_experiments
 
     try:
         experiments = load_experiments()
@@ -195,8 +195,8 @@ def _experiment_list(width: int = 100) -> str:
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
+    from lab_helpers.assets.prepare import prepare
     from lab_helpers.lab import default_profile
-    from lab_helpers.prepare import prepare
 
     models = [key.strip() for key in args.models.split(",") if key.strip()] if args.models else None
     prepare(args.profile or default_profile(), random_weights=args.random_weights, force=args.force, models=models)
@@ -205,7 +205,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from lab_helpers.lab import run_experiment
-    from lab_helpers.time_limit import parse_time_limit
+    from lab_helpers.launch.time_limit import parse_time_limit
 
     limit_s = None if args.time_limit is None else parse_time_limit(args.time_limit)
     records = run_experiment(
@@ -242,8 +242,8 @@ def _print_comparison(
     wide: bool = False,
 ) -> None:
     """The comparison table on stdout, the figures (and a CSV of the table) in the figures folder."""
-    from lab_helpers import compare
-    from lab_helpers.records import load_results
+    from lab_helpers.present import compare
+    from lab_helpers.record.records import load_results
 
     frame = load_results() if reference is None else compare.load_reference(reference)
     out_dir = compare.figures_folder(out_dir, frame)  # one line and exit 2 before anything is printed
@@ -253,7 +253,7 @@ def _print_comparison(
     if markdown:
         print(compare.markdown_table(table))
     else:
-        from lab_helpers.table_display import terminal_table
+        from lab_helpers.present.table_display import terminal_table
 
         print(terminal_table(table, wide=wide) if len(table) else "no runs recorded yet")
     paths = compare.save_all(frame, out_dir, profile=profile)
@@ -266,7 +266,7 @@ def _print_comparison(
 def _cmd_results(args: argparse.Namespace) -> int:
     import json
 
-    from lab_helpers.records import load_results, read_records
+    from lab_helpers.record.records import load_results, read_records
 
     if args.format == "json":
         print(json.dumps(read_records(), indent=1))
@@ -276,8 +276,8 @@ def _cmd_results(args: argparse.Namespace) -> int:
 
 
 def _cmd_merge_records(args: argparse.Namespace) -> int:
-    from lab_helpers.records import merge_records
-    from lab_helpers.runner import say
+    from lab_helpers.launch.runner import say
+    from lab_helpers.record.records import merge_records
 
     result = merge_records(args.file)
     say(result.line())
@@ -286,9 +286,9 @@ def _cmd_merge_records(args: argparse.Namespace) -> int:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     if args.reference is not None:
-        from lab_helpers.compare import reference_stem, shipped_references
-        from lab_helpers.experiments import LabConfigError
-        from lab_helpers.paths import reference_dir
+        from lab_helpers.config.experiments import LabConfigError
+        from lab_helpers.config.paths import reference_dir
+        from lab_helpers.present.compare import reference_stem, shipped_references
 
         shipped = shipped_references()
         if reference_stem(args.reference) not in shipped:
@@ -299,7 +299,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_answers(args: argparse.Namespace) -> int:
-    from lab_helpers.answers import report
+    from lab_helpers.present.answers import report
 
     print(report(args.reference, notebook=args.notebook, markdown=args.markdown))
     return 0
@@ -307,7 +307,7 @@ def _cmd_answers(args: argparse.Namespace) -> int:
 
 def _cmd_export_reference(args: argparse.Namespace) -> int:
     from lab_helpers.lab import default_profile
-    from lab_helpers.reference import export_references
+    from lab_helpers.record.reference import export_references
 
     profile = args.profile or (None if args.source else default_profile())  # --from: the file's one profile
     for exported in export_references(args.name, profile=profile, note=args.note, source=args.source, force=args.force):
@@ -316,13 +316,13 @@ def _cmd_export_reference(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from lab_helpers.plan_command import run as run_plan
+    from lab_helpers.present.plan_command import run as run_plan
 
     return run_plan(args)
 
 
 def _cmd_bandwidth(args: argparse.Namespace) -> int:
-    from lab_helpers.bandwidth import measure, save
+    from lab_helpers.hardware.bandwidth import measure, save
 
     size = None if args.size_mib is None else int(args.size_mib * 2**20)
     try:
@@ -336,7 +336,7 @@ def _cmd_bandwidth(args: argparse.Namespace) -> int:
 
 
 def _cmd_launch_cost(args: argparse.Namespace) -> int:
-    from lab_helpers.launch_cost import measure, save
+    from lab_helpers.planning.launch_cost import measure, save
 
     result = measure(device=args.device)
     print("\n".join(result.lines()))
@@ -345,13 +345,13 @@ def _cmd_launch_cost(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from lab_helpers.doctor import run as run_doctor
+    from lab_helpers.present.doctor import run as run_doctor
 
     return run_doctor(args)
 
 
 def _cmd_wheelhouse(args: argparse.Namespace) -> int:
-    from lab_helpers.wheelhouse import run as run_wheelhouse
+    from lab_helpers.assets.wheelhouse import run as run_wheelhouse
 
     return run_wheelhouse(args)
 
@@ -436,8 +436,8 @@ def _open_standard_streams() -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from lab_helpers.interrupts import end_runs_on_signals
-    from lab_helpers.runner import say, silence_stdout
+    from lab_helpers.launch.interrupts import end_runs_on_signals
+    from lab_helpers.launch.runner import say, silence_stdout
 
     stdout_open = _open_standard_streams()
     args = build_parser().parse_args(argv)
@@ -449,18 +449,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     shown_warning, warnings.formatwarning = warnings.formatwarning, _warning_line
     end_runs_on_signals()  # `kill`, a dropped SSH terminal (SIGHUP), ...: the run is ended and recorded
     try:
-        from lab_helpers.paths import check_locations
+        from lab_helpers.config.paths import check_locations
 
         check_locations(LOCATIONS.get(args.command, ()))
         if args.command in RECOVERING:
-            from lab_helpers.recovery import recover_orphans
+            from lab_helpers.record.recovery import recover_orphans
 
             recover_orphans()  # runs whose launcher died before recording them: recorded now, said on stderr
         code = COMMANDS[args.command](args)
         sys.stdout.flush()  # here, not at exit: a full /dev/full is then one line, not "Exception ignored"
         return code
     except LabConfigError as exc:
-        from lab_helpers.secrets import for_terminal  # a --set value's escape sequence is shown, never acted on
+        from lab_helpers.config.secrets import for_terminal  # a --set value's escape sequence is shown, never acted on
 
         say(f"error: {for_terminal(str(exc))}", file=sys.stderr)
         return 2
@@ -487,6 +487,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _warning_line(message, category, filename, lineno, line=None) -> str:  # noqa: ARG001 -- formatwarning's signature
     """A warning on the command line: one line, escaped as errors are, not Python's file, line and source."""
-    from lab_helpers.secrets import for_terminal
+    from lab_helpers.config.secrets import for_terminal
 
     return f"warning: {for_terminal(str(message))}\n"

@@ -18,38 +18,38 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lab_helpers import predict
-from lab_helpers.decision import blocked, default_profile_here, profile_problem, section_decisions
-from lab_helpers.experiments import LabConfigError, check_run_files, parse_set_args, resolve
+from lab_helpers.config.experiments import LabConfigError, check_run_files, parse_set_args, resolve
+from lab_helpers.config.paths import absolute_locations, check_locations, lab_home, results_dir
 from lab_helpers.launch import launcher_for
-from lab_helpers.paths import absolute_locations, check_locations, lab_home, results_dir
-from lab_helpers.predict import OOM_DEMO_MARGIN
-from lab_helpers.quick_mode import QUICK_ENV, quick_from_env, quick_overrides
-from lab_helpers.records import append_record, store_records
-from lab_helpers.records import results_path as results_file
-from lab_helpers.recovery import holding_run, recover_orphans, write_launch
-from lab_helpers.results_folder import check_results_folder, remove_if_empty
-from lab_helpers.run_record import base_record, one_line, records_from, relative_to_results
-from lab_helpers.runner import run_command, say
-from lab_helpers.warm_start import WARM_START_ENV
-from lab_helpers.warm_start import setting_for as warm_start_setting
+from lab_helpers.launch.runner import run_command, say
+from lab_helpers.launch.warm_start import WARM_START_ENV
+from lab_helpers.launch.warm_start import setting_for as warm_start_setting
+from lab_helpers.planning import predict
+from lab_helpers.planning.decision import blocked, default_profile_here, profile_problem, section_decisions
+from lab_helpers.planning.predict import OOM_DEMO_MARGIN
+from lab_helpers.record.records import append_record, store_records
+from lab_helpers.record.records import results_path as results_file
+from lab_helpers.record.recovery import holding_run, recover_orphans, write_launch
+from lab_helpers.record.results_folder import check_results_folder, remove_if_empty
+from lab_helpers.record.run_record import base_record, one_line, records_from, relative_to_results
+from lab_helpers.training.quick_mode import QUICK_ENV, quick_from_env, quick_overrides
 
 if TYPE_CHECKING:  # for readers and type checkers; at run time each is imported on first use (below)
-    from lab_helpers.activations_by_hand import compare_with_planner, experiment_terms
-    from lab_helpers.activations_by_hand import misses as activations_missed
-    from lab_helpers.activations_by_hand import summary as activations_summary
-    from lab_helpers.commands import closing_text, show_commands
-    from lab_helpers.decision import sections_runnable
-    from lab_helpers.distributed.notebook import check_records, rank_rows, show_prediction
-    from lab_helpers.doctor import format_report
-    from lab_helpers.experiments import get_experiment, load_experiments
-    from lab_helpers.guesses import guess_table
-    from lab_helpers.node import describe_node
-    from lab_helpers.padding import latest_record, padding_words
-    from lab_helpers.prepare import prepare
-    from lab_helpers.records import load_results
-    from lab_helpers.step_memory import plot_step
-    from lab_helpers.step_profile import summary_lines
+    from lab_helpers.assets.prepare import prepare
+    from lab_helpers.config.experiments import get_experiment, load_experiments
+    from lab_helpers.hardware.node import describe_node
+    from lab_helpers.planning.activations_by_hand import compare_with_planner, experiment_terms
+    from lab_helpers.planning.activations_by_hand import misses as activations_missed
+    from lab_helpers.planning.activations_by_hand import summary as activations_summary
+    from lab_helpers.planning.decision import sections_runnable
+    from lab_helpers.present.commands import closing_text, show_commands
+    from lab_helpers.present.doctor import format_report
+    from lab_helpers.present.guesses import guess_table
+    from lab_helpers.present.multi_gpu import check_records, rank_rows, show_prediction
+    from lab_helpers.present.padding import latest_record, padding_words
+    from lab_helpers.present.step_memory import plot_step
+    from lab_helpers.record.records import load_results
+    from lab_helpers.training.step_profile import summary_lines
 
 __all__ = [
     "default_profile",
@@ -88,12 +88,12 @@ PROFILE_ENV = "LAB_PROFILE"
 
 
 def default_profile(node: Mapping[str, Any] | None = None) -> str:
-    """``$LAB_PROFILE``, else what this node runs (:func:`lab_helpers.decision.default_profile_here`: ``gpu``
+    """``$LAB_PROFILE``, else what this node runs (:func:`lab_helpers.planning.decision.default_profile_here`: ``gpu``
     where CUDA is present, ``ci`` where it is not, a stop with the fix where torch cannot use the GPUs here).
     ``node`` is ``describe_node()`` when the caller already has it."""
     if value := os.environ.get(PROFILE_ENV):
         return value
-    from lab_helpers.node import describe_node
+    from lab_helpers.hardware.node import describe_node
 
     return default_profile_here(describe_node() if node is None else node)
 
@@ -117,12 +117,12 @@ def run_experiment(
     """Run one experiment and append its record(s); returns them (one per rank for distributed runs).
 
     ``simulate_world=N`` runs a multi-GPU experiment as rank 0 of a world of N alone on this machine's one device
-    (torch's fake process group: ``lab_helpers.distributed.simulated``): one record, ``simulated_world_size: N``,
+    (torch's fake process group: ``lab_helpers.training.distributed.simulated``): one record, ``simulated_world_size: N``,
     its memory measured, its time without communication.
 
     ``echo`` shows the training output live; ``summary`` prints one result line per record. ``quick`` (default:
     ``$LAB_QUICK``) runs only until the true peak memory and a steady step time are measured (quick_mode).
-    ``time_limit_s`` overrides the run's wall-clock limit (``lab_helpers.time_limit``; 0: none); a run that
+    ``time_limit_s`` overrides the run's wall-clock limit (``lab_helpers.launch.time_limit``; 0: none); a run that
     reaches it is ended and recorded as ``timeout``. ``profile_steps=N`` (off by default) captures a torch.profiler
     trace of N optimizer steps right after warm-up (``step_profile``); the run gets N + 1 more steps, so that its
     timed ones are as many as without, and the record says it was on (``torch_profile_*``).
@@ -131,9 +131,9 @@ def run_experiment(
     ``interrupted`` when the student interrupts. A failed or OOM run is a result, not an exception. Once the
     run is being ended or recorded, further interrupts are held until its record is stored.
     """
-    from lab_helpers.interrupts import InterruptShield
-    from lab_helpers.node import describe_node
-    from lab_helpers.time_limit import time_limit_s as run_time_limit_s
+    from lab_helpers.hardware.node import describe_node
+    from lab_helpers.launch.interrupts import InterruptShield
+    from lab_helpers.launch.time_limit import time_limit_s as run_time_limit_s
 
     # first, creating nothing: a full disk must be one line before resolve() imports what needs a temporary folder
     check_locations()  # LAB_RESULTS, LAB_CHECKPOINTS, LAB_DATA: a file, /proc, a byte litgpt cannot read
@@ -221,7 +221,7 @@ def run_experiment(
 
 def _profile_steps(steps: Any, launcher) -> int | None:
     """``profile_steps`` checked: None/0 is off; the single-GPU launcher only (the Lightning ranks do not profile yet)."""
-    from lab_helpers.step_profile import check_steps
+    from lab_helpers.training.step_profile import check_steps
 
     try:
         steps = check_steps(steps)
@@ -249,7 +249,7 @@ def _with_profiled_steps(run, steps: int):
 
 def _profile_env(steps: int | None, run_dir: Path) -> dict[str, str]:
     """What tells the training process to profile, and where to write the trace (the run's ``profile/``)."""
-    from lab_helpers.step_profile import DIR_ENV, STEPS_ENV
+    from lab_helpers.training.step_profile import DIR_ENV, STEPS_ENV
 
     return {STEPS_ENV: str(steps), DIR_ENV: str(run_dir / "profile")} if steps else {STEPS_ENV: ""}
 
@@ -269,7 +269,7 @@ def run_all(
     (``decision.decide`` on this node): a V100's bf16 runs in 16-mixed, a 24 GB GPU's micro batches shrink, an
     OOM demonstration keeps the course's lesson, exactly as in 01 and 02.
     """
-    from lab_helpers.node import describe_node
+    from lab_helpers.hardware.node import describe_node
 
     node = describe_node()
     profile = profile or default_profile(node)
@@ -295,7 +295,7 @@ def record_skipped(
     results_path: Path | None = None,
     simulate_world: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Record that the lab chose not to run ``exp_id`` on this node, and why (lab_helpers.decision decides:
+    """Record that the lab chose not to run ``exp_id`` on this node, and why (lab_helpers.planning.decision decides:
     too few GPUs, model states larger than the GPU). A skip is a result like any other: tables show its reason.
     """
     run = resolve(exp_id, profile or default_profile(), overrides, check_files=False, simulate_world=simulate_world)
@@ -359,27 +359,27 @@ def oom_demo_overrides(
 # imports this module for every run and must not pay for pandas or matplotlib.
 
 _NOTEBOOK_API = {
-    "activations_missed": "lab_helpers.activations_by_hand.misses",
-    "activations_summary": "lab_helpers.activations_by_hand.summary",
-    "check_records": "lab_helpers.distributed.notebook.check_records",
-    "closing_text": "lab_helpers.commands.closing_text",
-    "compare_with_planner": "lab_helpers.activations_by_hand.compare_with_planner",
-    "describe_node": "lab_helpers.node.describe_node",
-    "experiment_terms": "lab_helpers.activations_by_hand.experiment_terms",
-    "format_report": "lab_helpers.doctor.format_report",
-    "get_experiment": "lab_helpers.experiments.get_experiment",
-    "guess_table": "lab_helpers.guesses.guess_table",
-    "latest_record": "lab_helpers.padding.latest_record",
-    "load_experiments": "lab_helpers.experiments.load_experiments",
-    "load_results": "lab_helpers.records.load_results",
-    "padding_words": "lab_helpers.padding.padding_words",
-    "plot_step": "lab_helpers.step_memory.plot_step",
-    "prepare": "lab_helpers.prepare.prepare",
-    "rank_rows": "lab_helpers.distributed.notebook.rank_rows",
-    "sections_runnable": "lab_helpers.decision.sections_runnable",
-    "show_commands": "lab_helpers.commands.show_commands",
-    "show_prediction": "lab_helpers.distributed.notebook.show_prediction",
-    "summary_lines": "lab_helpers.step_profile.summary_lines",
+    "activations_missed": "lab_helpers.planning.activations_by_hand.misses",
+    "activations_summary": "lab_helpers.planning.activations_by_hand.summary",
+    "check_records": "lab_helpers.present.multi_gpu.check_records",
+    "closing_text": "lab_helpers.present.commands.closing_text",
+    "compare_with_planner": "lab_helpers.planning.activations_by_hand.compare_with_planner",
+    "describe_node": "lab_helpers.hardware.node.describe_node",
+    "experiment_terms": "lab_helpers.planning.activations_by_hand.experiment_terms",
+    "format_report": "lab_helpers.present.doctor.format_report",
+    "get_experiment": "lab_helpers.config.experiments.get_experiment",
+    "guess_table": "lab_helpers.present.guesses.guess_table",
+    "latest_record": "lab_helpers.present.padding.latest_record",
+    "load_experiments": "lab_helpers.config.experiments.load_experiments",
+    "load_results": "lab_helpers.record.records.load_results",
+    "padding_words": "lab_helpers.present.padding.padding_words",
+    "plot_step": "lab_helpers.present.step_memory.plot_step",
+    "prepare": "lab_helpers.assets.prepare.prepare",
+    "rank_rows": "lab_helpers.present.multi_gpu.rank_rows",
+    "sections_runnable": "lab_helpers.planning.decision.sections_runnable",
+    "show_commands": "lab_helpers.present.commands.show_commands",
+    "show_prediction": "lab_helpers.present.multi_gpu.show_prediction",
+    "summary_lines": "lab_helpers.training.step_profile.summary_lines",
 }
 
 

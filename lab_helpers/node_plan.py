@@ -1,5 +1,5 @@
 """What the notebooks do with each experiment on *this* node, in the notebooks' words: the decision of
-:mod:`lab_helpers.decision` (the one ``run-all`` makes too), with a ``run()`` for the cell, 00_check_node's
+:mod:`lab_helpers.planning.decision` (the one ``run-all`` makes too), with a ``run()`` for the cell, 00_check_node's
 overview and the sentence at the top of 01 / 02.
 
 Why apart from the decision: running a step needs ``lab.run_experiment``, and ``lab.run_all`` needs the decision;
@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from lab_helpers import decision
-from lab_helpers.decision import (  # noqa: F401  (the notebooks and tests read these from node_plan)
+from lab_helpers.hardware.node import gpu_memory_gib  # noqa: F401  (the notebooks call node_plan.gpu_memory_gib)
+from lab_helpers.planning import decision
+from lab_helpers.planning.decision import (  # noqa: F401  (the notebooks and tests read these from node_plan)
     FP16_ROUTE,
     LAB_GPU_GIB,
     LOSS_SCALING,
@@ -29,12 +30,11 @@ from lab_helpers.decision import (  # noqa: F401  (the notebooks and tests read 
     gpu_words,
     reference_hint,
 )
-from lab_helpers.node import gpu_memory_gib  # noqa: F401  (the notebooks call node_plan.gpu_memory_gib)
 
 
 @dataclass(frozen=True)
 class Step(Decision):
-    """A :class:`~lab_helpers.decision.Decision` a notebook cell can run."""
+    """A :class:`~lab_helpers.planning.decision.Decision` a notebook cell can run."""
 
     def run(self, **kwargs: Any) -> list[dict[str, Any]]:
         """``lab.run_experiment`` with this step's overrides, or a ``skipped`` record saying why."""
@@ -53,7 +53,7 @@ class Step(Decision):
 
 
 def decide(exp_id: str, node: Mapping[str, Any], **how: Any) -> Step:
-    """:func:`lab_helpers.decision.decide` (``how``: its keywords, ``profile`` and the test stand-ins), as a step
+    """:func:`lab_helpers.planning.decision.decide` (``how``: its keywords, ``profile`` and the test stand-ins), as a step
     the notebook cell runs."""
     return Step(**asdict(decision.decide(exp_id, node, **how)))
 
@@ -66,8 +66,8 @@ def overview(node: Mapping[str, Any], *, profile: str = "gpu"):
     node's GPU -- a quick first answer; 01 asks the planner, activations included, before each run."""
     import pandas as pd
 
-    from lab_helpers.arithmetic import model_states
-    from lab_helpers.experiments import load_experiments
+    from lab_helpers.config.experiments import load_experiments
+    from lab_helpers.planning.arithmetic import model_states
 
     memory = gpu_memory_gib(node)
     where = f"on {gpu_words(node)}"
@@ -108,10 +108,10 @@ def offload_words(step: Decision, node: Mapping[str, Any]) -> str:
     """An optimizer-offload run as it runs on ``node``: its micro batch and accumulation, and ONE host-RAM figure
     (the planner's formula, the one the run's gate checks), split into its parts (issue 43: one offload, one
     figure)."""
-    from lab_helpers.arithmetic import model_states
-    from lab_helpers.experiments import gradient_accumulation_steps, resolve
-    from lab_helpers.planner.analytic import HOST_PROCESS_BYTES, OFFLOADED_BYTES_PER_TRAINABLE_PARAM
-    from lab_helpers.record_schema import GIB
+    from lab_helpers.config.experiments import gradient_accumulation_steps, resolve
+    from lab_helpers.config.record_schema import GIB
+    from lab_helpers.planning.arithmetic import model_states
+    from lab_helpers.planning.planner.analytic import HOST_PROCESS_BYTES, OFFLOADED_BYTES_PER_TRAINABLE_PARAM
 
     run = resolve(step.exp_id, step.profile, step.overrides, check_files=False, simulate_world=step.simulate_world)
     ranks = decision.node_ranks(run, node)

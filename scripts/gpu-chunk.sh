@@ -93,8 +93,8 @@ unset PYTHONDONTWRITEBYTECODE  # wheels go in --no-compile: the first import wri
 mkdir -p "$LAB_RESULTS/preflight" "$LAB_RESULTS/steps"
 log="$out/chunk.log"
 trace_cap_bytes="${LAB_TRACE_CAP_BYTES:-$((15 * 1024 * 1024))}"
-# what is logged and shipped goes through the lab's one redaction (lab_helpers/secrets.py), as records do
-mask() { "$python" -m lab_helpers.secrets || echo "gpu-chunk: (lines not logged: masking them failed)"; }
+# what is logged and shipped goes through the lab's one redaction (lab_helpers/config/secrets.py), as records do
+mask() { "$python" -m lab_helpers.config.secrets || echo "gpu-chunk: (lines not logged: masking them failed)"; }
 say() { echo "gpu-chunk [$((SECONDS - started)) s]: $*" | mask | tee -a "$log"; }
 left_s() { echo $((deadline_s - (SECONDS - started))); }
 
@@ -158,7 +158,7 @@ else
     export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 fi
 t0=$SECONDS
-imports="litgpt, lightning, lab_helpers.lab, lab_helpers.planner"
+imports="litgpt, lightning, lab_helpers.lab, lab_helpers.planning.planner"
 [[ $chunk == notebooks ]] && imports+=", nbclient, nbformat, ipykernel"  # the wheelhouse's --with notebooks
 if ! "$python" -c "import $imports" >"$pre/imports.txt" 2>&1; then
     say "stopped: the imports failed: $(tail -n 1 "$pre/imports.txt") (preflight/imports.txt)"; exit 1
@@ -229,8 +229,8 @@ for step in "${steps[@]}"; do
             # the ci recipes are sized for 2 CPU ranks: N simulated ranks get the global batch that gives each the
             # micro-batches per step that each of 2 ranks runs, as the notebooks' ci decision does
             rest+=" --set train.global_batch_size=$("$python" -c 'import sys
-from lab_helpers.arithmetic import resolved
-from lab_helpers.decision import ci_simulated_global_batch
+from lab_helpers.planning.arithmetic import resolved
+from lab_helpers.planning.decision import ci_simulated_global_batch
 print(ci_simulated_global_batch(resolved(sys.argv[1], "ci"), int(sys.argv[2])))' "$id" "${BASH_REMATCH[1]}")"
         fi
         # shellcheck disable=SC2086  # $rest holds the step's own arguments

@@ -68,9 +68,9 @@ unset PYTHONDONTWRITEBYTECODE
 export LAB_RESULTS="${LAB_RESULTS:-$repo/results-gpu}"
 mkdir -p "$LAB_RESULTS"
 log="$LAB_RESULTS/gpu-measure.log"
-# every line logged goes through the lab's one redaction (lab_helpers/secrets.py): a --set access_token=... or a
+# every line logged goes through the lab's one redaction (lab_helpers/config/secrets.py): a --set access_token=... or a
 # token quoted in an error is masked in the log and the pack, as in records
-mask() { "$python" -m lab_helpers.secrets || echo "gpu-measure: (a line not logged: masking it failed)"; }
+mask() { "$python" -m lab_helpers.config.secrets || echo "gpu-measure: (a line not logged: masking it failed)"; }
 say() { echo "gpu-measure: $*" | mask | tee -a "$log"; }
 
 # shellcheck disable=SC2317  # called through the EXIT trap

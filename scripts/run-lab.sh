@@ -21,4 +21,4 @@ random_weights="${LAB_RANDOM_WEIGHTS:-$([[ -n ${LAB_WHEELHOUSE:-} ]] && echo 1 |
 [[ "$random_weights" == 1 && "$profile" == gpu ]] && prepare_args+=(--random-weights)
 python -m lab_helpers prepare "${prepare_args[@]}"
 python -m lab_helpers run-all --section single --profile "$profile" --quiet
-echo "lab: records in $(python -c 'from lab_helpers.records import results_path; print(results_path())')"
+echo "lab: records in $(python -c 'from lab_helpers.record.records import results_path; print(results_path())')"

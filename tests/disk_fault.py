@@ -45,7 +45,7 @@ LINGERS_AFTER_ITS_REPORT = """
     import os
     if os.environ.get("LAB_REPORT_DIR"):
         import signal, time
-        import lab_helpers.child_report as report
+        import lab_helpers.training.child_report as report
         _write = report.write_report
         def write_report(*args, **kwargs):
             path = _write(*args, **kwargs)
@@ -172,7 +172,7 @@ def _undo(fault: str, results: Path) -> None:
 def _records(path: Path) -> list[dict]:
     import warnings
 
-    from lab_helpers.records import read_records
+    from lab_helpers.record.records import read_records
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -1,9 +1,9 @@
-"""Recorded nodes for the node-plan tests: what ``lab_helpers.node.describe_node()`` returns on each kind of node.
+"""Recorded nodes for the node-plan tests: what ``lab_helpers.hardware.node.describe_node()`` returns on each kind of node.
 
 A CPU cannot produce an NVML reading, so these are fixtures: GPU names, memory totals and compute capabilities
 as NVML reports them for these models (nvidia-smi's totals: H100 80GB HBM3 81559 MiB, H200 143771 MiB, A10G
 23028 MiB, A100-SXM4-40GB 40960 MiB, A100-SXM4-80GB 81920 MiB, L40S 46068 MiB, V100-SXM2-32GB 32510 MiB; capabilities from NVIDIA's CUDA GPU table), host RAM and
-packages as on typical cloud nodes of each kind. Every key of ``lab_helpers.node.NodeFacts`` is there
+packages as on typical cloud nodes of each kind. Every key of ``lab_helpers.hardware.node.NodeFacts`` is there
 (tests/test_node.py checks it), the ones the lab does not decide with as a plain value.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from lab_helpers.record_schema import GIB
+from lab_helpers.config.record_schema import GIB
 
 MIB = 2**20
 

@@ -1,4 +1,4 @@
-"""The activation count by hand (lab_helpers.activations_by_hand, notebook 01) against the planner's trace of the
+"""The activation count by hand (lab_helpers.planning.activations_by_hand, notebook 01) against the planner's trace of the
 same litgpt code: one block's saved tensors per token, and a whole forward for the ci stand-ins of small-batch
 and full-7b.
 
@@ -13,8 +13,8 @@ import dataclasses
 
 import pytest
 
-from lab_helpers import activations_by_hand as by_hand
-from lab_helpers.planner.tracer import trace_training
+from lab_helpers.planning import activations_by_hand as by_hand
+from lab_helpers.planning.planner.tracer import trace_training
 
 TOLERANCE = 0.005
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lab_helpers import answers
-from lab_helpers.paths import reference_dir
+from lab_helpers.config.paths import reference_dir
+from lab_helpers.present import answers
 
 REFERENCES = ("ci-cpu", "h100-80gb", "h200-141gb")
 
@@ -102,7 +102,7 @@ def test_questions_come_from_every_notebook_keyed_by_section():
 
 
 def test_every_notebook_question_has_an_answer_entry():
-    """A question without an entry fails here: write its answer function in lab_helpers/answers/ (its notebook's module)."""
+    """A question without an entry fails here: write its answer function in lab_helpers/present/answers/ (its notebook's module)."""
     missing = answers.unanswered(answers.notebook_questions())
     assert not missing, "no answer entry for: " + "; ".join(f"{q.key}: {q.text[:80]}" for q in missing)
 
@@ -196,7 +196,7 @@ def test_the_lever_measured_where_a_reference_ran_it():
     """01's lever (`optimizer.foreach=false` on act-ckpt) from a reference that ran both steps: the H200's records of
     benchmarks/optimizer_step.sh beside h200-141gb's. Both predictions are the stored ones (nothing traced), the
     measured peaks are the records' own, and the later step variants never stand for `act-ckpt` as defined."""
-    from lab_helpers.records import conformed, read_records
+    from lab_helpers.record.records import conformed, read_records
 
     lever = Path(__file__).resolve().parent.parent / "benchmarks" / "optimizer_step_h200.records.jsonl"
     bench = [conformed(r) for r in read_records(lever)]

@@ -1,12 +1,12 @@
-"""The model-state arithmetic the notebooks print (lab_helpers.arithmetic): one source for every figure."""
+"""The model-state arithmetic the notebooks print (lab_helpers.planning.arithmetic): one source for every figure."""
 
 from __future__ import annotations
 
 import pytest
 from node_fixtures import node
 
-from lab_helpers import arithmetic
-from lab_helpers.arithmetic import GIB, model_states, trainable_bytes
+from lab_helpers.planning import arithmetic
+from lab_helpers.planning.arithmetic import GIB, model_states, trainable_bytes
 
 
 def test_bytes_per_param_for_each_precision_and_optimizer():

@@ -8,8 +8,8 @@ import platform
 
 import pytest
 
-from lab_helpers import bandwidth
-from lab_helpers.bandwidth import BandwidthResult, measured_link_gbs, save
+from lab_helpers.hardware import bandwidth
+from lab_helpers.hardware.bandwidth import BandwidthResult, measured_link_gbs, save
 
 
 def _result(**changes) -> BandwidthResult:
@@ -56,7 +56,7 @@ def test_only_this_hosts_figure_for_this_device_is_used(tmp_path):
 
 def test_plan_time_takes_this_nodes_measured_figure(tmp_path, monkeypatch):
     """The plan command reads the file and passes the number in (the planner itself reads no file)."""
-    from lab_helpers import plan_command as plan_cli
+    from lab_helpers.present import plan_command as plan_cli
 
     monkeypatch.setenv("LAB_RESULTS", str(tmp_path))
     save(_result(device_name="NVIDIA A100-SXM4-80GB", backend="nccl", all_gather_busbw_gbs=20.0,
@@ -67,11 +67,11 @@ def test_plan_time_takes_this_nodes_measured_figure(tmp_path, monkeypatch):
         seen.update(kwargs)
         raise plan_cli.PlanError("stop here")
 
-    monkeypatch.setattr("lab_helpers.planner.timing.predict_time", fake_predict)
+    monkeypatch.setattr("lab_helpers.planning.planner.timing.predict_time", fake_predict)
     args = plan_cli.argparse.Namespace(gpu_name="NVIDIA A100-SXM4-80GB", link_gbs=None, sample_lengths=None)
     spec = plan_cli.spec_from_recipe(
         str(bandwidth.Path(__file__).parent.parent / "configs/gpu/open_llama_7b/full.yaml"), devices=4, strategy="ddp"
     )
-    monkeypatch.setattr("lab_helpers.data_lengths.recipe_sample_lengths", lambda recipe: (None, "no data"))
+    monkeypatch.setattr("lab_helpers.training.data_lengths.recipe_sample_lengths", lambda recipe: (None, "no data"))
     assert plan_cli._time(spec, args, recipe={}) == (None, "not predicted (stop here)")
     assert seen["link_gbs"] == 20.0 and "measured" in seen["link_gbs_source"]

@@ -13,19 +13,22 @@ import pytest
 import torch
 from node_fixtures import node
 
-from lab_helpers import arithmetic, commands, node_plan, recipe_defaults
-from lab_helpers.activation_checkpointing import checkpoint_blocks
-from lab_helpers.distributed import build_command, deepspeed_config
-from lab_helpers.distributed.deepspeed_config import CPU_ADAM_CLASS, optimizer_class_path
-from lab_helpers.distributed.strategies import make_strategy
-from lab_helpers.experiments import load_experiments, resolve
+from lab_helpers import node_plan
+from lab_helpers.config import recipe_defaults
+from lab_helpers.config.experiments import load_experiments, resolve
+from lab_helpers.config.record_schema import GIB
 from lab_helpers.lab import predict_experiment
 from lab_helpers.launch import launcher_for
-from lab_helpers.planner.errors import PlanError
-from lab_helpers.planner.optim8bit import AdamW8bitStandIn, bytes_per_param, state_bytes
-from lab_helpers.planner.spec import spec_from_recipe
-from lab_helpers.predict import planner_inputs
-from lab_helpers.record_schema import GIB
+from lab_helpers.planning import arithmetic
+from lab_helpers.planning.planner.errors import PlanError
+from lab_helpers.planning.planner.optim8bit import AdamW8bitStandIn, bytes_per_param, state_bytes
+from lab_helpers.planning.planner.spec import spec_from_recipe
+from lab_helpers.planning.predict import planner_inputs
+from lab_helpers.present import commands
+from lab_helpers.training.activation_checkpointing import checkpoint_blocks
+from lab_helpers.training.distributed import build_command, deepspeed_config
+from lab_helpers.training.distributed.deepspeed_config import CPU_ADAM_CLASS, optimizer_class_path
+from lab_helpers.training.distributed.strategies import make_strategy
 
 
 def _tiny_gpt(n_layer: int = 2):
@@ -133,7 +136,7 @@ def test_eight_bit_needs_cuda_and_bitsandbytes_and_says_so():
     run = resolve("adamw-8bit", "ci", check_files=False)
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    from lab_helpers.decision import blocked
+    from lab_helpers.planning.decision import blocked
 
     assert blocked(run, node("none")) == "needs CUDA: bitsandbytes 8-bit AdamW cannot run on a CPU"
     step = node_plan.decide("adamw-8bit", node("none"), profile="ci")
@@ -240,7 +243,7 @@ def test_zero2_offload_keeps_every_weight_on_each_gpu_and_the_same_host_bytes_pe
     """Same 7B on the same 4 GPUs: ZeRO-2 holds all the bf16 weights per GPU (ZeRO-3 a quarter), the host the
     same 16 B/param of offloaded optimizer state."""
     recipe = resolve("deepspeed-zero2-offload", "gpu", check_files=False).recipe
-    from lab_helpers.predict import predict_experiment as predict_on
+    from lab_helpers.planning.predict import predict_experiment as predict_on
 
     # on GPUs (from this CPU): a CPU prediction counts the offloaded states on the device, which is the host there
     zero2 = predict_on("deepspeed-zero2-offload", profile="gpu", device="cuda")
@@ -292,9 +295,9 @@ def test_fill_gpu_is_lora_1b_with_the_largest_micro_batch_that_fits_and_the_same
     """On a memory budget between the planner's predictions at micro batch 8 and 16 (the ci model, as a CPU run
     holds it), fill-gpu takes 8 -- the largest divisor of the global batch 16 under the budget -- with 2
     accumulated; the rest of the recipe is lora-1b's."""
-    from lab_helpers import predict
-    from lab_helpers.planner.fit import DEFAULT_MARGIN
-    from lab_helpers.predict import fill_gpu_overrides
+    from lab_helpers.planning import predict
+    from lab_helpers.planning.planner.fit import DEFAULT_MARGIN
+    from lab_helpers.planning.predict import fill_gpu_overrides
 
     fill, pair = resolve("fill-gpu", "ci", check_files=False), resolve("lora-1b", "ci", check_files=False)
     assert fill.recipe == pair.recipe and fill.options["fill_gpu"] and not pair.options["fill_gpu"]

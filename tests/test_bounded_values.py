@@ -1,4 +1,4 @@
-"""Issue 45's values: one bounded reader (``lab_helpers/yaml_values.py``) for ``--set`` and recipe files. An alias
+"""Issue 45's values: one bounded reader (``lab_helpers/config/yaml_values.py``) for ``--set`` and recipe files. An alias
 bomb cost ``plan`` 63 s and 4.5 GB; a 5000-digit integer, nesting 5000 deep and ``--gpu-memory-gib 1e308`` were
 tracebacks. Each is now one line and exit 2, at once, on the real CLI."""
 
@@ -11,9 +11,9 @@ import time
 import pytest
 from conftest import REPO, cli
 
-from lab_helpers.config_error import LabConfigError
-from lab_helpers.experiments import parse_set_args
-from lab_helpers.yaml_values import MAX_DEPTH, load_yaml
+from lab_helpers.config.config_error import LabConfigError
+from lab_helpers.config.experiments import parse_set_args
+from lab_helpers.config.yaml_values import MAX_DEPTH, load_yaml
 
 RECIPE = REPO / "configs" / "ci" / "ci-llama-xs" / "full.yaml"
 

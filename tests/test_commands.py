@@ -1,4 +1,4 @@
-"""The command lines the notebooks show beside each experiment, and the closing cell (lab_helpers.commands)."""
+"""The command lines the notebooks show beside each experiment, and the closing cell (lab_helpers.present.commands)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import shlex
 import pytest
 import yaml
 
-from lab_helpers import commands
-from lab_helpers.experiments import apply_overrides, load_experiments, resolve
-from lab_helpers.paths import lab_home
+from lab_helpers.config.experiments import apply_overrides, load_experiments, resolve
+from lab_helpers.config.paths import lab_home
+from lab_helpers.present import commands
 
 
 def _recipe_from(command: str) -> dict:
@@ -46,12 +46,12 @@ def _lesson(strategy) -> tuple:
 def test_strategy_lines_build_what_the_training_process_builds(exp_id, tmp_path):
     """The printed lines, executed as a student's script would run them, build the same strategy as the training
     process does from the command line the lab writes (on CUDA: what a student's GPU node runs)."""
-    from lab_helpers.distributed import train
-    from lab_helpers.distributed.command import build_command
+    from lab_helpers.training.distributed import train
+    from lab_helpers.training.distributed.command import build_command
 
     run = resolve(exp_id, "gpu", check_files=False)
     argv = build_command(run, tmp_path)
-    args = train.parse_args(argv[argv.index("lab_helpers.distributed.train") + 1 :])
+    args = train.parse_args(argv[argv.index("lab_helpers.training.distributed.train") + 1 :])
     built, _ = train.strategy_from_args(args, on_cuda=True)
 
     class Lightning:  # the student's `import lightning as L`, with a Trainer that hands back what it was given

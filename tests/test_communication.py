@@ -1,4 +1,4 @@
-"""The per-optimizer-step byte counts of lab_helpers.planner.communication, on the section-02 recipes' numbers.
+"""The per-optimizer-step byte counts of lab_helpers.planning.planner.communication, on the section-02 recipes' numbers.
 
 The 4-GPU recipes (configs/experiments/multi.yaml on configs/gpu/open_llama_7b/full.yaml) run global batch 32 at
 micro batch 4: 2 micro-batches per step on each of 4 GPUs. The parameter count is the real litgpt model's,
@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from lab_helpers.arithmetic import precision_bytes, resolved
-from lab_helpers.experiments import gradient_accumulation_steps
-from lab_helpers.planner.communication import (
+from lab_helpers.config.experiments import gradient_accumulation_steps
+from lab_helpers.planning.arithmetic import precision_bytes, resolved
+from lab_helpers.planning.planner.communication import (
     communication_per_optimizer_step,
     host_device_bytes_per_optimizer_step,
 )
-from lab_helpers.planner.errors import PlanError
-from lab_helpers.planner.spec import spec_from_recipe
-from lab_helpers.planner.timing import trainable_params
+from lab_helpers.planning.planner.errors import PlanError
+from lab_helpers.planning.planner.spec import spec_from_recipe
+from lab_helpers.planning.planner.timing import trainable_params
 
 WORLD = 4  # LAB.md's reference node
 

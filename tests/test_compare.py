@@ -9,8 +9,8 @@ import warnings
 import pandas as pd
 import pytest
 
-from lab_helpers import compare
-from lab_helpers.records import append_record, load_results
+from lab_helpers.present import compare
+from lab_helpers.record.records import append_record, load_results
 
 BREAKDOWN = {
     "parameters": 2.0,

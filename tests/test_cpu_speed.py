@@ -1,8 +1,8 @@
-"""This CPU's measured rates (lab_helpers.cpu_speed): measured once, then read from the cache."""
+"""This CPU's measured rates (lab_helpers.hardware.cpu_speed): measured once, then read from the cache."""
 
 from __future__ import annotations
 
-from lab_helpers import cpu_speed
+from lab_helpers.hardware import cpu_speed
 
 
 def test_measures_once_then_reads_the_cache(tmp_path, monkeypatch):

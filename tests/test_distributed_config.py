@@ -12,18 +12,18 @@ import pytest
 import torch
 import yaml
 
-from lab_helpers.distributed import build_command, deepspeed_config
-from lab_helpers.distributed.command import DEEPSPEED_FILENAME, RECIPE_FILENAME
-from lab_helpers.distributed.deepspeed_config import (
+from lab_helpers.config.experiments import load_experiments, resolve
+from lab_helpers.training.distributed import build_command, deepspeed_config
+from lab_helpers.training.distributed.command import DEEPSPEED_FILENAME, RECIPE_FILENAME
+from lab_helpers.training.distributed.deepspeed_config import (
     CPU_ADAM_CLASS,
     cpu_adam_kwargs,
     gradient_accumulation_steps,
     optimizer_class_path,
 )
-from lab_helpers.distributed.nodes import node_env, torchrun_command
-from lab_helpers.distributed.peers import describe_exit
-from lab_helpers.distributed.strategies import make_strategy, resolve_fsdp_impl
-from lab_helpers.experiments import load_experiments, resolve
+from lab_helpers.training.distributed.nodes import node_env, torchrun_command
+from lab_helpers.training.distributed.peers import describe_exit
+from lab_helpers.training.distributed.strategies import make_strategy, resolve_fsdp_impl
 
 MULTI = (
     "one-gpu", "ddp", "ddp-course", "fsdp", "fsdp-course", "fsdp-bs8", "fsdp-grad-op", "deepspeed-offload",
@@ -140,7 +140,7 @@ def test_matrix_matches_lab_md():
 def test_build_command_writes_the_recipe_and_returns_a_module_launch(tmp_path):
     run = resolve("fsdp", "ci", check_files=False)
     argv = build_command(run, tmp_path)
-    assert argv[:3] == [sys.executable, "-m", "lab_helpers.distributed.train"]
+    assert argv[:3] == [sys.executable, "-m", "lab_helpers.training.distributed.train"]
     assert argv[argv.index("--strategy") + 1] == "fsdp"
     assert argv[argv.index("--devices") + 1] == "2"
     assert argv[argv.index("--wrap") + 1] == "block"
@@ -161,7 +161,7 @@ def test_build_command_for_deepspeed_writes_the_generated_config(tmp_path):
 def test_build_command_for_several_nodes_goes_through_the_loopback_launcher(tmp_path):
     run = resolve("multi-node", "ci", check_files=False)
     argv = build_command(run, tmp_path)
-    assert argv[:3] == [sys.executable, "-m", "lab_helpers.distributed.nodes"]
+    assert argv[:3] == [sys.executable, "-m", "lab_helpers.training.distributed.nodes"]
     assert argv[argv.index("--nodes") + 1] == "2"
     train = argv[argv.index("--") + 1 :]
     assert train[train.index("--num-nodes") + 1] == "2"
@@ -170,11 +170,11 @@ def test_build_command_for_several_nodes_goes_through_the_loopback_launcher(tmp_
 
 
 def test_torchrun_command_and_node_environment():
-    cmd = [sys.executable, "-m", "lab_helpers.distributed.train", "--devices", "4", "--num-nodes", "2"]
+    cmd = [sys.executable, "-m", "lab_helpers.training.distributed.train", "--devices", "4", "--num-nodes", "2"]
     out = torchrun_command(cmd, node_rank=1, nodes=2, port=29500)
     assert out[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--node_rank=1" in out and "--nproc_per_node=4" in out and "--nnodes=2" in out
-    assert out[out.index("-m", 3) + 1] == "lab_helpers.distributed.train"
+    assert out[out.index("-m", 3) + 1] == "lab_helpers.training.distributed.train"
     env = node_env(1, port=29500, gpus_per_node=4)
     assert (env["MASTER_ADDR"], env["NODE_RANK"], env["CUDA_VISIBLE_DEVICES"]) == ("127.0.0.1", "1", "4,5,6,7")
 
@@ -201,7 +201,7 @@ def test_strategy_objects_and_labels_on_cpu():
 def test_strategy_objects_for_cuda_can_be_built_here():
     from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 
-    from lab_helpers.distributed.deepspeed_cpu import CPUDeepSpeedStrategy
+    from lab_helpers.training.distributed.deepspeed_cpu import CPUDeepSpeedStrategy
 
     fsdp = make_strategy("fsdp", on_cuda=True, world_size=4)
     assert isinstance(fsdp.strategy, FSDPStrategy) and fsdp.fsdp_impl == "fsdp1" and "nccl" not in fsdp.label
@@ -251,7 +251,7 @@ def _finished_ranks(exp_id: str, strategy_used: str, world_size: int = 2) -> lis
 def test_the_notebooks_check_accepts_what_each_strategy_reports_and_refuses_another(on_cuda):
     """notebook 02's last cell (check_records) is what CI relies on for the multi-GPU runs: it must accept the label
     make_strategy gives the experiment's own strategy, on a CPU and on CUDA, and refuse any other strategy's."""
-    from lab_helpers.distributed.notebook import check_records
+    from lab_helpers.present.multi_gpu import check_records
 
     labels = {}
     for exp_id in ("ddp", "fsdp", "fsdp-grad-op", "deepspeed-offload", "deepspeed-zero2-offload"):
@@ -277,7 +277,7 @@ def test_the_notebooks_check_accepts_what_each_strategy_reports_and_refuses_anot
 
 
 def test_the_notebooks_check_names_a_rank_without_timed_iterations_or_with_the_wrong_world_size():
-    from lab_helpers.distributed.notebook import check_records
+    from lab_helpers.present.multi_gpu import check_records
 
     label = "ddp (DDPStrategy, gloo, CPU)"
     ranks = _finished_ranks("ddp", label)

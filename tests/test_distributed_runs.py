@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from lab_helpers.lab import run_experiment
-from lab_helpers.records import append_record, read_records
+from lab_helpers.record.records import append_record, read_records
 
 pytestmark = pytest.mark.slow
 SMALL = {"checkpoint_dir": "checkpoints/lab-ci/ci-llama-xs"}  # the smallest model: process start dominates
@@ -62,7 +62,7 @@ def _kill_rank1_after_first_iteration(results: Path, killed: dict, timeout_s: fl
                     env = proc.info["environ"] or {}
                 except psutil.Error:
                     continue
-                if "lab_helpers.distributed.train" in cmd and env.get("LOCAL_RANK") == "1":
+                if "lab_helpers.training.distributed.train" in cmd and env.get("LOCAL_RANK") == "1":
                     if env.get("LAB_RESULTS") == os.environ["LAB_RESULTS"]:
                         killed["pid"] = proc.pid
                         killed["at"] = time.monotonic()
@@ -85,7 +85,7 @@ def test_killing_one_rank_ends_every_rank_and_records_the_failure(ci_assets, res
     assert not psutil.pid_exists(killed["pid"]) or psutil.Process(killed["pid"]).status() == psutil.STATUS_ZOMBIE
     leftovers = [
         p for p in psutil.process_iter(["cmdline", "environ"])
-        if "lab_helpers.distributed.train" in " ".join(p.info["cmdline"] or [])
+        if "lab_helpers.training.distributed.train" in " ".join(p.info["cmdline"] or [])
         and (p.info["environ"] or {}).get("LAB_RESULTS") == os.environ["LAB_RESULTS"]
     ]  # fmt: skip
     assert leftovers == []
@@ -103,7 +103,7 @@ def test_deepspeed_zero3_with_cpu_offload_runs_on_cpu_in_bf16_in_quick_mode(ci_a
     fp32 master weights in the offloaded optimizer run for real. In quick mode, as the GPU session runs it: each
     rank's second step opens with its share of the longest samples, QUICK_WARMUP_STEPS steps are warm-up, then
     whole steps of at least MIN_MEASURED_ITERATIONS micro-batches are timed."""
-    from lab_helpers.quick_mode import MIN_MEASURED_ITERATIONS, QUICK_WARMUP_STEPS, quick_max_steps
+    from lab_helpers.training.quick_mode import MIN_MEASURED_ITERATIONS, QUICK_WARMUP_STEPS, quick_max_steps
 
     accumulation = 2  # global 4 = micro 1 x 2 ranks x 2
     asked = {**SMALL, "precision": "bf16-true", "train.max_steps": 20}  # quick mode decides the steps
@@ -130,10 +130,10 @@ def test_two_nodes_through_torchrun_on_loopback(ci_assets, tmp_path):
     """The launch docs/multi_node.md documents (torchrun per node), played as two nodes on this machine."""
     import subprocess
 
-    from lab_helpers import child_report
-    from lab_helpers.distributed import build_command
-    from lab_helpers.experiments import resolve
-    from lab_helpers.paths import lab_home
+    from lab_helpers.config.experiments import resolve
+    from lab_helpers.config.paths import lab_home
+    from lab_helpers.training import child_report
+    from lab_helpers.training.distributed import build_command
 
     argv = build_command(resolve("multi-node", "ci", SMALL), tmp_path / "run")
     argv.insert(argv.index("--"), "--launcher=torchrun")
@@ -152,10 +152,10 @@ def test_terminating_the_process_group_records_every_rank_as_interrupted(ci_asse
     import signal
     import subprocess
 
-    from lab_helpers import child_report
-    from lab_helpers.distributed import build_command
-    from lab_helpers.experiments import resolve
-    from lab_helpers.paths import lab_home
+    from lab_helpers.config.experiments import resolve
+    from lab_helpers.config.paths import lab_home
+    from lab_helpers.training import child_report
+    from lab_helpers.training.distributed import build_command
 
     argv = build_command(resolve("ddp", "ci", {**SMALL, "train.max_steps": 200}), tmp_path / "run")
     env = {**os.environ, child_report.REPORT_DIR_ENV: str(tmp_path / "reports"), "PYTHONUNBUFFERED": "1"}

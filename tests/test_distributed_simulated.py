@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lab_helpers import arithmetic
-from lab_helpers.experiments import LabConfigError, resolve
+from lab_helpers.config.experiments import LabConfigError, resolve
+from lab_helpers.config.record_schema import GIB, record_problems
 from lab_helpers.launch import launcher_for
-from lab_helpers.record_schema import GIB, record_problems
-from lab_helpers.run_record import base_record
+from lab_helpers.planning import arithmetic
+from lab_helpers.record.run_record import base_record
 
 SMALL = {"checkpoint_dir": "checkpoints/lab-ci/ci-llama-xs"}  # the smallest model: process start dominates
 
@@ -32,7 +32,7 @@ def test_a_simulated_run_plays_the_world_in_one_process(ci_assets, tmp_path):
     record = base_record(run)
     assert (record["world_size"], record["simulated_world_size"]) == (1, 4)
     assert record_problems({**record, "status": "ok"}) == []
-    from lab_helpers.predict import planner_inputs
+    from lab_helpers.planning.predict import planner_inputs
 
     assert planner_inputs(run, None, device="cpu")["devices"] == 4  # the planner is asked about the world
 
@@ -52,7 +52,7 @@ def test_a_simulated_world_that_cannot_run_says_why(ci_assets, exp_id, world, me
 
 
 def test_the_cluster_environment_says_rank_0_of_the_world():
-    from lab_helpers.distributed.simulated import SimulatedRankEnvironment
+    from lab_helpers.training.distributed.simulated import SimulatedRankEnvironment
 
     env = SimulatedRankEnvironment(8)
     assert (env.world_size(), env.global_rank(), env.local_rank(), env.node_rank()) == (8, 0, 0, 0)
@@ -65,7 +65,7 @@ def test_the_cluster_environment_says_rank_0_of_the_world():
 
 
 def test_the_course_settings_reach_the_command_and_the_planner(ci_assets, tmp_path):
-    from lab_helpers.predict import planner_inputs
+    from lab_helpers.planning.predict import planner_inputs
 
     course, lab = (resolve(e, "ci", check_files=False) for e in ("ddp-course", "ddp"))
     assert "--no-bucket-view" in launcher_for(course).command(course, tmp_path / "c")
@@ -98,7 +98,7 @@ def test_communication_per_optimizer_step_from_the_4_gpu_recipes():
 def test_the_tensor_count_follows_a_storage_resized_in_place():
     """FSDP2 frees a unit's gathered weights with ``untyped_storage().resize_(0)`` and gathers into the same
     storage again: the count must follow, or every gathered unit stays counted (a +100 % error on FSDP)."""
-    from lab_helpers.tensor_peak import LiveTensorPeak
+    from lab_helpers.training.tensor_peak import LiveTensorPeak
 
     with LiveTensorPeak() as tensors:
         held = torch.empty(2**20, dtype=torch.uint8)
@@ -149,8 +149,8 @@ def test_a_simulated_zero3_offload_rank_is_measured_and_predicted_within_10_perc
 def test_tables_and_plots_never_put_a_simulated_rank_in_a_real_runs_row():
     import pandas as pd
 
-    from lab_helpers.compare import comparison_table
-    from lab_helpers.records import simulated_label
+    from lab_helpers.present.compare import comparison_table
+    from lab_helpers.record.records import simulated_label
 
     real = [{"experiment": "fsdp", "rank": r, "world_size": 4, "status": "ok", "peak_tensor_gib": 0.05,
              "started_at": "2026-01-01T00:00:00+00:00"} for r in range(4)]  # fmt: skip

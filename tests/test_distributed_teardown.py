@@ -2,7 +2,7 @@
 
 Real Lightning on a CPU: the copy itself costs nothing here (the tensors are on the CPU already), so the test
 looks at what the strategy's teardown is handed. The cost it avoids was measured on an H100 (one-gpu, 7B:
-70 s and 52 GiB of host memory after the loop; lab_helpers/distributed/teardown.py).
+70 s and 52 GiB of host memory after the loop; lab_helpers/training/distributed/teardown.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
-from lab_helpers.distributed.teardown import FreeTrainingStateAtEnd
+from lab_helpers.training.distributed.teardown import FreeTrainingStateAtEnd
 
 
 class TinyModule(L.LightningModule):

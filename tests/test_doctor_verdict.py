@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab_helpers.doctor import CI_ONLY, NOT_OK, check_node, format_report
+from lab_helpers.present.doctor import CI_ONLY, NOT_OK, check_node, format_report
 
 
 def test_a_cpu_machine_is_told_what_the_ci_profile_runs():

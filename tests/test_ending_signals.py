@@ -11,8 +11,8 @@ import sys
 import pytest
 from conftest import cli
 
-from lab_helpers.interrupts import ENDING_SIGNALS, HELD_SIGNALS, signal_name
-from lab_helpers.records import read_records
+from lab_helpers.launch.interrupts import ENDING_SIGNALS, HELD_SIGNALS, signal_name
+from lab_helpers.record.records import read_records
 
 
 def test_every_signal_that_ends_a_process_by_default_is_an_ending_signal():
@@ -30,7 +30,7 @@ def test_every_signal_that_ends_a_process_by_default_is_an_ending_signal():
 def test_the_cli_installs_its_handler_for_each_one():
     """In a fresh CLI process (as `python -m lab_helpers` starts): SIGRTMIN+1 and SIGTRAP end it as an interrupt."""
     script = (
-        "import signal\nfrom lab_helpers.interrupts import end_runs_on_signals, raise_signal_interrupt\n"
+        "import signal\nfrom lab_helpers.launch.interrupts import end_runs_on_signals, raise_signal_interrupt\n"
         "end_runs_on_signals()\n"
         "print(all(signal.getsignal(s) is raise_signal_interrupt for s in (signal.SIGRTMIN + 1, signal.SIGTRAP)))\n"
         "try:\n    signal.raise_signal(signal.SIGRTMIN + 1)\nexcept KeyboardInterrupt as exc:\n    print(exc)\n"

@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import cli
 
-from lab_helpers.experiments import LabConfigError, load_experiments, resolve, runnable_recipe
+from lab_helpers.config.experiments import LabConfigError, load_experiments, resolve, runnable_recipe
 
 SHARED_LAB_SINGLE = [
     "baseline", "small-batch", "grad-accum", "bf16-true", "bf16-mixed", "full-3b", "full-7b", "full-13b",
@@ -108,8 +108,8 @@ def test_qlora_is_skipped_with_the_reason_on_a_cpu():
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    from lab_helpers.decision import blocked
-    from lab_helpers.node import describe_node
+    from lab_helpers.hardware.node import describe_node
+    from lab_helpers.planning.decision import blocked
 
     reason = blocked(resolve("qlora-7b", "ci"), describe_node())
     assert reason == "needs CUDA: bitsandbytes QLoRA cannot run on a CPU"
@@ -119,7 +119,7 @@ def test_the_written_recipe_pins_moved_folders_and_masks_tokens(tmp_path, monkey
     """Single and multi-GPU runs get the same runnable recipe: absolute paths as the lab resolves them, no token."""
     import yaml
 
-    from lab_helpers.distributed import build_command
+    from lab_helpers.training.distributed import build_command
 
     monkeypatch.setenv("LAB_CHECKPOINTS", str(tmp_path / "ckpt"))
     monkeypatch.setenv("LAB_DATA", str(tmp_path / "data"))

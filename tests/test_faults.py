@@ -24,10 +24,10 @@ import psutil
 import pytest
 from conftest import REPO, cli, sigint_as_in_a_terminal
 
-from lab_helpers import records
-from lab_helpers.experiments import LabConfigError, parse_set_args, resolve
-from lab_helpers.records import append_record, read_records
-from lab_helpers.runner import run_command
+from lab_helpers.config.experiments import LabConfigError, parse_set_args, resolve
+from lab_helpers.launch.runner import run_command
+from lab_helpers.record import records
+from lab_helpers.record.records import append_record, read_records
 
 FAKE_TOKEN = "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1234"
 
@@ -117,7 +117,7 @@ def test_interrupts_are_held_while_the_group_is_ended(tmp_path):
         import os, sys
         from pathlib import Path
         os.environ["LAB_TERMINATE_GRACE_S"] = "2"
-        from lab_helpers.runner import run_command
+        from lab_helpers.launch.runner import run_command
         child = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
         outcome = run_command([sys.executable, "-c", child], run_dir=Path({str(tmp_path / "run")!r}), echo=False)
         print("outcome", outcome.interrupted, outcome.returncode, flush=True)
@@ -159,7 +159,7 @@ def test_a_launcher_killed_while_the_rank_imports_torch_leaves_nothing_running(c
             time.sleep(0.02)
         tree += launcher.children(recursive=True)
         [child] = children
-        assert "lab_helpers.distributed.train" in " ".join(child.cmdline())
+        assert "lab_helpers.training.distributed.train" in " ".join(child.cmdline())
         proc.kill()  # the launcher dies before the child could have started a polling guard
         proc.wait()
         gone, alive = psutil.wait_procs([child], timeout=15)
@@ -183,7 +183,7 @@ def _exec_d(launcher: psutil.Process) -> list[psutil.Process]:
 def test_a_child_whose_launcher_is_already_gone_exits_at_once(tmp_path):
     """The launcher died before the child armed the death signal: the pid passed in the environment catches it."""
     env = {**os.environ, "LAB_LAUNCHER_PID": "999999999"}  # not our parent
-    code = "from lab_helpers.orphan_guard import die_with_parent; die_with_parent(); print('still running')"
+    code = "from lab_helpers.training.orphan_guard import die_with_parent; die_with_parent(); print('still running')"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
     assert out.returncode == 128 + signal.SIGTERM and "still running" not in out.stdout
     assert "the launcher (pid 999999999) is gone" in out.stderr
@@ -268,8 +268,8 @@ def test_an_interrupt_in_the_middle_of_a_record_write_cuts_the_file_back(tmp_pat
 
 
 def test_records_reports_and_exports_are_redacted_when_written(tmp_path, monkeypatch, results):
-    from lab_helpers.child_report import write_report
-    from lab_helpers.reference import export_reference
+    from lab_helpers.record.reference import export_reference
+    from lab_helpers.training.child_report import write_report
 
     monkeypatch.setenv("HF_TOKEN", "s3cr3t-value-from-env")
     path = results / "runs.jsonl"
@@ -308,7 +308,7 @@ def test_warmup_advice_is_advice_the_check_accepts(max_steps, warmup):
 
 
 def test_a_hung_process_is_ended_at_the_time_limit_and_recorded_as_timeout(tmp_path):
-    from lab_helpers.run_record import _status
+    from lab_helpers.record.run_record import _status
 
     os.environ["LAB_TERMINATE_GRACE_S"] = "1"
     try:
@@ -330,7 +330,7 @@ def test_a_hung_process_is_ended_at_the_time_limit_and_recorded_as_timeout(tmp_p
 @pytest.mark.parametrize("own_session", [False, True], ids=["in-its-group", "escaped-with-setsid"])
 def test_a_process_that_exits_while_a_child_holds_its_output_ends_within_the_grace(tmp_path, own_session):
     """Issue 45: a process that leaves a child holding its stdout hung the read loop until that child ended."""
-    from lab_helpers.runner import EXIT_GRACE_S
+    from lab_helpers.launch.runner import EXIT_GRACE_S
 
     script = (
         "import subprocess, sys\n"
@@ -360,7 +360,7 @@ def _dead(pid: int, timeout_s: float) -> bool:
 
 
 def test_the_time_limit_comes_from_the_recipe_with_an_override(monkeypatch):
-    from lab_helpers.time_limit import parse_time_limit, time_limit_s
+    from lab_helpers.launch.time_limit import parse_time_limit, time_limit_s
 
     monkeypatch.delenv("LAB_TIME_LIMIT_S", raising=False)
     assert time_limit_s("ci", 8) == 300 + 8 * 30 and time_limit_s("gpu", None) == 3 * 3600
@@ -432,8 +432,8 @@ def test_a_run_whose_children_hold_its_output_ends_in_its_time_limit_and_is_reco
 
 
 def test_a_process_killed_by_a_signal_is_named_and_a_host_oom_is_said_when_evidence_supports_it(tmp_path):
-    from lab_helpers.exit_cause import host_oom_evidence
-    from lab_helpers.run_record import _status
+    from lab_helpers.record.exit_cause import host_oom_evidence
+    from lab_helpers.record.run_record import _status
 
     outcome = run_command(
         [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
@@ -462,7 +462,7 @@ def test_a_process_killed_by_a_signal_is_named_and_a_host_oom_is_said_when_evide
 
 @pytest.mark.parametrize("timeline", ["/etc/passwd", "../../outside.csv", "runs/../../x.csv"])
 def test_export_reference_sets_aside_records_with_paths_outside_the_results(tmp_path, monkeypatch, results, timeline):
-    from lab_helpers.reference import export_reference
+    from lab_helpers.record.reference import export_reference
 
     home = tmp_path / "home"
     home.mkdir()
@@ -486,7 +486,7 @@ def test_export_reference_sets_aside_records_with_paths_outside_the_results(tmp_
 
 @pytest.mark.parametrize("text", ["1e10", "1e300", "inf", "-1"])
 def test_a_time_limit_the_timer_cannot_hold_is_one_line(text):
-    from lab_helpers.time_limit import parse_time_limit, time_limit_s
+    from lab_helpers.launch.time_limit import parse_time_limit, time_limit_s
 
     with pytest.raises(LabConfigError, match="--time-limit: expected seconds from 0"):
         parse_time_limit(text)
@@ -548,7 +548,7 @@ def test_a_symlinked_results_file_stops_a_run_before_it_starts(results, tmp_path
 
 
 def test_relative_lab_folders_are_made_absolute_for_the_child(tmp_path, monkeypatch):
-    from lab_helpers.paths import absolute_locations
+    from lab_helpers.config.paths import absolute_locations
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("LAB_RESULTS", "rel")
@@ -564,7 +564,7 @@ def test_a_closed_output_stops_the_echo_not_the_run(tmp_path):
         f"""
         import sys
         from pathlib import Path
-        from lab_helpers.runner import run_command
+        from lab_helpers.launch.runner import run_command
         child = "import time\\nfor i in range(200): print('line', i, flush=True); time.sleep(0.005)"
         outcome = run_command([sys.executable, "-c", child], run_dir=Path({str(tmp_path / "run")!r}))
         Path({str(tmp_path / "done")!r}).write_text(f"{{outcome.returncode}} {{outcome.echo_error is not None}}")
@@ -580,13 +580,13 @@ def test_a_closed_output_stops_the_echo_not_the_run(tmp_path):
 
 
 def test_a_run_whose_warm_server_died_is_an_error_with_the_cause(tmp_path, monkeypatch):
-    from lab_helpers import warm_start
-    from lab_helpers.run_record import _status
-    from lab_helpers.warm_start import WarmStarter
+    from lab_helpers.launch import warm_start
+    from lab_helpers.launch.warm_start import WarmStarter
+    from lab_helpers.record.run_record import _status
 
     # armed as every training process is (orphan_guard): the run ends when its parent, the server, dies
     (tmp_path / "probe.py").write_text(
-        "import time\nfrom lab_helpers.orphan_guard import die_with_parent\ndie_with_parent()\n"
+        "import time\nfrom lab_helpers.training.orphan_guard import die_with_parent\ndie_with_parent()\n"
         "print('sleeping', flush=True)\ntime.sleep(120)\n"
     )
     monkeypatch.setattr(warm_start, "_starter", WarmStarter(preload=("json",)))
@@ -736,7 +736,7 @@ def test_a_relative_lab_results_started_elsewhere_records_ok_in_that_folder(ci_a
 
 
 def test_the_log_keeps_its_head_and_tail_within_its_cap_and_counts_what_it_left_out(tmp_path, monkeypatch):
-    from lab_helpers.runner import LOG_MAX_ENV
+    from lab_helpers.launch.runner import LOG_MAX_ENV
 
     monkeypatch.setenv(LOG_MAX_ENV, "0.05")  # 51 KiB: 12.8 KiB of head, 38.4 KiB of tail
     child = "for i in range(20000): print(f'line {i:05d} ' + 'x' * 40)"
@@ -758,7 +758,7 @@ def test_a_300_mb_line_costs_the_launcher_one_capped_line(tmp_path):
         f"""
         import resource, sys
         from pathlib import Path
-        from lab_helpers.runner import run_command
+        from lab_helpers.launch.runner import run_command
         child = "import sys\\nfor _ in range(300): sys.stdout.buffer.write(b'y' * 2**20)\\nprint(' end')\\nprint('next')"
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         outcome = run_command([sys.executable, "-c", child], run_dir=Path({str(tmp_path / "run")!r}), echo=True)
@@ -776,7 +776,7 @@ def test_a_300_mb_line_costs_the_launcher_one_capped_line(tmp_path):
 
 def _orphan(results: Path, run_id: str, report: dict, *, launch: bool = True) -> Path:
     """A run folder as a launcher killed with -9 after its training ended leaves it: launch.json, a report."""
-    from lab_helpers.recovery import write_launch
+    from lab_helpers.record.recovery import write_launch
 
     run_dir = results / "runs" / run_id
     (run_dir / "reports").mkdir(parents=True)
@@ -790,7 +790,7 @@ def _orphan(results: Path, run_id: str, report: dict, *, launch: bool = True) ->
 
 
 def test_an_orphaned_report_is_recorded_once_marked_recovered(results, capsys):
-    from lab_helpers.recovery import recover_orphans
+    from lab_helpers.record.recovery import recover_orphans
 
     ok = {"status": "ok", "train_s": 1.5, "iterations": 4, "tokens": 400, "tokens_padded": 512, "device_name": "cpu"}
     _orphan(results, "20261126-080000-grad-accum-aaaaaa", ok)
@@ -808,7 +808,7 @@ def test_an_orphaned_report_is_recorded_once_marked_recovered(results, capsys):
 
 
 def test_a_live_run_or_one_in_a_fallback_is_no_orphan(results):
-    from lab_helpers.recovery import holding_run, orphaned_runs, recover_orphans
+    from lab_helpers.record.recovery import holding_run, orphaned_runs, recover_orphans
 
     live = _orphan(results, "20261126-080000-grad-accum-live00", {"status": "ok"})
     fallback = _orphan(results, "20261126-080001-grad-accum-fall00", {"status": "ok"})

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from lab_helpers import compare, figure_source, time_bound, timeline_phases
-from lab_helpers.records import append_record, load_results
+from lab_helpers.present import compare, figure_source, timeline_phases
+from lab_helpers.record import time_bound
+from lab_helpers.record.records import append_record, load_results
 
 H100 = "NVIDIA H100 80GB HBM3"
 

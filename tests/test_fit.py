@@ -1,4 +1,4 @@
-"""What fits (lab_helpers.planner.fit): the search itself, and its answers checked against ``predict`` on the ci
+"""What fits (lab_helpers.planning.planner.fit): the search itself, and its answers checked against ``predict`` on the ci
 profile's tiny models (the fit's batch fits, batch + 1 does not), the alternatives when nothing fits, and
 ``plan --fit`` on a lab recipe and on a litgpt config-hub recipe."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from lab_helpers.plan_command import main as plan_main
-from lab_helpers.planner import PlanError, fit, predict, spec_from_recipe
-from lab_helpers.planner.fit import largest
+from lab_helpers.planning.planner import PlanError, fit, predict, spec_from_recipe
+from lab_helpers.planning.planner.fit import largest
+from lab_helpers.present.plan_command import main as plan_main
 
 ROOT = Path(__file__).resolve().parent.parent
 CI = ROOT / "configs" / "ci"

@@ -6,8 +6,8 @@ import pytest
 import torch
 from litgpt import Config
 
-from lab_helpers import flops
-from lab_helpers.gpu_peaks import dense_peak_flops, find_gpu, known_gpus, precision_unit
+from lab_helpers.hardware.gpu_peaks import dense_peak_flops, find_gpu, known_gpus, precision_unit
+from lab_helpers.planning import flops
 
 
 def _tiny_llama(**overrides) -> Config:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab_helpers.gpu_peaks import find_gpu, known_gpus, nominal_memory_gib
+from lab_helpers.hardware.gpu_peaks import find_gpu, known_gpus, nominal_memory_gib
 
 
 @pytest.mark.parametrize(

@@ -16,12 +16,15 @@ import types
 
 import pytest
 
-from lab_helpers import cuda_compat, doctor, lab, node, run_record
-from lab_helpers.child_report import is_oom_text, is_out_of_memory
-from lab_helpers.decision import blocked, offload_fit, sections_runnable
-from lab_helpers.distributed.nodes import node_gpus
-from lab_helpers.experiments import LabConfigError, resolve
-from lab_helpers.sampler import ProcessTreeMemory, TimelineSampler, process_tree_rss_bytes, visible_nvml_indices
+from lab_helpers import lab
+from lab_helpers.config.experiments import LabConfigError, resolve
+from lab_helpers.hardware import cuda_compat, node
+from lab_helpers.launch.sampler import ProcessTreeMemory, TimelineSampler, process_tree_rss_bytes, visible_nvml_indices
+from lab_helpers.planning.decision import blocked, offload_fit, sections_runnable
+from lab_helpers.present import doctor
+from lab_helpers.record import run_record
+from lab_helpers.training.child_report import is_oom_text, is_out_of_memory
+from lab_helpers.training.distributed.nodes import node_gpus
 
 H100 = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_total_gib": 79.6, "compute_capability": "9.0",
         "bf16_native": True, "nvlink_links_active": 18}  # fmt: skip
@@ -198,8 +201,8 @@ def test_allocation_failures_outside_torchs_allocator_are_ooms(message):
 
 
 def test_a_cublas_alloc_failure_in_the_log_is_recorded_as_oom(tmp_path):
-    from lab_helpers.runner import ProcessOutcome
-    from lab_helpers.sampler import TimelineSummary
+    from lab_helpers.launch.runner import ProcessOutcome
+    from lab_helpers.launch.sampler import TimelineSummary
 
     outcome = ProcessOutcome(
         returncode=1,
@@ -319,7 +322,7 @@ def test_the_volta_route_torch_is_one_litgpt_and_lightning_accept():
 @pytest.mark.slow
 def test_prepare_can_take_one_model_at_a_time_on_a_small_disk(results):
     """Random weights of all four gpu models are ~49 GB: a node (or a measuring call) may build them one by one."""
-    from lab_helpers.prepare import gpu_downloads
+    from lab_helpers.assets.prepare import gpu_downloads
 
     assert list(gpu_downloads(["7b"])) == ["7b"] and len(gpu_downloads(None)) == 4
     with pytest.raises(LabConfigError, match="unknown model 70b"):
@@ -349,8 +352,8 @@ def test_the_gpu_profile_on_a_v100_with_a_build_without_volta_kernels_stops_befo
 def test_an_offload_run_the_host_cannot_hold_is_skipped_naming_the_model_that_fits(ci_assets):
     """The pre-run gate (decision.blocked): the planner's one offload formula on the run's real parameter counts
     against the node's RAM (a node without GPUs whose RAM is a fixture number)."""
-    from lab_helpers.arithmetic import count_params
-    from lab_helpers.planner.analytic import offload_host_bytes
+    from lab_helpers.planning.arithmetic import count_params
+    from lab_helpers.planning.planner.analytic import offload_host_bytes
 
     def cpu_node(ram_gib: float) -> dict:
         return {"gpus": [], "packages": node.package_versions(), "host": {"ram_total_gib": ram_gib}}
@@ -375,8 +378,8 @@ def test_an_offload_run_too_big_for_the_host_is_skipped_before_its_checkpoint_is
     model fits."""
     import shutil
 
-    from lab_helpers.arithmetic import count_params
-    from lab_helpers.planner.analytic import offload_host_bytes
+    from lab_helpers.planning.arithmetic import count_params
+    from lab_helpers.planning.planner.analytic import offload_host_bytes
 
     configs_only = tmp_path / "checkpoints"
     for model_dir in (ci_assets["ci-llama-xs"].parent).iterdir():

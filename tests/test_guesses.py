@@ -1,4 +1,4 @@
-"""Guess first (lab_helpers.guesses): the student's number beside the planner's and the measurement, on records
+"""Guess first (lab_helpers.present.guesses): the student's number beside the planner's and the measurement, on records
 the lab really wrote (the shipped reference results: a CPU run and an H100 run)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from lab_helpers.compare import load_reference
-from lab_helpers.guesses import check_guess, guess_table
+from lab_helpers.present.compare import load_reference
+from lab_helpers.present.guesses import check_guess, guess_table
 
 
 def _records(name: str, exp_id: str) -> list[dict]:

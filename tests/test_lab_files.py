@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, cli
 
-from lab_helpers.paths import open_regular, write_lab_file
+from lab_helpers.config.paths import open_regular, write_lab_file
 
 
 def _one_line(proc: subprocess.CompletedProcess) -> str:
@@ -67,7 +67,7 @@ def test_write_lab_file_never_writes_through_a_link_or_into_a_shared_file(tmp_pa
 def test_compare_out_refuses_a_planted_link_in_one_line(results, tmp_path, planted):
     """The issue's repro: comparison.csv (or a figure) a link to another file; runs.jsonl refused links, compare
     wrote through them."""
-    from lab_helpers.records import append_record
+    from lab_helpers.record.records import append_record
 
     append_record({"experiment": "baseline", "status": "ok", "profile": "ci", "run_id": "r1", "train_s": 1.0})
     victim = tmp_path / "victim.txt"
@@ -147,7 +147,7 @@ def test_a_closed_or_full_stdout_is_one_line_and_exit_2(results, command, redire
 
 
 def test_stdout_piped_into_head_still_ends_quietly(results):
-    from lab_helpers.records import append_record
+    from lab_helpers.record.records import append_record
 
     for i in range(300):
         append_record({"experiment": f"e{i}", "status": "ok", "run_id": f"r{i}", "payload": "x" * 200})

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import torch
 
-from lab_helpers.experiments import resolve
+from lab_helpers.config.experiments import resolve
 from lab_helpers.launch import launcher_for
-from lab_helpers.run_record import base_record as _base_record
-from lab_helpers.run_record import records_from
-from lab_helpers.runner import ProcessOutcome
-from lab_helpers.sampler import TimelineSummary
+from lab_helpers.launch.runner import ProcessOutcome
+from lab_helpers.launch.sampler import TimelineSummary
+from lab_helpers.record.run_record import base_record as _base_record
+from lab_helpers.record.run_record import records_from
 
 
 def _records_from(run, base, outcome, run_dir):
@@ -56,7 +56,7 @@ def test_mfu_is_computed_for_a_known_gpu(ci_assets, tmp_path):
     report = {"status": "ok", "train_s": 2.0, "tokens": 900, "tokens_padded": 1024, "iterations": 2,
               "device_name": "NVIDIA H100 80GB HBM3"}  # fmt: skip
     [record] = _records_from(run, _base_record(run), _outcome(tmp_path, returncode=0, reports={0: report}), tmp_path)
-    from lab_helpers.gpu_peaks import dense_peak_flops
+    from lab_helpers.hardware.gpu_peaks import dense_peak_flops
 
     params = sum(t.numel() for t in torch.load(ci_assets["ci-llama-xs"] / "lit_model.pth").values())
     rough = 6 * params * 1024 / 2.0 / dense_peak_flops("NVIDIA H100 80GB HBM3", "32-true")  # 6 N D per second

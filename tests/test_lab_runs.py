@@ -13,9 +13,9 @@ import psutil
 import pytest
 from conftest import cli, sigint_as_in_a_terminal
 
-from lab_helpers import warm_start
 from lab_helpers.lab import run_experiment
-from lab_helpers.records import append_record, read_records
+from lab_helpers.launch import warm_start
+from lab_helpers.record.records import append_record, read_records
 
 pytestmark = pytest.mark.slow
 SHORT = {"train.max_steps": 2}
@@ -196,7 +196,7 @@ def test_quick_mode_times_after_the_warm_up_step_puts_the_longest_batch_second_a
     asked for), 2 of warm-up (the second opened by the longest batch). The stopping rule ends litgpt's own loop at
     the first step end where it holds: told that halves within 1000 % agree (a loaded 2-core CPU cannot promise
     10 %; tests/test_quick_mode.py tests the rule itself), it stops at its minimum, 8 timed micro-batches."""
-    from lab_helpers.quick_mode import RULE_MIN_ITERATIONS, STABLE_PCT_ENV, quick_max_steps
+    from lab_helpers.training.quick_mode import RULE_MIN_ITERATIONS, STABLE_PCT_ENV, quick_max_steps
 
     monkeypatch.setenv(STABLE_PCT_ENV, "1000")
     [record] = run_experiment("lora-1b", profile="ci", overrides={"train.max_steps": 20}, echo=False, quick=True)
@@ -225,7 +225,8 @@ def test_the_oom_demonstrations_batch_is_raised_only_where_the_course_batch_woul
     """A GPU's size cannot be had on a CPU, so the lab is told one. Where the baseline's course batch is predicted
     only 10 % over the GPU it runs as defined (the margin never decides whether); where it would fit with 10 %
     to spare, the batch is raised until the prediction is at least 20 % over."""
-    from lab_helpers import lab, predict
+    from lab_helpers import lab
+    from lab_helpers.planning import predict
 
     plan = lab.predict_experiment("baseline", profile="ci", gpu_memory_gib=100.0)
     monkeypatch.setattr(predict, "_gpu_gib", lambda: plan.gpu_used_gib / 1.1)

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from lab_helpers.data_lengths import batch_padding
-from lab_helpers.experiments import LabConfigError, resolve
-from lab_helpers.iteration_times import steady_timing
+from lab_helpers.config.experiments import LabConfigError, resolve
+from lab_helpers.config.iteration_times import steady_timing
 from lab_helpers.launch import launcher_for
-from lab_helpers.padding import padding_words
-from lab_helpers.quick_mode import (
+from lab_helpers.present.padding import padding_words
+from lab_helpers.training.data_lengths import batch_padding
+from lab_helpers.training.quick_mode import (
     MEGA_BATCH_BATCHES,
     QuickOrderSampler,
     batch_sampler,
@@ -127,7 +127,7 @@ def test_length_grouped_is_small_batch_in_another_order(ci_assets, tmp_path):
 def test_the_lightning_path_refuses_a_grouped_order(monkeypatch):
     import dataclasses
 
-    from lab_helpers import experiments
+    from lab_helpers.config import experiments
 
     ddp = experiments.get_experiment("ddp")
     monkeypatch.setattr(experiments, "get_experiment",
@@ -137,7 +137,7 @@ def test_the_lightning_path_refuses_a_grouped_order(monkeypatch):
 
 
 def test_plan_time_reads_the_grouped_batches(ci_assets, tmp_path, capsys):
-    from lab_helpers.plan_command import main
+    from lab_helpers.present.plan_command import main
 
     lengths = tmp_path / "lengths.txt"
     lengths.write_text("\n".join(map(str, LENGTHS)))
@@ -217,9 +217,9 @@ def test_the_words_refuse_what_does_not_compare():
 def test_a_real_quick_run_pads_less_at_the_same_peak_and_times_the_predicted_batches(ci_assets, results):
     """small-batch and length-grouped on the ci profile in quick mode, with the samples uncut (the ci recipes cut
     them at 64 tokens, where nearly every batch is full whatever the order) and up to 10 timed micro-batches each."""
-    from lab_helpers.data_lengths import recipe_batch_padding
     from lab_helpers.lab import run_experiment
-    from lab_helpers.padding import latest_record
+    from lab_helpers.present.padding import latest_record
+    from lab_helpers.training.data_lengths import recipe_batch_padding
 
     overrides = {"train.max_seq_length": 256, "train.max_steps": 12}
     runs = {e: run_experiment(e, profile="ci", overrides=overrides, quick=True, echo=False)[0]

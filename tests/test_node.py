@@ -14,8 +14,9 @@ import types
 
 import pytest
 
-from lab_helpers import doctor, node
-from lab_helpers.decision import sections_runnable
+from lab_helpers.hardware import node
+from lab_helpers.planning.decision import sections_runnable
+from lab_helpers.present import doctor
 
 
 def test_describe_node_on_this_machine_is_json_and_has_no_fake_zeros():
@@ -176,9 +177,9 @@ def test_offload_host_ram_number():
     the planner's formula on the 13B's real parameter count, with the node's ranks (fixtures: one and four GPUs)."""
     from node_fixtures import node as fixture
 
-    from lab_helpers.arithmetic import model_states, resolved
-    from lab_helpers.decision import offload_fit
-    from lab_helpers.planner.analytic import HOST_PROCESS_BYTES
+    from lab_helpers.planning.arithmetic import model_states, resolved
+    from lab_helpers.planning.decision import offload_fit
+    from lab_helpers.planning.planner.analytic import HOST_PROCESS_BYTES
 
     params = model_states("deepspeed-offload").counts.total
     run = resolved("deepspeed-offload", "gpu")

@@ -2,7 +2,7 @@
 
 A CPU cannot produce an NVML reading or a GPU's memory verdict, so the nodes are recorded fixtures
 (tests/node_fixtures.py) and, in the fast tests, the planner is replaced by a stand-in with the same interface:
-model states from lab_helpers.arithmetic (the real computation) plus a fixed activation cost per sample. The
+model states from lab_helpers.planning.arithmetic (the real computation) plus a fixed activation cost per sample. The
 planner itself is tested in test_planner.py; one slow test here asks the real planner.
 """
 
@@ -17,8 +17,8 @@ import pytest
 from node_fixtures import NODES, node
 
 from lab_helpers import node_plan
-from lab_helpers.arithmetic import GIB, model_states, resolved
-from lab_helpers.experiments import check_profile, load_experiments, pair_group, resolve
+from lab_helpers.config.experiments import check_profile, load_experiments, pair_group, resolve
+from lab_helpers.planning.arithmetic import GIB, model_states, resolved
 
 ACTIVATION_GIB_PER_SAMPLE = {"1b": 2.0, "3b": 2.5, "7b": 3.0, "13b": 3.5}  # fixture: not measured figures
 OVERHEAD_GIB = 1.0
@@ -107,7 +107,7 @@ def test_no_gpu_runs_everything_on_ci_stand_ins_except_bitsandbytes():
 
 
 def test_reference_hint_names_only_shipped_files():
-    from lab_helpers.compare import reference_dir
+    from lab_helpers.present.compare import reference_dir
 
     shipped = {p.stem for p in reference_dir().glob("*.jsonl")}
     named = re.search(r"shipped today: ([^;]+);", node_plan.reference_hint()).group(1).split(", ")
@@ -164,7 +164,7 @@ def test_oom_demonstrations_keep_the_course_lesson(name):
     batch runs wherever it is predicted not to fit (on an 80 GB GPU: baseline at 32, full-13b at 1); on an H200,
     which holds both as defined, baseline's batch is raised at least 20 % over the GPU, and full-13b keeps its
     lesson (the model states alone exceed the GPU) in bf16-mixed instead of an activations OOM."""
-    from lab_helpers import predict
+    from lab_helpers.planning import predict
 
     memory = node_plan.gpu_memory_gib(node(name))
     baseline, baseline_why = predict.oom_demo_overrides("baseline", profile="gpu", gpu_memory_gib=memory, device="cuda")
@@ -184,7 +184,7 @@ def test_oom_demonstrations_keep_the_course_lesson(name):
 
 
 def test_only_full_13b_teaches_that_model_states_alone_exceed_the_course_gpu():
-    from lab_helpers import predict
+    from lab_helpers.planning import predict
 
     assert predict.teaches_model_states("full-13b") and not predict.teaches_model_states("baseline")
 
@@ -247,7 +247,7 @@ def test_missing_bitsandbytes_skips_qlora_with_the_fix():
 
 
 def test_a_skipped_step_is_recorded_with_its_reason(results):
-    from lab_helpers.records import load_results
+    from lab_helpers.record.records import load_results
 
     steps, _ = decide_all("A10G-24GB", ["full-7b"])
     records = steps["full-7b"].run()
@@ -294,9 +294,10 @@ def test_run_all_and_the_notebooks_make_the_same_decision_for_every_experiment(n
     planner's "does it fit" answered by the fixture planner above and the training itself stood in for: what it
     would run or skip, with which overrides, is compared with ``node_plan.decide`` for each experiment, and each
     run it chooses passes run_experiment's own gate (``decision.blocked``) on that node."""
-    from lab_helpers import decision, lab
-    from lab_helpers import node as node_module
-    from lab_helpers import predict as plans
+    from lab_helpers import lab
+    from lab_helpers.hardware import node as node_module
+    from lab_helpers.planning import decision
+    from lab_helpers.planning import predict as plans
 
     the_node = node(name)
     profile = "ci" if name == "none" else "gpu"
@@ -335,7 +336,7 @@ def test_run_all_and_the_notebooks_make_the_same_decision_for_every_experiment(n
 def test_lab_models_skips_every_other_size_and_the_final_check_expects_it(monkeypatch):
     """A GPU slice prepares one size (LAB_MODELS=1b): 01's other sizes are decided skipped, named so, on both
     profiles; an unknown size is one line."""
-    from lab_helpers.config_error import LabConfigError
+    from lab_helpers.config.config_error import LabConfigError
 
     monkeypatch.setenv("LAB_MODELS", "1b")
     for name, profile in (("none", "ci"), ("H200-141GB", "gpu")):
@@ -394,7 +395,7 @@ def test_every_pair_runs_at_the_same_settings_or_the_step_says_why(name):
 def test_a10g_runs_bf16_true_at_bf16_mixeds_micro_batch_keeping_its_global_batch():
     """The one that fits a larger micro batch moves down to its pair's (the other cannot move up), keeping its global
     batch; decided alone, bf16-true would run at 4 against bf16-mixed's 2 (the fixture planner's A10G)."""
-    from lab_helpers import decision
+    from lab_helpers.planning import decision
 
     steps, _ = decide_all("A10G-24GB", ["bf16-true", "bf16-mixed"])
     alone = decision._decide_alone("bf16-true", node("A10G-24GB"), profile="gpu", predict=FixturePlanner(node("A10G-24GB")))
@@ -432,7 +433,7 @@ def test_a_pair_is_decided_the_same_whichever_the_notebook_asks_first_and_asks_n
     """Each experiment of a group is decided from the same alone-decisions: the order does not matter, and moving
     one to its pair's micro batch asks the planner nothing the alone-decisions did not (the real planner memoizes
     its predictions, so a group costs what its experiments cost alone)."""
-    from lab_helpers import decision
+    from lab_helpers.planning import decision
 
     group = [*pair_group("act-ckpt"), *pair_group("bf16-true"), *pair_group("grad-accum")]
     forward, planner = decide_all("A10G-24GB", group)

@@ -9,8 +9,10 @@ from types import SimpleNamespace
 import pytest
 from node_fixtures import node
 
-from lab_helpers import arithmetic, compare, decision, node_plan
-from lab_helpers.planner.timing import DEFAULT_MFU
+from lab_helpers import node_plan
+from lab_helpers.planning import arithmetic, decision
+from lab_helpers.planning.planner.timing import DEFAULT_MFU
+from lab_helpers.present import compare
 
 
 def test_a_node_reads_its_own_gpus_reference_else_the_ci_runs():

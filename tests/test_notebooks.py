@@ -146,7 +146,7 @@ def test_runs_on_the_lab_kernel(path: Path):
 
 def test_single_gpu_notebook_decides_predicts_and_runs_every_experiment_in_lab_order():
     """Each experiment: its computed arithmetic, node_plan's decision, the planner's prediction, one run call."""
-    from lab_helpers.experiments import load_experiments
+    from lab_helpers.config.experiments import load_experiments
 
     nb = _read(NOTEBOOKS_DIR / "01_single_gpu.ipynb")
     calls = _calls(nb)
@@ -158,7 +158,7 @@ def test_single_gpu_notebook_decides_predicts_and_runs_every_experiment_in_lab_o
 
 
 def test_multi_gpu_notebook_decides_before_every_run():
-    from lab_helpers.experiments import load_experiments
+    from lab_helpers.config.experiments import load_experiments
 
     nb = _read(NOTEBOOKS_DIR / "02_multi_gpu.ipynb")
     decided = [arg for name, arg in _calls(nb) if name == "node_plan.decide" and arg is not None]
@@ -168,7 +168,7 @@ def test_multi_gpu_notebook_decides_before_every_run():
 
 
 def test_notebook_prose_types_no_model_state_figures():
-    """Model-state GiB/GB figures come from lab_helpers.arithmetic (code cells), never typed in Markdown:
+    """Model-state GiB/GB figures come from lab_helpers.planning.arithmetic (code cells), never typed in Markdown:
     typed by hand they drifted apart between notebooks (50 vs 52 GiB for the 7B)."""
     typed = re.compile(r"\d+(\.\d+)?\s*(GiB|GB)\b")
     # GPU sizes the lab is written for ("an 80 GB H100 shows ~79 GiB", "24-48 GB GPUs") and the download size

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from lab_helpers import predict
-from lab_helpers.planner.fit import DEFAULT_MARGIN
+from lab_helpers.planning import predict
+from lab_helpers.planning.planner.fit import DEFAULT_MARGIN
 
 
 def _planner_predicting(used_gib: float, calls: list):

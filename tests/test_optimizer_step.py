@@ -12,16 +12,16 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lab_helpers import arithmetic
-from lab_helpers.activations_by_hand import experiment_spec
-from lab_helpers.experiments import parse_set_args, resolve
+from lab_helpers.config.experiments import parse_set_args, resolve
+from lab_helpers.config.paths import lab_home
+from lab_helpers.config.record_schema import GIB
 from lab_helpers.node_plan import Step
-from lab_helpers.paths import lab_home
-from lab_helpers.planner import PlanError, predict, spec_from_recipe
-from lab_helpers.planner.spec import step_implementation
-from lab_helpers.predict import planner_inputs, predict_experiment
-from lab_helpers.record_schema import GIB
-from lab_helpers.tensor_peak import PeakPhase
+from lab_helpers.planning import arithmetic
+from lab_helpers.planning.activations_by_hand import experiment_spec
+from lab_helpers.planning.planner import PlanError, predict, spec_from_recipe
+from lab_helpers.planning.planner.spec import step_implementation
+from lab_helpers.planning.predict import planner_inputs, predict_experiment
+from lab_helpers.training.tensor_peak import PeakPhase
 
 
 class _Ops(TorchDispatchMode):
@@ -115,7 +115,7 @@ def test_the_planner_traces_the_step_the_recipe_asks_for(ci_spec):
 
 
 def test_a_fused_step_is_one_multi_tensor_kernel_in_the_time_model(ci_spec):
-    from lab_helpers.planner.tracer import trace
+    from lab_helpers.planning.planner.tracer import trace
 
     cuda = dataclasses.replace(ci_spec, device="cuda")
     each, fused = (trace(s).op_costs for s in (cuda, _with(cuda, fused=True)))
@@ -218,7 +218,7 @@ def test_on_the_7b_the_foreach_temporary_is_the_parameters_and_the_for_loop_move
     assert fused.peak_alloc_gib == pytest.approx(loop.peak_alloc_gib) and fused.peak_phase == loop.peak_phase
     # the same three runs measured on an H200 (benchmarks/optimizer_step.sh gpu): each is the run of exactly that
     # prediction, its peak in the phase the planner names
-    from lab_helpers.records import load_results
+    from lab_helpers.record.records import load_results
 
     measured = load_results(lab_home() / "benchmarks" / "optimizer_step_h200.records.jsonl")
     last = arithmetic.step_lever_words(ckpt, loop, records=measured).splitlines()[-1]

@@ -12,7 +12,7 @@ import textwrap
 _SCRIPT = textwrap.dedent(
     """
     import os
-    from lab_helpers import orphan_guard
+    from lab_helpers.training import orphan_guard
     os.environ[orphan_guard.LAUNCHER_PID_ENV] = str(os.getppid())
     first = orphan_guard.die_with_parent()
     os.getppid = lambda: 1  # the launcher died between the two calls: the child now belongs to init
@@ -34,7 +34,7 @@ def test_a_new_launcher_in_the_environment_replaces_the_one_inherited() -> None:
     script = textwrap.dedent(
         """
         import os
-        from lab_helpers import orphan_guard
+        from lab_helpers.training import orphan_guard
         orphan_guard._launcher_pid = 999999  # what a fork inherits from the server's own call
         os.environ[orphan_guard.LAUNCHER_PID_ENV] = str(os.getppid())
         print(orphan_guard.die_with_parent())

@@ -12,10 +12,10 @@ import torch
 from litgpt import Config
 from litgpt.utils import save_config
 
-from lab_helpers import plan_command as planner_cli
-from lab_helpers.planner import MemoryPlan, PlanError, TrainingSpec, plan_recipe, predict, spec_from_recipe
-from lab_helpers.planner.tracer import trace, trace_training
-from lab_helpers.record_schema import BREAKDOWN_PARTS
+from lab_helpers.config.record_schema import BREAKDOWN_PARTS
+from lab_helpers.planning.planner import MemoryPlan, PlanError, TrainingSpec, plan_recipe, predict, spec_from_recipe
+from lab_helpers.planning.planner.tracer import trace, trace_training
+from lab_helpers.present import plan_command as planner_cli
 
 LORA_ALL = dict(
     lora_r=8,
@@ -279,8 +279,8 @@ def test_cli_json_and_errors(checkpoint_dir, tmp_path, capsys):
 
 
 def test_torch_upgrade_gives_clear_error(monkeypatch):
-    from lab_helpers.planner import _compat
-    from lab_helpers.planner.errors import PlannerUnavailable
+    from lab_helpers.planning.planner import _compat
+    from lab_helpers.planning.planner.errors import PlannerUnavailable
 
     _compat.check_tracing_supported.cache_clear()
     monkeypatch.setattr(torch, "__version__", "9.1.0")
@@ -294,7 +294,7 @@ def test_torch_upgrade_gives_clear_error(monkeypatch):
 
 def test_the_offload_host_number_is_the_planners_own():
     """The doctor's and the pre-run gate's host RAM figure (no trace) equals the traced plan's host_gib."""
-    from lab_helpers.planner.analytic import offload_host_bytes
+    from lab_helpers.planning.planner.analytic import offload_host_bytes
 
     plan = predict(_offload_spec(tiny_config(n_layer=4, n_embd=256)))
     assert offload_host_bytes(plan.total_params, plan.trainable_params, 2) / 2**30 == pytest.approx(plan.host_gib)
@@ -326,7 +326,7 @@ def _phases(result) -> list:
 @pytest.mark.slow  # full traces
 def test_a_micro_batch_replayed_from_two_traces_equals_its_own_trace():
     """Every storage is affine in the micro-batch size on one timeline: traces at 2 and 3 answer 5 exactly."""
-    from lab_helpers.planner.tracer import scaled_trace
+    from lab_helpers.planning.planner.tracer import scaled_trace
 
     s = spec("lora", gradient_accumulation_iters=2)
     two, three, five = (trace_training(dataclasses.replace(s, micro_batch_size=b)) for b in (2, 3, 5))
@@ -340,8 +340,8 @@ def test_a_micro_batch_replayed_from_two_traces_equals_its_own_trace():
 @pytest.mark.slow
 def test_repeated_predictions_at_other_batch_sizes_reuse_the_traces(monkeypatch):
     """A batch-size search (plan --fit) traces two sizes and replays the rest; the answers equal full traces."""
-    from lab_helpers.planner import plan as plan_module
-    from lab_helpers.planner import tracer
+    from lab_helpers.planning.planner import plan as plan_module
+    from lab_helpers.planning.planner import tracer
 
     monkeypatch.setattr(plan_module, "_CACHE", {})
     monkeypatch.setattr(tracer, "_TIMELINES", {})
@@ -363,7 +363,7 @@ def test_repeated_predictions_at_other_batch_sizes_reuse_the_traces(monkeypatch)
 @pytest.mark.parametrize("method,accumulation", [("full", 1), ("qlora", 2), ("lora", 3)])
 def test_extrapolated_trace_equals_full_trace_for_every_method(method, accumulation):
     """Traced at 1 and 2 blocks (most models: identical blocks) and extrapolated to 5: equal to tracing all 5."""
-    from lab_helpers.planner.tracer import _TIMELINES, scaling_depths
+    from lab_helpers.planning.planner.tracer import _TIMELINES, scaling_depths
 
     _TIMELINES.clear()
     s = spec(method, config=tiny_config(n_layer=5, n_embd=128), mb=1, seq=16, gradient_accumulation_iters=accumulation)
@@ -374,7 +374,7 @@ def test_extrapolated_trace_equals_full_trace_for_every_method(method, accumulat
 
 @pytest.mark.slow  # full traces
 def test_alternating_layers_are_traced_in_pairs():
-    from lab_helpers.planner.tracer import layer_period, scaling_depths
+    from lab_helpers.planning.planner.tracer import layer_period, scaling_depths
 
     alternating = tiny_config(n_layer=8, sliding_window_size=16, sliding_window_indices=[1, 0] * 4)
     assert layer_period(alternating) == 2 and scaling_depths(alternating) == (2, 4)
@@ -408,7 +408,7 @@ def test_bitsandbytes_before_0_43_2_keeps_every_4bit_input_until_the_graph_dies(
     """bitsandbytes 0.42's MatMul4Bit sets ``ctx.tensors = (A, B)``: autograd frees saved tensors after a node's
     backward, but not a node's attributes. So every input is still alive at the optimizer step and at the
     validation that follows (litgpt's ``logits`` keeps the graph), exactly the bytes of those inputs."""
-    from lab_helpers.planner.tracer import trace_training
+    from lab_helpers.planning.planner.tracer import trace_training
 
     cfg = tiny_config()
     now = trace_training(spec("qlora", config=cfg, mb=2, seq=32, device="cpu"))
@@ -423,7 +423,7 @@ def test_bitsandbytes_before_0_43_2_keeps_every_4bit_input_until_the_graph_dies(
 def test_litgpt_before_0_5_trains_qlora_on_the_frozen_embedding():
     """litgpt < 0.5.0 had no StableEmbedding: no trainable embedding copy, no old one kept alive, and block 0's
     first 4-bit layer sees an input that needs no gradient, so bitsandbytes 0.42 did not keep it."""
-    from lab_helpers.planner.tracer import trace_training
+    from lab_helpers.planning.planner.tracer import trace_training
 
     cfg = tiny_config()
     runs = {
@@ -440,7 +440,7 @@ def test_litgpt_before_0_5_trains_qlora_on_the_frozen_embedding():
 
 
 def test_software_versions_are_read_once_and_checked():
-    from lab_helpers.planner.spec import Software
+    from lab_helpers.planning.planner.spec import Software
 
     assert Software.of(None, None) == Software(bnb_keeps_matmul_input=False, qlora_stable_embedding=True)
     assert Software.of("0.43.1", "0.4.5") == Software(bnb_keeps_matmul_input=True, qlora_stable_embedding=False)
@@ -456,7 +456,7 @@ def test_software_versions_are_read_once_and_checked():
 
 @pytest.mark.slow
 def test_the_whole_run_has_a_load_phase_and_fits_is_judged_on_the_larger():
-    from lab_helpers.planner import whole_run
+    from lab_helpers.planning.planner import whole_run
 
     s = spec("qlora", config=tiny_config(n_embd=256, n_head=4, n_query_groups=4), mb=1, seq=16)
     plan = predict(s)
@@ -464,7 +464,7 @@ def test_the_whole_run_has_a_load_phase_and_fits_is_judged_on_the_larger():
     assert plan.whole_run_peak_alloc_gib == pytest.approx(max(plan.peaks_by_phase_gib.values()), abs=1e-4)
     assert plan.whole_run_peak_alloc_gib >= plan.peak_alloc_gib
     # the quantization pass holds one weight in bf16 and fp16 beside the model
-    from lab_helpers.planner.tracer import trace as trace_of
+    from lab_helpers.planning.planner.tracer import trace as trace_of
 
     t = trace_of(s)
     load, name = whole_run.load_bytes(s, t)
@@ -507,7 +507,7 @@ def test_the_loss_shortcut_records_the_same_timeline_as_the_ops_themselves(
     """``loss_outputs`` makes log_softmax's and nll_loss's outputs without their slow fake kernels (a 1.1B full
     fine-tune's --fit search: 21-24 s -> 15 s). It may change how fast a trace runs, never what it records: the
     same storages, sizes, lifetimes and roles, record for record; and the shortcut must really have been taken."""
-    from lab_helpers.planner import loss_outputs
+    from lab_helpers.planning.planner import loss_outputs
 
     real = dict(loss_outputs.SHORTCUTS)
     taken = []
@@ -535,8 +535,8 @@ def test_fields_the_trace_does_not_read_leave_it_unchanged_and_share_it(monkeypa
     """Runs that differ only in ``tracer.UNTRACED_FIELDS`` (or in accumulation beyond 2 micro-batches) share one
     trace: FSDP over 2, 4 and 8 GPUs in ``--fit``'s alternatives trace once. Each such change must leave the
     trace exactly as it was, or sharing would hand one run another's timeline."""
-    from lab_helpers.planner import plan as plan_module
-    from lab_helpers.planner import tracer
+    from lab_helpers.planning.planner import plan as plan_module
+    from lab_helpers.planning.planner import tracer
 
     fsdp = spec("full", strategy="fsdp", devices=2, gradient_accumulation_iters=2)
     zero3 = spec("full", strategy="deepspeed-zero3", devices=2, gradient_accumulation_iters=2)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lab_helpers.quick_mode import (
+from lab_helpers.training.quick_mode import (
     MIN_MEASURED_ITERATIONS,
     QUICK_WARMUP_STEPS,
     RULE_MAX_ITERATIONS,
@@ -61,7 +61,7 @@ def test_a_drifting_run_keeps_timing_until_its_halves_agree():
         times.append(0.20)
     # stable once the slow iterations are a minority of the first half too: 4 slow of its 9
     assert stop_reason(times) == "stable" and len(times) == 18
-    from lab_helpers.iteration_times import iteration_stats
+    from lab_helpers.config.iteration_times import iteration_stats
 
     assert iteration_stats(times)["iter_halves_pct"] <= STABLE_HALVES_PCT < iteration_stats(times[:-1])["iter_halves_pct"]
 
@@ -139,7 +139,7 @@ def test_bad_rank_or_too_few_samples_are_one_line_errors():
 
 
 def test_a_run_shorter_than_a_quick_run_keeps_one_step_to_time():
-    from lab_helpers.quick_mode import quick_warmup_steps
+    from lab_helpers.training.quick_mode import quick_warmup_steps
 
     assert quick_warmup_steps(None) == quick_warmup_steps(20) == QUICK_WARMUP_STEPS == 2
     assert quick_warmup_steps(2) == 1 and quick_warmup_steps(1) == 1  # a 1-step run: the clock times it whole
@@ -158,8 +158,8 @@ def _timed_samples(exp_id: str) -> tuple[int, list[tuple[int, ...]]]:
     from litgpt.args import TrainArgs
     from litgpt.tokenizer import Tokenizer
 
-    from lab_helpers.child_litgpt import _TrainingClock, _wrap_get_dataloaders
-    from lab_helpers.experiments import resolve, runnable_recipe
+    from lab_helpers.config.experiments import resolve, runnable_recipe
+    from lab_helpers.training.child_litgpt import _TrainingClock, _wrap_get_dataloaders
 
     recipe = runnable_recipe(resolve(exp_id, "ci", check_files=False).recipe)
     module_name, _, class_name = recipe["data"]["class_path"].rpartition(".")

@@ -1,4 +1,4 @@
-"""One check of a recipe (lab_helpers.recipe_check), met the same way from ``run`` and from ``plan``.
+"""One check of a recipe (lab_helpers.config.recipe_check), met the same way from ``run`` and from ``plan``.
 
 Before it, a recipe was checked in four places: ``run`` said "unknown recipe key 'precison' ... (did you mean
 'precision'?)" where ``plan`` said "litgpt finetune_full does not accept recipe key(s): precison", and only ``plan``
@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from lab_helpers import plan_command
-from lab_helpers.experiments import (
+from lab_helpers.config.experiments import (
     LabConfigError,
     get_experiment,
     parse_set_args,
     recipe_path_for,
     resolve,
 )
-from lab_helpers.recipe_check import check_recipe, recipe_command
+from lab_helpers.config.recipe_check import check_recipe, recipe_command
+from lab_helpers.present import plan_command
 
 EXPERIMENT = "grad-accum"  # litgpt finetune_full on one device
 

@@ -14,8 +14,8 @@ import warnings
 
 from conftest import REPO, cli
 
-from lab_helpers import compare
-from lab_helpers.records import append_record, load_results, odd_started_at, read_records
+from lab_helpers.present import compare
+from lab_helpers.record.records import append_record, load_results, odd_started_at, read_records
 
 AHEAD = "2099-01-01T00:00:00+00:00"
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from lab_helpers import record_schema as schema
-from lab_helpers.paths import lab_home
-from lab_helpers.records import append_record, load_results, read_records
+from lab_helpers.config import record_schema as schema
+from lab_helpers.config.paths import lab_home
+from lab_helpers.record.records import append_record, load_results, read_records
 
 REFERENCE = lab_home() / "reference_results" / "ci-cpu.jsonl"
 
@@ -48,8 +48,8 @@ def test_mfu_is_derived_when_reading_from_the_stored_inputs(tmp_path):
 
 def test_readers_name_only_schema_fields():
     """The comparison table and the multi-GPU notebook's rows read fields the schema defines, with its units."""
-    from lab_helpers import compare
-    from lab_helpers.distributed import notebook
+    from lab_helpers.present import compare
+    from lab_helpers.present import multi_gpu as notebook
 
     for column in (*compare.MEMORY_COLUMNS, *compare.RANK0_COLUMNS, *notebook.RANK_COLUMNS):
         assert column in schema.UNITS, column
@@ -58,7 +58,7 @@ def test_readers_name_only_schema_fields():
 
 
 def test_a_report_with_a_field_outside_the_contract_is_refused(tmp_path):
-    from lab_helpers.child_report import write_report
+    from lab_helpers.training.child_report import write_report
 
     with pytest.raises(ValueError, match="unknown report fields"):
         write_report({"status": "ok", "peak_alloc_gb": 1.0}, directory=tmp_path)

@@ -15,8 +15,8 @@ import warnings
 
 import pytest
 
-from lab_helpers.config_error import LabConfigError
-from lab_helpers.records import (
+from lab_helpers.config.config_error import LabConfigError
+from lab_helpers.record.records import (
     RecordWriteError,
     append_record,
     load_results,
@@ -94,7 +94,7 @@ def test_a_full_disk_leaves_earlier_records_intact(tmp_path):
     script = textwrap.dedent(
         f"""
         import resource, signal
-        from lab_helpers.records import append_record, RecordWriteError
+        from lab_helpers.record.records import append_record, RecordWriteError
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, ({size} + 100, {size} + 100))
         try:
@@ -115,7 +115,7 @@ def test_killed_writer_never_damages_earlier_records(tmp_path):
     path = tmp_path / "runs.jsonl"
     append_record(_record(0), path=path)
     script = (
-        "from lab_helpers.records import append_record\n"
+        "from lab_helpers.record.records import append_record\n"
         f"while True: append_record({{'experiment': 'loop', 'status': 'ok', 'payload': 'z' * 20000}}, path={str(path)!r})\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script])
@@ -195,7 +195,7 @@ def _failing_disk(monkeypatch, tmp_path, failing, errno_=None):
     tmpfs of the slow tests does; every other folder stands on a file system of its own."""
     import errno as errnos
 
-    from lab_helpers import records
+    from lab_helpers.record import records
 
     errno_ = errno_ or errnos.ENOSPC
     append = records._append_locked
@@ -225,7 +225,7 @@ def test_a_full_results_disk_sends_the_record_off_it_and_leaves_no_empty_file_th
 
 
 def test_a_record_no_place_takes_is_one_error_naming_every_place(tmp_path, monkeypatch):
-    from lab_helpers import records
+    from lab_helpers.record import records
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setattr(records, "temp_fallback_dir", lambda: tmp_path / "tmp" / "lab-0")
@@ -273,7 +273,7 @@ def test_hostile_lines_are_set_aside_with_one_warning_that_counts_them(tmp_path)
 
 
 def test_every_shipped_reference_record_passes_the_readers_checks():
-    from lab_helpers.paths import reference_dir
+    from lab_helpers.config.paths import reference_dir
 
     for path in reference_dir().glob("*.jsonl"):
         with warnings.catch_warnings():

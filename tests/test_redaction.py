@@ -1,4 +1,4 @@
-"""Issue 45's secrets by shape: one redaction (``lab_helpers/secrets.py``) for records, logs, CSVs, exports, printed
+"""Issue 45's secrets by shape: one redaction (``lab_helpers/config/secrets.py``) for records, logs, CSVs, exports, printed
 commands and the GPU scripts; what is shown is masked, never what is used.
 
 Every token here is fake, built from a pattern at import (never a real one), in the shapes real tokens have.
@@ -17,7 +17,15 @@ import urllib.parse
 import pytest
 from conftest import REPO, cli
 
-from lab_helpers.secrets import MASK, LineRedactor, for_terminal, looks_secret, redact, redact_mapping, secret_values
+from lab_helpers.config.secrets import (
+    MASK,
+    LineRedactor,
+    for_terminal,
+    looks_secret,
+    redact,
+    redact_mapping,
+    secret_values,
+)
 
 FAKE_GHP = "ghp_" + "FakeGitHubToken0123456789abcdefABCDEF"[:36]  # GitHub's classic shape: ghp_ + 36
 FAKE_HF = "hf_" + "FakeHuggingFaceTok0123456789abcdefgh"[:34]  # Hugging Face's: hf_ + 34
@@ -143,7 +151,7 @@ def test_sample_lengths_says_what_is_wrong_without_quoting_the_file(tmp_path):
 
 
 def test_show_commands_masks_what_records_mask(monkeypatch, capsys):
-    from lab_helpers.commands import show_commands
+    from lab_helpers.present.commands import show_commands
 
     monkeypatch.setenv("GITHUB_PAT", FAKE_GHP)
     show_commands("grad-accum", profile="ci", overrides={"access_token": "notAShapeButASecret42", "out_dir": FAKE_GHP})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from lab_helpers.experiments import SECTIONS, load_experiments
+from lab_helpers.config.experiments import SECTIONS, load_experiments
 
 
 def test_run_help_lists_every_experiment_under_its_section():

@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from lab_helpers.sampler import ProcessTreeMemory, TimelineSampler
+from lab_helpers.launch.sampler import ProcessTreeMemory, TimelineSampler
 
 
 def _rows(path):

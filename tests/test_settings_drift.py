@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab_helpers import record_schema
-from lab_helpers.experiments import load_experiments, resolve
+from lab_helpers.config import record_schema
+from lab_helpers.config.experiments import load_experiments, resolve
+from lab_helpers.config.recipe_defaults import lora_settings, resolve_fsdp_impl
 from lab_helpers.launch import launcher_for
-from lab_helpers.planner.spec import spec_from_recipe
-from lab_helpers.predict import planner_inputs
-from lab_helpers.recipe_defaults import lora_settings, resolve_fsdp_impl
-from lab_helpers.run_record import base_record, records_from
-from lab_helpers.runner import ProcessOutcome
-from lab_helpers.sampler import TimelineSummary
+from lab_helpers.launch.runner import ProcessOutcome
+from lab_helpers.launch.sampler import TimelineSummary
+from lab_helpers.planning.planner.spec import spec_from_recipe
+from lab_helpers.planning.predict import planner_inputs
+from lab_helpers.record.run_record import base_record, records_from
 
 
 def _spec(run):
@@ -66,8 +66,8 @@ def _check_same_settings(run, run_dir: Path) -> None:
 
 @pytest.mark.parametrize("exp_id", list(load_experiments()))
 def test_the_planner_and_the_command_get_the_same_settings(exp_id, ci_assets, tmp_path):
-    from lab_helpers.decision import blocked
-    from lab_helpers.node import describe_node
+    from lab_helpers.hardware.node import describe_node
+    from lab_helpers.planning.decision import blocked
 
     run = resolve(exp_id, "ci", check_files=False)
     if reason := blocked(run, describe_node()):  # what run_experiment would record as skipped here
@@ -126,7 +126,7 @@ def test_the_fsdp_implementation_reaches_the_planner_and_is_said_in_its_notes(ci
     assert planner_inputs(run, 80.0, device="cuda")["fsdp_impl"] == "fsdp1"
     assert planner_inputs(run, None, device="cpu")["fsdp_impl"] == "fsdp2"
     assert planner_inputs(resolve("ddp", "ci", check_files=False), None, device="cpu")["fsdp_impl"] is None
-    from lab_helpers.predict import plan_for
+    from lab_helpers.planning.predict import plan_for
 
     assert any(note.startswith("fsdp2: ") for note in plan_for(run, None).notes)
 
@@ -145,7 +145,7 @@ def test_gradient_accumulation_is_litgpts(ranks: int, micro: int, global_: int) 
     """The launcher's one restatement of gradient accumulation is litgpt's TrainArgs arithmetic."""
     from litgpt.args import TrainArgs
 
-    from lab_helpers.experiments import gradient_accumulation_steps
+    from lab_helpers.config.experiments import gradient_accumulation_steps
 
     recipe = {"train": {"micro_batch_size": micro, "global_batch_size": global_}}
     litgpts = TrainArgs(micro_batch_size=micro, global_batch_size=global_).gradient_accumulation_iters(ranks)

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from lab_helpers import iteration_times, record_schema, step_profile, time_bound
-from lab_helpers.records import load_results
+from lab_helpers.config import iteration_times, record_schema
+from lab_helpers.record import time_bound
+from lab_helpers.record.records import load_results
+from lab_helpers.training import step_profile
 
 REPO = Path(__file__).resolve().parent.parent
 H100 = REPO / "reference_results" / "h100-80gb.jsonl"
@@ -201,7 +203,7 @@ def test_a_profiled_quick_run_times_what_an_unprofiled_one_times_then_profiles(c
     unprofiled quick run's do. (On the H200 the profile right after warm-up moved bf16-true's timed window onto
     sequence lengths not seen before, 238 ms a micro-batch against 87 ms on the lengths warm-up had seen:
     benchmarks/speed_diagnosis_h200.out.txt.)"""
-    from lab_helpers.iteration_times import timed_iterations
+    from lab_helpers.config.iteration_times import timed_iterations
     from lab_helpers.lab import run_experiment
 
     [record] = run_experiment("grad-accum", profile="ci", echo=False, quick=True, profile_steps=1)
@@ -220,7 +222,7 @@ def test_a_simulated_rank_is_classified_as_the_one_process_it_is():
     """A simulated rank 0 of 4 runs alone with a fake process group: no collectives, so NVML's busy share is its
     own and a low GPU with a low host is still the host's wait (one process), not 'NVML cannot tell' (issue 43's
     communication rule applies to several real ranks only)."""
-    from lab_helpers.experiments import resolve
+    from lab_helpers.config.experiments import resolve
 
     run = resolve("ddp", "ci", {"train.global_batch_size": 8}, simulate_world=4)
     assert run.world_size == 4 and run.ranks_run == 1

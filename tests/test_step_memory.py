@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from lab_helpers import step_memory
-from lab_helpers.activations_by_hand import experiment_spec
-from lab_helpers.planner import predict
-from lab_helpers.planner.step_timeline import step_timeline
-from lab_helpers.record_schema import GIB
-from lab_helpers.step_memory_measure import MeasuredTimeline, main, measure_step, refusal
+from lab_helpers.config.record_schema import GIB
+from lab_helpers.planning.activations_by_hand import experiment_spec
+from lab_helpers.planning.planner import predict
+from lab_helpers.planning.planner.step_timeline import step_timeline
+from lab_helpers.present import step_memory
+from lab_helpers.training.step_memory_measure import MeasuredTimeline, main, measure_step, refusal
 
 
 @pytest.fixture(scope="module")

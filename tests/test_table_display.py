@@ -1,4 +1,4 @@
-"""The comparison table as a person reads it (lab_helpers.table_display), on the shipped records.
+"""The comparison table as a person reads it (lab_helpers.present.table_display), on the shipped records.
 
 The shipped records are the lab's own: ``ci-cpu`` recorded on a CPU by the ci profile, ``h100-80gb`` on an H100
 (its OOM reason is the CUDA message as the GPU gave it). No GPU is needed to read them.
@@ -12,8 +12,8 @@ import sys
 import pandas as pd
 import pytest
 
-from lab_helpers import compare
-from lab_helpers.table_display import REASON_CHARS, first_line, format_number, readable_table
+from lab_helpers.present import compare
+from lab_helpers.present.table_display import REASON_CHARS, first_line, format_number, readable_table
 
 
 def _cpu_table() -> pd.DataFrame:
@@ -83,7 +83,7 @@ def test_the_terminal_table_fits_120_columns_and_wide_shows_them_all(name):
     """issue 43: `compare` printed 26 columns, 419 characters wide. The terminal view keeps what a person compares
     (experiment, status, memory measured and predicted first), a cut reason where a run did not finish, and says how
     many columns --wide adds; the data keep every column."""
-    from lab_helpers.table_display import terminal_table
+    from lab_helpers.present.table_display import terminal_table
 
     table = compare.comparison_table(compare.load_reference(name))
     text = terminal_table(table, width=120)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab_helpers.gpu_peaks import dense_peaks, memory_bandwidth
-from lab_helpers.planner import spec_from_recipe
-from lab_helpers.planner.op_costs import (
+from lab_helpers.hardware.gpu_peaks import dense_peaks, memory_bandwidth
+from lab_helpers.planning.planner import spec_from_recipe
+from lab_helpers.planning.planner.op_costs import (
     FOREACH_CHUNK,
     FOREACH_MAX_BLOCKS,
     OpCost,
@@ -24,7 +24,7 @@ from lab_helpers.planner.op_costs import (
     foreach_kernels,
     op_cost,
 )
-from lab_helpers.planner.timing import DeviceEfficiency, predict_time, traced_model, traced_ops
+from lab_helpers.planning.planner.timing import DeviceEfficiency, predict_time, traced_model, traced_ops
 
 ROOT = Path(__file__).resolve().parent.parent
 CI = ROOT / "configs" / "ci"
@@ -81,7 +81,7 @@ def test_two_traces_combine_op_by_op_or_as_multisets():
 
 
 def test_the_gpu_table_has_a_bandwidth_for_every_gpu_with_peaks():
-    from lab_helpers.gpu_peaks import _TABLE
+    from lab_helpers.hardware.gpu_peaks import _TABLE
 
     for _pattern, peak in _TABLE:
         if peak is not None:
@@ -119,7 +119,7 @@ def test_without_records_or_a_launch_cost_the_flops_model_answers(ci_assets):
 
 
 def test_the_launch_cost_is_measured_on_the_cpu_and_kept_per_node(tmp_path, monkeypatch):
-    from lab_helpers import launch_cost
+    from lab_helpers.planning import launch_cost
 
     monkeypatch.setattr(launch_cost, "REPEATS", 1)
     monkeypatch.setattr(launch_cost, "WARMUP", 1)
@@ -132,7 +132,8 @@ def test_the_launch_cost_is_measured_on_the_cpu_and_kept_per_node(tmp_path, monk
 
 
 def test_the_doctor_reports_the_launch_cost_or_says_it_was_not_measured(tmp_path, monkeypatch):
-    from lab_helpers import doctor, launch_cost
+    from lab_helpers.planning import launch_cost
+    from lab_helpers.present import doctor
 
     monkeypatch.setattr(launch_cost, "launch_cost_path", lambda: tmp_path / "launch_cost.json")
     assert "not measured on this node" in "\n".join(doctor._launch_cost_lines([]))

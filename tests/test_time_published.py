@@ -1,4 +1,4 @@
-"""litgpt's published LoRA times (lab_helpers.planner.published), kept once: the time model's QLoRA ratio derives
+"""litgpt's published LoRA times (lab_helpers.planning.planner.published), kept once: the time model's QLoRA ratio derives
 from them, the settings read from the table reproduce its trainable parameters on litgpt's own model, and the rule
 that turns a measured host-bound micro-batch into a per-launch cost (what benchmarks/planner_time_published.py and
 ``timing.fit_launch_cost`` fit with) is checked on a real trace."""
@@ -11,8 +11,8 @@ import statistics
 import pytest
 from litgpt import Config
 
-from lab_helpers.planner import TrainingSpec
-from lab_helpers.planner.published import (
+from lab_helpers.planning.planner import TrainingSpec
+from lab_helpers.planning.planner.published import (
     LITGPT_LORA_A100_GLOBAL_BATCH,
     LITGPT_LORA_A100_GPU,
     LITGPT_LORA_A100_LORA,
@@ -20,7 +20,7 @@ from lab_helpers.planner.published import (
     LITGPT_LORA_A100_ROWS,
     lora_vs_nf4_minutes,
 )
-from lab_helpers.planner.timing import (
+from lab_helpers.planning.planner.timing import (
     HOST_BOUND_MARGIN,
     LITGPT_LORA_VS_NF4_MIN,
     QLORA_SPEED_RATIO,
@@ -29,7 +29,7 @@ from lab_helpers.planner.timing import (
     host_bound_launch_cost,
     traced_ops,
 )
-from lab_helpers.planner.tracer import trace
+from lab_helpers.planning.planner.tracer import trace
 
 EFF = DeviceEfficiency(0.5, 0.56, "given")
 

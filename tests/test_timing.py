@@ -1,4 +1,4 @@
-"""The time model (lab_helpers.planner.timing): the formula on real litgpt specs, the MFU sources, the host
+"""The time model (lab_helpers.planning.planner.timing): the formula on real litgpt specs, the MFU sources, the host
 optimizer step for offload, the CPU speed cache, and the prediction against the shipped ci records.
 
 The CPU's rates are given (``RATES``: the planner takes every hardware fact as an argument), so the numbers are
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from lab_helpers.cpu_speed import CpuRates
-from lab_helpers.flops import train_flops_per_step
-from lab_helpers.planner import PlanError, spec_from_recipe, timing
-from lab_helpers.planner.timing import (
+from lab_helpers.hardware.cpu_speed import CpuRates
+from lab_helpers.planning.flops import train_flops_per_step
+from lab_helpers.planning.planner import PlanError, spec_from_recipe, timing
+from lab_helpers.planning.planner.timing import (
     DEFAULT_MFU,
     QLORA_SPEED_RATIO,
     measured_step,
@@ -25,7 +25,7 @@ from lab_helpers.planner.timing import (
     record_point,
     trainable_params,
 )
-from lab_helpers.records import read_records
+from lab_helpers.record.records import read_records
 
 ROOT = Path(__file__).resolve().parent.parent
 CI = ROOT / "configs" / "ci"
@@ -163,7 +163,7 @@ def test_prediction_against_the_shipped_ci_records(ci_assets, tmp_path):
     assert len(held_out) >= 12
     import pandas as pd
 
-    from lab_helpers.compare import plot_time_prediction
+    from lab_helpers.present.compare import plot_time_prediction
 
     figure = plot_time_prediction(pd.DataFrame(records), out_dir=tmp_path)  # the same rows, drawn
     assert figure.lab_path.name == "time_predicted.png" and figure.lab_path.is_file()
@@ -177,7 +177,7 @@ def test_prediction_against_the_shipped_ci_records(ci_assets, tmp_path):
 
 @pytest.mark.slow  # one prediction of the tiny model and the ci records' MFU
 def test_plan_time_cli_prints_the_step_time_beside_the_memory(ci_assets, capsys):
-    from lab_helpers.plan_command import main as plan_main
+    from lab_helpers.present.plan_command import main as plan_main
 
     recipe = str(CI / "ci-llama-xs" / "full.yaml")
     assert plan_main([recipe, "--device", "cpu", "--time", "--json"]) == 0
@@ -198,7 +198,7 @@ def test_a_gpu_fit_above_the_datasheet_peak_falls_back_to_the_median():
          "train": {"micro_batch_size": 4, "global_batch_size": 4}}}
         for mfu, micro_s in ((0.2, 0.10), (0.6, 0.30), (0.9, 0.35))
     ]  # fmt: skip
-    from lab_helpers.planner.timing import mfu_from_records
+    from lab_helpers.planning.planner.timing import mfu_from_records
 
     efficiency = mfu_from_records(records, "NVIDIA H100 80GB HBM3", "full", "bf16-true")
     assert efficiency.source.startswith("median of 3") and efficiency.mfu == pytest.approx(0.6)
@@ -281,8 +281,8 @@ def test_mean_padded_length_is_the_expected_longest_sample_of_a_micro_batch():
 
 def test_the_recipes_data_gives_the_lengths(ci_assets):
     """On ci the recipe's data is here: litgpt's own data module tokenizes it; the time follows its lengths."""
-    from lab_helpers.data_lengths import recipe_sample_lengths
-    from lab_helpers.planner.spec import load_recipe
+    from lab_helpers.planning.planner.spec import load_recipe
+    from lab_helpers.training.data_lengths import recipe_sample_lengths
 
     recipe = load_recipe(CI / "ci-llama-xs" / "full.yaml")
     recipe["train"]["max_seq_length"] = 256  # the ci recipe cuts its samples (54-147 tokens) at 64
@@ -296,7 +296,7 @@ def test_the_recipes_data_gives_the_lengths(ci_assets):
 
 
 def test_sample_lengths_file(tmp_path):
-    from lab_helpers.data_lengths import read_sample_lengths
+    from lab_helpers.training.data_lengths import read_sample_lengths
 
     (tmp_path / "a.json").write_text("[3, 4, 5]")
     (tmp_path / "b.txt").write_text("3\n4\n5\n")
@@ -307,7 +307,7 @@ def test_sample_lengths_file(tmp_path):
 
 
 def test_time_inputs_without_time_are_one_clear_error(capsys):
-    from lab_helpers.plan_command import main as plan_main
+    from lab_helpers.present.plan_command import main as plan_main
 
     assert plan_main([str(GPU7B), "--link-gbs", "20"]) == 2
     assert "--link-gbs is an input of the time prediction: add --time" in capsys.readouterr().err

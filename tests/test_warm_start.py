@@ -21,9 +21,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from lab_helpers import warm_start
-from lab_helpers.runner import run_command
-from lab_helpers.warm_start import WarmProcess, WarmStarter
+from lab_helpers.launch import warm_start
+from lab_helpers.launch.runner import run_command
+from lab_helpers.launch.warm_start import WarmProcess, WarmStarter
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,7 +33,7 @@ PROBE = textwrap.dedent(
     import __main__
     what = os.environ.get("LAB_PROBE", "")
     if what == "orphan":
-        from lab_helpers.orphan_guard import start_orphan_guard
+        from lab_helpers.training.orphan_guard import start_orphan_guard
         start_orphan_guard(poll_s=0.2)
     print(json.dumps({
         "argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0], "spec": __main__.__spec__.name,
@@ -216,7 +216,7 @@ def test_a_killed_launcher_takes_its_warm_run_with_it(probe_dir: Path):
     script = textwrap.dedent(
         f"""
         import os, sys
-        from lab_helpers.warm_start import WarmStarter
+        from lab_helpers.launch.warm_start import WarmStarter
         starter = WarmStarter(preload=("json",))
         env = {{**os.environ, "PYTHONUNBUFFERED": "1", "LAB_LAUNCHER_PID": str(os.getpid()), "LAB_WARM_START": "1"}}
         argv = [sys.executable, "-m", "probe"]

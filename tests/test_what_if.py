@@ -1,4 +1,4 @@
-"""The what-if explorer (lab_helpers.what_if, notebook 04): choices from the lab's recipes, each widget mapped onto
+"""The what-if explorer (lab_helpers.present.what_if, notebook 04): choices from the lab's recipes, each widget mapped onto
 the planner's spec, the callback run without a browser against real predictions, and the widgets built."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from lab_helpers import what_if
-from lab_helpers.planner import predict
-from lab_helpers.planner.spec import load_recipe
+from lab_helpers.planning.planner import predict
+from lab_helpers.planning.planner.spec import load_recipe
+from lab_helpers.present import what_if
 
 
 @pytest.fixture(scope="module")
@@ -101,9 +101,9 @@ def test_optimizer_sharding_and_stage_reach_the_planner_as_the_run_sets_them(exp
     experiment that teaches them (its recipe's optimizer, its launch options through predict.planner_inputs)."""
     from pathlib import Path
 
-    from lab_helpers.experiments import resolve
-    from lab_helpers.planner.spec import spec_from_recipe
-    from lab_helpers.predict import planner_inputs
+    from lab_helpers.config.experiments import resolve
+    from lab_helpers.planning.planner.spec import spec_from_recipe
+    from lab_helpers.planning.predict import planner_inputs
 
     run = resolve(experiment, "ci", check_files=False)
     inputs = planner_inputs(run, None, device="cpu")
@@ -168,7 +168,7 @@ def test_the_cheapest_change_can_be_the_optimizer_or_the_sharding(ci_assets):
 def test_host_or_device_gives_the_split_and_what_changes_the_bound():
     """On the ci profile (a CPU: no split of its own) the gpu profile's default recipe, its host and device time per
     micro-batch, and the run changed one way at a time, each answered by the traced model with the same figures."""
-    from lab_helpers.planner.timing import DeviceEfficiency
+    from lab_helpers.planning.planner.timing import DeviceEfficiency
 
     launch = 77e-6
     split = what_if.host_or_device("ci", launch_cost_s=launch, device_efficiency=DeviceEfficiency(0.5, 0.56, "given"))

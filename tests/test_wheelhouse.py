@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from lab_helpers import wheelhouse as wh
+from lab_helpers.assets import wheelhouse as wh
 from lab_helpers.cli import main
 
 TARGET = wh.Target(python="3.12")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from lab_helpers.child_report import reset_cuda_peaks, whole_run_peak_gib
-from lab_helpers.tensor_peak import LiveTensorPeak
+from lab_helpers.training.child_report import reset_cuda_peaks, whole_run_peak_gib
+from lab_helpers.training.tensor_peak import LiveTensorPeak
 
 
 def test_the_whole_run_peak_survives_the_training_loops_reset():

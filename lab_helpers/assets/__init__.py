@@ -11,27 +11,42 @@ atomically (built under a temporary name, then renamed), so an interrupted build
 - :func:`build_checkpoint` writes one random-weight checkpoint of any litgpt config.
 - :func:`prepare_random_weights` writes real architectures where ``litgpt download`` would put them.
 - :func:`train_tokenizer`, :func:`make_alpaca_json` build the pieces on their own.
+
+The names below are imported on first use (PEP 562, as ``planner``'s are): the checkpoints need torch (seconds to
+import), and ``python -m lab_helpers`` imports ``assets.wheelhouse`` for every command, ``results`` included.
 """
 
-from .checkpoints import (
-    CI_BASE_CONFIG,
-    CI_MODEL_FOR,
-    CI_MODELS,
-    CI_ORG,
-    MARKER,
-    REAL_CONFIG_FOR,
-    build_checkpoint,
-    checkpoint_is_built,
-    ci_config,
-    download_path,
-    is_random_checkpoint,
-    prepare_random_weights,
-    random_state_dict,
-    resolve_config,
-)
-from .ci import CI_DATASETS, ci_paths, prepare_ci
-from .data import alpaca_is_built, generate_alpaca, make_alpaca_json
-from .tokenizer import DEFAULT_VOCAB_SIZE, tokenizer_is_built, train_tokenizer
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# public name -> the submodule that defines it
+_EXPORTS = {
+    "CI_BASE_CONFIG": "checkpoints",
+    "CI_MODEL_FOR": "checkpoints",
+    "CI_MODELS": "checkpoints",
+    "CI_ORG": "checkpoints",
+    "MARKER": "checkpoints",
+    "REAL_CONFIG_FOR": "checkpoints",
+    "build_checkpoint": "checkpoints",
+    "checkpoint_is_built": "checkpoints",
+    "ci_config": "checkpoints",
+    "download_path": "checkpoints",
+    "is_random_checkpoint": "checkpoints",
+    "prepare_random_weights": "checkpoints",
+    "random_state_dict": "checkpoints",
+    "resolve_config": "checkpoints",
+    "CI_DATASETS": "ci",
+    "ci_paths": "ci",
+    "prepare_ci": "ci",
+    "alpaca_is_built": "data",
+    "generate_alpaca": "data",
+    "make_alpaca_json": "data",
+    "DEFAULT_VOCAB_SIZE": "tokenizer",
+    "tokenizer_is_built": "tokenizer",
+    "train_tokenizer": "tokenizer",
+}
 
 __all__ = [
     "CI_BASE_CONFIG",
@@ -58,3 +73,15 @@ __all__ = [
     "tokenizer_is_built",
     "train_tokenizer",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value  # found once, then an ordinary module attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..paths import checkpoints_dir
+from lab_helpers.config.paths import checkpoints_dir
+
 from ._atomic import atomic_dir, build_lock, read_json, sha256_json, write_json
 from .tokenizer import (
     DEFAULT_VOCAB_SIZE,

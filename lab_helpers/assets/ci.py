@@ -1,4 +1,4 @@
-"""``prepare_ci``: every offline asset the ``ci`` profile needs, built once and cached (``lab_helpers.prepare``
+"""``prepare_ci``: every offline asset the ``ci`` profile needs, built once and cached (``lab_helpers.assets.prepare``
 is the one entry point that prepares a profile; this module only builds the ci set)."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..paths import checkpoints_dir, data_dir
+from lab_helpers.config.paths import checkpoints_dir, data_dir
+
 from .checkpoints import CI_MODELS, CI_ORG, build_checkpoint, checkpoint_is_built
 from .data import alpaca_is_built, make_alpaca_json
 from .tokenizer import tokenizer_is_built, train_tokenizer

@@ -6,7 +6,7 @@ way for both, and every process reports through the same contract (``child_repor
 
 - ``litgpt-cli`` (``litgpt_cli``): litgpt's own CLI in one process, wrapped by ``child_litgpt`` (section 01).
 - ``lightning-strategy`` (``lightning_strategy``): the Lightning Trainer with DDP, FSDP or DeepSpeed, one
-  process per rank (``lab_helpers.distributed``, section 02).
+  process per rank (``lab_helpers.training.distributed``, section 02).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from lab_helpers.experiments import ResolvedRun
+from lab_helpers.config.experiments import ResolvedRun
 
 
 class Launcher(Protocol):

@@ -1,10 +1,10 @@
-"""The multi-GPU launcher: the Lightning Trainer with a strategy, one process per rank (``lab_helpers.distributed``)."""
+"""The multi-GPU launcher: the Lightning Trainer with a strategy, one process per rank (``lab_helpers.training.distributed``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from lab_helpers.experiments import ResolvedRun
+from lab_helpers.config.experiments import ResolvedRun
 
 
 class LightningStrategyLauncher:
@@ -12,7 +12,7 @@ class LightningStrategyLauncher:
     supports_quick = True  # the script reorders the data module's loader per rank (quick_mode)
 
     def command(self, run: ResolvedRun, run_dir: Path) -> list[str]:
-        from lab_helpers.distributed.command import build_command
+        from lab_helpers.training.distributed.command import build_command
 
         return build_command(run, run_dir)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from lab_helpers.experiments import ResolvedRun, runnable_recipe
-from lab_helpers.paths import write_lab_file
+from lab_helpers.config.experiments import ResolvedRun, runnable_recipe
+from lab_helpers.config.paths import write_lab_file
 
 RECIPE_FILENAME = "recipe.yaml"
 
@@ -22,13 +22,13 @@ class LitgptCliLauncher:
         recipe_file = run_dir / RECIPE_FILENAME
         recipe = runnable_recipe(run.recipe, out_dir=run_dir / "out")
         write_lab_file(recipe_file, yaml.safe_dump(recipe, sort_keys=False).encode())  # never through a link
-        argv = [sys.executable, "-m", "lab_helpers.child_litgpt", run.litgpt_command, "--config", str(recipe_file)]
+        argv = [sys.executable, "-m", "lab_helpers.training.child_litgpt", run.litgpt_command, "--config", str(recipe_file)]
         if run.options["activation_checkpointing"]:  # litgpt has no such flag on one device: the child applies it
-            from lab_helpers.activation_checkpointing import FLAG
+            from lab_helpers.training.activation_checkpointing import FLAG
 
             argv.append(FLAG)
         if run.options["batch_order"] != "shuffle":  # litgpt has no such setting: the child orders the batches
-            from lab_helpers.quick_mode import BATCH_ORDER_FLAG
+            from lab_helpers.training.quick_mode import BATCH_ORDER_FLAG
 
             argv += [BATCH_ORDER_FLAG, run.options["batch_order"]]
         return argv

@@ -1,0 +1,1 @@
+"""Configuration: experiments, recipes, the record schema, paths, secrets: read by every layer above."""

@@ -1,0 +1,505 @@
+"""The experiment matrix: which recipe and overrides make each experiment, and checks before anything runs.
+
+An experiment is data (configs/experiments/*.yaml): a model size, a method and overrides. Resolving it for
+a profile picks the recipe configs/<profile>/<model folder>/<method>.yaml, applies the overrides and checks
+the result the way litgpt would, so that a typo or an impossible batch size costs the student one clear line,
+not a process start and a traceback.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lab_helpers.config.config_error import LabConfigError, did_you_mean
+from lab_helpers.config.paths import checkpoints_dir, configs_dir, data_dir, lab_home
+from lab_helpers.config.recipe_defaults import BATCH_ORDERS, launch_options
+from lab_helpers.config.record_schema import LAUNCHERS, LEGACY_KIND_TO_LAUNCHER
+from lab_helpers.config.secrets import mask_secret_keys
+from lab_helpers.config.yaml_values import load_yaml, shown
+
+PROFILES = ("ci", "gpu")
+SECTIONS = ("single", "multi")
+METHODS = ("full", "lora", "qlora")
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One row of LAB.md's matrix, as stored in configs/experiments/<section>.yaml."""
+
+    id: str
+    section: str
+    model: str
+    method: str
+    teaches: str = ""
+    expect: str = ""
+    set: Mapping[str, Any] = field(default_factory=dict)
+    set_by_profile: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    needs: tuple[str, ...] = ()
+    # How its training process starts (record_schema.LAUNCHERS): litgpt's CLI, one process ("litgpt-cli"), or
+    # the Lightning Trainer with a strategy ("lightning-strategy", lab_helpers.training.distributed). The YAML's old
+    # ``kind: litgpt | lightning`` is still read.
+    launcher: str = "litgpt-cli"
+    strategy: str = "single"  # single | ddp | fsdp | deepspeed-zero3 (lightning-strategy experiments)
+    devices: int | str = 1  # an int, or "all" for every GPU on the node (2 processes on a CPU)
+    num_nodes: int = 1
+    options: Mapping[str, Any] = field(default_factory=dict)  # launch settings, e.g. offload (recipe_defaults)
+    # Micro-batches per optimizer step on each rank, whatever the world: the global batch is then micro batch x
+    # this x ranks wherever it runs (the course's rows: batch 4 per GPU, no accumulation). None: the recipe's
+    # global batch, divided among the ranks. A run's own train.global_batch_size override still wins.
+    accumulation: int | None = None
+    # The experiment of the same section this one is compared with (its cell puts the two side by side; its
+    # ``expect`` names it): on a node where both run on one model, the decision runs them at the same micro
+    # batch, or the step says why they cannot compare (decision.decide). None: compared with none.
+    pair: str | None = None
+
+    @property
+    def distributed(self) -> bool:
+        """Started as ranks of the Lightning Trainer (one record per rank), not as one litgpt CLI process."""
+        return self.launcher == "lightning-strategy"
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    """An experiment made concrete for one profile: the exact recipe the training process will get.
+
+    Frozen, and the numbers every later step needs are derived here once (world size, gradient accumulation,
+    micro-batches to run, launch options) so that the planner, the command, the progress bar and the record
+    cannot work them out differently.
+    """
+
+    experiment: Experiment
+    profile: str
+    recipe_path: Path
+    recipe: dict[str, Any]
+    overrides: dict[str, Any]
+    litgpt_command: str  # finetune_full | finetune_lora
+    devices: int  # processes (GPUs) per node
+    # rank 0 of this world played alone on one device with torch's fake process group (lab_helpers.training.distributed.
+    # simulated): ``devices`` is then the world it plays, and one process runs (``ranks_run``)
+    simulated_world_size: int | None = None
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the run: devices per node x nodes."""
+        return self.devices * self.experiment.num_nodes
+
+    @property
+    def ranks_run(self) -> int:
+        """Processes really started: 1 for a simulated rank, else every rank of the world."""
+        return 1 if self.simulated_world_size else self.world_size
+
+    @property
+    def gradient_accumulation(self) -> int:
+        """Micro-batches per optimizer step on each rank: global batch / (micro batch x ranks), as litgpt has it."""
+        return gradient_accumulation_steps(self.recipe, world_size=self.world_size)
+
+    @property
+    def total_iterations(self) -> int | None:
+        """Micro-batches rank 0 will run (the progress bar's total, the time limit's basis); None when litgpt
+        trains by epochs (no ``max_steps``). The Lightning script runs ``max_steps or 1`` optimizer steps."""
+        max_steps = (self.recipe.get("train") or {}).get("max_steps")
+        if not max_steps and self.experiment.distributed:
+            max_steps = 1
+        return int(max_steps) * self.gradient_accumulation if max_steps else None
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The launch settings (recipe_defaults.LAUNCH_OPTION_DEFAULTS made concrete): the command and the
+        planner both read these."""
+        return launch_options(self.experiment.strategy, self.experiment.options)
+
+
+def gradient_accumulation_steps(recipe: Mapping[str, Any], *, world_size: int) -> int:
+    """Micro-batches per optimizer step on each rank: global batch / (micro batch x ranks), at least 1.
+
+    The lab's one place for it (the launcher, the DeepSpeed config and the Lightning script read it here). It is
+    litgpt's ``TrainArgs.gradient_accumulation_iters``, restated because importing litgpt takes the launcher
+    seconds; the planner asks litgpt itself, and tests/test_settings_drift.py checks that the two agree."""
+    train = recipe.get("train") or {}
+    micro, global_ = int(train["micro_batch_size"]), int(train["global_batch_size"])
+    return max(1, global_ // (micro * world_size))
+
+
+# ----------------------------------------------------------------------------------------------- loading
+
+
+def load_profiles() -> dict[str, dict[str, Any]]:
+    return _read_yaml(configs_dir() / "profiles.yaml")
+
+
+def load_experiments(section: str | None = None) -> dict[str, Experiment]:
+    """All experiments (of one section), in the order the notebooks run them."""
+    if section is not None and section not in SECTIONS:
+        raise LabConfigError(f"unknown section {section!r}: choose one of {', '.join(SECTIONS)}")
+    experiments: dict[str, Experiment] = {}
+    for name in SECTIONS if section is None else (section,):
+        path = configs_dir() / "experiments" / f"{name}.yaml"
+        if not path.exists():
+            continue
+        for exp_id, spec in (_read_yaml(path) or {}).items():
+            spec = dict(spec)
+            spec["needs"] = tuple(spec.get("needs", ()))
+            if "kind" in spec:  # the old name of `launcher`
+                kind = spec.pop("kind")
+                if kind not in LEGACY_KIND_TO_LAUNCHER:
+                    raise LabConfigError(f"experiment {exp_id!r}: kind {kind!r} is not litgpt or lightning")
+                spec.setdefault("launcher", LEGACY_KIND_TO_LAUNCHER[kind])
+            if spec.get("launcher", "litgpt-cli") not in LAUNCHERS:
+                raise LabConfigError(
+                    f"experiment {exp_id!r}: launcher {spec['launcher']!r} is not one of {', '.join(LAUNCHERS)}"
+                )
+            experiments[exp_id] = Experiment(id=exp_id, section=name, **spec)
+        check_pairs({e: x for e, x in experiments.items() if x.section == name}, path)
+    return experiments
+
+
+def check_pairs(section: Mapping[str, Experiment], path: Path) -> None:
+    """Each ``pair`` names another experiment of the same file that trains the same model size (LabConfigError):
+    a pair compares one change, and an unknown id would silently compare nothing."""
+    for exp_id, experiment in section.items():
+        pair = experiment.pair
+        if pair is None:
+            continue
+        if not isinstance(pair, str) or pair not in section or pair == exp_id:
+            known = {e: x for e, x in section.items() if e != exp_id}
+            hint = did_you_mean(str(pair), known) if isinstance(pair, str) else f"; known: {', '.join(known)}"
+            raise LabConfigError(f"experiment {exp_id!r} in {path.name}: pair {pair!r} is not another experiment "
+                                 f"of {path.name}{hint}")  # fmt: skip
+        if section[pair].model != experiment.model:
+            raise LabConfigError(
+                f"experiment {exp_id!r} in {path.name}: its pair {pair!r} trains the {section[pair].model} model, "
+                f"not the {experiment.model}: a pair compares one change on one model"
+            )
+
+
+def pair_group(exp_id: str) -> tuple[str, ...]:
+    """``exp_id`` and every experiment joined to it by ``pair`` links, either way and through others (small-batch,
+    grad-accum and length-grouped are one group), in the section's order; ``(exp_id,)`` where it has none: the
+    experiments ``decision.decide`` decides together."""
+    section = load_experiments(get_experiment(exp_id).section)
+    group = linked(exp_id, [(e, x.pair) for e, x in section.items() if x.pair])
+    return tuple(e for e in section if e in group)
+
+
+def linked(start: str, links: list[tuple[str, str]]) -> set[str]:
+    """``start`` and every id joined to it through ``links`` (pairs of ids, followed either way)."""
+    group = {start}
+    while not (more := {a for a, b in links if b in group} | {b for a, b in links if a in group}) <= group:
+        group |= more
+    return group
+
+
+def get_experiment(exp_id: str) -> Experiment:
+    experiments = load_experiments()
+    if exp_id not in experiments:
+        raise LabConfigError(f"unknown experiment {exp_id!r}{did_you_mean(exp_id, experiments)}")
+    return experiments[exp_id]
+
+
+def check_profile(profile: str) -> dict[str, Any]:
+    profiles = load_profiles()
+    if profile not in profiles:
+        raise LabConfigError(f"unknown profile {profile!r}: choose one of {', '.join(profiles)}")
+    return profiles[profile]
+
+
+def _read_yaml(path: Path) -> Any:
+    """A lab YAML file (profiles, experiments, a recipe) through the bounded reader (``yaml_values``: no aliases,
+    bounded depth, size and numbers), with libyaml's parser where PyYAML has it: every run reads all experiment
+    files, and the pure-Python parser took 0.4 s of each."""
+    return load_yaml(path.read_text(), what=str(path))
+
+
+# ----------------------------------------------------------------------------------------------- overrides
+
+
+def parse_set_args(pairs: list[str] | None) -> dict[str, Any]:
+    """``["train.micro_batch_size=4", "precision=bf16-true"]`` -> a dict; values are read as YAML scalars.
+
+    A value YAML cannot read (an unclosed ``[``, a ``!!python/...`` tag) is one clear line, and so is one the
+    bounded reader refuses (``yaml_values``: an alias, a 5000-digit number, nesting 5000 deep); a date or time
+    (``out_dir=2024-01-01``) stays the text that was typed, since a record can only store JSON types; any
+    other non-JSON value (``!!binary``, ``!!set``, ``.nan``, ``.inf``) is refused before anything starts.
+    """
+    overrides: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise LabConfigError(f"--set '{shown(pair)}' is not key=value (e.g. --set train.micro_batch_size=4)")
+        key = key.strip()
+        overrides[key] = _read_set_value(key, raw) if raw.strip() else None
+    return overrides
+
+
+def _read_set_value(key: str, raw: str) -> Any:
+    try:
+        value = load_yaml(raw, what=f"--set {shown(key)}")
+    except yaml.YAMLError as exc:
+        problem = " ".join(str(getattr(exc, "problem", None) or "not a YAML value").split())
+        raise LabConfigError(
+            f"--set {shown(f'{key}={raw}')}: cannot read the value ({problem}); expected a number, true/false, "
+            "null, text, [a, list] or {a: mapping}, e.g. --set train.micro_batch_size=4"
+        ) from None
+    if isinstance(value, dt.date):  # YAML reads 2024-01-01 as a date; the student typed text (a folder name)
+        return raw.strip()
+    return _json_value(key, raw, value)
+
+
+def _json_value(key: str, raw: str, value: Any) -> Any:
+    """The value as a record can store it (JSON types, finite numbers), or one clear line."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    if isinstance(value, float):
+        raise LabConfigError(f"--set {shown(f'{key}={raw}')}: expected a finite number, e.g. --set {shown(key)}=1")
+    if isinstance(value, dt.date):  # inside a list or mapping
+        return value.isoformat()
+    if isinstance(value, list):
+        return [_json_value(key, raw, item) for item in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _json_value(key, raw, v) for k, v in value.items()}
+    raise LabConfigError(
+        f"--set {shown(f'{key}={raw}')}: expected a number, true/false, null, text, a list or a mapping "
+        f"(got a {type(value).__name__}), e.g. --set {shown(key)}=some-text"
+    )
+
+
+def apply_overrides(recipe: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``recipe`` with dotted-key overrides applied; ``data.X`` means ``data.init_args.X`` as in litgpt."""
+    out = copy.deepcopy(recipe)
+    for dotted, value in overrides.items():
+        parts = dotted.split(".")
+        if parts[0] in ("data", "optimizer") and len(parts) == 2 and parts[1] not in ("class_path", "init_args"):
+            if parts[0] == "optimizer" and isinstance(out.get("optimizer"), str):
+                out["optimizer"] = {"class_path": _optimizer_class_path(out["optimizer"]), "init_args": {}}
+            parts = [parts[0], "init_args", parts[1]]
+        node = out
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[parts[-1]] = value
+    return out
+
+
+def _optimizer_class_path(name: str) -> str:
+    return name if "." in name else f"torch.optim.{name}"
+
+
+# ----------------------------------------------------------------------------------------------- files
+
+
+def model_block_size(checkpoint_dir: Path) -> int:
+    from litgpt import Config
+
+    return Config.from_file(checkpoint_dir / "model_config.yaml").block_size
+
+
+def check_seq_length(recipe: Mapping[str, Any], checkpoint_dir: Path) -> None:
+    max_len = (recipe.get("train") or {}).get("max_seq_length")
+    if max_len is None:
+        return
+    block = model_block_size(checkpoint_dir)
+    if max_len > block:
+        raise LabConfigError(
+            f"train.max_seq_length ({max_len}) exceeds the model's block size ({block}): "
+            f"set train.max_seq_length to at most {block}"
+        )
+
+
+def resolve_path(value: str | Path) -> Path:
+    """Recipe paths are relative to the lab's folder (the checkout), wherever the notebook runs from."""
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return path
+    if path.parts and path.parts[0] == "checkpoints":
+        return checkpoints_dir().joinpath(*path.parts[1:])
+    if path.parts and path.parts[0] == "data":
+        return data_dir().joinpath(*path.parts[1:])
+    return lab_home() / path
+
+
+def runnable_recipe(recipe: Mapping[str, Any], *, out_dir: Path | None = None) -> dict[str, Any]:
+    """The recipe a training process is given and its run folder keeps: paths pinned, no secret in it.
+
+    Every path is made absolute the way the lab resolves it (``LAB_CHECKPOINTS`` / ``LAB_DATA`` may have moved
+    the folders, and the notebook may run from anywhere), and a secret-named key's text (``access_token``) is
+    masked before anything is written. Nothing else is masked: a path that merely looks like a token
+    (``data/hf_...data2024``) is what the run must use (``secrets.mask_secret_keys``; records mask it).
+    """
+    resolved = dict(recipe)
+    resolved["checkpoint_dir"] = str(resolve_path(recipe["checkpoint_dir"]))
+    if out_dir is not None:
+        resolved["out_dir"] = str(out_dir)
+    data = recipe.get("data")
+    if isinstance(data, Mapping):
+        init_args = dict(data.get("init_args") or {})
+        if init_args.get("json_path"):
+            init_args["json_path"] = str(resolve_path(init_args["json_path"]))
+        if data.get("class_path") == "litgpt.data.Alpaca2k":  # where `prepare --profile gpu` put it
+            init_args["download_dir"] = str(resolve_path(init_args.get("download_dir") or "data/alpaca2k"))
+        resolved["data"] = {**data, "init_args": init_args}
+    return mask_secret_keys(resolved)
+
+
+def check_checkpoint(checkpoint_dir: Path, profile: str, model_key: str) -> None:
+    if (checkpoint_dir / "model_config.yaml").is_file() and (checkpoint_dir / "lit_model.pth").is_file():
+        return
+    if profile == "ci":
+        fix = "python -m lab_helpers prepare --profile ci"
+    else:
+        repo_id = (check_profile(profile).get("downloads") or {}).get(model_key, "<org>/<model>")
+        fix = f"litgpt download {repo_id} --checkpoint_dir {checkpoints_dir()} (or: python -m lab_helpers prepare --profile gpu)"
+    raise LabConfigError(f"no checkpoint at {checkpoint_dir}: run `{fix}`")
+
+
+# ----------------------------------------------------------------------------------------------- resolving
+
+
+def recipe_path_for(experiment: Experiment, profile: str) -> Path:
+    models = check_profile(profile)["models"]
+    if experiment.model not in models:
+        raise LabConfigError(f"experiment {experiment.id!r}: model {experiment.model!r} is not in profile {profile!r}")
+    return configs_dir() / profile / models[experiment.model] / f"{experiment.method}.yaml"
+
+
+def count_devices(devices: int | str) -> int:
+    """'all' means every GPU here, or 2 gloo processes on a CPU (enough to show what distribution does)."""
+    if devices != "all":
+        return int(devices)
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+def resolve(
+    exp_id: str,
+    profile: str,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    check_files: bool = True,
+    simulate_world: int | None = None,
+) -> ResolvedRun:
+    """Turn (experiment, profile, overrides) into the exact recipe to run, or raise LabConfigError.
+
+    ``simulate_world=N``: the run is rank 0 of a world of N, played alone on this machine's one device."""
+    experiment = get_experiment(exp_id)
+    check_simulated_world(experiment, simulate_world)
+    check_batch_order(experiment)
+    check_profile(profile)
+    recipe_path = recipe_path_for(experiment, profile)
+    merged = {**experiment.set, **(experiment.set_by_profile.get(profile) or {}), **(overrides or {})}
+    base_recipe = _read_yaml(recipe_path)
+    recipe = apply_overrides(base_recipe, merged)
+    command = "finetune_lora" if experiment.method in ("lora", "qlora") else "finetune_full"
+    devices = simulate_world or count_devices(experiment.devices)
+    if experiment.accumulation and "train.global_batch_size" not in (overrides or {}):
+        recipe = _global_batch_for_world(recipe, experiment.accumulation * devices * experiment.num_nodes)
+    from lab_helpers.config.recipe_check import check_recipe  # imports litgpt's signatures: only when resolving
+
+    check_recipe(
+        recipe,
+        command,
+        devices=devices,
+        num_nodes=experiment.num_nodes,
+        examples=base_recipe,
+        litgpt_script=not experiment.distributed,
+    )
+    recipe = _generated_data_for_random_weights(recipe)
+    run = ResolvedRun(experiment, profile, recipe_path, recipe, dict(overrides or {}), command, devices, simulate_world)
+    if check_files:  # what this node cannot run at all is the decision's (lab_helpers.planning.decision.blocked), not here
+        check_run_files(run)
+    return run
+
+
+def _global_batch_for_world(recipe: dict[str, Any], micro_batches: int) -> dict[str, Any]:
+    """``recipe`` with its global batch = micro batch x ``micro_batches`` (an experiment's accumulation x ranks)."""
+    train = dict(recipe.get("train") or {})
+    train["global_batch_size"] = int(train["micro_batch_size"]) * micro_batches
+    return {**recipe, "train": train}
+
+
+def check_simulated_world(experiment: Experiment, world_size: int | None) -> None:
+    """A simulated rank needs a multi-GPU experiment on one node and a world of at least 2 (LabConfigError)."""
+    if world_size is None:
+        return
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
+        raise LabConfigError(f"--simulate-world must be a whole number of ranks >= 2, got {world_size!r}")
+    if not experiment.distributed or experiment.strategy == "single":
+        raise LabConfigError(f"{experiment.id!r} runs on one device: only multi-GPU experiments have ranks to simulate")
+    if experiment.num_nodes > 1:
+        raise LabConfigError(f"{experiment.id!r} spans nodes: simulated ranks play one node's GPUs, not a network")
+
+
+def check_batch_order(experiment: Experiment) -> None:
+    """An experiment's ``batch_order`` option is one of ``BATCH_ORDERS``, and grouping by length is asked only of
+    the single-GPU launcher (LabConfigError): the Lightning path deals one shuffle to its ranks in rounds
+    (``quick_mode.QuickOrderSampler``) and has no grouped order."""
+    order = (experiment.options or {}).get("batch_order", "shuffle")
+    if order not in BATCH_ORDERS:
+        raise LabConfigError(
+            f"experiment {experiment.id!r}: batch_order {order!r} is not one of {', '.join(BATCH_ORDERS)}"
+        )
+    if order != "shuffle" and experiment.distributed:
+        raise LabConfigError(
+            f"experiment {experiment.id!r}: batch_order {order!r} runs on one device (launcher litgpt-cli) only; "
+            "the Lightning path deals one shuffle to its ranks in rounds and does not group samples by length"
+        )
+
+
+def check_run_files(run: ResolvedRun) -> None:
+    """The checkpoint and data a run reads are there (LabConfigError naming the command that makes them).
+
+    Separate from resolving so that the lab can first say what no download would fix (an offload run that the
+    node's RAM cannot hold, with the model that fits) before asking for a 26 GB checkpoint.
+    """
+    recipe, profile = run.recipe, run.profile
+    checkpoint_dir = resolve_path(recipe["checkpoint_dir"])
+    check_checkpoint(checkpoint_dir, profile, run.experiment.model)
+    check_seq_length(recipe, checkpoint_dir)
+    data_args = (recipe.get("data") or {}).get("init_args") or {}
+    if data_args.get("json_path") and not resolve_path(data_args["json_path"]).exists():
+        raise LabConfigError(
+            f"no data set at {resolve_path(data_args['json_path'])}: run `python -m lab_helpers prepare --profile {profile}`"
+        )
+
+
+GENERATED_ALPACA2K = "data/gpu/alpaca2k_like.json"  # `prepare --profile gpu --random-weights` writes it
+
+
+def _generated_data_for_random_weights(recipe: dict[str, Any]) -> dict[str, Any]:
+    """Random-weight checkpoints mean a node without hub access: train on generated Alpaca2k-like data.
+
+    Time and memory depend on the sequence lengths, not on the words, so the measurements stay valid.
+    """
+    data = recipe.get("data") or {}
+    checkpoint = recipe.get("checkpoint_dir")
+    if data.get("class_path") != "litgpt.data.Alpaca2k" or not checkpoint:
+        return recipe
+    if not (resolve_path(checkpoint) / "RANDOM_WEIGHTS").exists():
+        return recipe
+    init_args = {k: v for k, v in (data.get("init_args") or {}).items() if k != "download_dir"}
+    return {
+        **recipe,
+        "data": {"class_path": "litgpt.data.JSON", "init_args": {**init_args, "json_path": GENERATED_ALPACA2K}},
+    }
+
+
+def bitsandbytes_use(method: str, recipe: Mapping[str, Any]) -> str | None:
+    """What the run needs bitsandbytes for ("QLoRA", "8-bit AdamW"), or None: its kernels need CUDA."""
+    if method == "qlora":
+        return "QLoRA"
+    optimizer = recipe.get("optimizer")
+    path = optimizer.get("class_path", "") if isinstance(optimizer, Mapping) else str(optimizer or "")
+    if path.startswith(("bitsandbytes.", "bnb.")):
+        return "8-bit AdamW" if "8bit" in path else path.rsplit(".", 1)[-1]
+    return None

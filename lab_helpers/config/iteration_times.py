@@ -1,0 +1,166 @@
+"""A record's timed iterations, and the one-offs among them: the raw samples behind its ``train_s``.
+
+Why: ``train_s`` is the sum of the iterations after warm-up, so one slow iteration (a new kernel shape, the
+allocator growing to a new peak, a hiccup of the host) inflates it, and ``tokens_per_s`` and ``mfu`` with it, by
+more than one run's steady speed differs from another's. In the first H100 records (reference_results/
+h100-80gb.jsonl) the first micro-batch of the longest batch took 1.8 s in bf16-true against a median of 0.24 s:
+half of that run's ``train_s``. The record keeps every iteration's time (``per_iteration``), so how much of
+``train_s`` such one-offs took can be derived from it, once, here: the comparison table shows it
+(``lab_helpers.present.compare``) and the time model fits to the steady time (``lab_helpers.planning.planner.timing``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+ONE_OFF_FACTOR = 3.0
+"""A timed iteration is a one-off when it took over this many times its run's median timed iteration. In the H100
+records the steady iterations of each run stay within 1.6x of their median, while the first micro-batch of the
+longest batch took 5.9x (full-7b) and 7.6x (bf16-true)."""
+
+MIN_TIMED_FOR_ONE_OFFS = 4
+"""Fewer timed iterations than this give no median to judge an iteration against: nothing is said (None)."""
+
+
+def timed_iterations(record: Mapping[str, Any]) -> list[tuple[int, float]]:
+    """(iteration, seconds) of each logged iteration after warm-up (``iter > warmup_iterations``): those
+    ``train_s`` adds up, less the iterations a torch.profiler trace covered (``torch_profile_iters``, first and
+    last): the profiler slows them, so no time figure counts them."""
+    warmup = finite_number(record.get("warmup_iterations")) or 0
+    profiled = record.get("torch_profile_iters")
+    first_profiled, last_profiled = profiled if isinstance(profiled, Sequence) and len(profiled) == 2 else (0, -1)
+    rows = record.get("per_iteration")
+    timed = []
+    for row in rows if isinstance(rows, Sequence) and not isinstance(rows, str) else []:
+        if not isinstance(row, Mapping):
+            continue
+        iteration, seconds = finite_number(row.get("iter")), finite_number(row.get("iter_time_s"))
+        if iteration is not None and seconds is not None and iteration > warmup:
+            if not first_profiled <= iteration <= last_profiled:
+                timed.append((int(iteration), seconds))
+    return timed
+
+
+def one_off_iterations(record: Mapping[str, Any]) -> list[dict[str, float]] | None:
+    """The timed iterations of one record (one rank) that took over ONE_OFF_FACTOR x the run's median timed one,
+    each with ``excess_s``, its time beyond a median iteration. Warm-up iterations are not judged: ``train_s``
+    already leaves them out. None when the record has fewer than MIN_TIMED_FOR_ONE_OFFS timed iterations."""
+    timed = timed_iterations(record)
+    if len(timed) < MIN_TIMED_FOR_ONE_OFFS:
+        return None
+    median_s = statistics.median(seconds for _, seconds in timed)
+    return [
+        {"iter": iteration, "iter_time_s": seconds, "median_s": median_s, "excess_s": seconds - median_s}
+        for iteration, seconds in timed
+        if seconds > ONE_OFF_FACTOR * median_s
+    ]
+
+
+def one_off_excess_s(record: Mapping[str, Any]) -> float | None:
+    """Seconds of ``train_s`` that one-off iterations took beyond a median iteration: 0.0 for a steady run, None
+    when the record has too few timed iterations to tell."""
+    found = one_off_iterations(record)
+    return None if found is None else sum(one["excess_s"] for one in found)
+
+
+def steady_train_s(record: Mapping[str, Any]) -> float | None:
+    """``train_s`` as if every one-off iteration had taken a median iteration's time; ``train_s`` itself when the
+    record cannot tell (too few timed iterations), None without ``train_s``."""
+    train_s = finite_number(record.get("train_s"))
+    if train_s is None:
+        return None
+    excess = one_off_excess_s(record) or 0.0
+    return train_s - excess if excess < train_s else train_s
+
+
+def finite_number(value: Any) -> float | None:
+    """A finite float, or None for missing / NaN / non-numeric values (never 0)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+# ------------------------------------------------------------------------------------------- steady timing
+
+STEADY_TIMING_FIELDS: tuple[str, ...] = (
+    "iter_median_s", "iter_iqr_s", "iter_count", "iter_halves_pct", "tokens_per_s", "tokens_per_s_padded",
+    "padding_pct", "flops_per_token", "mfu",
+)
+"""What ``steady_timing`` derives: a record's time figures, all from the median of its timed iterations."""
+
+
+def iteration_stats(seconds: Sequence[float]) -> dict[str, float | int | None]:
+    """Median, interquartile range (Q3 - Q1, ``statistics.quantiles``' default method) and count of iteration
+    times, and how far apart the medians of the first and the second half are (% of the whole median): the
+    quick-mode stopping rule's figure (``quick_mode.stop_reason``). Nones where there are too few."""
+    times = [float(s) for s in seconds]
+    if not times:
+        return {"iter_median_s": None, "iter_iqr_s": None, "iter_count": 0, "iter_halves_pct": None}
+    median_s = statistics.median(times)
+    iqr_s = None
+    if len(times) >= 2:
+        q1, _, q3 = statistics.quantiles(times, n=4)
+        iqr_s = q3 - q1
+    halves_pct = None
+    if len(times) >= 4 and median_s > 0:
+        half = len(times) // 2
+        first, second = statistics.median(times[:half]), statistics.median(times[half:])
+        halves_pct = 100 * abs(first - second) / median_s
+    return {"iter_median_s": median_s, "iter_iqr_s": iqr_s, "iter_count": len(times), "iter_halves_pct": halves_pct}
+
+
+def steady_timing(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A record's derived time figures, from what it measured (``STEADY_TIMING_FIELDS``).
+
+    Why from the median: ``train_s`` sums every timed iteration, so one slow one (a new kernel shape, the host
+    swapping) moves it; the median of the timed iterations does not. Throughput is a median micro-batch's:
+    ``tokens_per_s_padded`` = (tokens_padded / iterations) / iter_median_s, the mean tokens of a timed micro-batch
+    over the median micro-batch time (``tokens_per_s`` the same without padding). Where a record has no
+    per-iteration times (fewer than one timed), ``train_s / iterations`` stands in for the median; a record without
+    ``train_s`` (the loop never finished timing) has none of these figures.
+
+    MFU counts ONE token count, the padded one (a GPU multiplies the padding too, and ``flops_per_step`` is
+    counted at the mean padded length): ``mfu = tokens_per_s_padded x flops_per_token / gpu_peak_flops``, with
+    ``flops_per_token`` = flops_per_step x iterations / tokens_padded, the FLOPs of one padded token.
+    ``padding_pct`` says how much of it is padding: 100 x (tokens_padded - tokens) / tokens_padded. Pure
+    arithmetic on the record's own columns: readers re-derive it for old records (``records.load_results``).
+
+    A length-grouped run (``batch_order``) is the exception: its micro-batches differ in length by design, so its
+    median micro-batch is a shorter or a longer one than its mean, and the mean tokens over the median time would
+    miscount it; its rates and MFU take the mean timed micro-batch (``train_s / iterations``), the same span as its
+    tokens. ``iter_median_s`` stays the median.
+    """
+    train_s = finite_number(record.get("train_s"))
+    if train_s is None:  # the loop never finished timing (an OOM, a crash in warm-up): no time figures at all
+        return {**dict.fromkeys(STEADY_TIMING_FIELDS), "iter_count": 0}
+    stats = iteration_stats([seconds for _, seconds in timed_iterations(record)])
+    iterations = finite_number(record.get("iterations"))
+    median_s = stats["iter_median_s"]
+    if median_s is None and train_s and iterations:
+        median_s = stats["iter_median_s"] = train_s / iterations  # iter_count 0 says it is no median
+    if record.get("batch_order") == "length-grouped" and train_s and iterations:
+        median_s = train_s / iterations  # the mean micro-batch: see above
+    tokens, padded = finite_number(record.get("tokens")), finite_number(record.get("tokens_padded"))
+    flops_per_step, peak = finite_number(record.get("flops_per_step")), finite_number(record.get("gpu_peak_flops"))
+
+    def per_s(count: float | None) -> float | None:
+        return count / iterations / median_s if count and iterations and median_s else None
+
+    padded_per_s = per_s(padded)
+    flops_per_token = flops_per_step * iterations / padded if flops_per_step and iterations and padded else None
+    return {
+        **stats,
+        "tokens_per_s": per_s(tokens),
+        "tokens_per_s_padded": padded_per_s,
+        "padding_pct": 100 * (padded - tokens) / padded if padded and tokens is not None else None,
+        "flops_per_token": flops_per_token,
+        # = tokens_per_s_padded x flops_per_token / peak; written so that it needs no token count
+        "mfu": flops_per_step / median_s / peak if flops_per_step and median_s and peak else None,
+    }

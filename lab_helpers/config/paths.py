@@ -1,0 +1,235 @@
+"""Where the lab keeps its configs, checkpoints, data and results.
+
+One place decides, so notebooks, the CLI and tests agree. Each location can be moved with an environment
+variable (tests point ``LAB_RESULTS`` at a temporary folder; an instructor may point ``LAB_CHECKPOINTS``
+at a shared disk).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def lab_home() -> Path:
+    """The lab's root: ``$LAB_HOME``, else the checkout this package lives in, else the working directory."""
+    if env := os.environ.get("LAB_HOME"):
+        return Path(env).expanduser().resolve()
+    checkout = _PACKAGE_DIR.parent
+    if (checkout / "configs").is_dir():
+        return checkout
+    return Path.cwd()
+
+
+def configs_dir() -> Path:
+    return lab_home() / "configs"
+
+
+LOCATION_ENV = ("LAB_RESULTS", "LAB_CHECKPOINTS", "LAB_DATA")
+LOCATION_DEFAULTS = {"LAB_RESULTS": "results", "LAB_CHECKPOINTS": "checkpoints", "LAB_DATA": "data"}
+"""The folders a user may move. A relative value is read against the working directory of the process that reads
+it; the training process runs in the lab's home, so the launcher makes each absolute once (``absolute_locations``)."""
+
+
+def _location(name: str, default: Path) -> Path:
+    value = os.environ.get(name)
+    return Path(value).expanduser().absolute() if value else default
+
+
+def checkpoints_dir() -> Path:
+    return _location("LAB_CHECKPOINTS", lab_home() / "checkpoints")
+
+
+def data_dir() -> Path:
+    return _location("LAB_DATA", lab_home() / "data")
+
+
+def results_dir() -> Path:
+    return _location("LAB_RESULTS", lab_home() / "results")
+
+
+def location_problem(name: str) -> str | None:
+    """One line on what is wrong with the folder ``$name`` (one of ``LOCATION_ENV``) names, or None: the lab could
+    not keep its files there (``lab_folder``'s rule: a file, a dangling link, /proc, a name too long, a byte that
+    is not UTF-8). Only a folder the user set is judged; creating nothing."""
+    if not os.environ.get(name):
+        return None
+    folder = _location(name, Path())
+    try:
+        lab_folder(folder, create=False)
+    except OSError as exc:
+        default = lab_home() / LOCATION_DEFAULTS[name]
+        return (f"{name}={shown_path(folder)} (the {LOCATION_DEFAULTS[name]} folder): {exc.strerror}; point {name} "
+                f"at a folder you can write, or unset it for {default}")  # fmt: skip
+    return None
+
+
+def check_locations(names: tuple[str, ...] = LOCATION_ENV) -> None:
+    """Raise LabConfigError (one line) for the first of ``names`` whose folder the lab cannot use
+    (``location_problem``): before a command reads or writes anything there."""
+    from lab_helpers.config.config_error import LabConfigError
+
+    for name in names:
+        if (problem := location_problem(name)) is not None:
+            raise LabConfigError(problem)
+
+
+def shown_path(path: Path | str, limit: int = 80) -> str:
+    """A path as one line can show it: a byte that is not UTF-8 as an escape, a long one cut in the middle."""
+    text = os.fsencode(path).decode("utf-8", "backslashreplace")  # a byte that is not UTF-8 shown as \xff
+    return text if len(text) <= limit else f"{text[: limit - 20]}...{text[-17:]} ({len(text)} characters)"
+
+
+def absolute_locations() -> dict[str, str]:
+    """``LAB_RESULTS``, ``LAB_CHECKPOINTS`` and ``LAB_DATA`` as this process reads them, made absolute: the
+    environment a child started in another working directory needs to read the same folders."""
+    return {name: str(_location(name, Path())) for name in LOCATION_ENV if os.environ.get(name)}
+
+
+def regular_file_inside(folder: Path, relative: str | Path) -> Path | None:
+    """``folder/relative`` resolved, if it is a regular file that stays inside ``folder`` once every link is
+    followed; else None. A record is data that anyone can edit: its ``timeline_path`` must never make the lab read
+    (or export-reference publish) ``/etc/passwd``, a link to a secret, a directory or a FIFO that blocks a read."""
+    text = str(relative)
+    if not text or Path(text).is_absolute() or ".." in Path(text).parts or "\0" in text:
+        return None
+    try:
+        root = folder.resolve()
+        path = (root / text).resolve(strict=True)
+        if not path.is_relative_to(root) or not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+    except (OSError, RuntimeError, ValueError):  # missing, a link loop, an unreadable folder
+        return None
+    return path
+
+
+REFERENCE_DIRNAME = "reference_results"
+
+
+def reference_dir() -> Path:
+    """Reference results shipped with the lab: ``<lab home>/reference_results/<gpu-name>.jsonl``."""
+    return lab_home() / REFERENCE_DIRNAME
+
+
+# ------------------------------------------------------------------------------------------------ writing
+
+SPECIAL_ROOTS = ("/proc", "/sys", "/dev")
+"""File systems that are not storage: a lab folder there would write into the kernel's files or a device."""
+NAME_MAX = 255  # bytes in one name of a path (Linux, every common file system)
+PATH_MAX = 4095
+
+
+def describe_os_error(exc: OSError) -> str:
+    """An OSError in words a student can act on."""
+    if exc.errno == errno.ELOOP:
+        return "it is a symbolic link, and the lab does not write through one (remove the link)"
+    if exc.errno == errno.EISDIR:
+        return "it is a directory"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied (another user, e.g. a `sudo` run, may own it)"
+    if exc.errno == errno.ENAMETOOLONG:
+        return f"a name in it is too long (at most {NAME_MAX} bytes a name, {PATH_MAX} in all)"
+    return exc.strerror or str(exc)
+
+
+def _refused(number: int, why: str, path: Path | str) -> OSError:
+    return OSError(number, why, str(path))
+
+
+def path_problem(path: Path) -> str | None:
+    """Why ``path`` cannot name a place the lab keeps files, judged from its text alone, or None: a name longer than
+    the file system takes, a byte that is not UTF-8 (litgpt reads its paths as UTF-8 text and fails late), a
+    special file system."""
+    text = os.fsencode(path)
+    if len(text) > PATH_MAX or any(len(part) > NAME_MAX for part in text.split(b"/")):
+        return f"a name in it is too long (at most {NAME_MAX} bytes a name, {PATH_MAX} in all)"
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError:
+        return "it holds a byte that is not UTF-8 text, which the training (litgpt) cannot read (rename the folder)"
+    real = os.path.realpath(path)
+    if any(real == root or real.startswith(root + "/") for root in SPECIAL_ROOTS):
+        return f"it is on a special file system ({real}), not storage"
+    return None
+
+
+def lab_folder(folder: Path, *, create: bool = True) -> Path:
+    """``folder`` as a folder the lab may write files into: created if missing (``create``), a folder once links
+    are followed (a link the user made to a bigger disk is fine), on storage (not /proc, /sys, /dev), with names
+    the file system takes. Raises OSError, its ``strerror`` in words (``describe_os_error``)."""
+    if (problem := path_problem(folder)) is not None:
+        raise _refused(errno.EINVAL, problem, folder)
+    if os.path.islink(folder) and not os.path.exists(folder):
+        raise _refused(errno.ENOENT, "it is a symbolic link to nothing (a dangling link)", folder)
+    if os.path.lexists(folder) and not os.path.isdir(folder):
+        raise _refused(errno.ENOTDIR, "it is not a folder (a file is there)", folder)
+    for above in Path(os.path.abspath(folder)).parents:  # a file where a folder above it is needed
+        if os.path.lexists(above) and not os.path.isdir(above):
+            raise _refused(errno.ENOTDIR, f"{above} is not a folder (a file is there)", folder)
+        if os.path.isdir(above):
+            break
+    if create:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _refused(exc.errno or errno.EIO, describe_os_error(exc), folder) from None
+    return folder
+
+
+def open_regular(path: Path, flags: int, mode: int = 0o644) -> int:
+    """An fd on ``path`` opened with ``flags``, never through a symbolic link (``O_NOFOLLOW``) and never anything but
+    a regular file (a FIFO would block, a directory or a device is no file of the lab's): the rule of every file
+    the lab appends to or streams into (runs.jsonl, output.log). Raises OSError."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_lab_file(path: Path, data: bytes | Callable[[BinaryIO], None]) -> Path:
+    """Write a whole file of the lab's (a figure, a CSV, a report, an export) by the rule every file it writes
+    follows: a regular file named in its folder (``lab_folder``), never written through a symbolic link, never into
+    a file another name shares (a hard link), never left half-written. A name that is there as anything but a
+    regular file (a link, a folder, a FIFO, a device) is refused; otherwise the bytes (or what ``data`` writes
+    into the file it is given) go to a new file beside it, created exclusively, and one rename puts it in place.
+    Raises OSError (``describe_os_error`` words it); on any failure the old file is as it was and no new file is
+    left."""
+    path = Path(path)
+    lab_folder(path.parent)
+    if path.name in ("", ".", "..") or len(os.fsencode(path.name)) > NAME_MAX - 20:
+        raise _refused(errno.EINVAL, "not a file name the lab writes", path)
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        number = errno.ELOOP if stat.S_ISLNK(info.st_mode) else errno.EISDIR if stat.S_ISDIR(info.st_mode) else 0
+        raise _refused(number or errno.EINVAL, describe_os_error(OSError(number, "not a regular file")), path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            if isinstance(data, bytes | bytearray | memoryview):
+                fh.write(data)
+            else:
+                data(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path

@@ -1,0 +1,432 @@
+"""The one check of a fine-tuning recipe before anything starts: litgpt's own rules first, then the lab's.
+
+Every entry point that takes a recipe from a person calls :func:`check_recipe` once: ``experiments.resolve``
+(``run``, ``run-all``, the notebooks) and ``plan_command`` (``python -m lab_helpers plan``). The planner reads
+recipes and does not check them again. Each bad value is one line: the key, what was expected, an example to copy.
+
+What litgpt decides, litgpt is asked:
+
+- the keys and their types are litgpt's annotations (``setup``'s parameters, the ``TrainArgs`` / ``EvalArgs`` /
+  ``LogArgs`` fields, the data module's fields), so the check follows litgpt when it changes;
+- the recipe then goes through litgpt's CLI parser (jsonargparse, which the training process parses it with) and
+  the finetune script's own ``validate_args``, so what litgpt would refuse after a process start and a model load
+  is refused here.
+
+Why the lab walks the annotations itself before the parser (measured with jsonargparse 4.41): the parser accepts
+``train=5``, ``eval=5`` and ``checkpoint_dir=''`` (each fails later, in the run), its messages run to ten lines,
+and for a bad ``logger_name`` it says "Cannot take a Union of no types". The lab's own rules come last: numbers
+litgpt accepts but cannot train with (``epochs=0``, a negative learning rate), the precisions the lab knows, and
+the batch arithmetic litgpt checks late or as an assertion.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+import json
+import math
+import re
+import reprlib
+import sys
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from lab_helpers.config.config_error import LabConfigError, did_you_mean, setup_function
+from lab_helpers.config.record_schema import PRECISIONS
+from lab_helpers.config.yaml_values import shown
+
+COMMANDS: tuple[str, ...] = ("finetune_full", "finetune_lora")
+
+
+def recipe_command(recipe: Mapping[str, Any]) -> str:
+    """The litgpt command a recipe file is for: ``finetune_lora`` when it sets any ``lora_*`` key."""
+    return "finetune_lora" if any(str(key).startswith("lora_") for key in recipe) else "finetune_full"
+
+
+def check_recipe(
+    recipe: Mapping[str, Any],
+    command: str,
+    *,
+    devices: int,
+    num_nodes: int = 1,
+    examples: Mapping[str, Any] | None = None,
+    litgpt_script: bool = True,
+) -> None:
+    """Raise :class:`LabConfigError` (one line) for the first thing in ``recipe`` that litgpt or the lab refuses.
+
+    ``command``: ``finetune_full`` or ``finetune_lora``. ``devices`` x ``num_nodes``: the ranks the global batch is
+    divided over. ``examples``: the recipe before overrides, whose values the messages offer as examples.
+    ``litgpt_script``: the run is litgpt's own finetune script (one device), so its ``validate_args`` applies;
+    the lab's Lightning-Trainer runs read the recipe themselves."""
+    if command not in COMMANDS:
+        raise LabConfigError(f"unknown litgpt command {command!r}: expected one of {', '.join(COMMANDS)}")
+    _check_types(recipe, command, recipe if examples is None else examples)
+    _check_keys(recipe, command)
+    _check_ranges(recipe)
+    _check_batch_and_precision(recipe, command, devices=devices, num_nodes=num_nodes)
+    _parse_with_litgpt(recipe, command)
+    if litgpt_script:
+        _litgpt_validate_args(recipe, command)
+
+
+# --------------------------------------------------------------------------------------------------- types
+
+
+def _check_types(recipe: Mapping[str, Any], command: str, examples: Mapping[str, Any]) -> None:
+    """The first value whose type litgpt's annotations reject; unknown keys are ``_check_keys``'."""
+    hints = typing.get_type_hints(setup_function(command))
+    for key, value in recipe.items():
+        if key in hints:
+            _check_type(key, value, hints[key], _lookup(examples, key))
+
+
+def _check_type(key: str, value: Any, annotation: Any, example: Any) -> None:
+    if annotation is Any:
+        return
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):  # train, eval, log
+        if not isinstance(value, Mapping):
+            _fail(key, value, f"a mapping of {key} settings", _dotted_example(key, annotation, example))
+        hints = typing.get_type_hints(annotation)
+        for sub, sub_value in value.items():
+            if sub in hints:
+                _check_type(f"{key}.{sub}", sub_value, hints[sub], _lookup(example, sub))
+        return
+    if _is_data_module(annotation):
+        _check_data(key, value, example)
+        return
+    if not _matches(value, annotation):
+        _fail(key, value, _describe(annotation), _example(key, annotation, example))
+
+
+def _check_data(key: str, value: Any, example: Any) -> None:
+    """``data``: null, or ``{class_path: a litgpt DataModule, init_args: {...}}`` with well-typed init_args."""
+    from litgpt.data import DataModule
+
+    if value is None:
+        return
+    wanted = "a data module: class_path and init_args"
+    if not isinstance(value, Mapping) or not isinstance(value.get("class_path"), str) or not value["class_path"]:
+        _fail(key, value, wanted, f"{key}.class_path=litgpt.data.JSON")
+    class_path = value["class_path"]
+    cls = _import_class(class_path)
+    if cls is None:
+        _fail(f"{key}.class_path", class_path, "an importable litgpt data module", f"{key}.class_path=litgpt.data.JSON")
+    if not (isinstance(cls, type) and issubclass(cls, DataModule)):
+        _fail(f"{key}.class_path", class_path, "a litgpt data module class", f"{key}.class_path=litgpt.data.JSON")
+    init_args = value.get("init_args")
+    if init_args is None:
+        return
+    if not isinstance(init_args, Mapping):
+        _fail(f"{key}.init_args", init_args, f"a mapping of {cls.__name__}'s settings", f"{key}.num_workers=0")
+    hints = typing.get_type_hints(cls)
+    for sub, sub_value in init_args.items():
+        if sub in hints:
+            _check_type(f"{key}.{sub}", sub_value, hints[sub], _lookup(_lookup(example, "init_args"), sub))
+
+
+def _import_class(class_path: str) -> Any:
+    module_name, _, name = class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def _is_data_module(annotation: Any) -> bool:
+    from litgpt.data import DataModule
+
+    return any(isinstance(arg, type) and issubclass(arg, DataModule) for arg in _union_args(annotation))
+
+
+def _union_args(annotation: Any) -> tuple:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return typing.get_args(annotation)
+    return (annotation,)
+
+
+def _matches(value: Any, annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in typing.get_args(annotation))
+    if origin is typing.Literal:
+        return value in typing.get_args(annotation)
+    if annotation is type(None):
+        return value is None
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if annotation is str:
+        return isinstance(value, str)
+    if annotation is Path:
+        return isinstance(value, str | Path) and str(value).strip() != ""
+    if origin in (dict, Mapping) or annotation in (dict, Mapping):
+        return isinstance(value, Mapping)
+    if origin in (list, tuple) or annotation in (list, tuple):
+        return isinstance(value, list | tuple)
+    return True  # a class this walk cannot check: litgpt's parser does (_parse_with_litgpt)
+
+
+def _describe(annotation: Any) -> str:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        parts = [_describe(arg) for arg in typing.get_args(annotation)]
+        return " or ".join(dict.fromkeys(parts))
+    if origin is typing.Literal:
+        return "one of " + ", ".join(str(choice) for choice in typing.get_args(annotation))
+    return {
+        type(None): "null",
+        bool: "true or false",
+        int: "a whole number",
+        float: "a finite number",
+        str: "text",
+        Path: "a path",
+        dict: "a mapping",
+    }.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _example(key: str, annotation: Any, example: Any) -> str:
+    if example is not None and not isinstance(example, Mapping | list) and _matches(example, annotation):
+        return f"{key}={_yaml_scalar(example)}"
+    for arg in _union_args(annotation):
+        if typing.get_origin(arg) is typing.Literal:
+            return f"{key}={typing.get_args(arg)[0]}"
+        sample = {bool: "true", int: "4", float: "0.5", str: "text", Path: "some/path", dict: "{a: 1}"}.get(arg)
+        if sample is not None:
+            return f"{key}={sample}"
+    return f"{key}=..."
+
+
+def _dotted_example(key: str, cls: type, example: Any) -> str:
+    hints = typing.get_type_hints(cls)
+    for sub, value in example.items() if isinstance(example, Mapping) else ():
+        if sub in hints and value is not None and not isinstance(value, Mapping | list):
+            return f"{key}.{sub}={_yaml_scalar(value)}"
+    return f"{key}.{next(iter(hints))}=..."
+
+
+def _yaml_scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _lookup(mapping: Any, key: str) -> Any:
+    return mapping.get(key) if isinstance(mapping, Mapping) else None
+
+
+def _fail(key: str, value: Any, expected: str, example: str) -> typing.NoReturn:
+    raise LabConfigError(f"{key}: expected {expected}, e.g. --set {example}; got {_shown(value)}")
+
+
+def _shown(value: Any) -> str:
+    """The value as a message quotes it: a bounded repr (a value may hold 100,000 items: ``yaml_values``' bound),
+    secrets masked and control characters escaped (``yaml_values.shown``)."""
+    return "null" if value is None else shown(_REPR.repr(value))
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 3, 6, 6, 6
+_REPR.maxstring, _REPR.maxother, _REPR.maxlong = 80, 80, 40
+
+
+# ---------------------------------------------------------------------------------------------------- keys
+
+
+def _check_keys(recipe: Mapping[str, Any], command: str) -> None:
+    """Keys litgpt's ``setup`` would reject, naming the key and the closest valid one as ``--set`` spells it."""
+    from litgpt.args import EvalArgs, LogArgs, TrainArgs
+
+    params = inspect.signature(setup_function(command)).parameters
+    groups = {"train": TrainArgs, "eval": EvalArgs, "log": LogArgs}
+    # every key as --set spells it, so that a suggestion is one to copy: 'train.micro_batch_size', and a
+    # nested key given without its group ('micro_batch_size') finds it too
+    dotted = [f"{group}.{f.name}" for group, cls in groups.items() for f in dataclasses.fields(cls)]
+    for key, value in recipe.items():
+        if key not in params:
+            hint = did_you_mean(key, [*params, *dotted], tight=True) or did_you_mean(key, params)
+            raise LabConfigError(f"unknown recipe key {key!r} for litgpt {command}{hint}")
+        nested = groups.get(key)
+        if nested is not None and isinstance(value, Mapping):
+            names = [f"{key}.{f.name}" for f in dataclasses.fields(nested)]
+            for sub in value:
+                if f"{key}.{sub}" not in names:
+                    raise LabConfigError(f"unknown recipe key '{key}.{sub}'{did_you_mean(f'{key}.{sub}', names)}")
+    data = recipe.get("data")
+    if isinstance(data, Mapping) and data.get("class_path"):
+        names = [f"data.{f.name}" for f in dataclasses.fields(_import_class(data["class_path"])) if f.init]
+        for sub in data.get("init_args") or {}:
+            if f"data.{sub}" not in names:
+                raise LabConfigError(
+                    f"unknown recipe key 'data.{sub}' for {data['class_path']}{did_you_mean(f'data.{sub}', names)}"
+                )
+
+
+# -------------------------------------------------------------------------------------------------- ranges
+
+# (dotted key, smallest allowed, strictly above the smallest?, None allowed?); train.max_steps and
+# train.lr_warmup_steps are checked together in _check_batch_and_precision (max_steps > warmup >= 1)
+_RANGES: tuple[tuple[str, float, bool, bool], ...] = (
+    ("train.epochs", 1, False, True),
+    ("train.max_tokens", 1, False, True),
+    ("train.max_seq_length", 1, False, True),
+    ("train.log_interval", 1, False, False),
+    ("train.save_interval", 1, False, True),
+    ("train.max_norm", 0, True, True),
+    ("train.min_lr", 0, False, True),
+    ("eval.interval", 1, False, True),
+    ("eval.max_iters", 0, False, True),
+    ("eval.max_new_tokens", 0, False, True),
+    ("data.init_args.num_workers", 0, False, True),
+    ("optimizer.init_args.lr", 0, True, True),
+    ("optimizer.init_args.weight_decay", 0, False, True),
+    ("lora_r", 1, False, True),
+    ("lora_alpha", 0, True, True),
+)
+_RANGE_EXAMPLES = {"optimizer.init_args.lr": "0.0002", "train.max_norm": "1.0", "lora_alpha": "16"}
+
+
+def _check_ranges(recipe: Mapping[str, Any]) -> None:
+    """Well-typed numbers that are still impossible: ``train.epochs=0`` and ``train.max_seq_length=0`` trained
+    nothing and were recorded ``ok``; a negative learning rate or ``num_workers=-1`` failed after the model load."""
+    for key, low, strict, nullable in _RANGES:
+        present, value = _dotted(recipe, key)
+        if not present or (value is None and nullable):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue  # not a number: the type walk or litgpt's parser says so
+        if not (math.isfinite(value) and (value > low if strict else value >= low)):
+            allowed = f"> {low}" if strict else f">= {low}"
+            example = _RANGE_EXAMPLES.get(key, str(int(low) or 1))
+            raise LabConfigError(f"{key} must be {allowed}; got {value!r} (e.g. --set {key}={example})")
+    dropout = _dotted(recipe, "lora_dropout")[1]
+    if isinstance(dropout, int | float) and not isinstance(dropout, bool) and not 0 <= dropout < 1:
+        raise LabConfigError(f"lora_dropout must be in [0, 1); got {dropout!r} (e.g. --set lora_dropout=0.05)")
+
+
+def _dotted(recipe: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:
+    node: Any = recipe
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+# --------------------------------------------------------------------------------------- batch, precision
+
+
+def _check_batch_and_precision(recipe: Mapping[str, Any], command: str, *, devices: int, num_nodes: int) -> None:
+    """The checks litgpt makes late (or as an assertion) made early, each with its fix. A train setting the
+    recipe leaves out is litgpt's default (``setup``'s ``train``), as the run will see it."""
+    precision = recipe.get("precision")
+    if precision is not None and precision not in PRECISIONS:
+        raise LabConfigError(
+            f"precision {precision!r} is not one of {', '.join(PRECISIONS)}, e.g. --set precision=bf16-true"
+        )
+    litgpt_train = inspect.signature(setup_function(command)).parameters["train"].default
+    train = {**dataclasses.asdict(litgpt_train), **(recipe.get("train") or {})}
+    micro, global_ = train.get("micro_batch_size"), train.get("global_batch_size")
+    for name, value in (("micro_batch_size", micro), ("global_batch_size", global_)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise LabConfigError(f"train.{name} must be a whole number >= 1; got {value!r}")
+    if micro > global_:
+        raise LabConfigError(
+            f"train.micro_batch_size ({micro}) is larger than train.global_batch_size ({global_}): "
+            f"lower the micro batch or raise the global batch to a multiple of {micro}"
+        )
+    max_steps, warmup = train.get("max_steps"), train.get("lr_warmup_steps")
+    if not isinstance(warmup, int) or warmup < 1:  # litgpt's warmup divides by it
+        raise LabConfigError(
+            f"train.lr_warmup_steps must be a whole number >= 1 (litgpt divides by it); got {warmup!r}"
+        )
+    if max_steps is not None and max_steps <= warmup:
+        raise LabConfigError(  # litgpt's cosine schedule divides by (max_steps - warmup) and crashes mid-run
+            f"train.max_steps ({max_steps}) must be larger than train.lr_warmup_steps ({warmup}): "
+            + _warmup_advice(max_steps, warmup)
+        )
+    ranks = devices * num_nodes
+    if global_ % (micro * ranks):
+        raise LabConfigError(
+            f"train.global_batch_size ({global_}) is not divisible by micro_batch_size x devices "
+            f"({micro} x {ranks} = {micro * ranks}): use a global batch that is a multiple of {micro * ranks}"
+        )
+
+
+def _warmup_advice(max_steps: int, warmup: int) -> str:
+    """Only advice the check above accepts: warm-up needs at least 1 step, so max_steps needs at least 2."""
+    raise_to = f"set train.max_steps={warmup + 1} or more"
+    if max_steps >= 2:
+        return f"{raise_to}, or set train.lr_warmup_steps={max_steps - 1}"
+    return raise_to
+
+
+# ------------------------------------------------------------------------------------------ litgpt's own
+
+
+@functools.cache
+def _litgpt_parser(command: str):
+    """The parser litgpt's CLI builds for ``command`` (jsonargparse over ``setup``'s signature); 25 ms to build."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_function_arguments(setup_function(command), as_positional=False)
+    return parser
+
+
+def _parse_with_litgpt(recipe: Mapping[str, Any], command: str) -> None:
+    """What the training process's own parse would refuse, refused here, in one line."""
+    _parse_once(command, json.dumps(recipe, sort_keys=True, default=str))
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_once(command: str, recipe_json: str) -> None:
+    """The parse of one recipe (15 ms: jsonargparse builds the data module's parser each time), once per process:
+    a run resolves its recipe two or three times, a notebook and the test suite the same recipes again."""
+    from jsonargparse import ArgumentError
+
+    try:
+        _litgpt_parser(command).parse_object(json.loads(recipe_json))
+    except ArgumentError as err:
+        raise LabConfigError(_parser_message(str(err))) from None
+
+
+def _parser_message(text: str) -> str:
+    """jsonargparse's message (a nested report) as one line: the key as ``--set`` spells it, what was given, why.
+
+    Nested keys (``data`` > ``prompt_style``) are joined as ``data.prompt_style``; the innermost reasons are kept."""
+    keys = re.findall(r'Parser key "([^"]+)"', text)
+    given = re.search(r"Given value: (.*)", text)
+    reasons = [
+        line.strip()[2:]
+        for line in text.splitlines()
+        if line.strip().startswith("- ")
+        and not line.strip().startswith(("- Expected a <class 'NoneType'>", "- Problem with given", "- a "))
+    ]
+    if not keys:
+        return "litgpt's parser refuses the recipe: " + " ".join(text.split())[:200]
+    why = "; ".join(reasons) or " ".join(text.splitlines()[1:2]).strip()
+    shown = given.group(1).strip() if given else "?"
+    return f"{'.'.join(keys)}: litgpt's parser refuses {shown[:80]} ({why})"
+
+
+def _litgpt_validate_args(recipe: Mapping[str, Any], command: str) -> None:
+    """The finetune script's own ``validate_args`` on the recipe's train and eval settings."""
+    module = sys.modules[setup_function(command).__module__]
+    defaults = inspect.signature(module.setup).parameters
+    train = dataclasses.replace(defaults["train"].default, **(recipe.get("train") or {}))
+    evals = dataclasses.replace(defaults["eval"].default, **(recipe.get("eval") or {}))
+    try:
+        module.validate_args(train, evals)
+    except ValueError as err:
+        first = str(err).splitlines()[0].split(". This is set in")[0]
+        verb = "doesn't " if " doesn't " in first else "requires "
+        reason = first.split(" doesn't ", 1)[-1] if " doesn't " in first else first.split(" requires ", 1)[-1]
+        raise LabConfigError(f"litgpt {command} rejects this recipe: it {verb}{reason}") from None

@@ -1,0 +1,1 @@
+"""The node: what this machine has (GPUs, driver, CPU speed, peaks, links), described once."""

@@ -1,0 +1,276 @@
+"""Activation memory by hand: what a llama block keeps for backward, per token and layer, from the model's config.
+
+Why: activations are the largest part of most runs, and the planner's bar gives their size but not where it
+comes from. Counted by hand, the bytes are a short sum over the tensors autograd saves in one litgpt llama block
+(``Block``: RMSNorm, attention through ``scaled_dot_product_attention``, RMSNorm, SwiGLU MLP), each one a
+vector per token whose length comes from the config (``n_embd``, ``n_head``, ``head_size``,
+``intermediate_size``) and whose element size comes from the precision. Times layers and tokens, plus the
+head (final norm, logits, the loss's log-softmax), that is what a forward leaves for backward.
+
+The assumptions, and where a formula this simple misses (``misses``): one precision throughout (``-true``; in
+``-mixed`` autocast keeps fp32 residuals beside bf16 copies), RMSNorm computing in fp32 whatever the weights'
+dtype (litgpt upcasts), a fused attention kernel that keeps its output and one fp32 log-sum-exp per head and
+token instead of the T x T score matrix, litgpt repeating grouped K/V heads to every query head before it, no
+dropout, and the logits converted to fp32 and kept once more by the loss's log-softmax. RoPE's cos and sin are
+per position, not per token of the batch, and left out (a few bytes per token).
+The arithmetic is checked against the planner's trace of the same block (tests/test_activations_by_hand.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from lab_helpers.config.record_schema import GIB
+from lab_helpers.planning.planner.spec import precision_bytes
+
+FP32_BYTES = 4
+
+
+class Term(NamedTuple):
+    """One kind of tensor saved for backward: its length per token, bytes per element, and how many a layer has
+    (``count``: the two RMSNorms of a block are one term). Its bytes per token: ``per_token_bytes(term)``."""
+
+    tensor: str
+    elements_per_token: int
+    bytes_per_element: int
+    count: int = 1
+
+
+def per_token_bytes(term: Term) -> int:
+    """Elements x bytes x count: one term's bytes for one token of one layer."""
+    return term.count * term.bytes_per_element * term.elements_per_token
+
+
+def element_bytes(precision: str) -> int:
+    """Bytes per element for a ``-true`` precision (the planner's ``precision_bytes``); a mixed precision has no
+    single answer, so it is refused."""
+    if precision.endswith("-mixed"):
+        raise ValueError(
+            f"{precision}: the hand count assumes one dtype throughout (32-true, bf16-true, 16-true); "
+            "mixed precision keeps fp32 tensors beside bf16 copies of them"
+        )
+    return precision_bytes(precision)
+
+
+def _norm_terms(width: int, b: int, where: str) -> list[Term]:
+    """litgpt's RMSNorm: x.float(), mean(x*x), x * rsqrt(...), (x_normed * weight).to(dtype)."""
+    return [
+        Term(f"{where}: input as fp32 (x.float())", width, FP32_BYTES),
+        Term(f"{where}: 1/rms, one per token (fp32)", 1, FP32_BYTES),
+        Term(f"{where}: normalised x (fp32, kept for x * weight)", width, FP32_BYTES),
+        Term(f"{where}: output, in the training dtype", width, b),
+    ]
+
+
+def block_terms(config: Any, precision: str) -> list[Term]:
+    """The tensors one llama block keeps for backward, per token (a litgpt ``Config`` with ``mlp_class_name``
+    LLaMAMLP). The two RMSNorms are one term each with ``count=2``; an RMSNorm's output is the input of the
+    linear layers after it, which keep it (one tensor, counted once)."""
+    if config.mlp_class_name != "LLaMAMLP" or config.parallel_residual:
+        raise ValueError(f"{config.name}: the hand count is for llama blocks (LLaMAMLP, sequential residual)")
+    b = element_bytes(precision)
+    attention_width = config.n_head * config.head_size  # q, and k and v once repeated to every query head
+    norms = [
+        Term(term.tensor.replace("norm", "norm_1 and norm_2", 1), term.elements_per_token, term.bytes_per_element, 2)
+        for term in _norm_terms(config.n_embd, b, "norm")
+    ]
+    if config.n_query_groups == config.n_head:  # multi-head: v goes to the kernel as a view of the qkv output
+        kv = [
+            Term("attention: k after RoPE", config.n_query_groups * config.head_size, b),
+            Term(
+                "attention: qkv output, kept whole (v is a view of it)",
+                (config.n_head + 2 * config.n_query_groups) * config.head_size,
+                b,
+            ),
+        ]
+    else:  # grouped-query: litgpt repeats k and v to every query head, new tensors the kernel keeps
+        kv = [Term("attention: k and v repeated to every query head", attention_width, b, 2)]
+    return [
+        *norms,
+        Term("attention: q after RoPE", attention_width, b),
+        *kv,
+        Term("attention: output", attention_width, b),
+        Term("attention: log-sum-exp, one per head and token (fp32)", config.n_head, FP32_BYTES),
+        Term("attention: output reshaped, the input of proj", attention_width, b),
+        Term("MLP: fc_1 and fc_2 outputs", config.intermediate_size, b, 2),
+        Term("MLP: silu(fc_1)", config.intermediate_size, b),
+        Term("MLP: silu(fc_1) * fc_2, the input of proj", config.intermediate_size, b),
+    ]
+
+
+def head_terms(config: Any, precision: str) -> list[Term]:
+    """Outside the blocks, per token: the final norm, the logits in fp32 (Fabric converts the model's output to
+    fp32, and litgpt's loop keeps ``logits`` until the next forward; a lower-precision lm_head output is only a
+    temporary) and the fp32 log-softmax that the chunked cross-entropy keeps for backward."""
+    vocab = config.padded_vocab_size
+    return [
+        *_norm_terms(config.n_embd, element_bytes(precision), "final norm"),
+        Term("logits, as fp32 (the loop keeps them)", vocab, FP32_BYTES),
+        Term("cross-entropy's log-softmax (fp32)", vocab, FP32_BYTES),
+    ]
+
+
+def bytes_per_token_per_layer(config: Any, precision: str) -> int:
+    """The sum of ``block_terms``: bytes one block keeps for backward, per token."""
+    return sum(per_token_bytes(term) for term in block_terms(config, precision))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The hand count for one run: ``tokens`` = micro batch x sequence length."""
+
+    model: str
+    precision: str
+    n_layer: int
+    tokens: int
+    per_token_per_layer_bytes: int
+    head_per_token_bytes: int
+
+    @property
+    def blocks_bytes(self) -> int:
+        return self.per_token_per_layer_bytes * self.n_layer * self.tokens
+
+    @property
+    def head_bytes(self) -> int:
+        return self.head_per_token_bytes * self.tokens
+
+    @property
+    def total_bytes(self) -> int:
+        return self.blocks_bytes + self.head_bytes
+
+
+def estimate(config: Any, precision: str, micro_batch_size: int, seq_len: int) -> Estimate:
+    """What one forward keeps for backward, counted by hand."""
+    return Estimate(
+        model=str(config.name),
+        precision=precision,
+        n_layer=int(config.n_layer),
+        tokens=int(micro_batch_size) * int(seq_len),
+        per_token_per_layer_bytes=bytes_per_token_per_layer(config, precision),
+        head_per_token_bytes=sum(per_token_bytes(term) for term in head_terms(config, precision)),
+    )
+
+
+def terms_table(config: Any, precision: str):
+    """The block's terms as a table a person reads: tensor, elements per token, bytes each, count, bytes."""
+    import pandas as pd
+
+    rows = [
+        {
+            "tensor kept for backward": term.tensor,
+            "elements per token": term.elements_per_token,
+            "bytes each": term.bytes_per_element,
+            "count": term.count,
+            "bytes per token": per_token_bytes(term),
+        }
+        for term in block_terms(config, precision)
+    ]
+    rows.append(
+        {
+            "tensor kept for backward": f"one {config.name} block, {precision}",
+            "elements per token": None,
+            "bytes each": None,
+            "count": None,
+            "bytes per token": bytes_per_token_per_layer(config, precision),
+        }
+    )
+    counts = ("elements per token", "bytes each", "count", "bytes per token")
+    return pd.DataFrame(rows).astype(dict.fromkeys(counts, "Int64"))  # whole numbers, the total row blank
+
+
+def experiment_spec(
+    exp_id: str,
+    profile: str,
+    overrides: Mapping[str, Any] | None = None,
+    gpu_memory_gib: float | None = None,
+    *,
+    device: str | None = None,
+):
+    """The planner's spec for an experiment as the run would give it (``predict.planner_inputs``); ``device``
+    defaults to the profile's (a CPU for ci, CUDA for gpu)."""
+    from lab_helpers.planning.arithmetic import resolved
+    from lab_helpers.planning.planner.spec import spec_from_recipe
+    from lab_helpers.planning.predict import planner_inputs
+
+    device = device or ("cpu" if profile == "ci" else "cuda")
+    inputs = planner_inputs(resolved(exp_id, profile, overrides), gpu_memory_gib, device=device)
+    return spec_from_recipe(inputs.pop("recipe"), **inputs)
+
+
+def compare_with_planner(
+    runs: Mapping[str, Mapping[str, Any] | None], *, profile: str, gpu_memory_gib: float | None = None
+):
+    """For each experiment (id -> this node's overrides): the hand count against the planner, in GiB.
+
+    Two planner figures: what its trace of the forward keeps at the forward's end (the same moment the hand
+    count describes) and its activation bar, taken at the step's peak (often in backward, when the loss's
+    log-softmax is gone and part of the graph already freed). ``per token per layer`` is in bytes."""
+    import pandas as pd
+
+    from lab_helpers.planning.planner import predict
+    from lab_helpers.planning.planner.tracer import trace
+
+    rows = []
+    for exp_id, overrides in runs.items():
+        spec = experiment_spec(exp_id, profile, overrides, gpu_memory_gib)
+        by_hand = estimate(spec.model_config, spec.precision, spec.micro_batch_size, spec.seq_len)
+        forward = max(p.by_category.get("activations", 0) for p in trace(spec).phases if p.kind == "fwd")
+        bar = predict(spec).breakdown_gib["activations"]
+        rows.append(
+            {
+                "experiment": exp_id,
+                "model": by_hand.model,
+                "precision": spec.precision,
+                "tokens (micro batch x seq)": by_hand.tokens,
+                "layers": by_hand.n_layer,
+                "per token per layer (bytes)": by_hand.per_token_per_layer_bytes,
+                "blocks by hand (GiB)": by_hand.blocks_bytes / GIB,
+                "head by hand (GiB)": by_hand.head_bytes / GIB,
+                "by hand (GiB)": by_hand.total_bytes / GIB,
+                "planner, end of forward (GiB)": forward / GIB,
+                "planner bar, at the peak (GiB)": bar,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def experiment_terms(
+    exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None
+):
+    """``terms_table`` for the model and precision an experiment runs with on ``profile``."""
+    spec = experiment_spec(exp_id, profile, overrides)
+    return terms_table(spec.model_config, spec.precision)
+
+
+def summary(table) -> str:
+    """One sentence per row of ``compare_with_planner``, with the arithmetic written out."""
+    lines = []
+    for row in table.to_dict("records"):
+        hand, forward, bar = row["by hand (GiB)"], row["planner, end of forward (GiB)"], row["planner bar, at the peak (GiB)"]
+        lines.append(
+            f"{row['experiment']} ({row['model']}, {row['precision']}): {row['per token per layer (bytes)']:,} B "
+            f"x {row['layers']} layers x {row['tokens (micro batch x seq)']:,} tokens = "
+            f"{row['blocks by hand (GiB)']:.3g} GiB in the blocks, + {row['head by hand (GiB)']:.3g} GiB of head "
+            f"(final norm, fp32 logits, log-softmax) = {hand:.3g} GiB by hand; the planner's forward keeps "
+            f"{forward:.3g} GiB ({(hand - forward) / forward:+.1%}), and its bar at the step's peak shows {bar:.3g} GiB."
+        )
+    return "\n".join(lines)
+
+
+def misses() -> str:
+    """Where the simple count and a real step part ways (what the notebook prints under the table)."""
+    return (
+        "Where a simple formula misses:\n"
+        "* the head: 'bytes per token per layer x layers' leaves out the vocabulary-wide tensors, the logits in "
+        "fp32 whatever the training dtype (Fabric converts the output) and the loss's fp32 log-softmax; litgpt's "
+        "chunked cross-entropy splits the rows into chunks but keeps every chunk's log-softmax for backward, and the "
+        "previous micro-batch's logits stay alive into the next forward (in the peak, not in this count);\n"
+        "* attention: a fused kernel (flash / memory-efficient) keeps q, k, v, its output and a log-sum-exp; an "
+        "unfused one (softcapping, a math fallback) keeps the T x T scores of every head, which grows with the "
+        "square of the sequence length;\n"
+        "* the moment: the count is the end of the forward; the bar is the step's peak, usually in backward, when "
+        "the log-softmax is freed and the logits' gradient and temporaries have taken its place;\n"
+        "* one dtype throughout: bf16-mixed keeps fp32 residuals beside bf16 copies of the matmul inputs."
+    )

@@ -1,0 +1,578 @@
+"""The memory arithmetic the notebooks teach: bytes per parameter and model-state GiB, computed, never typed.
+
+Why a module of its own: the notebooks state the same figures in several places (01's 7B model states, 02's
+"8 bytes/param", 00's 13B verdict, the DeepSpeed host RAM), and typed by hand they drifted apart (50 vs 52 GiB,
+18 vs 16 B/param). Here each figure has one source: the experiment's own recipe (precision, optimizer, LoRA,
+quantization) and the real model's parameter count, taken from litgpt's config by building the model on the
+``meta`` device (no weights, no memory, about a second). The planner traces the whole step; this module only
+does the model-state arithmetic a student can check on paper.
+
+Model states are what lives for the whole run whatever the batch: weights, gradients and optimizer states.
+Mixed precision additionally makes half-precision copies of the weights for the matmuls while forward and
+backward run; those are transient (the planner counts them under activations / temporaries), so they are
+shown beside the model states, not in them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lab_helpers.config.record_schema import GIB
+from lab_helpers.planning.planner.analytic import OFFLOADED_BYTES_PER_TRAINABLE_PARAM
+from lab_helpers.planning.planner.communication import (
+    CommunicationVolume,
+    HostDeviceTraffic,
+    communication_per_optimizer_step,
+    host_device_bytes_per_optimizer_step,
+)
+from lab_helpers.planning.planner.spec import precision_bytes
+
+GB = 1e9
+
+# DeepSpeed ZeRO with the optimizer offloaded keeps fp32 master weights (4), both Adam moments (8) and the fp32
+# gradient partitions (4) in host RAM: 16 bytes per trainable parameter -- the planner's own constant, imported.
+OFFLOAD_HOST_BYTES_PER_PARAM = OFFLOADED_BYTES_PER_TRAINABLE_PARAM
+
+
+@dataclass(frozen=True)
+class BytesPerParam:
+    """Bytes one parameter costs for the whole run, by part; ``transient`` is held only while a step runs."""
+
+    weights: float
+    gradients: float
+    optimizer_states: float
+    transient: float = 0.0
+
+    @property
+    def total(self) -> float:
+        """Model states per parameter: weights + gradients + optimizer states (``transient`` excluded)."""
+        return self.weights + self.gradients + self.optimizer_states
+
+    def formula(self) -> str:
+        """``4 + 4 + 8 = 16 B/param`` (weights + gradients + optimizer states)."""
+        return f"{self.weights:g} + {self.gradients:g} + {self.optimizer_states:g} = {self.total:g} B/param"
+
+
+EIGHT_BIT_OPTIMIZERS = ("adamw8bit", "pagedadamw8bit")  # bitsandbytes.optim.AdamW8bit / PagedAdamW8bit
+
+
+def optimizer_state_count(optimizer: str, optimizer_args: Mapping[str, Any] | None = None) -> int:
+    """How many parameter-sized tensors the optimizer keeps: AdamW 2 moments, SGD 0 (1 with momentum)."""
+    name = optimizer.rsplit(".", 1)[-1].lower()
+    if name in ("adamw", "adam", "pagedadamw", "deepspeedcpuadam", *EIGHT_BIT_OPTIMIZERS):
+        return 2
+    if name == "sgd":
+        return 1 if (optimizer_args or {}).get("momentum") else 0
+    raise ValueError(f"optimizer {optimizer!r}: the lab's arithmetic knows AdamW, Adam and SGD")
+
+
+def trainable_bytes(
+    precision: str, optimizer: str = "AdamW", optimizer_args: Mapping[str, Any] | None = None, *, paged: bool = False
+) -> BytesPerParam:
+    """Bytes per *trained* parameter. Optimizer states take the weights' dtype (torch's AdamW does), except
+    bitsandbytes' paged AdamW (litgpt's QLoRA optimizer), which keeps 32-bit states, and bitsandbytes' 8-bit
+    AdamW, which keeps each moment in 1 byte plus one fp32 scale (absmax) per block of 256 values."""
+    weight = precision_bytes(precision)
+    state = 4 if paged else weight
+    if optimizer.rsplit(".", 1)[-1].lower() in EIGHT_BIT_OPTIMIZERS:
+        from lab_helpers.planning.planner.optim8bit import bytes_per_param
+
+        state = bytes_per_param() / 2  # per moment: 1 B + 4 B / 256
+    transient = 2 if str(precision).endswith("-mixed") else 0  # autocast's half-precision weight copies
+    return BytesPerParam(weight, weight, optimizer_state_count(optimizer, optimizer_args) * state, transient)
+
+
+def frozen_bytes(precision: str) -> BytesPerParam:
+    """Bytes per *frozen* parameter (LoRA's base model): the weight only."""
+    return BytesPerParam(precision_bytes(precision), 0, 0)
+
+
+def nf4_bytes_per_param(numel: int, double_quant: bool) -> float:
+    """bitsandbytes NF4 storage per weight: 0.5 B of packed values plus the absmax statistics per 64 weights."""
+    from lab_helpers.planning.planner.fake_modules import nf4_storage_bytes
+
+    return sum(nf4_storage_bytes(numel, double_quant).values()) / numel
+
+
+# ----------------------------------------------------------------------------------------------- models
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameters of a model as an experiment builds it (LoRA adapters included where it has them)."""
+
+    name: str
+    total: int
+    trainable: int
+    linear_weights: int  # plain nn.Linear weights: what bitsandbytes quantizes for QLoRA (lm_head included)
+
+
+@functools.lru_cache(maxsize=16)
+def count_params(checkpoint_dir: str, lora_items: tuple[tuple[str, Any], ...] = ()) -> ParamCounts:
+    """Count parameters by building the litgpt model on the meta device (no memory, no weights needed).
+
+    ``checkpoint_dir`` names the model as the planner reads it: its ``model_config.yaml`` when downloaded,
+    else litgpt's config of that name.
+    """
+    import torch
+    from torch import nn
+
+    from lab_helpers.planning.planner.spec import resolve_model_config
+
+    lora = dict(lora_items)
+    config = resolve_model_config(checkpoint_dir, lora or None)
+    with torch.device("meta"):
+        if lora:
+            from litgpt.lora import GPT, mark_only_lora_as_trainable
+
+            model = GPT(config)
+            mark_only_lora_as_trainable(model)
+        else:
+            from litgpt.model import GPT
+
+            model = GPT(config)
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    linear = sum(m.weight.numel() for m in model.modules() if type(m) is nn.Linear)
+    return ParamCounts(str(config.name), total, trainable, linear)
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """The model-state arithmetic of one experiment: parameter counts, bytes per parameter, GiB."""
+
+    exp_id: str
+    model: str
+    precision: str
+    optimizer: str
+    method: str
+    counts: ParamCounts
+    trained: BytesPerParam
+    frozen_per_param: float  # bytes per frozen parameter (0 for full fine-tuning)
+
+    @property
+    def frozen_params(self) -> int:
+        return self.counts.total - self.counts.trainable
+
+    @property
+    def bytes(self) -> float:
+        """Model states in bytes: the trained parameters' states plus the frozen weights."""
+        return self.counts.trainable * self.trained.total + self.frozen_params * self.frozen_per_param
+
+    @property
+    def gib(self) -> float:
+        return self.bytes / GIB
+
+    @property
+    def transient_gib(self) -> float:
+        """Autocast's half-precision copies of every weight a matmul uses: LoRA's frozen base as well."""
+        return self.counts.total * self.trained.transient / GIB
+
+    def markdown(self) -> str:
+        """The arithmetic as one Markdown paragraph, every figure computed here."""
+        c = self.counts
+        head = f"**{self.exp_id}** ({self.model}, {self.precision}, {self.optimizer}): "
+        trained = (
+            f"{c.trainable / 1e9:.2f}e9 parameters × ({self.trained.formula()}: weights + gradients + "
+            f"{self.optimizer} states)"
+        )
+        if self.method == "full":
+            body = f"{trained} = **{self.gib:.1f} GiB** ({self.bytes / GB:.1f} GB) of model states"
+        else:
+            share = 100 * c.trainable / c.total
+            body = (
+                f"frozen {self.frozen_params / 1e9:.2f}e9 × {self.frozen_per_param:.2f} B = "
+                f"{self.frozen_params * self.frozen_per_param / GIB:.2f} GiB; trained (adapters) "
+                f"{c.trainable / 1e6:.1f} M ({share:.1f} % of {c.total / 1e9:.2f}e9) × {self.trained.total:g} B = "
+                f"{c.trainable * self.trained.total / GIB:.2f} GiB; **{self.gib:.2f} GiB** of model states in all"
+            )
+        if self.trained.transient:
+            body += (
+                f", plus {self.trained.transient:g} B/param of half-precision weight copies that autocast makes "
+                f"while forward and backward run (+{self.transient_gib:.1f} GiB, transient)"
+            )
+        paged = ""
+        if self.optimizer.startswith("PagedAdamW"):
+            paged = (
+                " The adapters' 32-bit AdamW states are allocated by bitsandbytes itself, as CUDA managed (paged) "
+                "memory, for every state tensor of 100,000 elements or more: outside PyTorch's allocator, so "
+                "`max_memory_allocated` never sees them and the planner leaves them out of its breakdown (its "
+                "notes give their GiB); NVML's used memory counts them while they are on the GPU."
+            )
+        return head + body + " — before a single activation." + paged
+
+
+def resolved(exp_id: str, profile: str, overrides: Mapping[str, Any] | None = None):
+    """``experiments.resolve`` without file checks, memoised: the notebooks and node_plan ask for the same
+    experiment many times, and each resolve parses the YAML files again (pure-Python YAML: tens of ms).
+    Callers must not change the returned run."""
+    from lab_helpers.config.experiments import resolve
+
+    items = tuple(sorted(dict(overrides or {}).items()))
+    try:
+        return _resolved(exp_id, profile, items)
+    except TypeError:  # an unhashable override value: resolve it afresh
+        return resolve(exp_id, profile, dict(items), check_files=False)
+
+
+@functools.lru_cache(maxsize=256)
+def _resolved(exp_id: str, profile: str, items: tuple[tuple[str, Any], ...]):
+    from lab_helpers.config.experiments import resolve
+
+    return resolve(exp_id, profile, dict(items), check_files=False)
+
+
+def model_states(exp_id: str, *, profile: str = "gpu", overrides: Mapping[str, Any] | None = None) -> ModelStates:
+    """The model-state arithmetic of ``exp_id`` as it runs on ``profile`` (default: the real models)."""
+    from lab_helpers.config.experiments import resolve_path
+
+    run = resolved(exp_id, profile, overrides)
+    recipe = run.recipe
+    lora = tuple(sorted((k, v) for k, v in recipe.items() if k.startswith("lora_")))
+    counts = count_params(str(resolve_path(recipe["checkpoint_dir"])), lora)
+    precision = str(recipe.get("precision") or "bf16-mixed")
+    optimizer, optimizer_args = _optimizer(recipe.get("optimizer"))
+    quantize = recipe.get("quantize")
+    if run.experiment.options.get("offload_optimizer"):
+        optimizer = "DeepSpeedCPUAdam"
+    trained = trainable_bytes(precision, optimizer, optimizer_args, paged=bool(quantize))
+    frozen = 0.0
+    if run.experiment.method != "full":
+        frozen = frozen_bytes(precision).weights
+        if quantize:  # nn.Linear weights in NF4, the rest (embeddings, norms) in the training precision
+            others = counts.total - counts.trainable - counts.linear_weights
+            nf4 = nf4_bytes_per_param(counts.linear_weights, "-dq" in str(quantize))
+            frozen = (counts.linear_weights * nf4 + others * frozen) / (counts.total - counts.trainable)
+            optimizer = "PagedAdamW (32-bit states)"
+    return ModelStates(
+        exp_id=exp_id,
+        model=counts.name,
+        precision=precision,
+        optimizer=optimizer,
+        method=run.experiment.method,
+        counts=counts,
+        trained=trained,
+        frozen_per_param=frozen,
+    )
+
+
+def _optimizer(value: Any) -> tuple[str, dict[str, Any]]:
+    if value is None:
+        return "AdamW", {}
+    if isinstance(value, str):
+        return value.rsplit(".", 1)[-1], {}
+    return str(value.get("class_path", "AdamW")).rsplit(".", 1)[-1], dict(value.get("init_args") or {})
+
+
+# ----------------------------------------------------------------------------------------------- communication
+
+
+@dataclass(frozen=True)
+class Communication:
+    """What one optimizer step of a section-02 experiment moves, per GPU, with the recipe's own accumulation.
+
+    The byte counts are ``planner.communication``'s (derived once there, for the time model too): Ψ is the model's
+    weights in the training precision; per optimizer step of m micro-batches DDP all-reduces the gradients once
+    (Lightning accumulates under ``no_sync``): 2Ψ whatever m; FSDP FULL_SHARD gathers the weights for forward
+    and again for backward and reduce-scatters the gradients in *every* micro-batch: 3mΨ; SHARD_GRAD_OP 2mΨ;
+    ZeRO-2 (m + 1)Ψ; ZeRO-3 3mΨ. Ring collectives: each GPU sends (N - 1)/N of each; that total is a lower bound of
+    what crosses each GPU's GPU-to-GPU link (NVLink, PCIe peer or the network between nodes): tree algorithms,
+    headers and padding only add. The optimizer offload's copies between GPU and host (PCIe) are apart.
+    """
+
+    exp_id: str
+    volume: CommunicationVolume
+    host_device: HostDeviceTraffic | None  # the offload's GPU<->host bytes per step, None without offload
+
+    @property
+    def psi_multiple(self) -> float:
+        """Model-sized transfers per optimizer step (an all-reduce counted as 2): 2.0 for DDP, 6.0 for FSDP at m=2."""
+        return self.volume.psi_multiple
+
+    @property
+    def psi_gib(self) -> float:
+        return self.volume.psi_bytes / GIB
+
+    @property
+    def ranks(self) -> int:
+        return self.volume.world_size
+
+    @property
+    def micro_batches(self) -> int:
+        return self.volume.micro_batches_per_step
+
+    @property
+    def per_gpu_gib(self) -> float:
+        """GiB each GPU sends over the GPU-to-GPU link per optimizer step (ring collectives: a lower bound)."""
+        return self.volume.link_bytes_per_gpu / GIB
+
+    def markdown(self) -> str:
+        n, m = self.ranks, self.micro_batches
+        parts = " + ".join(f"{c.name} of {c.purpose} × {c.times_per_step}" for c in self.volume.collectives)
+        strategy = _STRATEGY_WORDS.get(self.volume.strategy, self.volume.strategy)
+        text = (
+            f"**{self.exp_id}** ({strategy}), {m} micro-batch{'es' if m > 1 else ''} per optimizer step "
+            f"on each of {n} GPUs: {parts} = **{self.psi_multiple:g}Ψ per optimizer step**, Ψ = {self.psi_gib:.1f} GiB "
+            f"(the weights in the training precision); with ring collectives each GPU sends at least "
+            f"**{self.per_gpu_gib:.1f} GiB** per step over its GPU-to-GPU link (a lower bound)"
+        )
+        if self.host_device is not None:
+            text += (
+                f"; the optimizer offload also copies {self.host_device.device_to_host_bytes / GIB:.1f} GiB of "
+                f"gradients GPU→host and {self.host_device.host_to_device_bytes / GIB:.1f} GiB of updated weights "
+                "host→GPU per GPU and step, over PCIe (a lower bound too)"
+            )
+        return text
+
+
+_STRATEGY_WORDS = {"fsdp (full)": "FSDP FULL_SHARD", "fsdp (grad-op)": "FSDP SHARD_GRAD_OP", "ddp": "DDP"}
+
+
+def communication(exp_id: str, *, profile: str = "gpu", ranks: int = 4) -> Communication:
+    """Communication per optimizer step of a section-02 experiment on ``ranks`` GPUs (LAB.md's reference: 4), with
+    the accumulation its recipe has there (global batch / (micro batch x ranks))."""
+    from lab_helpers.config.experiments import gradient_accumulation_steps, resolve_path
+
+    run = resolved(exp_id, profile)
+    strategy = run.experiment.strategy
+    if strategy == "single" or not run.experiment.distributed:
+        raise ValueError(f"{exp_id} runs {strategy!r}: no communication between GPUs to count")
+    counts = count_params(str(resolve_path(run.recipe["checkpoint_dir"])))
+    bytes_per = precision_bytes(str(run.recipe.get("precision") or "bf16-true"))
+    micro_batches = gradient_accumulation_steps(run.recipe, world_size=ranks)
+    volume = communication_per_optimizer_step(
+        strategy=strategy,
+        parameter_count=counts.total,
+        bytes_per_parameter=bytes_per,
+        world_size=ranks,
+        micro_batches_per_step=micro_batches,
+        sharding=run.options["sharding"] if strategy == "fsdp" else None,
+        trainable_parameter_count=counts.trainable,
+    )
+    host_device = None
+    if run.options["offload_optimizer"]:
+        host_device = host_device_bytes_per_optimizer_step(
+            trainable_parameter_count=counts.trainable,
+            bytes_per_parameter=bytes_per,
+            world_size=ranks,
+            micro_batches_per_step=micro_batches,
+        )
+    return Communication(exp_id, volume, host_device)
+
+
+def show_communication(*exp_ids: str, profile: str = "gpu", ranks: int = 4) -> None:
+    """Display each experiment's communication per optimizer step (Markdown in a notebook, plain text elsewhere)."""
+    _display("\n\n".join(communication(e, profile=profile, ranks=ranks).markdown() for e in exp_ids))
+
+
+def offload_host_gib(exp_id: str, *, profile: str = "gpu") -> float:
+    """Host RAM DeepSpeed's optimizer offload needs for ``exp_id``'s trained parameters, in GiB."""
+    return model_states(exp_id, profile=profile).counts.trainable * OFFLOAD_HOST_BYTES_PER_PARAM / GIB
+
+
+def show(exp_id: str, *, profile: str = "gpu", overrides: Mapping[str, Any] | None = None) -> None:
+    """Display the arithmetic as Markdown in a notebook (plain text elsewhere). ``overrides`` are the node's
+    (``node_plan.decide``): on a V100 the bf16 experiments run in 16-mixed, whose frozen LoRA base is fp32."""
+    _display(model_states(exp_id, profile=profile, overrides=overrides).markdown())
+
+
+def _display(text: str) -> None:
+    try:
+        from IPython.display import Markdown, display
+
+        display(Markdown(text))
+    except ImportError:
+        print(text)
+
+
+REFERENCE_GPU_NAMES = ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3")
+"""GPUs whose peaks are quoted when this node has none (or one the lab's peak table does not know)."""
+
+
+def bf16_over_fp32_text(node: Mapping[str, Any] | None = None) -> str:
+    """bf16 vs fp32 matmul peak from the lab's peak table (lab_helpers.hardware.gpu_peaks) for this node's GPU, else for
+    the reference GPUs. fp32 matmuls run on TF32 tensor cores because litgpt sets
+    ``torch.set_float32_matmul_precision("high")``, so the ratio is about 2x, not the 10x+ of plain fp32."""
+    from lab_helpers.hardware.gpu_peaks import find_gpu
+
+    names = [g.get("name") for g in (node or {}).get("gpus") or []][:1]
+    here = [peak for peak in (find_gpu(n) for n in names) if peak]
+    if here and not here[0].bf16 and here[0].fp16 and here[0].fp32_matmul:  # a V100: no bf16, the fp16 route
+        p = here[0]
+        return (
+            f"{p.model}: no bf16 (the bf16 experiments run in 16-mixed here): fp16 {p.fp16:g} vs FP32 "
+            f"{p.fp32_matmul:g} dense TFLOP/s (no TF32 before Ampere) = {p.fp16 / p.fp32_matmul:.1f}x"
+        )
+    rows = [peak for peak in here if peak.bf16 and peak.fp32_matmul]
+    if not rows:
+        rows = [peak for peak in (find_gpu(n) for n in REFERENCE_GPU_NAMES) if peak]
+    return "; ".join(
+        f"{p.model}: bf16 {p.bf16:g} vs TF32 {p.fp32_matmul:g} dense TFLOP/s = {p.bf16 / p.fp32_matmul:.1f}x"
+        for p in rows
+    )
+
+
+def activation_ratio(plan: Any, other: Any, *, names: tuple[str, str] = ("this run", "the other")) -> str:
+    """Two predictions' activations side by side with their micro batches, as ratios (``plan`` over ``other``):
+    whether activations scale exactly with the batch is read here, never typed (issue 43)."""
+    mine, theirs = (p.breakdown_gib.get("activations") or 0.0 for p in (plan, other))
+    if not theirs or not other.micro_batch_size:
+        return f"no predicted activations for {names[1]}: no ratio"
+    return (
+        f"activations {names[0]} {mine:.4g} GiB (micro batch {plan.micro_batch_size}) / {names[1]} {theirs:.4g} GiB "
+        f"(micro batch {other.micro_batch_size}) = {mine / theirs:.3f}; "
+        f"micro batches {plan.micro_batch_size / other.micro_batch_size:.3f}"
+    )
+
+
+# ------------------------------------------------------------------------------ activation checkpointing's peak
+
+STEP_SETTINGS: dict[str, dict[str, bool]] = {
+    "foreach": {"optimizer.foreach": True},
+    "for-loop": {"optimizer.foreach": False},
+    "fused": {"optimizer.fused": True},
+}
+"""The ``--set`` override that asks for each step implementation (``planner.spec.STEP_IMPLEMENTATIONS``)."""
+
+_STEP_WHAT = {
+    "foreach": "updates every parameter in one op, so each intermediate is the size of all parameters at once",
+    "for-loop": "updates one parameter at a time, so its intermediates are the size of one parameter",
+    "fused": "updates every parameter in place in one kernel, with no intermediates",
+}
+
+
+def step_lever(plan: Any) -> dict[str, bool]:
+    """The override that runs ``plan``'s optimizer step the other way: the for-loop where it is foreach (a GPU's
+    default) or fused, foreach where it is the for-loop (a CPU's default, so that a CPU shows what a GPU's default
+    costs); {} where the step is not a torch optimizer's."""
+    step = getattr(plan, "optimizer_step", None)
+    if step is None:
+        return {}
+    return dict(STEP_SETTINGS["foreach" if step == "for-loop" else "for-loop"])
+
+
+def setting_words(step: str) -> str:
+    """``optimizer.foreach=false``: the override of ``STEP_SETTINGS`` as ``--set`` spells it."""
+    return ", ".join(f"{key}={str(value).lower()}" for key, value in STEP_SETTINGS[step].items())
+
+
+def phase_words(phase: str | None) -> str:
+    """A planner phase (``w0-step``, ``w1m1-backward``) or a record's ``peak_phase`` in words."""
+    if not phase:
+        return "an unknown phase"
+    for suffix, words in (("-step", "the optimizer step"), ("-backward", "backward"), ("-forward", "forward")):
+        if phase.endswith(suffix):
+            return words
+    return "the optimizer step" if phase == "optimizer step" else phase
+
+
+def _off(measured: float, predicted: float) -> str:
+    pct = 100 * (measured / predicted - 1)
+    return "within 0.01%" if abs(pct) < 0.005 else f"{pct:+.2f}%"
+
+
+def _gib(value: float) -> str:
+    return f"{value:.1f} GiB" if abs(value) >= 10 else f"{value:.3g} GiB"
+
+
+def checkpointing_words(checkpointed: Any, plain: Any, *, names: tuple[str, str] = ("act-ckpt", "full-7b")) -> str:
+    """What activation checkpointing bought, in sentences computed from two plans (issue 43): the activations
+    with and without it, the predicted peak and its phase, and, where the peak is inside the optimizer step, the
+    step's temporaries there beside the parameters."""
+    ckpt, pair = names
+    act_with, act_without = (p.breakdown_gib.get("activations") or 0.0 for p in (checkpointed, plain))
+    lines = []
+    if act_without:
+        lines.append(
+            f"Activations (predicted): {pair} {_gib(act_without)}, {ckpt} {_gib(act_with)}: checkpointing keeps "
+            f"{100 * act_with / act_without:.2g}% of them."
+        )
+    drop = plain.peak_alloc_gib - checkpointed.peak_alloc_gib
+    before, after = phase_words(plain.peak_phase), phase_words(checkpointed.peak_phase)
+    lines.append(
+        f"Peak (predicted): {pair} {_gib(plain.peak_alloc_gib)} in {before}, {ckpt} "
+        f"{_gib(checkpointed.peak_alloc_gib)} in {after}: {_gib(drop)} lower, of the "
+        f"{_gib(act_without - act_with)} the activations fell."
+        + (f" The peak moved from {before} to {after}." if before != after else "")
+    )
+    step = checkpointed.optimizer_step
+    if step is not None and after == "the optimizer step":
+        temporaries = checkpointed.breakdown_gib.get("temporaries") or 0.0
+        params = checkpointed.breakdown_gib.get("parameters") or 0.0
+        lines.append(
+            f"At that peak the {step} step ({setting_words(step)}) holds {_gib(temporaries)} of temporaries, "
+            f"{temporaries / params:.2f}x the parameters' {_gib(params)}: it {_STEP_WHAT[step]}."
+            if params
+            else f"At that peak the {step} step holds {_gib(temporaries)} of temporaries."
+        )
+    return "\n".join(lines)
+
+
+def step_lever_words(checkpointed: Any, other_step: Any, *, records: Any = None, name: str = "act-ckpt") -> str:
+    """The lever on a peak inside the optimizer step, computed (issue 43): ``other_step`` (``checkpointed`` with
+    ``step_lever(checkpointed)``) predicted against ``checkpointed``, then both as measured where ``records`` (a
+    list of records or ``records.load_results()``'s frame) hold an ok run of exactly that prediction."""
+    step, other = checkpointed.optimizer_step, other_step.optimizer_step
+    if step is None or other is None or step == other:
+        return f"{name}: no other optimizer step to compare (the step is {step or 'not a torch optimizer'}'s)"
+    change = other_step.peak_alloc_gib - checkpointed.peak_alloc_gib
+    lines = [
+        f"The {other} step ({setting_words(other)}) {_STEP_WHAT[other]}: the planner predicts "
+        f"{_gib(other_step.peak_alloc_gib)} in {phase_words(other_step.peak_phase)}, {change:+.3g} GiB against "
+        f"the {step} step's {_gib(checkpointed.peak_alloc_gib)} in {phase_words(checkpointed.peak_phase)}."
+    ]
+    plans = (checkpointed, other_step)
+    measured = [_measured(name, p, records) for p in plans]
+    if any(measured):
+        lines.append(
+            "Measured: "
+            + "; ".join(
+                f"{p.optimizer_step} step {_gib(m[0])} in {phase_words(m[1])} (predicted {_gib(p.peak_alloc_gib)}, "
+                f"{_off(m[0], p.peak_alloc_gib)})"
+                if m
+                else f"{p.optimizer_step} step not run yet"
+                for p, m in zip(plans, measured, strict=True)
+            )
+            + "."
+        )
+    return "\n".join(lines)
+
+
+def _measured(exp_id: str, plan: Any, records: Any) -> tuple[float, str | None] | None:
+    """(peak, phase) of the latest ok rank-0 run of ``exp_id`` that was predicted as ``plan`` (same predicted peak,
+    same step implementation): ``peak_alloc_gib`` on a GPU, ``peak_tensor_gib`` on a CPU; None if there is none."""
+    from lab_helpers.planning.planner.spec import step_implementation
+
+    if records is None:
+        return None
+    rows = records.to_dict("records") if hasattr(records, "to_dict") else list(records)
+    found = None
+    for row in rows:
+        predicted = _finite(row.get("predicted_peak_alloc_gib"))
+        if row.get("experiment") != exp_id or row.get("status") != "ok" or predicted is None:
+            continue
+        if _finite(row.get("rank")) not in (None, 0) or abs(predicted - plan.peak_alloc_gib) > 1e-6 * max(predicted, 1):
+            continue
+        config = row.get("config") if isinstance(row.get("config"), Mapping) else {}
+        optimizer = config.get("optimizer") if isinstance(config.get("optimizer"), Mapping) else {}
+        args = optimizer.get("init_args") if isinstance(optimizer.get("init_args"), Mapping) else {}
+        device = "cpu" if str(row.get("device_name") or "cpu").startswith("cpu") else "cuda"
+        if step_implementation(args.get("foreach"), args.get("fused"), device) != plan.optimizer_step:
+            continue
+        peak = _finite(row.get("peak_alloc_gib"))
+        peak = peak if peak is not None else _finite(row.get("peak_tensor_gib"))
+        if peak is not None:
+            phase = row.get("peak_phase")
+            found = (peak, phase if isinstance(phase, str) else None)
+    return found
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number == number and number not in (float("inf"), float("-inf")) else None

@@ -1,0 +1,1006 @@
+"""What runs on a node: one decision, asked by every entry point (``run-all``, the notebooks, ``run``, the doctor).
+
+Why a module of its own: LAB.md's matrix assumes one 80 GB GPU with native bf16 (and 4 of them for section 02).
+Other nodes need other choices, and they must be the same choice in the cell that runs an experiment, in
+``scripts/run-lab.sh`` (``lab.run_all``), in the sentence the student reads and in the notebook's final check.
+Before this module they were made in six places that disagreed (a V100 skipped bf16 in run-lab.sh and ran it in
+16-mixed in the notebook; host RAM for the offload run came out three ways). :func:`decide` makes them once, from
+the node as :func:`lab_helpers.hardware.node.describe_node` reports it (a plain dict, so tests can give recorded nodes: an
+H200, an A10G, a V100, four H100s, none) and from the planner's predictions for "does it fit":
+
+* **which profile** -- ``gpu`` where torch drives the GPUs, ``ci`` where there are none, and a stop with the fix
+  where NVML sees GPUs that torch cannot use (:func:`default_profile_here`, :func:`profile_problem`);
+* **no GPU** -- the ``ci`` profile: every experiment on tiny CPU stand-ins; QLoRA and 8-bit AdamW are skipped
+  (bitsandbytes' kernels need CUDA);
+* **one GPU** -- section 02 runs what one GPU can show (``one-gpu``, DeepSpeed offload); DDP and FSDP on one
+  rank would only measure ``one-gpu`` plus overhead, so they are skipped and say why;
+* **GPUs smaller than 80 GB** -- an experiment that does not fit is offered with a smaller micro batch (the
+  global batch, and so the optimizer step, unchanged; small-batch, defined without accumulation, shrinks both);
+  where no batch fits, a substitute keeps the lesson (QLoRA for LoRA-13B; act-ckpt, 8-bit AdamW and SGD on the
+  largest model that fits); what has none (full-3b, full-7b) is skipped naming the experiments that train its
+  model here;
+* **OOM demonstrations** -- run as the course defines them wherever that is predicted not to fit; only on a GPU
+  that holds the course's batch does :func:`lab_helpers.planning.predict.oom_demo_overrides` raise the batch (baseline)
+  or, where a bigger batch would change the lesson (full-13b on a GPU that holds 13B's states), run a precision
+  whose model states alone do not fit; the sentence says which and why;
+* **pairs** -- an experiment compared with another (``pair:`` in configs/experiments) runs at the same micro batch
+  as its pair wherever both run on one model: the smaller of the two each fits alone (the one that fits more moves
+  down, keeping its global batch); where they cannot compare so (the pair is skipped or runs another model), the
+  sentence says so and names what to compare instead (:func:`_paired`);
+* **no native bf16** (V100) -- bf16 experiments run in ``16-mixed``: fp16 autocast with dynamic loss scaling;
+* **optimizer offload** -- host RAM from the planner's one formula
+  (:func:`lab_helpers.planning.planner.analytic.offload_host_bytes` on the run's real parameter counts and ranks) against
+  the node's cgroup-aware RAM: the largest model of the profile that fits runs instead, said so.
+
+:func:`blocked` is the same checks for a run already resolved with its overrides: ``run_experiment`` asks it
+before anything starts, so a direct ``run`` and the decision never disagree about what this node can do.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from lab_helpers.config.record_schema import GIB
+from lab_helpers.hardware.node import NodeFacts, bitsandbytes_install_command, gpu_memory_gib
+from lab_helpers.planning.predict import COURSE_GPU_GIB
+
+MULTI_RANK_STRATEGIES = ("ddp", "fsdp")
+SIMULATED_WORLD = 4
+"""The world a node too small for a multi-GPU experiment plays as a simulated rank 0: LAB.md's reference 4 GPUs."""
+SIMULATED_WORDS = (
+    "memory is what each of the {n} GPUs would hold (torch's fake process group: the collectives return at once); "
+    "time has no communication in it and no communication is measured"
+)
+LAB_GPU_GIB = COURSE_GPU_GIB  # the GPU LAB.md's expectations are written for, used where this node has none
+FP16_ROUTE = "16-mixed"
+LOSS_SCALING = (
+    "fp16 autocast with fp32 master weights and dynamic loss scaling: Lightning's GradScaler multiplies the "
+    "loss so that small fp16 gradients do not underflow to 0, unscales them before the step, and skips a step "
+    "whose gradients overflowed"
+)
+OFFLOAD_EXPERIMENT = "deepspeed-offload"
+MODELS_ENV = "LAB_MODELS"
+"""``LAB_MODELS=1b,7b``: this node prepared only these model sizes (a GPU slice, a small disk): every experiment of
+another size is decided ``skipped``, and the notebooks' final checks expect exactly that."""
+
+
+def models_here(profile: str) -> frozenset[str] | None:
+    """The model sizes ``$LAB_MODELS`` names (None: unset, every size); an unknown size is one line."""
+    from lab_helpers.config.config_error import LabConfigError
+    from lab_helpers.config.experiments import check_profile
+
+    text = os.environ.get(MODELS_ENV, "").strip()
+    if not text:
+        return None
+    keys = frozenset(key.strip() for key in text.split(",") if key.strip())
+    known = check_profile(profile)["models"]
+    if unknown := sorted(keys - set(known)):
+        raise LabConfigError(f"{MODELS_ENV}={text}: unknown model size {', '.join(unknown)}; choose from "
+                             f"{', '.join(known)}")  # fmt: skip
+    return keys
+"""The experiment whose host RAM the doctor checks (LAB.md: the 13B with its optimizer offloaded to the CPU)."""
+
+
+class PlanLike(Protocol):
+    gpu_used_gib: float
+    peak_alloc_gib: float
+
+
+Predict = Callable[[str, Mapping[str, Any]], PlanLike]
+OomOverrides = Callable[[str], tuple[dict[str, Any], str]]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One experiment on this node: whether it runs, with which overrides, what status to expect, and why."""
+
+    exp_id: str
+    profile: str
+    runs: bool
+    overrides: dict[str, Any] = field(default_factory=dict)
+    expected_status: str = "ok"  # ok | oom | skipped
+    sentence: str = ""
+    # run as rank 0 of this many ranks alone on one device (lab_helpers.training.distributed.simulated), or None
+    simulate_world: int | None = None
+
+
+# -------------------------------------------------------------------------------------------- the profile
+
+
+def default_profile_here(node: Mapping[str, Any]) -> str:
+    """``gpu`` where torch drives this node's GPUs, ``ci`` where there are none; LabConfigError where NVML sees
+    GPUs that torch cannot use (a driver older than torch's CUDA build, a CPU-only torch, a V100 with a build that
+    has no Volta kernels): a paid GPU node must not quietly train tiny CPU models."""
+    from lab_helpers.config.config_error import LabConfigError
+
+    if problem := gpu_problem(node):
+        raise LabConfigError(f"{problem} (or set LAB_PROFILE=ci to use the CPU profile on purpose)")
+    import torch
+
+    return "gpu" if torch.cuda.is_available() else "ci"
+
+
+def profile_problem(profile: str, node: Mapping[str, Any]) -> str | None:
+    """Why ``profile`` cannot run on this node at all (it needs CUDA, and torch has none here), or None."""
+    from lab_helpers.config.experiments import check_profile
+
+    if not check_profile(profile).get("needs_cuda"):
+        return None
+    if problem := gpu_problem(node):  # also where CUDA works but the build lacks this GPU's kernels (a V100 on cu130)
+        return problem
+    import torch
+
+    if not torch.cuda.is_available():
+        return (
+            f"profile {profile!r} needs a CUDA GPU and torch sees none here: use --profile ci (LAB_PROFILE=ci) on a CPU"
+        )
+    return None
+
+
+def gpu_problem(node: Mapping[str, Any]) -> str | None:
+    """Why torch cannot drive the GPUs NVML sees here, with the fix; None where it can or there are none."""
+    from lab_helpers.hardware.cuda_compat import torch_facts, torch_gpu_problem
+
+    if not node.get("gpus"):
+        return None
+    return torch_gpu_problem({**node, **torch_facts()})
+
+
+# ----------------------------------------------------------------------------------------------- the node
+
+
+def bf16_native(node: Mapping[str, Any]) -> bool:
+    gpus = node.get("gpus") or []
+    return bool(gpus) and all(g.get("bf16_native") for g in gpus)
+
+
+def gpu_words(node: Mapping[str, Any]) -> str:
+    """``NVIDIA A10G (22.5 GiB)``, ``4 x NVIDIA H100 80GB HBM3 (79.6 GiB each)`` or ``no GPU``."""
+    gpus = node.get("gpus") or []
+    if not gpus:
+        return "no GPU"
+    memory = gpu_memory_gib(node)
+    count = f"{len(gpus)} x " if len(gpus) > 1 else ""
+    size = "" if memory is None else f" ({memory:.1f} GiB{' each' if len(gpus) > 1 else ''})"
+    return f"{count}{gpus[0].get('name')}{size}"
+
+
+def reference_hint() -> str:
+    """Where the student finds real numbers for what this node cannot run (only files that exist are named)."""
+    from lab_helpers.config.paths import reference_dir
+
+    shipped = sorted(p.stem for p in reference_dir().glob("*.jsonl")) if reference_dir().is_dir() else []
+    have = ", ".join(shipped) if shipped else "none yet"
+    return f"reference results: 03_compare with USE_REFERENCE = True (shipped today: {have}; REFERENCE_NAME picks one)"
+
+
+def ram_gib(node: Mapping[str, Any]) -> float | None:
+    """The node's host RAM as ``describe_node`` read it (a container's memory limit counts)."""
+    ram = (node.get("host") or {}).get("ram_total_gib")
+    return float(ram) if isinstance(ram, (int, float)) else None
+
+
+def node_ranks(run: Any, node: Mapping[str, Any]) -> int:
+    """Ranks ``run`` starts on ``node``: "all" means this node's GPUs (a recorded node is not this machine); a
+    simulated rank or a node without GPUs starts what the run was resolved with."""
+    gpus = node.get("gpus") or []
+    if run.simulated_world_size or not gpus or run.experiment.devices != "all":
+        return run.world_size
+    return len(gpus) * run.experiment.num_nodes
+
+
+# ----------------------------------------------------------------------------------------------- host RAM
+
+
+@dataclass(frozen=True)
+class OffloadFit:
+    """Host RAM of an optimizer-offload run against the node's: the run's own need and, where it does not fit,
+    the profile's largest model that does (None: none does)."""
+
+    need_gib: float
+    ram_gib: float | None
+    model: str
+    smaller: tuple[str, str, float] | None  # (model key, checkpoint_dir, host GiB)
+
+    @property
+    def fits(self) -> bool:
+        return self.ram_gib is not None and self.need_gib <= self.ram_gib
+
+    def words(self) -> str:
+        ram = "unknown" if self.ram_gib is None else f"{self.ram_gib:.0f} GiB"
+        return (
+            f"needs ~{self.need_gib:.0f} GiB of host RAM for the {self.model} (the planner: fp32 master weights, "
+            f"Adam moments and gradients in host memory, 16 bytes per parameter, plus each rank's process) and "
+            f"this node has {ram}"
+        )
+
+
+def offload_host_gib(run: Any, ranks: int) -> float:
+    """The planner's one formula for the host RAM of an offload run, on its real parameter counts."""
+    from lab_helpers.planning.arithmetic import model_states
+    from lab_helpers.planning.planner.analytic import offload_host_bytes
+
+    counts = model_states(run.experiment.id, profile=run.profile, overrides=run.overrides).counts
+    return offload_host_bytes(counts.total, counts.trainable, max(1, ranks)) / GIB
+
+
+def offload_fit(run: Any, node: Mapping[str, Any]) -> OffloadFit:
+    """``run``'s offload host RAM on ``node``, with the largest model of its profile that fits where it does not."""
+    from lab_helpers.config.experiments import check_profile
+
+    ranks = node_ranks(run, node)
+    ram = ram_gib(node)
+    model = _model_of(run)
+    need = offload_host_gib(run, ranks)
+    if ram is not None and need <= ram:
+        return OffloadFit(need, ram, model, None)
+    best = None
+    for key in check_profile(run.profile)["models"]:
+        checkpoint_dir = _smaller_model_checkpoint(run.profile, key)
+        trial = _with_overrides(run, {"checkpoint_dir": checkpoint_dir})
+        gib = offload_host_gib(trial, ranks)
+        if ram is not None and gib <= ram:
+            best = (key, checkpoint_dir, gib)  # profiles list their models smallest first
+    return OffloadFit(need, ram, model, best)
+
+
+def _model_of(run: Any) -> str:
+    from pathlib import Path
+
+    return Path(str(run.recipe.get("checkpoint_dir"))).name
+
+
+def _with_overrides(run: Any, more: Mapping[str, Any]) -> Any:
+    from lab_helpers.planning.arithmetic import resolved
+
+    return resolved(run.experiment.id, run.profile, {**run.overrides, **more})
+
+
+def _smaller_model_checkpoint(profile: str, model: str) -> str:
+    import yaml
+
+    from lab_helpers.config.experiments import check_profile
+    from lab_helpers.config.paths import configs_dir
+
+    folder = check_profile(profile)["models"][model]
+    recipe = yaml.safe_load((configs_dir() / profile / folder / "full.yaml").read_text())
+    return str(recipe["checkpoint_dir"])
+
+
+# ----------------------------------------------------------------------------------------------- the gate
+
+
+def blocked(run: Any, node: NodeFacts) -> str | None:
+    """Why ``node`` cannot run ``run`` as resolved (its overrides included), or None: ``run_experiment``'s gate.
+
+    The same checks :func:`decide` makes, without the planner: a run :func:`decide` chose always passes, and a
+    run asked for directly is skipped with the fix the decision would have made (16-mixed, a smaller model).
+    """
+    reason = _hardware_gap(run, node)
+    if reason is not None or not run.experiment.options.get("offload_optimizer"):
+        return reason
+    fit = offload_fit(run, node)
+    if fit.fits:
+        return None
+    if fit.smaller is None:
+        return f"{fit.words()}; no model of profile {run.profile!r} fits"
+    key, checkpoint_dir, gib = fit.smaller
+    return f"{fit.words()}; the {key} model fits (~{gib:.0f} GiB): --set checkpoint_dir={checkpoint_dir}"
+
+
+def _hardware_gap(run: Any, node: Mapping[str, Any]) -> str | None:
+    """CUDA, bitsandbytes, deepspeed, native bf16 and enough GPUs for ``run`` on ``node``, or why not."""
+    from lab_helpers.config.experiments import bitsandbytes_use
+
+    experiment = run.experiment
+    gpus = node.get("gpus") or []
+    packages = node.get("packages") or {}
+    bnb = bitsandbytes_use(experiment.method, run.recipe)
+    if "cuda" in experiment.needs and not gpus:
+        what = f"bitsandbytes {bnb}" if bnb else "this experiment"
+        return f"needs CUDA: {what} cannot run on a CPU"
+    if bnb and gpus and not packages.get("bitsandbytes"):
+        return f"bitsandbytes is not installed ({bitsandbytes_install_command()}): {bnb} is skipped"
+    if gpus and str(run.recipe.get("precision") or "").startswith("bf16") and not bf16_native(node):
+        gpu = gpus[0]
+        return (
+            f"no native bf16 on {gpu.get('name')} (compute capability {gpu.get('compute_capability')}); "
+            f"this GPU's route is precision={FP16_ROUTE} ({LOSS_SCALING.split(':')[0]})"
+        )
+    if not gpus or not experiment.distributed:
+        return None
+    if experiment.options.get("offload_optimizer") and not packages.get("deepspeed"):
+        return "deepspeed is not installed (pip install deepspeed): skipped"
+    if run.simulated_world_size:
+        return None  # rank 0 of the world, alone on one device
+    ranks = node_ranks(run, node)
+    if ranks > len(gpus) or (experiment.strategy in MULTI_RANK_STRATEGIES and ranks < 2):
+        return (
+            f"needs at least 2 GPUs, this node has {len(gpus)} ({experiment.strategy} on one rank would only "
+            f"measure one-gpu plus overhead); the ci profile shows it on 2 CPU processes; {reference_hint()}"
+        )
+    return None
+
+
+# ----------------------------------------------------------------------------------------------- deciding
+
+
+def decide(
+    exp_id: str,
+    node: NodeFacts,
+    *,
+    profile: str,
+    predict: Predict | None = None,
+    oom_overrides: OomOverrides | None = None,
+) -> Decision:
+    """What ``node`` does with ``exp_id`` on ``profile``: run as defined, run with overrides (and why), or skip
+    (and why, naming what runs instead). ``predict`` (exp_id, overrides) -> a plan with ``gpu_used_gib`` and
+    ``oom_overrides`` default to the lab's planner asked about this node's GPU; tests pass recorded plans.
+
+    An experiment compared with others (``pair``: its group, ``experiments.pair_group``) is decided with them:
+    each is first decided alone, then :func:`_paired` runs the group at one micro batch where it can, or says why
+    it cannot. Every experiment of a group is decided from the same alone-decisions, so the answer does not
+    depend on which the notebook asks first; the planner memoizes its predictions, so asking a group again
+    costs no new prediction, and a skipped experiment asks nothing of its group."""
+    from lab_helpers.config.experiments import get_experiment, pair_group
+
+    how = {"profile": profile, "predict": predict, "oom_overrides": oom_overrides}
+    mine = _decide_alone(exp_id, node, **how)
+    group = pair_group(exp_id)
+    if len(group) == 1:
+        return mine
+    if not mine.runs:  # nothing to run at its pair's settings; its comparison is in the shipped records
+        pair = get_experiment(exp_id).pair
+        where = "in the reference results (03_compare with USE_REFERENCE = True)"
+        return mine if pair is None else _with_notes(mine, mine.overrides, [f"compare it with its pair {pair} {where}"])
+    alone = {e: mine if e == exp_id else _decide_alone(e, node, **how) for e in group}
+    return _paired(exp_id, alone, node)
+
+
+def _decide_alone(
+    exp_id: str,
+    node: NodeFacts,
+    *,
+    profile: str,
+    predict: Predict | None = None,
+    oom_overrides: OomOverrides | None = None,
+) -> Decision:
+    """:func:`decide` for ``exp_id`` as if it were compared with nothing."""
+    from lab_helpers.planning import predict as plans
+    from lab_helpers.planning.arithmetic import resolved
+
+    predict_given = predict
+    defined = resolved(exp_id, profile)
+    experiment = defined.experiment
+    if (sizes := models_here(profile)) is not None and experiment.model not in sizes:
+        return Decision(exp_id, profile, False, {}, "skipped",
+                        f"not prepared on this node: {MODELS_ENV}={','.join(sorted(sizes))} runs only those model "
+                        f"sizes, and this experiment's model is {experiment.model}")  # fmt: skip
+    gpus = node.get("gpus") or []
+    if profile == "ci":
+        return _decide_ci(exp_id, node, profile)
+    if not gpus:
+        return Decision(exp_id, profile, False, {}, "skipped", "no GPU: the gpu profile needs one; use LAB_PROFILE=ci")
+    # the planner is asked about this node's GPU (its size as the node reports it), as the run will use it
+    memory = gpu_memory_gib(node)
+    predict = _advice(
+        predict
+        or (
+            lambda e, o: plans.predict_experiment(
+                e, profile=profile, overrides=dict(o), gpu_memory_gib=memory, device="cuda"
+            )
+        )
+    )
+    oom_overrides = oom_overrides or (
+        lambda e: plans.oom_demo_overrides(e, profile=profile, gpu_memory_gib=memory, device="cuda")
+    )
+    recipe = defined.recipe
+    notes: list[str] = []
+
+    overrides, why_not = _precision_route(exp_id, recipe, node, notes)
+    if why_not is None and (world := simulated_world_here(experiment, node)):
+        return _simulated(exp_id, profile, overrides, notes, world, memory, predict_given)
+    if why_not is None:
+        why_not = _hardware_gap(resolved(exp_id, profile, overrides), node)
+    if why_not is None and experiment.options.get("offload_optimizer"):
+        why_not = _offload_host(resolved(exp_id, profile, overrides), node, overrides, notes)
+    if why_not is not None:
+        return _skip(exp_id, profile, overrides, why_not)
+    try:
+        if experiment.expect == "oom":
+            return _oom_demo(exp_id, profile, node, overrides, notes, predict, oom_overrides)
+        return _fit(exp_id, experiment, recipe, profile, node, overrides, notes, predict)
+    except NoPrediction as exc:
+        status = "oom" if experiment.expect == "oom" else "ok"
+        return Decision(exp_id, profile, True, overrides, status, _join(notes, str(exc)))
+
+
+# ----------------------------------------------------------------------------------------------- pairs
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """What a decided experiment runs with, as far as a pair compares it."""
+
+    runs: bool
+    ok: bool  # runs expecting no OOM (an OOM demonstration's batch is its lesson: never moved)
+    model: str  # the model key (1b, 3b, ...) it trains here
+    checkpoint_dir: str
+    micro: int
+    global_batch: int
+    shrinks_global: bool  # defined without accumulation (small-batch): its global batch follows its micro batch
+    per_rank: bool  # ``accumulation: 1``: the global batch follows micro batch x ranks
+    fills: bool  # ``fill_gpu``: its micro batch is chosen when it starts, the largest that fits -- its lesson
+    all_gpus: bool  # ``devices: all``: its ranks are the node's GPUs
+    defined_micro: int
+    defined_checkpoint_dir: str
+
+
+def _settings(step: Decision) -> _Settings:
+    from lab_helpers.planning.arithmetic import resolved
+
+    run = resolved(step.exp_id, step.profile, step.overrides)
+    defined_run = resolved(step.exp_id, step.profile)
+    defined = defined_run.recipe["train"]
+    train = run.recipe["train"]
+    per_rank = run.experiment.accumulation == 1
+    return _Settings(
+        runs=step.runs,
+        ok=step.expected_status == "ok",
+        model=_model_key(run, defined_run),
+        checkpoint_dir=str(run.recipe["checkpoint_dir"]),
+        micro=int(train["micro_batch_size"]),
+        global_batch=int(train.get("global_batch_size") or train["micro_batch_size"]),
+        shrinks_global=not per_rank and int(defined.get("global_batch_size") or 0) == int(defined["micro_batch_size"]),
+        per_rank=per_rank,
+        fills=bool(run.options.get("fill_gpu")),
+        all_gpus=run.experiment.devices == "all",
+        defined_micro=int(defined["micro_batch_size"]),
+        defined_checkpoint_dir=str(defined_run.recipe["checkpoint_dir"]),
+    )
+
+
+def _model_key(run: Any, defined: Any) -> str:
+    """The model key (``1b``) ``run`` trains: its experiment's, or the profile's model whose checkpoint a
+    substitute's ``checkpoint_dir`` names."""
+    from lab_helpers.config.experiments import check_profile
+
+    checkpoint_dir = str(run.recipe["checkpoint_dir"])
+    if checkpoint_dir == str(defined.recipe["checkpoint_dir"]):
+        return run.experiment.model
+    models = check_profile(run.profile)["models"]
+    return next((k for k in models if _smaller_model_checkpoint(run.profile, k) == checkpoint_dir), checkpoint_dir)
+
+
+def _paired(exp_id: str, alone: Mapping[str, Decision], node: Mapping[str, Any]) -> Decision:
+    """``exp_id``'s decision within its pair group (``alone``: each experiment of the group decided on its own).
+
+    The rule: experiments linked by ``pair`` that both run on the same model, expecting no OOM, run at one micro
+    batch -- the smallest of the micro batches each fits alone, the largest that fits them all (memory grows with
+    the micro batch, so each fits it without a new prediction). The one that fits a larger batch is the one that
+    moves: the other cannot move up (it would not fit). It keeps its global batch (its optimizer step) unless it
+    is defined without accumulation (small-batch), which shrinks both as it does alone. ``fill_gpu`` takes the
+    largest micro batch when it starts -- the difference is its lesson -- and never moves its pair.
+
+    Where an experiment that runs and its pair cannot compare so (the pair is skipped, runs another model or
+    another micro batch), the sentence of the one that names the pair says so in one clause, and what the
+    student can compare instead: the planner's prediction for the pair at this run's settings."""
+    from lab_helpers.config.experiments import get_experiment, linked, load_experiments
+
+    mine = alone[exp_id]
+    section = load_experiments(get_experiment(exp_id).section)
+    settings = {e: _settings(d) for e, d in alone.items()}
+    eligible = {e for e, s in settings.items() if s.runs and s.ok and not s.fills}
+    links = [(e, p) for e in alone if (p := section[e].pair) in eligible and e in eligible
+             and settings[e].model == settings[p].model]  # fmt: skip
+    micro = {e: s.micro for e, s in settings.items()}
+    notes: list[str] = []
+    if exp_id in eligible:
+        group = linked(exp_id, links)
+        target = min(settings[e].micro for e in group)
+        for e in group:
+            micro[e] = target if _can_run_at(settings[e], target, alone[e], node) else settings[e].micro
+        if micro[exp_id] < settings[exp_id].micro:
+            setter = next(e for e in alone if e in group and settings[e].micro == target)
+            others = [e for e in alone if e in group and e != exp_id]
+            notes.append(_moved_words(settings[exp_id], target, others, setter))
+    overrides = _at_micro(mine.overrides, settings[exp_id], micro[exp_id])
+    pair = section[exp_id].pair
+    if pair is not None and pair in alone:
+        if clause := _pair_clause(exp_id, pair, alone, settings, micro):
+            notes.append(clause)
+    return _with_notes(mine, overrides, notes)
+
+
+def _with_notes(step: Decision, overrides: Mapping[str, Any], notes: list[str]) -> Decision:
+    from dataclasses import replace
+
+    return replace(step, overrides=dict(overrides), sentence=_join([step.sentence, *notes])) if notes else step
+
+
+def _can_run_at(s: _Settings, micro: int, step: Decision, node: Mapping[str, Any]) -> bool:
+    """Whether ``micro`` divides the global batch over the ranks the step runs on (it always fits: it is no
+    larger than the micro batch the step fits alone)."""
+    if micro >= s.micro or s.shrinks_global or s.per_rank:
+        return True
+    ranks = step.simulate_world or (len(node.get("gpus") or []) if s.all_gpus else 1) or 1
+    return s.global_batch % (micro * ranks) == 0
+
+
+def _at_micro(overrides: Mapping[str, Any], s: _Settings, micro: int) -> dict[str, Any]:
+    """``overrides`` with the micro batch ``micro`` (none where it is the recipe's own)."""
+    out = dict(overrides)
+    if micro == s.micro:
+        return out
+    out.pop("train.micro_batch_size", None)
+    if micro != s.defined_micro:
+        out["train.micro_batch_size"] = micro
+    if s.shrinks_global:
+        out.pop("train.global_batch_size", None)
+        if micro != s.defined_micro:
+            out["train.global_batch_size"] = micro
+    return out
+
+
+def _moved_words(s: _Settings, target: int, others: list[str], setter: str) -> str:
+    what = "micro and global batch" if s.shrinks_global else "micro batch per GPU" if s.per_rank else "micro batch"
+    said = s.micro != s.defined_micro  # the step's sentence already says the global batch stays
+    kept = "" if s.shrinks_global or s.per_rank or said else f"; the global batch stays {s.global_batch}"
+    return (
+        f"{what} {s.micro} -> {target} so that it compares with {' and '.join(others)} at the same micro batch "
+        f"({target} is the largest {setter} fits here{kept})"
+    )
+
+
+def _pair_clause(
+    exp_id: str, pair: str, alone: Mapping[str, Decision], settings: Mapping[str, _Settings], micro: Mapping[str, int]
+) -> str | None:
+    """The one clause that says why ``exp_id`` and its ``pair`` do not compare at the same settings here, and what
+    to compare instead; None where they do."""
+    mine, theirs = settings[exp_id], settings[pair]
+    if theirs.runs and theirs.model == mine.model:
+        if mine.fills:
+            return (
+                f"its pair {pair} runs at micro batch {micro[pair]}; this run takes the largest that fits when it "
+                "starts, the one difference between them"
+            )
+        if micro[pair] == micro[exp_id]:
+            return None
+    if not theirs.runs:
+        state = "does not run here"
+    elif theirs.model != mine.model:
+        state = f"runs the {theirs.model.upper()} model here and this run the {mine.model.upper()}"
+    else:
+        state = f"runs at micro batch {micro[pair]} here and this run at {micro[exp_id]}"
+    ask = _prediction_overrides(alone[pair], theirs, mine, micro[exp_id])
+    given = f", overrides={ask!r}" if ask else ""
+    call = f"lab.predict_experiment({pair!r}, profile={alone[pair].profile!r}{given})"
+    return (
+        f"its pair {pair} {state}, so compare with the planner's prediction for {pair} on the "
+        f"{mine.model.upper()} model at micro batch {micro[exp_id]}: {call}"
+    )
+
+
+def _prediction_overrides(pair_step: Decision, theirs: _Settings, mine: _Settings, micro: int) -> dict[str, Any]:
+    """The pair's overrides at this run's model and micro batch (the pair's own precision route kept)."""
+    batch = ("train.micro_batch_size", "train.global_batch_size", "checkpoint_dir")
+    out = {k: v for k, v in pair_step.overrides.items() if k not in batch}
+    if mine.checkpoint_dir != theirs.defined_checkpoint_dir:
+        out["checkpoint_dir"] = mine.checkpoint_dir
+    if micro != theirs.defined_micro:
+        out["train.micro_batch_size"] = micro
+        if theirs.shrinks_global:
+            out["train.global_batch_size"] = micro
+    return out
+
+
+class NoPrediction(Exception):
+    """The planner could not answer; the step runs as defined and says why (a prediction is advice)."""
+
+
+def _advice(predict: Predict) -> Predict:
+    def ask(exp_id: str, overrides: Mapping[str, Any]) -> PlanLike:
+        try:
+            return predict(exp_id, overrides)
+        except Exception as exc:  # noqa: BLE001 - any planner failure: run anyway, say why
+            raise NoPrediction(f"no prediction ({type(exc).__name__}: {exc}): runs as defined") from exc
+
+    return ask
+
+
+def simulated_world_here(experiment: Any, node: Mapping[str, Any]) -> int | None:
+    """The world a one-node multi-GPU experiment plays as a simulated rank 0 on ``node``, or None where it runs for
+    real. ``SIMULATED_WORLD`` on a CPU (every multi-rank experiment) and on a 1-GPU node for DDP and FSDP, which one
+    rank cannot show (DeepSpeed's offload runs there for real, on its one rank). Never for several nodes: the
+    multi-node extension stays as it is."""
+    multi_rank = experiment.strategy != "single" and experiment.devices == "all"
+    if not experiment.distributed or not multi_rank or experiment.num_nodes > 1:
+        return None
+    gpus = len(node.get("gpus") or [])
+    if gpus == 0 or (gpus == 1 and experiment.strategy in MULTI_RANK_STRATEGIES):
+        return SIMULATED_WORLD
+    return None
+
+
+def _simulated(
+    exp_id: str, profile: str, overrides: dict[str, Any], notes: list[str], world: int, memory: float | None,
+    predict: Predict | None,
+) -> Decision:  # fmt: skip
+    """Rank 0 of ``world`` on this node's one GPU, expected to run out of memory where the planner says rank 0 of
+    ``world`` does not fit it. ``predict`` stands in for the planner in tests (asked as decide asks it)."""
+    from lab_helpers.planning import predict as plans
+
+    note = f"this node has 1 GPU: rank 0 of {world} runs alone on it; " + SIMULATED_WORDS.format(n=world)
+    try:
+        plan = (
+            predict(exp_id, overrides)
+            if predict is not None
+            else plans.predict_experiment(
+                exp_id, profile=profile, overrides=overrides, gpu_memory_gib=memory, device="cuda",
+                simulate_world=world,
+            )
+        )  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - a prediction is advice
+        return Decision(exp_id, profile, True, overrides, "ok", _join([*notes, note], f"no prediction ({exc})"), world)
+    fits = memory is None or plan.gpu_used_gib <= memory
+    verdict = f"predicted {plan.gpu_used_gib:.1f} GiB used of {memory or 0:.1f} GiB per GPU" if memory else ""
+    status = "ok" if fits else "oom"
+    return Decision(exp_id, profile, True, overrides, status, _join([*notes, note], verdict or None), world)
+
+
+def ci_simulated_global_batch(run: Any, world: int) -> int:
+    """The ci recipes' batches are sized for 2 CPU ranks: as rank 0 of ``world``, the global batch grows with the
+    world, so that each simulated rank runs the micro-batches per step that each of 2 ranks runs."""
+    from lab_helpers.config.experiments import count_devices
+
+    return int(run.recipe["train"]["global_batch_size"]) * world // count_devices("all")
+
+
+def _decide_ci(exp_id: str, node: Mapping[str, Any], profile: str) -> Decision:
+    from lab_helpers.config.experiments import check_profile
+    from lab_helpers.planning.arithmetic import resolved
+
+    run = resolved(exp_id, profile)
+    if reason := blocked(run, node):
+        return Decision(exp_id, profile, False, {}, "skipped", reason)  # the record's reason, as run_experiment's
+    stand_in = check_profile(profile)["models"][run.experiment.model]
+    if world := simulated_world_here(run.experiment, node):
+        global_batch = ci_simulated_global_batch(run, world)
+        return Decision(
+            exp_id, profile, True, {"train.global_batch_size": global_batch}, "ok",
+            f"ci profile: the same recipe on {stand_in}, a tiny random-weight stand-in; no GPU here, so rank 0 of "
+            f"{world} runs alone on the CPU (global batch {global_batch}: each rank's micro-batches per step as on "
+            f"2 CPU ranks); {SIMULATED_WORDS.format(n=world)}",
+            world,
+        )  # fmt: skip
+    where = "2 CPU processes over gloo play the nodes" if run.experiment.num_nodes > 1 else "on the CPU"
+    return Decision(
+        exp_id,
+        profile,
+        True,
+        {},
+        "ok",
+        f"ci profile: the same recipe on {stand_in}, a tiny random-weight stand-in, {where} -- the code path "
+        "is real, the numbers are small",
+    )
+
+
+def _precision_route(
+    exp_id: str, recipe: Mapping[str, Any], node: Mapping[str, Any], notes: list[str]
+) -> tuple[dict[str, Any], str | None]:
+    """Overrides that replace bf16 on a GPU without it (V100), or why the experiment has no such route."""
+    precision = str(recipe.get("precision") or "")
+    if not precision.startswith("bf16") or bf16_native(node):
+        return {}, None
+    gpu = (node.get("gpus") or [{}])[0]
+    why = f"no native bf16 on {gpu.get('name')} (compute capability {gpu.get('compute_capability')})"
+    if exp_id == "bf16-true":
+        return {}, (
+            f"{why}; its fp16 counterpart, 16-true, has no loss scaling, so small gradients underflow to 0 -- "
+            f"this GPU's route is {FP16_ROUTE}, in the bf16-mixed experiment"
+        )
+    if recipe.get("quantize"):
+        notes.append(
+            f"{why}: runs in 16-true (litgpt refuses quantization with mixed precision): fp16 adapters without "
+            "loss scaling, valid for memory and time, watch the loss"
+        )
+        return {"precision": "16-true"}, None
+    notes.append(f"{why}: runs in {FP16_ROUTE} (fp16 autocast with loss scaling)")
+    return {"precision": FP16_ROUTE}, None
+
+
+def _offload_host(run: Any, node: Mapping[str, Any], overrides: dict[str, Any], notes: list[str]) -> str | None:
+    """DeepSpeed offload keeps 16 B/param on the host: the defined model where RAM allows, else the largest
+    model that fits (added to ``overrides``), else why not."""
+    fit = offload_fit(run, node)
+    ram = "unknown" if fit.ram_gib is None else f"{fit.ram_gib:.0f} GiB"
+    if fit.fits:
+        notes.append(f"host RAM {ram} holds the offloaded optimizer ({fit.need_gib:.0f} GiB)")
+        return None
+    if fit.smaller is None:
+        return f"{fit.words()}; no model of profile {run.profile!r} fits"
+    key, checkpoint_dir, gib = fit.smaller
+    overrides["checkpoint_dir"] = checkpoint_dir
+    notes.append(
+        f"host RAM {ram} cannot hold the {fit.model}'s offloaded optimizer ({fit.need_gib:.0f} GiB): runs the "
+        f"{key.upper()} ({gib:.0f} GiB on the host)"
+    )
+    return None
+
+
+def _oom_demo(
+    exp_id: str,
+    profile: str,
+    node: Mapping[str, Any],
+    overrides: dict[str, Any],
+    notes: list[str],
+    predict: Predict,
+    oom_overrides: OomOverrides,
+) -> Decision:
+    """An OOM demonstration keeps the course's lesson here (``predict.oom_demo_overrides`` decides: the course's
+    batch where it does not fit, else a raised batch or, for a model-states lesson, a precision that does not
+    fit); the step expects the OOM the planner predicts for what runs."""
+    memory = gpu_memory_gib(node)
+    demo, why = oom_overrides(exp_id)
+    chosen = {**demo, **overrides}
+    plan = predict(exp_id, chosen)
+    notes.append(why)
+    fits = memory is not None and plan.gpu_used_gib <= memory
+    return Decision(exp_id, profile, True, chosen, "ok" if fits else "oom", _join(notes))
+
+
+SMALLER_MODEL_SUBSTITUTES = ("act-ckpt", "adamw-8bit", "full-13b-sgd")
+"""Experiments whose lesson is a technique (checkpointing, 8-bit AdamW, SGD), not a model size: where their model
+does not fit, the same technique on the largest model that does keeps the lesson."""
+
+
+def _fit(
+    exp_id: str,
+    experiment: Any,
+    recipe: Mapping[str, Any],
+    profile: str,
+    node: Mapping[str, Any],
+    overrides: dict[str, Any],
+    notes: list[str],
+    predict: Predict,
+) -> Decision:
+    """Run as defined where the planner says it fits; else a smaller micro batch; else a named substitute that
+    keeps the lesson (QLoRA for LoRA, the same technique on a smaller model); else skip, naming what runs."""
+    memory = gpu_memory_gib(node)
+    if memory is None:
+        return Decision(exp_id, profile, True, overrides, "ok", _join(notes, "GPU memory unknown: runs as defined"))
+    fitted, why_not = _largest_micro_batch(exp_id, experiment, profile, node, overrides, predict)
+    if fitted is not None:
+        return Decision(exp_id, profile, True, fitted, "ok", _join(notes, why_not))
+    substitute = _substitute(exp_id, experiment, recipe, profile, node, overrides, predict)
+    if substitute is not None:
+        trial, what, fit_note = substitute
+        return Decision(exp_id, profile, True, trial, "ok", _join(notes, f"{why_not}; runs instead {what}: {fit_note}"))
+    return _skip(exp_id, profile, overrides, f"{why_not}; {_named_elsewhere(experiment)}{reference_hint()}")
+
+
+def _largest_micro_batch(
+    exp_id: str,
+    experiment: Any,
+    profile: str,
+    node: Mapping[str, Any],
+    overrides: dict[str, Any],
+    predict: Predict,
+) -> tuple[dict[str, Any] | None, str]:
+    """(overrides, how it fits) at the largest micro batch that fits, halving from the recipe's; (None, why not).
+
+    An experiment defined without accumulation (global batch = micro batch: small-batch) shrinks both, so it still
+    teaches a small batch, as does one whose global batch follows its ranks (``accumulation: 1``, the course's
+    rows); one defined with it keeps its global batch and accumulates more micro-batches.
+    """
+    from lab_helpers.planning.arithmetic import model_states, resolved
+
+    memory = gpu_memory_gib(node)
+    where = f"this {gpu_words(node)}"
+    if experiment.strategy in ("single", "ddp"):
+        states = model_states(exp_id, profile=profile, overrides=overrides)
+        if states.gib > memory:
+            return None, f"its model states alone are {states.gib:.1f} GiB, more than {where} holds"
+    train = dict(resolved(exp_id, profile, overrides).recipe.get("train") or {})
+    micro = first = int(train.get("micro_batch_size") or 1)
+    per_rank = experiment.accumulation == 1  # the course's rows: the global batch follows micro batch x ranks
+    no_accumulation = per_rank or int(train.get("global_batch_size") or first) == first
+    while True:
+        shrink = {"train.micro_batch_size": micro} if micro != first else {}
+        if shrink and no_accumulation and not per_rank:
+            shrink["train.global_batch_size"] = micro
+        trial = {**overrides, **shrink}
+        plan = predict(exp_id, trial)
+        if plan.gpu_used_gib <= memory:
+            break
+        if micro == 1:
+            return None, f"does not fit {where} even at micro batch 1 (predicted {plan.gpu_used_gib:.1f} GiB used)"
+        micro //= 2
+    used = f"predicted {plan.gpu_used_gib:.1f} GiB used"
+    if micro == first:
+        return trial, f"fits {where} as defined: {used}"
+    if no_accumulation:
+        batch = "micro batch per GPU" if per_rank else "micro and global batch"
+        return trial, (
+            f"{batch} {first} -> {micro} so that it fits {where} ({used}), without accumulation, "
+            "as the course defines it"
+        )
+    return trial, (
+        f"micro batch {first} -> {micro} so that it fits {where} ({used}); the global batch stays "
+        f"{train.get('global_batch_size')}, so the optimizer step is unchanged and gradient accumulation takes "
+        "more micro-batches"
+    )
+
+
+def _substitute(
+    exp_id: str,
+    experiment: Any,
+    recipe: Mapping[str, Any],
+    profile: str,
+    node: Mapping[str, Any],
+    overrides: dict[str, Any],
+    predict: Predict,
+) -> tuple[dict[str, Any], str, str] | None:
+    """A run that keeps the experiment's lesson on this node: (overrides, what it is, how it fits), or None."""
+    candidates: list[tuple[dict[str, Any], str]] = []
+    has_bnb = bool((node.get("packages") or {}).get("bitsandbytes"))
+    if experiment.method == "lora" and not recipe.get("quantize") and has_bnb and "precision" not in overrides:
+        qlora = f"QLoRA-{experiment.model.upper()} (the same LoRA with the frozen weights in 4-bit NF4)"
+        candidates.append(({**overrides, "quantize": "bnb.nf4"}, qlora))
+    if exp_id in SMALLER_MODEL_SUBSTITUTES:
+        for model in reversed(_smaller_models(profile, experiment.model)):
+            smaller = {**overrides, "checkpoint_dir": _smaller_model_checkpoint(profile, model)}
+            candidates.append((smaller, f"{exp_id} on the {model.upper()} model, the largest that fits"))
+    for trial, what in candidates:
+        fitted, how = _largest_micro_batch(exp_id, experiment, profile, node, trial, predict)
+        if fitted is not None:
+            return fitted, what, how
+    return None
+
+
+def _smaller_models(profile: str, model: str) -> list[str]:
+    """The profile's models smaller than ``model``, smallest first (profiles list them so)."""
+    from lab_helpers.config.experiments import check_profile
+
+    models = list(check_profile(profile)["models"])
+    return models[: models.index(model)]
+
+
+def _named_elsewhere(experiment: Any) -> str:
+    """For a skipped experiment: which experiments of its section train the same model here (their cells say
+    how), so the sentence names what ran instead."""
+    from lab_helpers.config.experiments import load_experiments
+
+    section = load_experiments(experiment.section).items()
+    others = [e for e, x in section if x.model == experiment.model and x.method != experiment.method]
+    if not others:
+        return ""
+    return f"the {experiment.model.upper()} model is trained here by {' and '.join(others)} (its substitutes); "
+
+
+def _skip(exp_id: str, profile: str, overrides: Mapping[str, Any], why: str) -> Decision:
+    """A skipped step; the sentence names the precision it would have run in when that was changed."""
+    where = f"in {overrides['precision']}, " if "precision" in overrides else ""
+    return Decision(exp_id, profile, False, dict(overrides), "skipped", f"skipped here: {where}{why}")
+
+
+def _join(notes: list[str], last: str | None = None) -> str:
+    parts = [*notes, *([last] if last else [])]
+    return "; ".join(parts)
+
+
+def section_decisions(
+    section: str,
+    node: NodeFacts,
+    *,
+    profile: str,
+    only: Any = None,
+    predict: Predict | None = None,
+    oom_overrides: OomOverrides | None = None,
+):
+    """(exp_id, Decision) for each experiment of ``section`` in order, decided as it is reached (the planner is
+    asked lazily, so the first run does not wait for the last decision): what ``run-all`` runs."""
+    from lab_helpers.config.experiments import load_experiments
+
+    chosen = set(only) if only else None
+    for exp_id in load_experiments(section):
+        if chosen is None or exp_id in chosen:
+            yield exp_id, decide(exp_id, node, profile=profile, predict=predict, oom_overrides=oom_overrides)
+
+
+# ----------------------------------------------------------------------------------------------- per section
+
+
+def sections_runnable(node: NodeFacts) -> dict[str, tuple[bool, str]]:
+    """Which parts of the lab ``node`` runs at full size (``gpu`` profile), and why not: the doctor's and
+    00_check_node's checklist, in the words of the decision above (bf16 on a V100 is the 16-mixed route; the
+    offload run's host RAM is :func:`offload_fit`, the formula the run's gate uses).
+
+    Every experiment also exists in the ``ci`` profile, which runs on any CPU; the reasons say so where
+    that is the way out.
+    """
+    gpus = node.get("gpus") or []
+    packages = node.get("packages") or {}
+    n = len(gpus)
+    cuda = n > 0
+    result: dict[str, tuple[bool, str]] = {}
+
+    torch_problem = _torch_problem(node)
+    if cuda and torch_problem:
+        result["single"] = (False, torch_problem)
+    elif cuda:
+        result["single"] = (True, f"{n} CUDA GPU(s): {gpus[0]['name']}")
+    else:
+        result["single"] = (False, "no CUDA GPU: ci profile only (LAB_PROFILE=ci runs small models on the CPU)")
+
+    if not cuda:
+        result["single bf16"] = (False, "no CUDA GPU: bf16 experiments run on the CPU in the ci profile only")
+    else:
+        old = [gpu for gpu in gpus if not gpu.get("bf16_native")]
+        if old:
+            names = ", ".join(sorted({f"{g['name']} (sm {g.get('compute_capability')})" for g in old}))
+            result["single bf16"] = (
+                False,
+                f"{names}: no native bf16 (needs compute capability >= 8.0); the bf16 experiments run in "
+                f"{FP16_ROUTE} (fp16 with loss scaling) and bf16-true is skipped",
+            )
+        else:
+            result["single bf16"] = (True, "native bf16 tensor cores (compute capability >= 8.0)")
+
+    if not cuda:
+        result["qlora"] = (False, "no CUDA GPU: bitsandbytes 4-bit kernels need CUDA")
+    elif not packages.get("bitsandbytes"):
+        result["qlora"] = (False, f"bitsandbytes is not installed: {bitsandbytes_install_command()}")
+    else:
+        result["qlora"] = (True, f"bitsandbytes {packages['bitsandbytes']}")
+
+    if n >= 2:
+        result["multi"] = (True, f"{n} GPUs over {node.get('interconnect') or 'unknown interconnect'}")
+    else:
+        found = "one GPU" if n == 1 else "no GPU"
+        result["multi"] = (
+            False,
+            f"{found}: DDP/FSDP need >= 2 GPUs to run for real; here 02 runs them as rank 0 of {SIMULATED_WORLD} "
+            f"simulated alone on {'the GPU' if n else 'the CPU (the ci profile)'} (memory real, no communication)",
+        )
+
+    result[OFFLOAD_EXPERIMENT] = _offload_section(node)
+    result["multi-node"] = (
+        False,
+        "informational: an extension for a cluster (torchrun / Lightning num_nodes across nodes); "
+        "this check sees one node",
+    )
+    return result
+
+
+def _offload_section(node: Mapping[str, Any]) -> tuple[bool, str]:
+    """The offload run on ``node``: its host RAM (the gate's formula) and what runs where the 13B does not fit."""
+    from lab_helpers.planning.arithmetic import resolved
+
+    packages = node.get("packages") or {}
+    fit = offload_fit(resolved(OFFLOAD_EXPERIMENT, "gpu"), node)
+    it = f"it {fit.words()}"
+    if not node.get("gpus"):
+        return False, f"no CUDA GPU: ci profile only; on a GPU node {it}"
+    if fit.smaller is not None and not fit.fits:
+        it += f"; run-all and 02 run the {fit.smaller[0].upper()} instead (~{fit.smaller[2]:.0f} GiB)"
+    if not packages.get("deepspeed"):
+        return False, f"deepspeed is not installed (pip install deepspeed); {it}"
+    if node.get("deepspeed_build_problem"):
+        return False, str(node["deepspeed_build_problem"])
+    if not fit.fits:
+        return False, f"not enough host RAM for the {fit.model}: {it}"
+    return True, f"deepspeed {packages['deepspeed']}; {it}"
+
+
+def _torch_problem(node: Mapping[str, Any]) -> str | None:
+    """Why torch cannot drive these GPUs (driver too old, CPU build, Volta without kernels), when the doctor
+    added torch's own facts to ``node``; None otherwise."""
+    if "torch_cuda_available" not in node:
+        return None
+    from lab_helpers.hardware.cuda_compat import torch_gpu_problem
+
+    return torch_gpu_problem(dict(node))

@@ -1,0 +1,150 @@
+"""``predict``: trace the step, apply the strategy's analytic terms, and report per-GPU memory."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from lab_helpers.config.record_schema import BREAKDOWN_PARTS, GIB
+
+from . import analytic, whole_run
+from ._compat import check_tracing_supported
+from .errors import PlanError, PlannerUnavailable
+from .spec import TrainingSpec, spec_from_recipe
+from .tracer import trace
+
+
+@dataclass
+class MemoryPlan:
+    """A prediction. ``peak_alloc_gib`` is the training loop's peak (from the start of ``fit``, validation and
+    example generation inside it included: what the lab records as ``peak_alloc_gib``), comparable with
+    ``torch.cuda.max_memory_allocated`` (per GPU): the breakdown's parts other than ``cuda_context`` sum to it.
+    ``whole_run_peak_alloc_gib`` is the whole process's (checkpoint load and QLoRA's quantization included: what
+    litgpt prints), in phase ``whole_run_peak_phase``; ``peaks_by_phase_gib`` has each phase's. ``gpu_used_gib`` is
+    comparable with NVML's "used"; ``fits`` is judged on the larger of it and ``whole_run_gpu_used_gib``."""
+
+    peak_alloc_gib: float
+    breakdown_gib: dict[str, float]
+    host_gib: float
+    fits: bool | None
+    gpu_memory_gib: float | None
+    gpu_used_gib: float = 0.0
+    peak_phase: str = ""
+    method: str = ""
+    strategy: str = "single"
+    devices: int = 1
+    micro_batch_size: int = 1
+    seq_len: int = 0
+    precision: str = ""
+    model_name: str = ""
+    total_params: int = 0
+    trainable_params: int = 0
+    trace_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    whole_run_peak_alloc_gib: float = 0.0
+    whole_run_peak_phase: str = ""
+    whole_run_gpu_used_gib: float = 0.0
+    peaks_by_phase_gib: dict[str, float] = field(default_factory=dict)
+    # how the optimizer steps (spec.STEP_IMPLEMENTATIONS: foreach | for-loop | fused), as the run will; None where
+    # the step is not a torch optimizer's (QLoRA's paged AdamW, 8-bit AdamW, DeepSpeed)
+    optimizer_step: str | None = None
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps(asdict(self)))
+
+    @property
+    def worst_gpu_used_gib(self) -> float:
+        """What ``fits`` is judged on: the larger of the training loop's and the whole run's GPU memory used."""
+        return max(self.gpu_used_gib, self.whole_run_gpu_used_gib)
+
+    def summary(self) -> str:
+        where = f" per GPU x{self.devices}" if self.devices > 1 else ""
+        if self.gpu_memory_gib is None:
+            verdict = "GPU size unknown"
+            of = ""
+        else:
+            verdict = "fits" if self.fits else "will OOM"
+            of = f" of {self.gpu_memory_gib:.1f} GiB"
+        whole = ""
+        if self.whole_run_peak_alloc_gib > self.peak_alloc_gib:
+            whole = f"; whole run {self.whole_run_peak_alloc_gib:.1f} GiB (in {self.whole_run_peak_phase})"
+        return (
+            f"predicted peak {self.peak_alloc_gib:.1f} GiB allocated ({self.gpu_used_gib:.1f} GiB used{of})"
+            f"{whole}{where}: {verdict}"
+        )
+
+
+_CACHE: dict[str, MemoryPlan] = {}
+_CACHE_SIZE = 64
+
+
+def predict(spec: TrainingSpec) -> MemoryPlan:
+    """Predict per-GPU peak memory for ``spec`` without allocating any real weights.
+
+    Results are memoized per spec (notebooks ask again for the same run, and the OOM demonstrations try a few
+    batch sizes), so a repeated question costs nothing; a copy is returned each time."""
+    spec.validate()
+    check_tracing_supported()  # before the memo: a torch upgrade must fail loudly even for a remembered spec
+    key = repr(spec)
+    if key not in _CACHE:
+        if len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = _predict(spec)
+    return copy.deepcopy(_CACHE[key])
+
+
+def _predict(spec: TrainingSpec) -> MemoryPlan:
+    try:
+        result = trace(spec)
+    except (PlanError, PlannerUnavailable):
+        raise
+    except Exception as err:  # an architecture or op the fake-tensor trace cannot run: say so in one line
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        raise PlannerUnavailable(
+            f"tracing {spec.model_config.name} ({spec.method}) failed: {type(err).__name__}: {first}"
+        ) from err
+    breakdown = analytic.STRATEGY_MODELS[spec.strategy](spec, result)
+    parts = {k: breakdown.parts.get(k, 0) / GIB for k in BREAKDOWN_PARTS if k != "cuda_context"}
+    parts["cuda_context"] = analytic.CUDA_CONTEXT_BYTES / GIB if spec.device == "cuda" else 0.0
+    used_gib = analytic.gpu_used_bytes(breakdown, spec.device) / GIB
+    whole = whole_run.whole_run(spec, result, breakdown.allocated_bytes, breakdown.phase)
+    whole_breakdown = analytic.DeviceBreakdown(
+        {"all": whole["bytes"]}, whole["phase"], outside_allocator_bytes=breakdown.outside_allocator_bytes
+    )
+    whole_used_gib = analytic.gpu_used_bytes(whole_breakdown, spec.device) / GIB
+    fits = None if spec.gpu_memory_gib is None else max(used_gib, whole_used_gib) <= spec.gpu_memory_gib  # = worst_gpu_used_gib
+    notes = [*result.notes, *breakdown.notes]
+    if whole["bytes"] > breakdown.allocated_bytes:
+        notes.append(f"the whole run peaks outside the training loop, in {whole['phase']}")
+    return MemoryPlan(
+        peak_alloc_gib=breakdown.allocated_bytes / GIB,
+        breakdown_gib={k: round(v, 4) for k, v in parts.items()},
+        host_gib=breakdown.host_bytes / GIB,
+        fits=fits,
+        gpu_memory_gib=spec.gpu_memory_gib,
+        gpu_used_gib=used_gib,
+        peak_phase=breakdown.phase,
+        method=spec.method,
+        strategy=spec.strategy,
+        devices=spec.devices,
+        micro_batch_size=spec.micro_batch_size,
+        seq_len=spec.seq_len,
+        precision=spec.precision,
+        model_name=str(spec.model_config.name),
+        total_params=result.total_param_numel,
+        trainable_params=result.trainable_param_numel,
+        trace_seconds=result.seconds,
+        notes=notes,
+        whole_run_peak_alloc_gib=whole["bytes"] / GIB,
+        whole_run_peak_phase=whole["phase"],
+        whole_run_gpu_used_gib=whole_used_gib,
+        peaks_by_phase_gib=whole["by_phase_gib"],
+        optimizer_step=spec.optimizer_step,
+    )
+
+
+def plan_recipe(recipe: dict | str | Path, **kwargs) -> MemoryPlan:
+    """``predict(spec_from_recipe(recipe, **kwargs))``."""
+    return predict(spec_from_recipe(recipe, **kwargs))

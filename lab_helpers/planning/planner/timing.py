@@ -1,0 +1,955 @@
+"""Predict a fine-tuning step's time and tokens/s before the run, from the traced step (on a GPU) or from its
+FLOPs (on a CPU, or where nothing calibrates the traced model).
+
+**The traced model (a GPU).** The tracer runs the real step op by op on fake tensors (``tracer``); every op's
+FLOPs, bytes moved and kernel launches are read off its shapes and dtypes (``op_costs``). Per micro-batch:
+
+    host_s   = kernels launched x the per-launch host cost     (the node's CPU, Python and torch build)
+    device_s = sum over ops of max(FLOPs / (peak of its unit x matmul efficiency),
+                                   bytes / (memory bandwidth x bandwidth efficiency))
+    micro_batch_s = max(host_s, device_s)                      (the host runs ahead until the queue is full)
+    step_s   = accumulation x micro_batch_s + the optimizer step's max(host, device) + communication + offload
+
+and ``time_bound`` says which of the two is larger. Three figures are fitted, and only these: the per-launch
+cost (``fit_launch_cost``: host-bound records of this GPU, else of any GPU, a default that says so; or measured
+on the node by ``python -m lab_helpers launch-cost`` and passed in) and the two efficiencies
+(``fit_efficiencies``: the device busy time of the records' profiles). Limits: no overlap of communication with
+compute, no kernel fusion (each op is one kernel at its own roofline), a per-launch cost that depends on the node,
+and bf16's cuDNN attention plan per first-seen sequence length on Hopper is left out (a note says so).
+
+**The FLOPs model** (a CPU; a GPU given ``mfu``, or without records to fit the traced model to):
+FLOPs / (dense peak x MFU), plus offload.
+
+Why this model: a step's arithmetic is known exactly (``lab_helpers.planning.flops`` counts it on the real litgpt model,
+LoRA included), the GPU's dense peak is in the lab's table (``lab_helpers.hardware.gpu_peaks``), and what is left -- how
+much of that peak litgpt actually reaches, the model-FLOPs utilisation (MFU) -- is a property of the GPU and the
+method that measured runs give directly (every GPU record carries ``mfu``). So::
+
+    micro_batch_s = (model FLOPs + recomputed forward FLOPs) / (dense peak x MFU) + host overhead
+    step_s        = gradient_accumulation x micro_batch_s            (compute + host overhead)
+                  + bytes each device sends per step / link bandwidth  (communication)
+                  + CPU Adam step + host-device transfers              (offload)
+
+* **Recompute.** Activation checkpointing runs each Block's forward again during backward. The forward is about
+  1/3 of a full fine-tuning step (forward 2N, input grads 2N, weight grads 2N FLOPs per token) and about 1/2 of
+  a LoRA step (frozen weights get no weight gradients), so those fractions are added as hardware FLOPs; MFU
+  stays defined on model FLOPs, as ``flops.mfu`` defines it for records.
+* **MFU and overhead.** ``mfu_for`` takes them, in this order: fitted to the lab's own records for this device
+  and method (``mfu_from_records``: MFU and a fixed per-micro-batch overhead by least squares, preferring
+  records with the same precision); else ``MFU_TABLE`` (each entry with its source; overhead 0), whose
+  figures are today ``DEFAULT_MFU``, a conservative assumption, labelled as one. On a GPU a fit whose MFU comes out
+  above 1 is refused (the points do not follow the line) and the median is used. A record's time is its steady
+  one: an iteration over several times its run's median counts at the median (``measured_step``). The first GPU
+  records (reference_results/h100-80gb.jsonl, quick mode with one warm-up step) still follow the line badly: their
+  timed spans are a few iterations each (see benchmarks/planner_time_check_h100.out.txt); GPUs without records use
+  the assumption and say so.
+* **A CPU** has no datasheet peak: its "peak" is its measured fp32 matmul rate (``cpu_rates``, measured by
+  ``lab_helpers.hardware.cpu_speed`` and passed in), and its MFU comes from the ci records
+  (``reference_results/ci-cpu.jsonl``), so predicted and measured time can be compared on every machine
+  (``benchmarks/planner_time_check.py``).
+* **CPU offload.** DeepSpeed steps the optimizer on the host: the step adds trainable params / the host's Adam
+  rate (``cpu_rates``: torch's Adam, a lower bound on DeepSpeedCPUAdam's vectorised rate: conservative).
+* **Inputs, not probes.** The GPU's name, the records to fit to and the CPU's rates are arguments: this module
+  reads no records file and probes no hardware (``plan_command.predict_step_time`` gathers them for this node).
+
+* **Communication.** ``communication.communication_per_optimizer_step`` counts the bytes each device sends per
+  optimizer step for the spec's strategy, devices and accumulation (DDP 2Ψ whatever the accumulation; FSDP
+  FULL_SHARD 3Ψ and SHARD_GRAD_OP 2Ψ per micro-batch; DeepSpeed ZeRO-2/3 as that module says), divided by the
+  bus bandwidth given (``link_gbs``: an argument, stated or measured by ``python -m lab_helpers bandwidth``;
+  the planner reads no file and probes no link). It is added, not overlapped with compute: DDP and FSDP overlap
+  part of it with backward, so this is an upper bound of the step when the link is the stated one. MFU and
+  overhead are fitted to single-device records only, so that no communication hides in them.
+* **Offload**: the host Adam step plus each device's gradient partition to the host every micro-batch and its
+  weight partition back once per step, over ``host_link_gbs`` (default PCIe 4.0 x16).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lab_helpers.config.iteration_times import steady_train_s
+from lab_helpers.hardware.cpu_speed import CpuRates
+from lab_helpers.hardware.gpu_peaks import dense_peak_flops, find_gpu
+from lab_helpers.planning.flops import train_flops_per_step
+
+from .communication import CommunicationVolume, communication_per_optimizer_step, host_device_bytes_per_optimizer_step
+from .errors import PlanError
+from .published import lora_vs_nf4_minutes
+from .spec import TrainingSpec, precision_bytes
+
+CPU = "cpu"
+
+PCIE4_X16_GBS = 31.5
+"""Host-device bandwidth for offload's transfers when none is given: PCIe 4.0 x16, 16 GT/s x 16 lanes x 128/130
+encoding / 8 = 31.5 GB/s per direction (the PCI-SIG 4.0 rate; A100 and H100 PCIe hosts; pinned copies reach
+less, so the transfer time is a lower bound)."""
+
+DEFAULT_MFU: dict[str, float] = {"full": 0.25, "lora": 0.20}
+"""ASSUMPTION, not a measurement: conservative MFUs for litgpt fine-tuning on a data-centre GPU at the lab's
+sequence lengths (512 tokens, short Alpaca samples; no fused kernels, no torch.compile). Lower than what
+well-tuned pre-training reaches (40-60 %) because fine-tuning batches are short and padded. LoRA is set lower
+than full: its FLOPs are ~2/3 of a full step's, but the frozen matmuls and dropout on the adapter path do not
+shrink in proportion. Replace with the lab's own GPU records as soon as they exist (``mfu_for`` does it)."""
+
+# litgpt's own resource table (``published``: tutorials/resource-tables.md, 10/2023, 1x A100-SXM4-40GB, bf16-true,
+# finetune/lora.py, micro batch 1): minutes per 1k iterations without and with bnb.nf4, same model and data. The
+# ratio is QLoRA's extra time (dequantising every weight per matmul) relative to LoRA.
+LITGPT_LORA_VS_NF4_MIN: dict[str, tuple[float, float]] = lora_vs_nf4_minutes()
+QLORA_SPEED_RATIO = statistics.median(lora / nf4 for lora, nf4 in LITGPT_LORA_VS_NF4_MIN.values())
+"""LoRA time / QLoRA time in litgpt's table (median of its four models): QLoRA's MFU is LoRA's times this."""
+
+
+@dataclass(frozen=True)
+class MfuEntry:
+    gpu: str  # a gpu_peaks model name ("A100"), or "*" for any GPU
+    method: str
+    mfu: float
+    source: str
+
+
+MFU_TABLE: tuple[MfuEntry, ...] = (
+    MfuEntry("*", "full", DEFAULT_MFU["full"], "assumption (DEFAULT_MFU): no records of this GPU and method"),
+    MfuEntry("*", "lora", DEFAULT_MFU["lora"], "assumption (DEFAULT_MFU): no records of this GPU and method"),
+    MfuEntry(
+        "*",
+        "qlora",
+        DEFAULT_MFU["lora"] * QLORA_SPEED_RATIO,
+        f"assumed LoRA MFU x {QLORA_SPEED_RATIO:.2f}, litgpt's LoRA/QLoRA time ratio "
+        "(tutorials/resource-tables.md, 1x A100)",
+    ),
+)
+"""Per GPU model and method, with the source of each figure. Refill from the lab's records with
+``mfu_from_records`` (which ``mfu_for`` already prefers); add a row here only with its source."""
+
+
+@dataclass
+class TimePlan:
+    """A time prediction for one optimizer step on one device (every device of a data-parallel run does the same).
+
+    ``tokens_per_s_padded`` is per device, comparable with a record's ``tokens_per_s_padded`` (rank 0).
+    """
+
+    step_s: float
+    micro_batch_s: float
+    optimizer_host_s: float
+    tokens_per_s_padded: float
+    model_flops_per_micro_batch: float
+    hardware_flops_per_micro_batch: float
+    peak_flops_per_s: float
+    mfu: float
+    overhead_s: float  # fixed seconds per micro-batch, fitted from records (0 from the table)
+    mfu_source: str
+    device_name: str
+    gradient_accumulation_iters: int
+    micro_batch_size: int
+    seq_len: int
+    notes: list[str] = field(default_factory=list)
+    # the step's four terms (seconds per optimizer step; they add up to step_s)
+    compute_s: float = 0.0  # accumulation x FLOPs / (peak x MFU)
+    host_overhead_s: float = 0.0  # accumulation x overhead_s
+    communication_s: float = 0.0  # link_bytes_per_gpu / link bandwidth (0 on one device or with no bandwidth)
+    offload_s: float = 0.0  # host Adam step (optimizer_host_s) + host-device transfers (offload_transfer_s)
+    offload_transfer_s: float = 0.0
+    strategy: str = "single"
+    devices: int = 1
+    link_gbs: float | None = None  # bus bandwidth the communication term used
+    link_gbs_source: str = ""
+    communication_bytes_per_gpu: float = 0.0
+    communication: str = ""  # the collectives, in words (communication.CommunicationVolume.describe)
+    # the traced model (GPU with records to calibrate it): host and device per micro-batch, the larger bounds it
+    host_ms_per_micro_batch: float | None = None  # kernels launched x the per-launch host cost
+    device_ms_per_micro_batch: float | None = None  # roofline of the traced ops
+    time_bound: str | None = None  # "host" or "device" (a micro-batch is the larger of the two)
+    kernels_per_micro_batch: float | None = None  # ops that launch a GPU kernel, counted in the trace
+    kernels_per_optimizer_step: float | None = None
+    optimizer_step_ms: float | None = None  # once per optimizer step: the larger of its host and device time
+    launch_cost_us: float | None = None  # host seconds per kernel launch x 1e6
+    launch_cost_source: str = ""
+    matmul_efficiency: float | None = None
+    bandwidth_efficiency: float | None = None
+    efficiency_source: str = ""
+    memory_bandwidth_gbs: float | None = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        if self.time_bound is not None:
+            return (
+                f"predicted step {self.step_s:.3g} s, {self.tokens_per_s_padded:,.0f} tokens/s per device on "
+                f"{self.device_name}, {self.time_bound}-bound (host {self.host_ms_per_micro_batch:.1f} ms, device "
+                f"{self.device_ms_per_micro_batch:.1f} ms per micro-batch; MFU {self.mfu:.1%}) (launch cost: "
+                f"{self.launch_cost_source}; efficiencies: {self.efficiency_source})"
+            )
+        fixed = f" + {self.overhead_s * 1000:.3g} ms per micro-batch" if self.overhead_s else ""
+        # a CPU has no dense peak in the lab's table: its "MFU" is a fitted rate (04 printed "MFU 136.6%")
+        rate = f"at MFU {self.mfu:.1%}" if self.device_name != CPU else "(code path only, no MFU on a CPU)"
+        return (
+            f"predicted step {self.step_s:.3g} s, {self.tokens_per_s_padded:,.0f} tokens/s per device on "
+            f"{self.device_name} {rate}{fixed} ({self.mfu_source})"
+        )
+
+    def split(self) -> str:
+        """Host against device per micro-batch, and which one bounds it (the traced model only)."""
+        if self.time_bound is None:
+            return ""
+        return (
+            f"per micro-batch: host {self.host_ms_per_micro_batch:.1f} ms ({self.kernels_per_micro_batch:,.0f} "
+            f"kernel launches x {self.launch_cost_us:.1f} us), device {self.device_ms_per_micro_batch:.1f} ms "
+            f"(roofline of the traced ops at matmul efficiency {self.matmul_efficiency:.2f}, bandwidth efficiency "
+            f"{self.bandwidth_efficiency:.2f} of {self.memory_bandwidth_gbs:,.0f} GB/s): {self.time_bound}-bound; "
+            f"optimizer step {self.optimizer_step_ms:.1f} ms once per step"
+        )
+
+    def terms(self) -> str:
+        """Where the predicted step goes, one line: compute + host overhead + communication + offload."""
+        link = f" at {self.link_gbs:.3g} GB/s ({self.link_gbs_source})" if self.link_gbs else ""
+        return (
+            f"step {self.step_s:.3g} s = compute {self.compute_s:.3g} + host overhead {self.host_overhead_s:.3g} + "
+            f"communication {self.communication_s:.3g}{link} + offload {self.offload_s:.3g} s; "
+            f"{self.gradient_accumulation_iters} micro-batch(es) of {self.micro_batch_size} x {self.seq_len} tokens "
+            f"per step on each of {self.devices} device(s), {self.strategy}"
+        )
+
+
+# ------------------------------------------------------------------------------------------------ predicting
+
+
+def predict_time(
+    spec: TrainingSpec,
+    *,
+    gpu_name: str | None = None,
+    records: Iterable[Mapping[str, Any]] = (),
+    cpu_rates: CpuRates | None = None,
+    mfu: float | None = None,
+    seq_len: int | None = None,
+    sample_lengths: Sequence[int] | None = None,
+    link_gbs: float | None = None,
+    link_gbs_source: str = "given",
+    host_link_gbs: float = PCIE4_X16_GBS,
+    launch_cost_s: float | None = None,
+    launch_cost_source: str = "measured on this node",
+    device_efficiency: DeviceEfficiency | None = None,
+) -> TimePlan:
+    """Predict one optimizer step of ``spec`` (see the module docstring for the model).
+
+    On a GPU whose dense peaks and memory bandwidth the lab's table has, with ``records`` to calibrate it, the
+    step is the traced model: per micro-batch the larger of host time (kernels launched x ``launch_cost_s``, the
+    per-launch cost measured on this node by ``python -m lab_helpers launch-cost``, else fitted to the records)
+    and device time (the roofline of the traced ops, efficiencies fitted to the records' profiles). ``mfu``, or
+    no records, gives the FLOPs model (FLOPs / (peak x MFU)).
+
+    Every fact about the hardware is an argument: the planner reads no records file and probes nothing
+    (``plan_command.predict_step_time`` gathers them for this node). ``gpu_name`` is the NVML/torch name of the GPU;
+    ``spec.device == "cpu"`` predicts for the CPU whose ``cpu_rates`` are given (also needed for optimizer
+    offload's host step). ``records`` are run records to take the MFU from (none: the assumption table);
+    ``mfu`` overrides it. ``seq_len`` is the mean padded length of a micro-batch
+    (time follows the mean; memory follows the worst case, ``spec.seq_len``, the default); ``sample_lengths``
+    (the data's samples in tokens) gives it instead (``mean_padded_length``). ``link_gbs`` is the bus bandwidth
+    between the devices in GB/s (nccl-tests' "busbw", what ``python -m lab_helpers bandwidth`` measures):
+    without it a multi-device step has no communication term, and a note says so. ``host_link_gbs`` is the
+    host-device bandwidth optimizer offload's transfers cross.
+    """
+    spec.validate()
+    records = list(records)
+    if seq_len is None and sample_lengths is not None:
+        seq_len = mean_padded_length(sample_lengths, spec.micro_batch_size, spec.seq_len)
+    seq = int(seq_len or spec.seq_len)
+    if link_gbs is not None and not link_gbs > 0:
+        raise PlanError(f"link bandwidth must be > 0 GB/s, got {link_gbs}")
+    if seq < 1:
+        raise PlanError(f"seq_len must be >= 1, got {seq}")
+    device = CPU if spec.device == CPU else gpu_name
+    if not device:
+        raise PlanError("no GPU to predict time for: name one with --gpu-name (e.g. 'NVIDIA A100-SXM4-80GB')")
+    if cpu_rates is None and (device == CPU or spec.offload_optimizer):
+        what = "a CPU step" if device == CPU else "optimizer offload's host step"
+        raise PlanError(f"{what} needs the CPU's measured rates: pass cpu_rates (cpu_speed.measure_cpu_rates())")
+    notes: list[str] = []
+    if device == CPU:
+        peak = cpu_rates.matmul_flops_per_s
+    else:
+        peak = dense_peak_flops(device, spec.precision)
+        if peak is None:
+            raise PlanError(
+                f"no dense peak for {device!r} at {spec.precision} in lab_helpers.hardware.gpu_peaks: time cannot be predicted"
+            )
+    if mfu is not None:
+        if not 0 < mfu <= 1:
+            raise PlanError(f"mfu must be in (0, 1], got {mfu}")
+        efficiency = Efficiency(float(mfu), 0.0, "given")
+    else:
+        efficiency = mfu_for(device, spec.method, spec.precision, records=records, cpu_rates=cpu_rates)
+    used_mfu, source = efficiency.mfu, efficiency.source
+    model_flops = train_flops_per_step(
+        spec.model_config,
+        method=spec.method,
+        lora=spec.lora or None,
+        micro_batch_size=spec.micro_batch_size,
+        seq_len=seq,
+    )
+    hardware_flops = model_flops + (recompute_flops(model_flops, spec.method) if spec.activation_checkpointing else 0)
+    compute_micro_s = hardware_flops / (peak * used_mfu)
+    micro_s = compute_micro_s + efficiency.overhead_s
+    accumulation = spec.gradient_accumulation_iters
+    traced = None
+    if device != CPU and mfu is None:
+        traced = traced_model(
+            spec,
+            device,
+            seq,
+            records=records,
+            launch_cost_s=launch_cost_s,
+            launch_cost_source=launch_cost_source,
+            efficiency=device_efficiency,
+        )
+    optimizer_s = 0.0
+    if traced is not None:
+        optimizer_s = traced["optimizer_step_s"]
+        micro_s = max(traced["host_s"], traced["device_s"])
+        compute_micro_s = traced["device_s"]
+        used_mfu = model_flops / (peak * micro_s)
+        source = "the traced model (host and device per micro-batch)"
+        efficiency = Efficiency(used_mfu, micro_s - compute_micro_s, source)
+        notes.extend(traced["notes"])
+    volume = step_communication(spec)
+    communication_s = 0.0
+    if volume.link_bytes_per_gpu and link_gbs is None:
+        notes.append(
+            "communication between devices not included: no link bandwidth (pass --link-gbs, or measure this "
+            "node's with `python -m lab_helpers bandwidth`)"
+        )
+    elif volume.link_bytes_per_gpu:
+        communication_s = volume.link_bytes_per_gpu / (link_gbs * 1e9)
+        notes.append(f"communication: {volume.describe()}; not overlapped with compute (an upper bound)")
+    host_s = transfer_s = 0.0
+    if spec.offload_optimizer:
+        trainable = trainable_params(spec)
+        host_s = trainable / cpu_rates.adam_params_per_s
+        notes.append("host optimizer step from the host's measured torch Adam rate")
+        if device != CPU:  # on a CPU the "device" is the host: nothing to copy
+            traffic = host_device_bytes_per_optimizer_step(
+                trainable_parameter_count=trainable,
+                bytes_per_parameter=_bytes_per_parameter(spec.precision),
+                world_size=spec.devices,
+                micro_batches_per_step=accumulation,
+            )
+            transfer_s = traffic.total_bytes / (host_link_gbs * 1e9)
+    step_s = accumulation * micro_s + optimizer_s + communication_s + host_s + transfer_s
+    tokens = spec.micro_batch_size * seq * accumulation
+    split = {}
+    if traced is not None:
+        split = {
+            "host_ms_per_micro_batch": traced["host_s"] * 1e3,
+            "device_ms_per_micro_batch": traced["device_s"] * 1e3,
+            "time_bound": "host" if traced["host_s"] > traced["device_s"] else "device",
+            "kernels_per_micro_batch": traced["kernels_per_micro_batch"],
+            "kernels_per_optimizer_step": traced["kernels_per_optimizer_step"],
+            "optimizer_step_ms": optimizer_s * 1e3,
+            "launch_cost_us": traced["launch_cost_s"] * 1e6,
+            "launch_cost_source": traced["launch_cost_source"],
+            "matmul_efficiency": traced["matmul_efficiency"],
+            "bandwidth_efficiency": traced["bandwidth_efficiency"],
+            "efficiency_source": traced["efficiency_source"],
+            "memory_bandwidth_gbs": traced["bandwidth"] / 1e9,
+        }
+    return TimePlan(
+        **split,
+        compute_s=accumulation * compute_micro_s + (optimizer_s if traced is not None else 0.0),
+        host_overhead_s=accumulation * efficiency.overhead_s,
+        communication_s=communication_s,
+        offload_s=host_s + transfer_s,
+        offload_transfer_s=transfer_s,
+        strategy=spec.strategy,
+        devices=spec.devices,
+        link_gbs=link_gbs if volume.link_bytes_per_gpu else None,
+        link_gbs_source=link_gbs_source if volume.link_bytes_per_gpu and link_gbs else "",
+        communication_bytes_per_gpu=volume.link_bytes_per_gpu,
+        communication=volume.describe(),
+        step_s=step_s,
+        micro_batch_s=micro_s,
+        optimizer_host_s=host_s,
+        tokens_per_s_padded=tokens / step_s,
+        model_flops_per_micro_batch=model_flops,
+        hardware_flops_per_micro_batch=hardware_flops,
+        peak_flops_per_s=peak,
+        mfu=used_mfu,
+        overhead_s=efficiency.overhead_s,
+        mfu_source=source,
+        device_name=device,
+        gradient_accumulation_iters=accumulation,
+        micro_batch_size=spec.micro_batch_size,
+        seq_len=seq,
+        notes=notes,
+    )
+
+
+def mean_padded_length(sample_lengths: Sequence[int], micro_batch_size: int, max_seq_length: int) -> int:
+    """The expected padded length of a micro-batch: litgpt pads each batch to its longest sample (cut at
+    ``max_seq_length``), so a batch of ``k`` random samples costs the expected maximum of ``k`` lengths, not the
+    mean length. Drawn with replacement: P(max <= l_(i)) = (i/n)^k over the sorted lengths."""
+    lengths = sorted(min(int(n), max_seq_length) for n in sample_lengths)
+    if not lengths or lengths[0] < 1:
+        raise PlanError("sample lengths must be a non-empty list of token counts >= 1")
+    n, k = len(lengths), int(micro_batch_size)
+    expected = sum(length * ((i / n) ** k - ((i - 1) / n) ** k) for i, length in enumerate(lengths, start=1))
+    return max(1, round(expected))
+
+
+def step_communication(spec: TrainingSpec) -> CommunicationVolume:
+    """What one optimizer step of ``spec`` sends between devices (``communication.py``), from the spec's own
+    parameters, precision, devices, strategy and accumulation: the planner is asked with the run's settings."""
+    if spec.devices == 1:
+        return communication_per_optimizer_step(
+            strategy="single", parameter_count=0, bytes_per_parameter=1, world_size=1, micro_batches_per_step=1
+        )
+    total, trainable = _parameter_counts(spec)
+    return communication_per_optimizer_step(
+        strategy=spec.strategy,
+        parameter_count=total,
+        bytes_per_parameter=_bytes_per_parameter(spec.precision),
+        world_size=spec.devices,
+        micro_batches_per_step=spec.gradient_accumulation_iters,
+        sharding=None if spec.strategy != "fsdp" else ("full" if spec.fsdp_reshard_after_forward else "grad-op"),
+        trainable_parameter_count=trainable,
+    )
+
+
+def _bytes_per_parameter(precision: str) -> int:
+    """Bytes a weight or gradient travels in: mixed precision keeps fp32 weights and gradients."""
+    return precision_bytes(precision)
+
+
+def recompute_flops(model_flops: float, method: str) -> float:
+    """FLOPs activation checkpointing adds: one more forward, 1/3 of a full step, 1/2 of a LoRA/QLoRA step."""
+    return model_flops / (3 if method == "full" else 2)
+
+
+def trainable_params(spec: TrainingSpec) -> int:
+    """Parameters the optimizer steps, counted on the real litgpt model built on the meta device (no memory)."""
+    return _parameter_counts(spec)[1]
+
+
+def _parameter_counts(spec: TrainingSpec) -> tuple[int, int]:
+    """(all, trainable) parameters of the real litgpt model, built on the meta device (no memory)."""
+    import torch
+
+    with torch.device("meta"):
+        if spec.method == "full":
+            from litgpt import GPT
+
+            model = GPT(spec.model_config)
+        else:
+            from litgpt.lora import GPT, mark_only_lora_as_trainable
+
+            model = GPT(spec.model_config)
+            mark_only_lora_as_trainable(model)
+    params = list(model.parameters())
+    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
+
+
+# ------------------------------------------------------------------------------------------------ MFU
+
+
+def device_key(device_name: str | None) -> str:
+    """What MFUs are keyed by: "cpu", the GPU's model in the peak table ("A100"), or the raw name."""
+    if not isinstance(device_name, str) or not device_name or device_name == CPU or device_name.startswith(f"{CPU} ("):
+        # no name (None, or NaN from a table), "cpu" or "cpu (x86_64)"
+        return CPU
+    peak = find_gpu(device_name)
+    return peak.model if peak is not None else str(device_name)
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """How a device turns FLOPs into time: ``micro_batch_s = FLOPs / (peak x mfu) + overhead_s``.
+
+    ``overhead_s`` is the fixed part of a micro-batch (kernel launches, Python, the optimizer's share, data
+    loading) that does not shrink with FLOPs: it dominates the ci profile's tiny models on a CPU and is
+    negligible beside a real model's compute on a GPU. It is fitted from records (0 without them)."""
+
+    mfu: float
+    overhead_s: float
+    source: str
+
+
+def mfu_for(
+    device_name: str,
+    method: str,
+    precision: str,
+    *,
+    records: Iterable[Mapping[str, Any]] = (),
+    cpu_rates: CpuRates | None = None,
+) -> Efficiency:
+    """The Efficiency for ``device_name`` and ``method``: fitted to ``records`` first, then the table.
+    ``cpu_rates`` (the CPU's measured matmul rate) turns a CPU record's FLOPs into its ideal time."""
+    derived = mfu_from_records(records, device_name, method, precision, cpu_rates=cpu_rates)
+    if derived is not None:
+        return derived
+    key = device_key(device_name)
+    if key == CPU:
+        raise PlanError(
+            f"no ci records of {method!r} runs to derive this CPU's MFU from: run the ci profile first "
+            "(LAB_PROFILE=ci python -m lab_helpers run ...) or pass mfu="
+        )
+    for entry in MFU_TABLE:
+        if entry.gpu in (key, "*") and entry.method == method:
+            return Efficiency(entry.mfu, 0.0, entry.source)
+    raise PlanError(f"no MFU for method {method!r}")
+
+
+MIN_POINTS_FOR_OVERHEAD = 3
+
+
+def mfu_from_records(
+    records: Iterable[Mapping[str, Any]],
+    device_name: str,
+    method: str,
+    precision: str,
+    *,
+    cpu_rates: CpuRates | None = None,
+) -> Efficiency | None:
+    """Fit ``micro_batch_s = ideal_s / mfu + overhead_s`` to finished runs of ``method`` on this kind of device.
+
+    ``ideal_s`` is a micro-batch's FLOPs over the peak (the time at 100 % MFU): on a GPU ``mfu x micro_batch_s``
+    from the record's own ``mfu``; on a CPU (no datasheet peak, no ``mfu`` in its records) the FLOPs counted
+    here over ``cpu_rates``' measured matmul rate (no CPU record counts without it). Same-precision runs are used where there are enough to fit.
+    With three or more runs of different sizes both terms are fitted (least squares; the overhead is kept
+    >= 0); with fewer, the overhead is 0 and the MFU is the runs' median. None when no record matches."""
+    key = device_key(device_name)
+    same: list[tuple[float, float]] = []
+    other: list[tuple[float, float]] = []
+    for record in map(_clean, records):
+        if record.get("status") != "ok" or record.get("method") != method:
+            continue
+        if device_key(_gpu_name(record)) != key or int(record.get("world_size") or 1) != 1:
+            continue  # a multi-device record's time holds communication, which predict_time adds on its own
+        point = record_point(record, cpu_rates)
+        if point is not None:
+            (same if _precision(record) == precision else other).append(point)
+    points = same if len(same) >= MIN_POINTS_FOR_OVERHEAD or not other else same + other
+    if not points:
+        return None
+    what = f"{len(points)} {precision + ' ' if points is same else ''}{method} record(s) on {key}"
+    ideal = [x for x, _ in points]
+    if len(points) >= MIN_POINTS_FOR_OVERHEAD and max(ideal) > 1.5 * min(ideal):
+        slope, overhead = _line(points)
+        if overhead < 0 or slope <= 0:  # through the origin instead: no negative fixed cost
+            slope, overhead = sum(x * y for x, y in points) / sum(x * x for x, _ in points), 0.0
+        # against a datasheet peak an MFU above 1 is impossible: the points do not follow the line (the median
+        # below); a CPU's "peak" is a measured matmul rate, which its training steps may beat
+        if slope > 0 and (slope >= 1 or key == CPU):
+            return Efficiency(1 / slope, overhead, f"fitted to {what}")
+    return Efficiency(statistics.median(x / y for x, y in points), 0.0, f"median of {what}")
+
+
+def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares (slope, intercept) of y on x."""
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    sxx = sum((x - mean_x) ** 2 for x, _ in points)
+    sxy = sum((x - mean_x) * (y - mean_y) for x, y in points)
+    slope = sxy / sxx
+    return slope, mean_y - slope * mean_x
+
+
+def record_point(record: Mapping[str, Any], cpu_rates: CpuRates | None = None) -> tuple[float, float] | None:
+    """(ideal_s, micro_batch_s) of a finished record: its micro-batch at 100 % MFU, and as measured. A CPU
+    record needs the CPU's rates (``cpu_rates``) to say what 100 % is."""
+    measured = measured_step(record)
+    if measured is None:
+        return None
+    if _gpu_name(record):
+        value = record.get("mfu")
+        if not isinstance(value, (int, float)) or value <= 0:
+            return None
+        return value * measured["recorded_micro_batch_s"], measured["micro_batch_s"]  # mfu x its own time: ideal
+    if cpu_rates is None:
+        return None
+    flops = _cpu_record_flops(json.dumps(record, sort_keys=True, default=str))
+    if flops is None:
+        return None
+    return flops / cpu_rates.matmul_flops_per_s, measured["micro_batch_s"]
+
+
+@functools.lru_cache(maxsize=256)
+def _cpu_record_flops(record_json: str) -> float | None:
+    """Memoised by the record's text: reading a recipe and counting FLOPs takes a fraction of a second."""
+    record = json.loads(record_json)
+    measured = measured_step(record)
+    if measured is None:
+        return None
+    try:
+        spec = record_spec(record)
+    except (PlanError, OSError, ValueError, KeyError, TypeError):
+        return None  # a record the planner cannot read (an old or multi-GPU Lightning run): no MFU from it
+    return train_flops_per_step(
+        spec.model_config,
+        method=spec.method,
+        lora=spec.lora or None,
+        micro_batch_size=spec.micro_batch_size,
+        seq_len=measured["seq_len"],
+    )
+
+
+def _clean(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A record without NaN fields: a pandas table fills every missing field of a row with NaN."""
+    return {k: v for k, v in record.items() if not (isinstance(v, float) and math.isnan(v))}
+
+
+def _gpu_name(record: Mapping[str, Any]) -> str | None:
+    """The record's GPU, or None for a CPU run (also where a table gave the missing name as NaN)."""
+    value = record.get("device_name")
+    return value if isinstance(value, str) and value and device_key(value) != CPU else None
+
+
+def _precision(record: Mapping[str, Any]) -> str | None:
+    config = record.get("config")
+    return config.get("precision") if isinstance(config, Mapping) else None
+
+
+# ------------------------------------------------------------------------------------------------ records
+
+
+def measured_step(record: Mapping[str, Any]) -> dict[str, float] | None:
+    """A finished record's measured micro-batch and optimizer-step time and its mean padded sequence length.
+
+    The time is the steady one (``iteration_times.steady_train_s``): an iteration that took several times the
+    run's median is counted at the median, since a one-off paid once in a short timed span is not what a step
+    costs. ``recorded_micro_batch_s`` is ``train_s``'s own mean, the time the record's ``mfu`` was derived from.
+    """
+    config = record.get("config") if isinstance(record.get("config"), Mapping) else {}
+    train = config.get("train") or {}
+    iterations, train_s, padded = record.get("iterations"), record.get("train_s"), record.get("tokens_padded")
+    micro = train.get("micro_batch_size")
+    if record.get("status") != "ok" or not iterations or not train_s or not padded or not micro:
+        return None
+    devices = int(record.get("world_size") or 1)
+    from lab_helpers.config.experiments import gradient_accumulation_steps
+
+    batch = {"micro_batch_size": micro, "global_batch_size": train.get("global_batch_size", micro)}
+    accumulation = gradient_accumulation_steps({"train": batch}, world_size=devices)
+    steady_s = steady_train_s(record) or float(train_s)
+    micro_s = steady_s / int(iterations)
+    repeated = record.get(REPEATED_LENGTH_FIELD)
+    if isinstance(repeated, (int, float)) and repeated > 0:
+        micro_s = float(repeated)  # first-seen lengths' attention plans left out (see REPEATED_LENGTH_FIELD)
+        steady_s = micro_s * int(iterations)
+    return {
+        "micro_batch_s": micro_s,
+        "recorded_micro_batch_s": float(train_s) / int(iterations),
+        "step_s": micro_s * accumulation,
+        "seq_len": max(1, round(float(padded) / (int(iterations) * int(micro)))),
+        "tokens_per_s_padded": float(padded) / steady_s,
+    }
+
+
+def record_spec(record: Mapping[str, Any]) -> TrainingSpec:
+    """The TrainingSpec a record ran (its resolved recipe; checkpoint paths resolved as the lab does)."""
+    from lab_helpers.config.experiments import resolve_path
+
+    from .spec import spec_from_recipe
+
+    config = dict(record["config"])
+    config["checkpoint_dir"] = str(resolve_path(config["checkpoint_dir"]))
+    strategy = record.get("strategy") or "single"
+    offload = strategy == "deepspeed-zero3" and "offload" in str(record.get("experiment", ""))
+    return spec_from_recipe(
+        config,
+        devices=int(record.get("world_size") or 1),
+        strategy=None if strategy == "single" else strategy,
+        offload_optimizer=offload,
+        device="cuda" if _gpu_name(record) else CPU,
+    )
+
+
+def predicted_vs_measured(
+    records: Iterable[Mapping[str, Any]],
+    *,
+    leave_one_out: bool = True,
+    mfu_records: Iterable[Mapping] | None = None,
+    cpu_rates: CpuRates | None = None,
+) -> list[dict[str, Any]]:
+    """Per finished record: measured and predicted optimizer-step time (s) and the error.
+
+    The prediction uses the record's own recipe at its measured mean padded length. Its MFU comes from
+    ``mfu_records`` (default: ``records``); with ``leave_one_out`` the record itself is left out of them, so the
+    comparison is an honest prediction, not the record fitted to itself. Records the planner cannot read, or
+    with no other record to take an MFU from, are left out."""
+    records = [_clean(record) for record in records]
+    pool = [_clean(record) for record in mfu_records] if mfu_records is not None else records
+    rows = []
+    for record in records:
+        measured = measured_step(record)
+        if measured is None:
+            continue
+        try:
+            spec = record_spec(record)
+        except (PlanError, OSError, ValueError, KeyError, TypeError):
+            continue
+        others = [r for r in pool if r is not record and r != record] if leave_one_out else pool
+        device = _gpu_name(record) or CPU
+        try:
+            plan = predict_time(
+                spec,
+                gpu_name=device if device != CPU else None,
+                records=others,
+                cpu_rates=cpu_rates,
+                seq_len=measured["seq_len"],
+            )
+        except PlanError:
+            continue
+        rows.append(
+            {
+                "experiment": record.get("experiment"),
+                "device": device_key(device),
+                "method": spec.method,
+                "precision": spec.precision,
+                "measured_step_s": measured["step_s"],
+                "predicted_step_s": plan.step_s,
+                "error_pct": (plan.step_s - measured["step_s"]) / measured["step_s"] * 100,
+                "measured_tokens_per_s": measured["tokens_per_s_padded"],
+                "predicted_tokens_per_s": plan.tokens_per_s_padded,
+                "mfu": plan.mfu,
+                "mfu_source": plan.mfu_source,
+                "host_ms_per_micro_batch": plan.host_ms_per_micro_batch,
+                "device_ms_per_micro_batch": plan.device_ms_per_micro_batch,
+                "time_bound": plan.time_bound,
+                "kernels_per_micro_batch": plan.kernels_per_micro_batch,
+                "launch_cost_us": plan.launch_cost_us,
+                "launch_cost_source": plan.launch_cost_source,
+                "matmul_efficiency": plan.matmul_efficiency,
+                "bandwidth_efficiency": plan.bandwidth_efficiency,
+                "efficiency_source": plan.efficiency_source,
+                "measured_micro_batch_s": measured["micro_batch_s"],
+                "predicted_micro_batch_s": plan.step_s / plan.gradient_accumulation_iters,
+                "gradient_accumulation_iters": plan.gradient_accumulation_iters,
+            }
+        )
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ the traced model
+
+HOST_BOUND_MARGIN = 1.2
+"""A record counts as host-bound, and so calibrates the per-launch cost, where its measured micro-batch is over
+this factor x its predicted device time: there the time is the host's."""
+
+REPEATED_LENGTH_FIELD = "repeated_length_iter_median_s"
+"""A record annotated (by ``benchmarks/planner_time_check.py``) with the median of its timed micro-batches whose
+padded length the run had seen before: bf16 on Hopper pays a cuDNN attention plan per new length (tens of ms of
+host per call, ``benchmarks/speed_diagnosis.py``), which the model leaves out. ``measured_step`` prefers it."""
+
+
+@dataclass(frozen=True)
+class DeviceEfficiency:
+    """The two fitted efficiencies of the roofline, with what they were fitted on."""
+
+    matmul: float
+    bandwidth: float
+    source: str
+
+
+_OPS_CACHE: dict[str, Any] = {}
+
+
+def traced_ops(spec: TrainingSpec, seq_len: int):
+    """The traced op costs (``op_costs.OpCosts``) of ``spec`` at ``seq_len`` tokens a sample (the mean padded
+    length: time follows it), memoised: a leave-one-out check asks each record's ops many times."""
+    from .tracer import trace
+
+    spec = dataclasses.replace(spec, seq_len=int(seq_len))
+    key = repr(spec)
+    if key not in _OPS_CACHE:
+        if len(_OPS_CACHE) > 256:
+            _OPS_CACHE.pop(next(iter(_OPS_CACHE)))
+        _OPS_CACHE[key] = trace(spec).op_costs
+    return _OPS_CACHE[key]
+
+
+def _gpu_rates(gpu_name: str) -> tuple[dict[str, float | None], float | None]:
+    from lab_helpers.hardware.gpu_peaks import dense_peaks, memory_bandwidth
+
+    return dense_peaks(gpu_name), memory_bandwidth(gpu_name)
+
+
+def _device_s(ops, gpu_name: str, eff: DeviceEfficiency) -> float:
+    from .op_costs import device_seconds
+
+    peaks, bandwidth = _gpu_rates(gpu_name)
+    return device_seconds(
+        ops, peaks=peaks, bandwidth=bandwidth, matmul_efficiency=eff.matmul, bandwidth_efficiency=eff.bandwidth
+    )
+
+
+def _record_ops(record: Mapping[str, Any]):
+    """(spec, OpCosts at the record's mean padded length, measured) of a single-GPU record, or None."""
+    measured = measured_step(record)
+    if measured is None or not _gpu_name(record) or int(record.get("world_size") or 1) != 1:
+        return None
+    if record.get("simulated_world_size"):
+        return None  # rank 0 of a simulated N-rank run: its strategy's hooks, not one GPU's step
+    try:
+        spec = record_spec(record)
+        return spec, traced_ops(spec, measured["seq_len"]), measured
+    except (PlanError, OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def fit_efficiencies(records: Iterable[Mapping[str, Any]]) -> DeviceEfficiency | None:
+    """The matmul and bandwidth efficiencies that make the roofline of each profiled record's traced ops match
+    its profile's device busy time per optimizer step (``torch_profile_summary``: the kernels' own time, so no
+    host time hides in it); least squares on the log, over a grid of 0.02. None without profiled records."""
+    import numpy as np
+
+    from .op_costs import Ops
+
+    points: list[tuple[list[tuple[float, float, float]], float]] = []
+    names = []
+    for record in map(_clean, records):
+        summary = record.get("torch_profile_summary")
+        if not isinstance(summary, Mapping) or not summary.get("device_busy_ms_per_step"):
+            continue
+        found = _record_ops(record)
+        if found is None:
+            continue
+        spec, ops, _ = found
+        peaks, bandwidth = _gpu_rates(_gpu_name(record))
+        if not bandwidth or not peaks:
+            continue
+        rows = []
+        accumulation = spec.gradient_accumulation_iters
+
+        def add(part: Ops, times: float, rows=rows, peaks=peaks, bandwidth=bandwidth) -> None:
+            for op, n in part:
+                peak = peaks.get(op.unit or "fp32_matmul") or peaks.get("fp32_matmul")
+                rows.append((n * times, op.flops / peak if op.flops and peak else 0.0, op.bytes / bandwidth))
+
+        add(ops.micro_batch, accumulation)
+        add(ops.optimizer_step, 1)
+        points.append((rows, float(summary["device_busy_ms_per_step"]) / 1e3))
+        names.append(f"{record.get('experiment')} ({device_key(_gpu_name(record))})")
+    if not points:
+        return None
+    grid = np.arange(0.1, 1.0001, 0.02)
+    loss = np.zeros((len(grid), len(grid)))
+    for rows, measured in points:
+        n, compute, moved = (np.array(col) for col in zip(*rows, strict=True))
+        # time[i, j] = sum_k n_k max(compute_k / grid_i, moved_k / grid_j)
+        total = np.zeros_like(loss)
+        for i, e_mm in enumerate(grid):
+            total[i] = (n[None, :] * np.maximum(compute[None, :] / e_mm, moved[None, :] / grid[:, None])).sum(axis=1)
+        loss += np.log(total / measured) ** 2
+    i, j = np.unravel_index(np.argmin(loss), loss.shape)
+    return DeviceEfficiency(
+        float(grid[i]),
+        float(grid[j]),
+        f"fitted to the device busy time of {len(points)} profiled record(s): {', '.join(names)}",
+    )
+
+
+def host_bound_launch_cost(micro_batch_s: float, ops, accumulation: int, gpu_name: str, eff: DeviceEfficiency):
+    """The host seconds per kernel launch that one measured micro-batch implies, or None where it is not
+    host-bound (under ``HOST_BOUND_MARGIN`` x its traced device time, the optimizer step's share included): the
+    measured micro-batch / (its traced kernels + its share of the optimizer step's). ``ops`` is its
+    ``op_costs.OpCosts``, ``accumulation`` its micro-batches per optimizer step."""
+    device = _device_s(ops.micro_batch, gpu_name, eff) + _device_s(ops.optimizer_step, gpu_name, eff) / accumulation
+    if micro_batch_s < HOST_BOUND_MARGIN * device:
+        return None
+    return micro_batch_s / (ops.kernels_per_micro_batch() + ops.kernels_per_optimizer_step() / accumulation)
+
+
+def fit_launch_cost(
+    records: Iterable[Mapping[str, Any]], gpu_name: str, eff: DeviceEfficiency
+) -> tuple[float, str] | None:
+    """Host seconds per kernel launch, fitted to host-bound records (``host_bound_launch_cost`` of each), the
+    median. Records of this GPU model first (the per-launch cost is the node's: CPU, Python, torch build); else
+    every GPU's, which makes it a default, and the source says so. Only the records that can count are traced."""
+    key = device_key(gpu_name)
+    records = [_clean(record) for record in records]
+
+    def points(same_gpu: bool) -> list[tuple[float, str]]:
+        found_points = []
+        for record in records:
+            name = _gpu_name(record)
+            if name is None or (device_key(name) == key) != same_gpu or not all(_gpu_rates(name)):
+                continue
+            found = _record_ops(record)
+            if found is None:
+                continue
+            spec, ops, measured = found
+            cost = host_bound_launch_cost(measured["micro_batch_s"], ops, spec.gradient_accumulation_iters, name, eff)
+            if cost is not None:
+                found_points.append((cost, str(record.get("experiment"))))
+        return found_points
+
+    same = points(True)
+    chosen = same or points(False)
+    if not chosen:
+        return None
+    where = key if same else f"other GPUs ({key} has none)"
+    label = "fitted" if same else "default, fitted"
+    return (
+        statistics.median(c for c, _ in chosen),
+        f"{label} to {len(chosen)} host-bound record(s) on {where}: {', '.join(n for _, n in chosen)}",
+    )
+
+
+def traced_model(
+    spec: TrainingSpec,
+    gpu_name: str,
+    seq_len: int,
+    *,
+    records: Iterable[Mapping[str, Any]] = (),
+    launch_cost_s: float | None = None,
+    launch_cost_source: str = "measured on this node",
+    efficiency: DeviceEfficiency | None = None,
+) -> dict[str, Any] | None:
+    """Host and device seconds of one micro-batch and of the optimizer step of ``spec`` on ``gpu_name``, from its
+    trace; None where the GPU's bandwidth or peaks are unknown or nothing calibrates the efficiencies and the
+    per-launch cost (``predict_time`` then uses the FLOPs model)."""
+    peaks, bandwidth = _gpu_rates(gpu_name)
+    if not bandwidth or not peaks:
+        return None
+    records = [_clean(r) for r in records]
+    eff = efficiency or fit_efficiencies(records)
+    if eff is None:
+        return None
+    if launch_cost_s is None:
+        fitted = fit_launch_cost(records, gpu_name, eff)
+        if fitted is None:
+            return None
+        launch_cost_s, launch_cost_source = fitted
+    ops = traced_ops(spec, seq_len)
+    kernels_micro, kernels_step = ops.kernels_per_micro_batch(), ops.kernels_per_optimizer_step()
+    device_micro = _device_s(ops.micro_batch, gpu_name, eff)
+    device_step = _device_s(ops.optimizer_step, gpu_name, eff)
+    notes = list(ops.notes)
+    if spec.precision.startswith("bf16") and device_key(gpu_name).startswith(("H100", "H200", "GH200")):
+        notes.append(
+            "not included: on Hopper in bf16, each padded length a run has not seen before builds a cuDNN attention "
+            "plan (47-83 ms of host per call, forward and backward, on the H200: benchmarks/speed_diagnosis.py); "
+            "predicted is the time on repeated lengths"
+        )
+    return {
+        "host_s": kernels_micro * launch_cost_s,
+        "device_s": device_micro,
+        "optimizer_step_s": max(kernels_step * launch_cost_s, device_step),
+        "kernels_per_micro_batch": kernels_micro,
+        "kernels_per_optimizer_step": kernels_step,
+        "launch_cost_s": launch_cost_s,
+        "launch_cost_source": launch_cost_source,
+        "matmul_efficiency": eff.matmul,
+        "bandwidth_efficiency": eff.bandwidth,
+        "efficiency_source": eff.source,
+        "bandwidth": bandwidth,
+        "notes": notes,
+    }

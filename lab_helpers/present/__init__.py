@@ -1,0 +1,1 @@
+"""Presenting: tables, figures, what-if answers, the commands and guesses the notebooks show."""

@@ -1,0 +1,166 @@
+"""The command lines behind each experiment, as a student would type them outside the lab, and how to leave.
+
+Why: the lab runs every experiment through one call so that it is measured and recorded; after the course the
+student runs litgpt and Lightning directly. Each experiment cell therefore shows the equivalent
+``litgpt finetune_*`` command (built from the same recipe and overrides the lab runs, never typed by hand),
+02 shows the Lightning strategy line that changes, and the last cell says where the results are, how to copy
+them off the node, how to stop the container and that the lease should be released.
+"""
+
+from __future__ import annotations
+
+import pprint
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+from lab_helpers.config.experiments import get_experiment, resolve
+from lab_helpers.config.paths import lab_home, results_dir
+from lab_helpers.config.secrets import redact, redact_mapping
+from lab_helpers.training.quick_mode import MEGA_BATCH_BATCHES
+
+CONTAINER = "lab"  # provisioning/start-lab.sh's default container name
+
+
+def _cli_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return shlex.quote(str(value))
+
+
+def litgpt_command(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None) -> str:
+    """``litgpt finetune_full --config configs/... --precision ... --train.micro_batch_size ...`` for ``exp_id``.
+
+    The recipe file plus every key the experiment (and this node's overrides) set on top of it; for section
+    02 this is the single-GPU litgpt run of the same recipe (litgpt's CLI cannot run DDP or DeepSpeed).
+    Secrets are masked as records mask them (``secrets``): ``--access_token '***'``; the run uses the real value.
+    """
+    experiment = get_experiment(exp_id)
+    run = resolve(exp_id, profile, overrides, check_files=False)
+    merged = redact_mapping(
+        {**experiment.set, **(experiment.set_by_profile.get(profile) or {}), **dict(overrides or {})}
+    )
+    recipe = run.recipe_path.relative_to(lab_home()) if run.recipe_path.is_relative_to(lab_home()) else run.recipe_path
+    words = ["litgpt", run.litgpt_command, "--config", str(recipe)]
+    for key, value in merged.items():
+        words += [f"--{key}", _cli_value(value)]
+    return redact(" ".join(words))
+
+
+def strategy_lines(exp_id: str) -> str:
+    """The Lightning lines that change for a section-02 experiment: the strategy ``make_strategy`` builds for it on
+    CUDA, printed from the same ``strategies.strategy_call`` (its plumbing -- backend, timeout -- left out); the
+    model, data and training loop stay the same for every strategy."""
+    from lab_helpers.training.distributed.command import strategy_settings
+    from lab_helpers.training.distributed.strategies import strategy_call
+
+    experiment = get_experiment(exp_id)
+    if not experiment.distributed:
+        raise ValueError(f"{exp_id} is not a section-02 (Lightning) experiment")
+    run = resolve(exp_id, "gpu", check_files=False)
+    call = strategy_call(experiment.strategy, on_cuda=True, **strategy_settings(run))
+    if call is None:
+        return "trainer = L.Trainer(devices=1, precision=PRECISION)  # one GPU, no strategy"
+    devices = "devices=N"
+    if experiment.num_nodes > 1:
+        devices = f"devices={experiment.devices}, num_nodes={experiment.num_nodes}"
+    imports, before, args = [f"from lightning.pytorch.strategies import {call.class_name}"], [], []
+    for key, value in call.kwargs.items():
+        if value is None:  # Lightning's default
+            continue
+        if isinstance(value, dict):  # DeepSpeed's config, as the run folder's deepspeed.json holds it
+            text = pprint.pformat(value, width=110, compact=True, sort_dicts=False)
+            before.append(f"{key} = " + text.replace("\n", "\n" + " " * (len(key) + 3)))
+            args.append(f"{key}={key}")
+        elif isinstance(value, set | frozenset):  # auto_wrap_policy={Block}
+            imports += [f"from {cls.__module__} import {cls.__name__}" for cls in value]
+            args.append(f"{key}={{{', '.join(sorted(cls.__name__ for cls in value))}}}")
+        else:
+            args.append(f'{key}="{value}"' if isinstance(value, str) else f"{key}={value!r}")
+    lines = [
+        *imports,
+        *before,
+        f"trainer = L.Trainer({devices}, precision=PRECISION,",
+        f"                    strategy={call.class_name}({', '.join(args)}))",
+    ]
+    if experiment.num_nodes > 1:
+        lines.append("# every node runs the same script with MASTER_ADDR, MASTER_PORT and NODE_RANK set")
+    return "\n".join(lines)
+
+
+ACTIVATION_CHECKPOINTING_NOTE = "\n".join(
+    [
+        "plus activation checkpointing, which litgpt 0.5.13's finetune_full has no flag for on one device; the lab",
+        "runs it as `python -m lab_helpers.training.child_litgpt finetune_full --config ... --activation-checkpointing`, which",
+        "wraps every Block before litgpt's fit (lab_helpers/training/activation_checkpointing.py). In your own script:",
+        "  import functools\n  from torch.utils.checkpoint import checkpoint",
+        "  for block in model.transformer.h:",
+        "      block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)",
+    ]
+)
+
+
+LENGTH_GROUPED_NOTE = "\n".join(
+    [
+        "plus micro-batches of samples of similar length, which litgpt's finetune_full has no setting for; the lab runs",
+        "`python -m lab_helpers.training.child_litgpt finetune_full --config ... --batch-order length-grouped`, which gives",
+        "litgpt's training loader the lab's sampler (lab_helpers/training/quick_mode.py, LengthGroupedSampler). In your own",
+        f"script: a DataLoader batch_sampler that shuffles, sorts each mega-batch of {MEGA_BATCH_BATCHES} micro-batches by "
+        "length and",
+        "shuffles the micro-batches; with Hugging Face's Trainer, TrainingArguments(group_by_length=True).",
+    ]
+)
+
+
+def show_commands(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None) -> None:
+    """Print the equivalent litgpt command (and, for 02, the Lightning strategy lines)."""
+    lightning = get_experiment(exp_id).distributed
+    what = "the same recipe on one GPU with litgpt's CLI" if lightning else "the same run with litgpt's CLI"
+    print(f"{what}:\n  " + litgpt_command(exp_id, profile=profile, overrides=overrides))
+    if get_experiment(exp_id).options.get("activation_checkpointing"):
+        print(ACTIVATION_CHECKPOINTING_NOTE)
+    if get_experiment(exp_id).options.get("batch_order", "shuffle") != "shuffle":
+        print(LENGTH_GROUPED_NOTE)
+    if lightning:
+        print("in your own Lightning script, the lines that change:\n  " + strategy_lines(exp_id).replace("\n", "\n  "))
+
+
+def closing_text(*, host: str | None = None, on_gpu_node: bool | None = None, in_container: bool | None = None) -> str:
+    """Where the results are and, only where it applies to this machine, how to copy them off a leased node and
+    give it back: a laptop or a CPU machine gets no rsync line, no ``docker stop`` and no lease (03 printed
+    placeholder paths and ``docker stop lab`` on a laptop). ``on_gpu_node`` defaults to "this machine has a GPU",
+    ``in_container`` to "running in the lab's Docker image" (start-lab.sh sets LAB_HOME; Docker makes
+    /.dockerenv)."""
+    import getpass
+    import os
+    import socket
+    from pathlib import Path
+
+    results = results_dir()
+    if on_gpu_node is None:
+        from lab_helpers.hardware.node import describe_node
+
+        on_gpu_node = bool(describe_node().get("gpus"))
+    if in_container is None:
+        in_container = bool(os.environ.get("LAB_HOME")) or Path("/.dockerenv").exists()
+    lines = [
+        f"Your results: {results} (runs.jsonl: one line per run and rank; runs/<run_id>/: logs and "
+        "timelines; figures/: the plots and comparison.csv)."
+    ]
+    if not on_gpu_node:
+        lines.append("They are on this machine already: nothing to copy off and no lease to give back.")
+        return "\n".join(lines)
+    host = host or socket.getfqdn()
+    remote = str(results)
+    if in_container and results.is_relative_to(lab_home()):  # the node sees the checkout, not the mount point
+        remote = f"<the folder you cloned the lab into on the node>/{results.relative_to(lab_home())}"
+    lines += [
+        "Copy them to your own computer before the lease ends (run this there, not on the node):",
+        f"  rsync -avz {getpass.getuser()}@{host}:{remote}/ ./lab-results/",
+        f"  (or: scp -r {getpass.getuser()}@{host}:{remote} ./lab-results)",
+        "Then, on the node (not in this notebook): stop the lab with",
+        f"  docker stop {CONTAINER}" if in_container else "  Ctrl-C in the terminal running scripts/start-notebooks.sh",
+        "and release the lease (e.g. delete the reservation in your testbed's portal) so that the GPUs stop "
+        "costing money and the next student can have them.",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,1072 @@
+"""The comparison table and plots the notebooks show after a section: measured beside predicted, per experiment.
+
+Why its own module: it only presents data, so it reads records (lab_helpers.record.records) and never runs anything;
+a student without a GPU can point it at the reference results shipped with the lab and see the same table and
+plots a GPU node would give. Missing values stay NaN (an OOM'd run has no training time; it did not take 0 s),
+and runs that did not finish are drawn as their status text, not as an empty bar.
+
+Plots use ``matplotlib.figure.Figure`` directly rather than pyplot: no GUI backend is needed (PNG files are
+written with Agg on a machine with no display) and no global figure state leaks between calls. Such a figure is
+not pyplot's, so Jupyter shows it as ``<Figure size ...>`` unless something registered a PNG formatter; the
+figures are therefore ``LabFigure``s (lab_helpers.present.figure_display), which render as a PNG on their own.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from lab_helpers.config.config_error import LabConfigError
+from lab_helpers.config.iteration_times import ONE_OFF_FACTOR as ONE_OFF_FACTOR  # the notebook names it
+from lab_helpers.config.iteration_times import finite_number as _number
+from lab_helpers.config.iteration_times import one_off_excess_s, one_off_iterations
+from lab_helpers.config.paths import (
+    describe_os_error,
+    lab_folder,
+    lab_home,
+    reference_dir,
+    regular_file_inside,
+    results_dir,
+    shown_path,
+    write_lab_file,
+)
+from lab_helpers.config.record_schema import BREAKDOWN_PARTS
+from lab_helpers.present import figure_source, timeline_phases
+from lab_helpers.present.table_display import ComparisonTable
+from lab_helpers.record.records import empty_runs_frame, latest_runs, load_results
+
+NO_RUNS = "no runs recorded yet"
+MEMORY_COLUMNS = ("peak_alloc_gib", "peak_tensor_gib", "peak_reserved_gib", "gpu_used_peak_gib", "host_rss_peak_gib")
+RANK0_COLUMNS = (
+    "train_s", "wall_s", "tokens_per_s", "tokens_per_s_padded", "mfu", "predicted_peak_alloc_gib", "iter_median_s",
+    "iter_iqr_s", "iter_count", "padding_pct", "flops_per_token", "gpu_peak_flops", "gpu_busy_pct", "host_core_pct",
+)  # fmt: skip
+TABLE_COLUMNS = (
+    "experiment",
+    "status",
+    "peak_alloc_gib",
+    "peak_tensor_gib",
+    "predicted_peak_alloc_gib",
+    "prediction_error_pct",
+    "peak_reserved_gib",
+    "gpu_used_peak_gib",
+    "host_rss_peak_gib",
+    "train_s",
+    "samples",
+    "ms_per_sample",
+    "tokens_per_s",
+    "iter_median_s",
+    "iter_iqr_s",
+    "iter_count",
+    "tokens_per_s_padded",
+    "padding_pct",
+    "flops_per_token",
+    "gpu_peak_flops",
+    "mfu",
+    "gpu_busy_pct",
+    "host_core_pct",
+    "bound",
+    "one_off_pct",
+    "reason",
+)
+ROUNDING = {
+    "peak_alloc_gib": 2,
+    "peak_tensor_gib": 4,
+    "predicted_peak_alloc_gib": 4,  # CPU runs predict tens of MiB: 2 digits would erase the comparison
+    "prediction_error_pct": 1,
+    "peak_reserved_gib": 2,
+    "gpu_used_peak_gib": 2,
+    "host_rss_peak_gib": 2,
+    "train_s": 1,
+    "samples": 0,
+    "ms_per_sample": 2,
+    "tokens_per_s": 1,
+    "iter_median_s": 4,
+    "iter_iqr_s": 4,
+    "iter_count": 0,
+    "tokens_per_s_padded": 1,
+    "padding_pct": 1,
+    "gpu_busy_pct": 0,
+    "host_core_pct": 0,
+    "mfu": 3,
+    "one_off_pct": 0,
+}
+# When ranks of one run disagree, the table shows the worst outcome (an OOM on rank 3 is the run's story).
+STATUS_SEVERITY = {"oom": 0, "error": 1, "timeout": 2, "interrupted": 3, "skipped": 4, "ok": 5}
+STATUS_LABEL = {
+    "oom": "OOM",
+    "error": "error",
+    "timeout": "timeout",
+    "interrupted": "interrupted",
+    "skipped": "skipped",
+}
+
+
+# ------------------------------------------------------------------------------------------------ selecting
+
+
+# ------------------------------------------------------------------------------------------------ the table
+
+
+def comparison_table(
+    df: pd.DataFrame, *, order: Sequence[str] | None = None, profile: str | None = None
+) -> pd.DataFrame:
+    """One row per experiment: status, measured and predicted peak memory, prediction error, time, throughput.
+
+    Distributed runs have one record per rank: memory is the maximum over ranks (the rank that runs out first
+    decides whether it fits), time, throughput and MFU come from rank 0. ``prediction_error_pct`` is
+    (measured - predicted) / predicted x 100 on ``peak_alloc_gib`` -- on a CPU on ``peak_tensor_gib``, the live
+    tensor bytes the planner predicts there: positive means the planner under-predicted. ``one_off_pct`` is the
+    share of ``train_s`` that one-off iterations took beyond a typical one (``one_offs``). The steady time figures
+    (``iter_median_s`` with ``iter_iqr_s`` and ``iter_count``, both tokens/s, ``mfu``) come from the median timed
+    iteration (``iteration_times.steady_timing``): MFU = tokens_per_s_padded x flops_per_token / gpu_peak_flops,
+    by hand from this table. ``gpu_busy_pct``, ``host_core_pct`` and ``bound`` say where the time went
+    (``time_bound``; None on a CPU). Missing values are NaN, never 0.
+    """
+    latest = latest_runs(df, profile=profile, order=order)
+    if latest.empty:
+        return ComparisonTable({column: pd.Series(dtype=_dtype(column)) for column in TABLE_COLUMNS})
+    for column in (*MEMORY_COLUMNS, *RANK0_COLUMNS, "reason", "predicted"):
+        if column not in latest:
+            latest[column] = None
+    latest["predicted_peak_alloc_gib"] = [
+        _number(row.get("predicted_peak_alloc_gib"))
+        if _number(row.get("predicted_peak_alloc_gib")) is not None
+        else _number(_mapping(row.get("predicted")).get("peak_alloc_gib"))
+        for row in latest.to_dict("records")
+    ]
+    rows = []
+    for experiment, ranks in latest.groupby("experiment", sort=False):
+        first = ranks.sort_values("rank_n").iloc[0]
+        worst = ranks.assign(_sev=ranks["status"].map(STATUS_SEVERITY).fillna(-1)).sort_values("_sev").iloc[0]
+        row: dict[str, Any] = {"experiment": experiment, "status": worst["status"]}
+        for column in MEMORY_COLUMNS:
+            row[column] = pd.to_numeric(ranks[column], errors="coerce").max()  # NaN when every rank lacks it
+        for column in RANK0_COLUMNS:
+            row[column] = _number(first[column])
+        row["reason"] = worst["reason"] if isinstance(worst["reason"], str) and worst["reason"] else None
+        row["bound"] = first.get("bound") if isinstance(first.get("bound"), str) else None  # rank 0's, as its time
+        row["samples"] = _samples(first.to_dict())
+        row["ms_per_sample"] = _per_sample_ms(row["train_s"], row["samples"])
+        row["one_off_pct"] = _one_off_pct(first.to_dict(), row["train_s"])
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    measured = pd.to_numeric(table["peak_alloc_gib"], errors="coerce").fillna(
+        pd.to_numeric(table["peak_tensor_gib"], errors="coerce")
+    )
+    predicted = pd.to_numeric(table["predicted_peak_alloc_gib"], errors="coerce")
+    # only a finished run has a true peak: an OOM'd run stopped at whatever it reached before failing
+    finished = table["status"] == "ok"
+    table["prediction_error_pct"] = ((measured - predicted) / predicted.where(predicted > 0) * 100).where(finished)
+    table = table[list(TABLE_COLUMNS)]
+    for column, digits in ROUNDING.items():
+        table[column] = pd.to_numeric(table[column], errors="coerce").astype(float).round(digits)
+    return ComparisonTable(table.reset_index(drop=True))  # shown without empty columns (table_display)
+
+
+MARKDOWN_COLUMNS = {
+    "experiment": "experiment",
+    "status": "status",
+    "peak_alloc_gib": "measured peak GiB",
+    "predicted_peak_alloc_gib": "predicted GiB",
+    "prediction_error_pct": "error %",
+    "train_s": "train s",
+    "iter_median_s": "median iter ms",
+    "tokens_per_s_padded": "padded tokens/s",
+    "padding_pct": "padding %",
+    "mfu": "MFU",
+    "gpu_busy_pct": "GPU busy %",
+    "bound": "bound",
+    "one_off_pct": "one-off %",
+}
+
+
+def markdown_table(table: pd.DataFrame) -> str:
+    """The comparison table's headline columns as a Markdown table (for reference_results/README.md): printed
+    from the records by ``python -m lab_helpers compare --reference NAME --markdown``, never typed. The measured
+    peak is the quantity measured on that device (``_measured_memory``: live tensor bytes on a CPU), named so."""
+    measured, label = _measured_memory(table) if len(table) else ("peak_alloc_gib", "")
+    headers = dict(MARKDOWN_COLUMNS)
+    if measured != "peak_alloc_gib":
+        table = table.assign(peak_alloc_gib=table[measured])
+        headers["peak_alloc_gib"] = "measured peak GiB (" + label.removeprefix("measured ").replace(" (", ", ")[:-1] + ")"
+    lines = ["| " + " | ".join(headers.values()) + " |", "|" + "---|" * len(headers)]
+    for row in table.to_dict("records"):
+        cells = []
+        for column in MARKDOWN_COLUMNS:
+            value = row.get(column)
+            if isinstance(value, float) and math.isnan(value):
+                cells.append("")
+            elif column == "mfu":
+                cells.append(f"{value:.1%}")
+            elif column == "one_off_pct":
+                cells.append(f"{value:.0f}")
+            elif column in ("tokens_per_s", "tokens_per_s_padded"):
+                cells.append(f"{value:,.0f}")
+            elif column == "iter_median_s":
+                cells.append(f"{1e3 * value:.0f}")
+            elif column in ("padding_pct", "gpu_busy_pct"):
+                cells.append(f"{value:.0f}")
+            elif value is None:
+                cells.append("")
+            elif column == "predicted_peak_alloc_gib":  # CPU stand-ins predict tens of MiB: 3 digits, not 0.03
+                cells.append(f"{value:.2f}" if value >= 1 else f"{value:.3g}")
+            else:
+                cells.append(str(value))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _samples(record: Mapping[str, Any]) -> float | None:
+    """Training samples one rank saw: micro-batches (``iterations``) x the recipe's micro batch size."""
+    iterations = _number(record.get("iterations"))
+    micro = _number(_mapping(_mapping(record.get("config")).get("train")).get("micro_batch_size"))
+    return iterations * micro if iterations and micro else None
+
+
+def _per_sample_ms(train_s: float | None, samples: float | None) -> float | None:
+    """Milliseconds of training loop per sample (rank 0): the fair time comparison between runs that see
+    different numbers of samples (grad-accum sees 4x small-batch's samples in the same number of steps)."""
+    return 1000 * train_s / samples if train_s is not None and samples else None
+
+
+def _dtype(column: str) -> str:
+    return "float64" if column in ROUNDING else "object"
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+# ------------------------------------------------------------------------------------------------ one-offs
+
+
+def _one_off_pct(record: Mapping[str, Any], train_s: float | None) -> float | None:
+    """100 x the one-offs' excess seconds / ``train_s``: 0 for a steady run, None when it cannot be told."""
+    excess_s = one_off_excess_s(record)
+    return None if excess_s is None or not train_s else 100 * excess_s / train_s
+
+
+def one_offs(df: pd.DataFrame, *, order: Sequence[str] | None = None, profile: str | None = None) -> pd.DataFrame:
+    """One row per one-off iteration of each experiment's latest run (rank 0, whose time the table shows): its
+    iteration, seconds, the run's median iteration, how many medians it took, and its excess as a share of
+    ``train_s`` -- the raw samples behind the table's ``one_off_pct``."""
+    columns = ("experiment", "iter", "iter_time_s", "median_s", "x_median", "pct_of_train_s")
+    latest = latest_runs(df, profile=profile, order=order)
+    rows = []
+    for record in latest.groupby("experiment", sort=False).head(1).to_dict("records") if len(latest) else []:
+        train_s = _number(record.get("train_s"))
+        for one in one_off_iterations(record) or []:
+            rows.append(
+                {
+                    "experiment": record["experiment"],
+                    "iter": one["iter"],
+                    "iter_time_s": round(one["iter_time_s"], 3),
+                    "median_s": round(one["median_s"], 3),
+                    "x_median": round(one["iter_time_s"] / one["median_s"], 1),
+                    "pct_of_train_s": round(100 * one["excess_s"] / train_s) if train_s else math.nan,
+                }
+            )
+    return pd.DataFrame(rows, columns=list(columns))
+
+
+# ------------------------------------------------------------------------------------------------ reference
+
+
+GPU_MEASUREMENT = "real GPU measurement"
+CODE_PATH_ONLY = "code path only (ci profile on a CPU: tiny stand-ins, not GPU figures)"
+
+
+def shipped_references() -> list[str]:
+    """The names of the reference files shipped in reference_results/ (``h100-80gb``, ``ci-cpu``), sorted."""
+    folder = reference_dir()
+    return sorted(p.stem for p in folder.glob("*.jsonl")) if folder.is_dir() else []
+
+
+def reference_stem(name: str) -> str:
+    """A reference file's name as the user may give it ("h100-80gb", "h100-80gb.jsonl", a path) -> "h100-80gb"."""
+    return Path(name).name.removesuffix(".jsonl")
+
+
+DEFAULT_GPU_REFERENCE = "h100-80gb"
+"""The reference shown when several GPUs' files are shipped and none is named: the GPU LAB.md's course uses."""
+
+
+def load_reference(name: str | None = None) -> pd.DataFrame:
+    """Results recorded on a real GPU node, for students without one; ``name`` picks one file (e.g. "h100-80gb").
+
+    With no ``name``: one file measured on a GPU (profile ``gpu``) when any is shipped (``DEFAULT_GPU_REFERENCE``
+    where several are, with a warning naming the others), else every file (the CPU code-path run), so that GPU
+    figures and CPU stand-ins, or two GPUs, never share one table. Each row is tagged with its
+    file (``reference``) and with ``measured_on``: "real GPU measurement (<GPU>)" or "code path only (...)";
+    ``reference_label`` says it in one line. Returns an empty frame, with a warning that says why, when nothing is
+    shipped (yet).
+    """
+    folder = reference_dir()
+    shipped = shipped_references()
+    if name is not None:
+        stem = reference_stem(name)
+        files = [folder / f"{stem}.jsonl"]
+        if stem not in shipped:
+            warnings.warn(
+                f"no reference results named {stem!r} in {folder}"
+                + (f"; shipped: {', '.join(shipped)}" if shipped else "; none are shipped yet"),
+                stacklevel=2,
+            )
+            return empty_runs_frame().drop(columns="rank_n")
+    else:
+        files = [folder / f"{stem}.jsonl" for stem in shipped]
+        if not files:
+            warnings.warn(
+                f"no reference results are shipped yet (looked for {folder}/<gpu-name>.jsonl); "
+                "run the experiments on a GPU node, or ask the instructor for the reference files",
+                stacklevel=2,
+            )
+            return empty_runs_frame().drop(columns="rank_n")
+    frames = []
+    for path in files:
+        frame = load_results(path)
+        if len(frame):
+            frames.append(frame.assign(reference=path.stem, measured_on=_measured_on(frame)))
+    if not frames:
+        warnings.warn(f"the reference files in {folder} hold no records", stacklevel=2)
+        return empty_runs_frame().drop(columns="rank_n")
+    if name is None and any(_is_gpu(frame) for frame in frames):
+        frames = [frame for frame in frames if _is_gpu(frame)]
+        if len(frames) > 1:  # two GPUs never share a table: the course's GPU first (DEFAULT_GPU_REFERENCE)
+            by_name = {frame["reference"].iloc[0]: frame for frame in frames}
+            chosen = DEFAULT_GPU_REFERENCE if DEFAULT_GPU_REFERENCE in by_name else sorted(by_name)[0]
+            others = ", ".join(n for n in sorted(by_name) if n != chosen)
+            warnings.warn(f"reference results of several GPUs are shipped: showing {chosen} (also shipped: {others}; "
+                          f"name one to see it, e.g. REFERENCE_NAME = {others.split(', ')[0]!r})", stacklevel=2)  # fmt: skip
+            frames = [by_name[chosen]]
+    return pd.concat(frames, ignore_index=True)
+
+
+def _is_gpu(frame: pd.DataFrame) -> bool:
+    return "profile" in frame and bool((frame["profile"] == "gpu").any())
+
+
+def _measured_on(frame: pd.DataFrame) -> list[str]:
+    if not _is_gpu(frame):
+        return [CODE_PATH_ONLY] * len(frame)
+    names = frame["device_name"] if "device_name" in frame else pd.Series([None] * len(frame))
+    environments = frame["environment"] if "environment" in frame else pd.Series([None] * len(frame))
+    gpus = [
+        name if isinstance(name, str) and name else _first_gpu(environment)
+        for name, environment in zip(names, environments, strict=True)
+    ]
+    return [f"{GPU_MEASUREMENT} ({gpu})" if isinstance(gpu, str) and gpu else GPU_MEASUREMENT for gpu in gpus]
+
+
+def _first_gpu(environment: Any) -> str | None:
+    """The node's first GPU, for a record without a ``device_name`` (a skipped run measured nothing)."""
+    names = environment.get("gpu_names") if isinstance(environment, Mapping) else None
+    return names[0] if isinstance(names, list) and names and isinstance(names[0], str) else None
+
+
+def reference_label(frame: pd.DataFrame) -> str:
+    """One line saying what the reference rows are: which GPU measured them, or that they only show the code path,
+    and which experiments' time columns a one-off iteration inflates (``one_offs``)."""
+    if frame.empty or "measured_on" not in frame:
+        return "no reference results"
+    parts = []
+    for (reference, measured), rows in frame.groupby(["reference", "measured_on"], sort=True):
+        modes = sorted({m for m in rows.get("mode", pd.Series(dtype=object)).dropna()})
+        weights = " random weights," if "random_weights" in rows and rows["random_weights"].eq(True).any() else ""
+        mode = f" {'/'.join(modes)} mode" if modes else ""
+        parts.append(f"{reference}.jsonl: {measured},{weights}{mode}, {len(rows)} records")
+        table = comparison_table(rows)
+        inflated = table.loc[table["one_off_pct"] >= 1, "experiment"].tolist()
+        if inflated:
+            parts[-1] += f" (the time of {', '.join(inflated)} includes a one-off iteration: see one_off_pct)"
+    return "; ".join(parts)
+
+
+# ------------------------------------------------------------------------------------------------ plots
+
+
+def figures_dir(frame: pd.DataFrame | None = None) -> Path:
+    """Where a frame's figures go: ``results/figures`` for your own runs, ``results/figures/reference-<name>/`` for
+    shipped reference results (rows tagged ``reference`` by ``load_reference``), so that looking at the reference
+    never overwrites your own figures or ``comparison.csv``."""
+    base = results_dir() / "figures"
+    names = sorted(set(frame["reference"].dropna())) if frame is not None and "reference" in frame else []
+    return base / f"reference-{'+'.join(names)}" if names else base
+
+
+def figures_folder(out_dir: Path | str | None, frame: pd.DataFrame | None = None) -> Path:
+    """The folder a frame's figures go to (``out_dir``, else ``figures_dir(frame)``), created and checked by the
+    rule of every folder the lab writes into (``paths.lab_folder``): a LabConfigError line where it cannot be."""
+    return _figures_dir(out_dir if out_dir is not None else figures_dir(frame))
+
+
+def _figures_dir(out_dir: Path | str | None) -> Path:
+    folder = Path(out_dir) if out_dir is not None else results_dir() / "figures"
+    try:
+        return lab_folder(folder)
+    except OSError as exc:
+        raise LabConfigError(f"figures folder {shown_path(folder)}: {describe_os_error(exc)}") from None
+
+
+def write_figure_file(folder: Path | str | None, filename: str, data) -> Path:
+    """Write one file of the figures folder (a PNG, comparison.csv) by the rule of every file the lab writes
+    (``paths.write_lab_file``: a regular file in its folder, never through a link); a folder or file it cannot
+    write is one LabConfigError line naming it."""
+    path = _figures_dir(folder) / filename
+    try:
+        return write_lab_file(path, data)
+    except OSError as exc:
+        raise LabConfigError(f"{shown_path(path)}: not written: {describe_os_error(exc)}") from None
+
+
+def save_table(table: pd.DataFrame, folder: Path | str | None) -> Path:
+    """The comparison table as ``comparison.csv`` in the figures folder."""
+    return write_figure_file(folder, "comparison.csv", table.to_csv(index=False).encode())
+
+
+def _new_figure(
+    width: float, height: float, rows: int = 1, cols: int = 1, *, layout: str | None = "constrained", **kwargs: Any
+):
+    """A figure without pyplot; ``layout=None`` for figures that set their own margins (see ``plot_timeline``)."""
+    from lab_helpers.present.figure_display import LabFigure
+
+    figure = LabFigure(figsize=(width, height), layout=layout)
+    axes = figure.subplots(rows, cols, **kwargs)
+    return figure, axes
+
+
+def _save(figure: Any, out_dir: Path | str | None, filename: str) -> Any:
+    path = write_figure_file(out_dir, filename, lambda fh: figure.savefig(fh, format="png", dpi=110))
+    figure.lab_path = path  # where it went, for save_all and for the notebook to show
+    return figure
+
+
+def _empty_plot(out_dir: Path | str | None, filename: str, title: str) -> Any:
+    figure, ax = _new_figure(6, 2.5)
+    ax.set_axis_off()
+    ax.set_title(title)
+    ax.text(0.5, 0.5, NO_RUNS, ha="center", va="center", fontsize=14, transform=ax.transAxes)
+    return _save(figure, out_dir, filename)
+
+
+def _gpu_measured(table: pd.DataFrame) -> bool:
+    return bool(table["peak_alloc_gib"].notna().any()) if len(table) else False
+
+
+def _measured_memory(table: pd.DataFrame) -> tuple[str, str]:
+    """(column, label) of the measured peak the plots compare with the prediction: CUDA's allocated peak on a
+    GPU, the live tensor bytes on a CPU (the same quantity the planner predicts there), host RSS for old records."""
+    if _gpu_measured(table):
+        return "peak_alloc_gib", "measured peak allocated (max over ranks)"
+    if len(table) and table["peak_tensor_gib"].notna().any():
+        return "peak_tensor_gib", "measured peak of live tensors (CPU run)"
+    return "host_rss_peak_gib", "measured host RSS peak (CPU run)"
+
+
+def plot_memory(
+    df: pd.DataFrame,
+    *,
+    out_dir: Path | str | None = None,
+    order: Sequence[str] | None = None,
+    profile: str | None = None,
+) -> Any:
+    """Per experiment: the measured peak beside a stacked bar of the planner's predicted breakdown.
+
+    Runs that ended in OOM / error / skipped show their status as text where the measured bar would be. With
+    CPU runs only (no GPU memory recorded) the measured bar is the host RSS peak, and the title says so.
+    """
+    table = comparison_table(df, order=order, profile=profile)
+    if table.empty:
+        return _empty_plot(out_dir, "memory.png", "Peak memory: measured vs predicted")
+    latest = latest_runs(df, profile=profile, order=order)
+    measured_column, measured_label = _measured_memory(table)
+    figure, ax = _new_figure(max(7.5, 1.1 * len(table) + 4), 4.8)
+    x = range(len(table))
+    width = 0.38
+    colors = _breakdown_colors()
+    drawn_parts: set[str] = set()
+    top = 0.0
+    for i, row in enumerate(table.to_dict("records")):
+        measured = _number(row[measured_column])
+        if measured is not None:
+            ax.bar(i - width / 2, measured, width, color="#333333", label=None if i else measured_label)
+            top = max(top, measured)
+        status = row["status"]
+        if status != "ok":
+            label = STATUS_LABEL.get(status, str(status))
+            y = measured if measured is not None else 0.0
+            ax.text(i - width / 2, y, label, ha="center", va="bottom", color="#b00020", fontsize=9, weight="bold")
+        breakdown = _breakdown_for(latest, row["experiment"])
+        bottom = 0.0
+        if breakdown:
+            for part in BREAKDOWN_PARTS:
+                value = _number(breakdown.get(part))
+                if not value:
+                    continue
+                ax.bar(
+                    i + width / 2,
+                    value,
+                    width,
+                    bottom=bottom,
+                    color=colors[part],
+                    label=part.replace("_", " ") if part not in drawn_parts else None,
+                )
+                drawn_parts.add(part)
+                bottom += value
+        predicted = _number(row["predicted_peak_alloc_gib"])
+        if predicted is not None and breakdown:  # the predicted peak need not be the sum of the parts
+            ax.hlines(
+                predicted,
+                i,
+                i + width,
+                colors="black",
+                linestyles="dashed",
+                linewidth=1.2,
+                label=None if "peak" in drawn_parts else "predicted peak",
+            )
+            drawn_parts.add("peak")
+            top = max(top, predicted)
+        if predicted is not None and not breakdown:
+            ax.bar(
+                i + width / 2, predicted, width, color="#9ecae1", label=None if "total" in drawn_parts else "predicted"
+            )
+            drawn_parts.add("total")
+            bottom = predicted
+        if bottom == 0.0 and predicted is None:
+            ax.text(
+                i + width / 2, 0.0, "no prediction", ha="center", va="bottom", rotation=90, fontsize=8, color="#777"
+            )
+        top = max(top, bottom)
+    records = _rank0_records(df, order=order, profile=profile)
+    capacity = figure_source.gpu_capacity_gib(records.values())
+    if capacity is not None:
+        ax.axhline(capacity[0], color="#b00020", linestyle="-.", linewidth=1.2,
+                   label=f"GPU capacity: {capacity[0]:.0f} GiB nominal ({capacity[1]})")  # fmt: skip
+        top = max(top, capacity[0])
+    ax.set_xticks(list(x), _labels_with_mode(table["experiment"], records), rotation=30, ha="right")
+    ax.set_ylabel("GiB (2^30 bytes)")
+    ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)
+    title = f"Peak memory: measured (left) vs predicted breakdown (right)\n{figure_source.describe(records.values())}"
+    if measured_column != "peak_alloc_gib":
+        title += f"\nno GPU memory recorded: {measured_label.removeprefix('measured ')}"
+    ax.set_title(title, fontsize=10)
+    handles, labels = _legend_in_stack_order(ax)
+    ax.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _save(figure, out_dir, "memory.png")
+
+
+def _legend_in_stack_order(ax: Any) -> tuple[list[Any], list[str]]:
+    """The legend as the bars read from top to bottom: capacity, predicted peak, then the predicted parts from the
+    top of the stack down (BREAKDOWN_PARTS is the stacking order, bottom first), the measured bar last."""
+    handles, labels = ax.get_legend_handles_labels()
+    parts = [part.replace("_", " ") for part in BREAKDOWN_PARTS]
+
+    def rank(label: str) -> float:
+        if label.startswith("GPU capacity"):
+            return -3
+        if label == "predicted peak":
+            return -2
+        if label == "predicted":
+            return -1
+        if label in parts:
+            return len(parts) - parts.index(label)  # top of the stack first
+        return 100  # the measured bar
+    pairs = sorted(zip(handles, labels, strict=True), key=lambda pair: rank(pair[1]))
+    return [h for h, _ in pairs], [label for _, label in pairs]
+
+
+def _breakdown_for(latest: pd.DataFrame, experiment: str) -> Mapping[str, Any]:
+    """The predicted breakdown (GiB per part) of the rank-0 record of one experiment."""
+    if "predicted" not in latest:
+        return {}
+    rows = latest[latest["experiment"] == experiment].sort_values("rank_n")
+    for value in rows["predicted"]:
+        breakdown = _mapping(_mapping(value).get("breakdown_gib"))
+        if breakdown:
+            return breakdown
+    return {}
+
+
+def _breakdown_colors() -> dict[str, str]:
+    palette = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#7f7f7f")
+    return dict(zip(BREAKDOWN_PARTS, palette, strict=True))
+
+
+def plot_time(
+    df: pd.DataFrame,
+    *,
+    out_dir: Path | str | None = None,
+    order: Sequence[str] | None = None,
+    profile: str | None = None,
+) -> Any:
+    """Four panels per experiment, like with like first: time per training sample and the median micro-batch time
+    (both from the steady iterations after warm-up, with their interquartile range), padded tokens per second from
+    the same median (MFU's count; each bar labelled with what bounds the run, ``bound``: nothing on a CPU), and
+    last the whole timed loop (``train_s``), which depends on how many steps ran: quick and full mode differ.
+
+    The title names the device and the mode (``figure_source``); where modes are mixed, each bar's mode is in its
+    label. CPU stand-ins' times are labelled "code path only". Where one-off iterations inflate a run's
+    ``train_s`` (``one_off_pct``), the part they took beyond a median iteration is hatched; the steady panels
+    leave them out.
+    """
+    table = comparison_table(df, order=order, profile=profile)
+    if table.empty:
+        return _empty_plot(out_dir, "time.png", "Training time and throughput")
+    records = _rank0_records(df, order=order, profile=profile)
+    figure, axes = _new_figure(max(8.0, 0.6 * len(table) + 3), 13.0, 4, 1, sharex=True)  # one row per measure
+    share = (pd.to_numeric(table["one_off_pct"], errors="coerce").fillna(0.0) / 100).clip(0.0, 0.99)
+    micro = pd.Series([_micro_batch(records.get(e, {})) for e in table["experiment"]], dtype=float)
+    median_s = pd.to_numeric(table["iter_median_s"], errors="coerce")
+    table = table.assign(
+        iter_median_ms=median_s * 1e3,
+        steady_ms_per_sample=median_s * 1e3 / micro,
+        steady_iqr_ms_per_sample=pd.to_numeric(table["iter_iqr_s"], errors="coerce") * 1e3 / micro,
+    )
+    cpu = figure_source.on_cpu(records.values())
+    note = f" -- CPU: {figure_source.CPU_TIME_NOTE}" if cpu else ""
+    spreads = {"steady_ms_per_sample": table["steady_iqr_ms_per_sample"],
+               "iter_median_ms": pd.to_numeric(table["iter_iqr_s"], errors="coerce") * 1e3}  # fmt: skip
+    for ax, column, ylabel, title in (
+        (axes[0], "steady_ms_per_sample", "ms / sample",
+         "Time per training sample, steady: median micro-batch / micro batch size (bars: IQR)" + note),
+        (axes[1], "iter_median_ms", "ms", "Median micro-batch after warm-up (bars: IQR; n: timed)" + note),
+        (axes[2], "tokens_per_s_padded", "padded tokens / s",
+         "Throughput from the median micro-batch; label: what bounds the run" + note),
+        (axes[3], "train_s", "seconds",
+         "Whole timed loop, train_s: grows with the steps run, compare within one mode" + note),
+    ):  # fmt: skip
+        values = pd.to_numeric(table[column], errors="coerce")
+        ax.bar(range(len(table)), values.fillna(0.0), color="#4c72b0")  # missing: no bar, a label instead
+        if column == "iter_median_ms":
+            _iqr_bars(ax, values, spreads[column], counts=pd.to_numeric(table["iter_count"], errors="coerce"))
+        if column == "steady_ms_per_sample":
+            _iqr_bars(ax, values, spreads[column])
+        if column == "tokens_per_s_padded":
+            _bound_labels(ax, table, values)
+        for i, (value, status) in enumerate(zip(values, table["status"], strict=True)):
+            if pd.isna(value):
+                label = STATUS_LABEL.get(status, "no data") if status != "ok" else "no data"
+                ax.text(i, 0, label, ha="center", va="bottom", rotation=90, color="#b00020", fontsize=9)
+        tops = _one_off_spans(ax, values, share) if column == "train_s" else 0.0
+        if column in spreads:  # the whole IQR bar on the panel, however noisy the run
+            tops = max(tops, (values + spreads[column] / 2).max())
+        ax.set_xticks(range(len(table)), _labels_with_mode(table["experiment"], records), rotation=30, ha="right")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=9)  # rank 0's figures, as the table's
+        top = max(values.max(), tops)
+        ax.set_ylim(0, top * 1.2 if pd.notna(top) and top > 0 else 1.0)
+    if (share > 0.005).any():
+        axes[3].legend(fontsize=8, loc="upper left")
+    figure.suptitle(f"Training time and throughput: {figure_source.describe(records.values())}", fontsize=11)
+    return _save(figure, out_dir, "time.png")
+
+
+def _rank0_records(
+    df: pd.DataFrame, *, order: Sequence[str] | None, profile: str | None
+) -> dict[str, dict[str, Any]]:
+    """Each experiment's latest rank-0 record, by experiment, in the table's order."""
+    latest = latest_runs(df, profile=profile, order=order)
+    if latest.empty:
+        return {}
+    return {r["experiment"]: r for r in latest.sort_values("rank_n", kind="stable").groupby("experiment", sort=False)
+            .head(1).to_dict("records")}  # fmt: skip
+
+
+def _micro_batch(record: Mapping[str, Any]) -> float:
+    """The recipe's micro batch size (samples per micro-batch), NaN when the record does not say."""
+    micro = _number(_mapping(_mapping(record.get("config")).get("train")).get("micro_batch_size"))
+    return micro if micro else math.nan
+
+
+def _labels_with_mode(experiments: pd.Series, records: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Experiment ids, each with its mode where the figure mixes quick and full runs (else the title says it)."""
+    modes = {e: figure_source.mode_of(records.get(e, {})) for e in experiments}
+    if len(set(modes.values())) < 2:
+        return list(experiments)
+    return [f"{e} [{modes[e] or '?'}]" for e in experiments]
+
+
+def _iqr_bars(ax: Any, medians: pd.Series, iqrs: pd.Series, *, counts: pd.Series | None = None) -> None:
+    """The interquartile range of each run's timed micro-batches, centred on its median, and the count below."""
+    for i, (median, iqr) in enumerate(zip(medians, iqrs, strict=True)):
+        if pd.notna(median) and pd.notna(iqr):
+            ax.errorbar(i, median, yerr=iqr / 2, color="#222222", capsize=3, linewidth=1)
+        if counts is not None and pd.notna(median) and pd.notna(counts.iloc[i]):
+            ax.text(i, 0, f"n={counts.iloc[i]:.0f}", ha="center", va="bottom", fontsize=7, color="white")
+
+
+def _bound_labels(ax: Any, table: pd.DataFrame, values: pd.Series) -> None:
+    """Above each throughput bar: ``bound`` and the GPU's busy share over the loop (``time_bound``)."""
+    for i, (value, bound, busy) in enumerate(zip(values, table["bound"], table["gpu_busy_pct"], strict=True)):
+        if pd.isna(value) or not isinstance(bound, str):
+            continue
+        label = bound if pd.isna(busy) else f"{bound}, GPU {busy:.0f}%"
+        ax.text(i, value, label, ha="center", va="bottom", rotation=90, fontsize=7)
+
+
+def _one_off_spans(ax: Any, values: pd.Series, share: pd.Series) -> float:
+    """Hatch the top of each ``train_s`` bar that one-off iterations took beyond a median one (``share`` of the
+    run's ``train_s``): the hatching always means "time that was there, spent on one-offs", never a time or rate
+    the run did not have. Returns the highest point drawn."""
+    top = 0.0
+    label = "one-off iterations' time beyond a median iteration (one_off_pct)"
+    for i, (value, part) in enumerate(zip(values, share, strict=True)):
+        if pd.isna(value) or part <= 0.005:
+            continue
+        bottom, height = value * (1 - part), value * part
+        ax.bar(i, height, bottom=bottom, color="none", edgecolor="#b00020", hatch="//", linewidth=0.8, label=label)
+        label = None  # one legend entry
+        top = max(top, bottom + height)
+    return top
+
+
+def plot_memory_vs_time(
+    df: pd.DataFrame,
+    *,
+    out_dir: Path | str | None = None,
+    order: Sequence[str] | None = None,
+    profile: str | None = None,
+) -> Any:
+    """Scatter of peak memory against the steady time per training sample (median micro-batch / micro batch size:
+    comparable across quick and full mode, unlike ``train_s``), one labelled point per experiment that has both."""
+    table = comparison_table(df, order=order, profile=profile)
+    if table.empty:
+        return _empty_plot(out_dir, "memory_vs_time.png", "Peak memory vs time per sample")
+    records = _rank0_records(df, order=order, profile=profile)
+    column, label = _measured_memory(table)
+    micro = pd.Series([_micro_batch(records.get(e, {})) for e in table["experiment"]], dtype=float)
+    table = table.assign(steady_ms_per_sample=pd.to_numeric(table["iter_median_s"], errors="coerce") * 1e3 / micro)
+    points = table[table[column].notna() & table["steady_ms_per_sample"].notna()]
+    figure, ax = _new_figure(6.5, 4.8)
+    ax.scatter(points["steady_ms_per_sample"], points[column], color="#4c72b0")
+    for row in points.to_dict("records"):  # the modes are in the title: a label per point would crowd them
+        ax.annotate(row["experiment"], (row["steady_ms_per_sample"], row[column]), textcoords="offset points",
+                    xytext=(4, 4), fontsize=8)  # fmt: skip
+    missing = table.loc[~table.index.isin(points.index), "experiment"].tolist()
+    cpu = figure_source.on_cpu(records.values())
+    ax.set_xlabel("ms per training sample, steady (median micro-batch)" + (" -- code path only" if cpu else ""))
+    ax.set_ylabel(label.removeprefix("measured ") + ", GiB")
+    title = f"Peak memory vs time per sample\n{figure_source.describe(records.values())}"
+    if missing:
+        title += f"\nnot shown (no measurement): {', '.join(missing)}"
+    ax.set_title(title, fontsize=9)
+    if points.empty:
+        ax.text(0.5, 0.5, "no run has both memory and time", ha="center", va="center", transform=ax.transAxes)
+    return _save(figure, out_dir, "memory_vs_time.png")
+
+
+def plot_time_prediction(
+    df: pd.DataFrame,
+    *,
+    out_dir: Path | str | None = None,
+    order: Sequence[str] | None = None,
+    profile: str | None = None,
+) -> Any:
+    """Per experiment: measured optimizer-step time beside the planner's prediction (lab_helpers.planning.planner.timing),
+    like the memory plot. Each prediction takes its MFU from the *other* records (leave-one-out), so a run is
+    never predicted from itself; the title gives the median and worst error."""
+    from lab_helpers.hardware.cpu_speed import measure_cpu_rates
+    from lab_helpers.planning.planner.timing import CPU, device_key, predicted_vs_measured
+
+    latest = latest_runs(df, profile=profile, order=order)
+    records = latest.to_dict("records")
+    on_cpu = any(device_key(record.get("device_name")) == CPU for record in records)
+    rows = predicted_vs_measured(records, cpu_rates=measure_cpu_rates() if on_cpu else None) if records else []
+    if not rows:
+        return _empty_plot(out_dir, "time_predicted.png", "Step time: measured vs predicted")
+    figure, ax = _new_figure(max(7.5, 0.8 * len(rows) + 3), 4.2)
+    width = 0.38
+    for i, row in enumerate(rows):
+        ax.bar(i - width / 2, row["measured_step_s"], width, color="#333333", label=None if i else "measured")
+        ax.bar(i + width / 2, row["predicted_step_s"], width, color="#9ecae1", label=None if i else "predicted")
+        ax.text(i + width / 2, row["predicted_step_s"], f"{row['error_pct']:+.0f}%", ha="center", va="bottom", fontsize=7)
+    errors = sorted(abs(row["error_pct"]) for row in rows)
+    ax.set_xticks(range(len(rows)), [row["experiment"] for row in rows], rotation=30, ha="right")
+    ax.set_ylabel("seconds per optimizer step")
+    ax.set_title(
+        f"Step time: measured (left) vs predicted (right), {', '.join(sorted({r['device'] for r in rows}))}; "
+        f"|error| median {errors[len(errors) // 2]:.0f}%, worst {errors[-1]:.0f}%",
+        fontsize=10,
+    )
+    ax.legend(fontsize=8)
+    return _save(figure, out_dir, "time_predicted.png")
+
+
+# ------------------------------------------------------------------------------------------------ timeline
+
+
+def read_timeline(path: Path | str) -> pd.DataFrame:
+    """A timeline CSV with every expected column present (missing ones are NaN) and numbers as floats."""
+    frame = pd.read_csv(path)
+    for column in ("t_s", "gpu", "util_pct", "mem_used_gib", "power_w", "host_cpu_pct", "host_ram_gib"):
+        if column not in frame:
+            frame[column] = float("nan")
+        frame[column] = pd.to_numeric(frame[column], errors="coerce")
+    return frame.sort_values("t_s", kind="stable").reset_index(drop=True)
+
+
+def _timeline_path(record_or_path: Any) -> tuple[Path | None, str]:
+    """The CSV of a record (dict / DataFrame row) or a path; relative paths are tried under results and refs."""
+    if isinstance(record_or_path, (str, Path)):
+        raw, name = record_or_path, Path(record_or_path).stem
+    else:
+        record = record_or_path.to_dict() if hasattr(record_or_path, "to_dict") else dict(record_or_path)
+        raw = record.get("timeline_path")
+        name = str(record.get("run_id") or record.get("experiment") or "run")
+        if record.get("rank") not in (None, 0) and _number(record.get("rank")) is not None:
+            name += f"-rank{int(_number(record.get('rank')))}"
+    if not isinstance(raw, (str, Path)) or not str(raw):
+        return None, name
+    path = Path(raw)
+    if isinstance(record_or_path, (str, Path)):  # the caller's own path: read where it says
+        tried = [path] if path.is_absolute() else [results_dir() / path, reference_dir() / path, lab_home() / path, path]
+        return next((c for c in tried if c.exists()), None), name
+    # a record's path is data anyone can edit: only a regular file inside the results or reference folder is read
+    inside = (regular_file_inside(folder, str(raw)) for folder in (results_dir(), reference_dir()))
+    return next((p for p in inside if p is not None), None), name
+
+
+def plot_timeline(record_or_path: Any, *, out_dir: Path | str | None = None) -> Any:
+    """One run over time: per GPU utilisation %, memory used and power, then host CPU % and RAM.
+
+    Stretches where every GPU is below 5 % utilisation are shaded, so idle gaps (model loading, a CPU optimizer
+    step under DeepSpeed offload, validation) stand out; samples more than 3 sampling intervals apart are not
+    joined by a line, so a gap in the recording is visible too. Given a record, the title names the experiment,
+    the device and the mode (``figure_source``), dotted lines split load + warm-up, the timed loop and teardown,
+    and a red line marks the OOM moment (``timeline_phases``). Percent axes are fixed at 0-100 %: an axis that
+    auto-scales draws 96.6-100 % as a full swing.
+    """
+    path, name = _timeline_path(record_or_path)
+    record = {} if isinstance(record_or_path, (str, Path)) else dict(record_or_path)
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120]  # a name the file system takes
+    filename = f"timeline_{safe}.png"
+    if path is None:
+        figure, ax = _new_figure(6, 2.5)
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, f"no timeline recorded for {name}", ha="center", va="center", transform=ax.transAxes)
+        return _save(figure, out_dir, filename)
+    frame = read_timeline(path)
+    gpu_rows = frame[frame["gpu"].notna()]
+    host_rows = frame[frame["gpu"].isna()]
+    panels = [("util_pct", "GPU util %"), ("mem_used_gib", "GPU memory used, GiB"), ("power_w", "GPU power, W")]
+    panels = [p for p in panels if gpu_rows[p[0]].notna().any()]
+    host_panels = [
+        p
+        for p in (("host_cpu_pct", "host CPU %"), ("host_ram_gib", "host RAM (run), GiB"))
+        if host_rows[p[0]].notna().any()
+    ]
+    all_panels = [("gpu", *p) for p in panels] + [("host", *p) for p in host_panels]
+    if not all_panels:
+        figure, ax = _new_figure(6, 2.5)
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, f"timeline of {name} has no samples", ha="center", va="center", transform=ax.transAxes)
+        return _save(figure, out_dir, filename)
+    height = 1.9 * len(all_panels) + 1.05  # room above the panels for a two-line title and the phases' names
+    # fixed margins, in inches: the panels are always alike, and a constrained layout would take more than half
+    # of each figure's drawing time (save_all draws one per run)
+    figure, axes = _new_figure(9, height, len(all_panels), 1, layout=None, sharex=True, squeeze=False)
+    figure.subplots_adjust(left=0.75 / 9, right=1 - 0.15 / 9, top=1 - 0.8 / height, bottom=0.5 / height, hspace=0.12)
+    axes = [row[0] for row in axes]
+    idle_spans = _idle_spans(gpu_rows)
+    run_phases = timeline_phases.phases(record, frame)
+    oom_s = timeline_phases.oom_moment_s(record, frame)
+    for ax, (kind, column, label) in zip(axes, all_panels, strict=True):
+        if kind == "gpu":
+            for gpu, rows in gpu_rows.groupby("gpu"):
+                t, y = _broken_line(rows["t_s"], rows[column])
+                ax.plot(t, y, label=f"GPU {int(gpu)}", linewidth=1)
+            if gpu_rows["gpu"].nunique() > 1:
+                ax.legend(fontsize=7, loc="upper right")
+        else:
+            t, y = _broken_line(host_rows["t_s"], host_rows[column])
+            ax.plot(t, y, color="#555555", linewidth=1)
+        for start, end in idle_spans:
+            ax.axvspan(start, end, color="#f2c14e", alpha=0.25, linewidth=0)
+        if column.endswith("_pct"):
+            ax.set_ylim(0, 105)  # 0-100 %, a little headroom for the line at 100
+        _mark_phases(ax, run_phases, oom_s, labelled=ax is axes[0])
+        ax.set_ylabel(label, fontsize=8)
+    axes[-1].set_xlabel("seconds since launch")
+    figure.suptitle(_timeline_title(record, name, idle_spans, run_phases), y=1 - 0.08 / height, va="top", fontsize=10)
+    return _save(figure, out_dir, filename)
+
+
+def _timeline_title(record: Mapping[str, Any], name: str, idle_spans: list, run_phases: list) -> str:
+    """What run, on which device and in which mode; what the shading means; whether phases are known."""
+    experiment = record.get("experiment")
+    head = f"Timeline: {experiment or name}"
+    notes = [f"run {name}"] if experiment else []
+    if record:
+        head += f" -- {figure_source.describe([record])}"
+        if not run_phases and record.get("status") != "oom":
+            notes.append("load / loop / teardown not in this record")
+    if idle_spans:
+        notes.append("shaded: all GPUs < 5 % busy")
+    return head + (f"\n{'; '.join(notes)}" if notes else "")
+
+
+def _mark_phases(ax: Any, run_phases: list[tuple[str, float, float]], oom_s: float | None, *, labelled: bool) -> None:
+    """Dotted lines between load + warm-up, the timed loop and teardown (names on the top panel), and the OOM
+    moment as a red line."""
+    for i, (phase, start, end) in enumerate(run_phases):
+        if i:
+            ax.axvline(start, color="#333333", linestyle=":", linewidth=1)
+        if labelled:
+            ax.text((start + end) / 2, 1.02, phase, transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+                    fontsize=8, color="#333333")  # fmt: skip
+    if oom_s is not None:
+        ax.axvline(oom_s, color="#b00020", linewidth=1.2)
+        if labelled:
+            ax.text(oom_s, 1.02, "OOM (first sample at the memory peak) ", transform=ax.get_xaxis_transform(),
+                    ha="right", va="bottom", fontsize=8, color="#b00020")  # fmt: skip
+
+
+def _broken_line(t: pd.Series, y: pd.Series) -> tuple[list[float], list[float]]:
+    """Insert NaN where samples are far apart (> 3x the median interval) so the line shows the gap."""
+    t = pd.to_numeric(t, errors="coerce").reset_index(drop=True)
+    y = pd.to_numeric(y, errors="coerce").reset_index(drop=True)
+    steps = t.diff()
+    median = steps.median()
+    out_t: list[float] = []
+    out_y: list[float] = []
+    for i in range(len(t)):
+        if i and pd.notna(median) and median > 0 and steps[i] > 3 * median:
+            out_t.append(float("nan"))
+            out_y.append(float("nan"))
+        out_t.append(float(t[i]))
+        out_y.append(float(y[i]))
+    return out_t, out_y
+
+
+def _idle_spans(gpu_rows: pd.DataFrame, threshold_pct: float = 5.0) -> list[tuple[float, float]]:
+    """Time spans in which every GPU's utilisation is below ``threshold_pct`` (merged, in seconds)."""
+    if gpu_rows.empty or gpu_rows["util_pct"].isna().all():
+        return []
+    busiest = gpu_rows.groupby("t_s")["util_pct"].max().sort_index()
+    spans: list[tuple[float, float]] = []
+    start = None
+    previous_t = None
+    for t_s, util in busiest.items():
+        idle = pd.notna(util) and util < threshold_pct
+        if idle and start is None:
+            start = previous_t if previous_t is not None else t_s
+        if not idle and start is not None:
+            spans.append((start, t_s))
+            start = None
+        previous_t = t_s
+    if start is not None and previous_t is not None and previous_t > start:
+        spans.append((start, previous_t))
+    return spans
+
+
+# ------------------------------------------------------------------------------------------------ all
+
+
+def save_all(
+    df: pd.DataFrame,
+    out_dir: Path | str | None = None,
+    *,
+    order: Sequence[str] | None = None,
+    profile: str | None = None,
+) -> list[Path]:
+    """Write every plot (and a timeline per latest run that recorded one) as PNG; return the files written.
+    ``out_dir`` defaults to ``figures_dir(df)``: reference results get a folder of their own."""
+    out_dir = out_dir if out_dir is not None else figures_dir(df)
+    paths: list[Path] = []
+    for plot in (plot_memory, plot_time, plot_memory_vs_time):
+        paths.append(plot(df, out_dir=out_dir, order=order, profile=profile).lab_path)
+    latest = latest_runs(df, profile=profile, order=order)
+    if "timeline_path" in latest:
+        for record in latest.to_dict("records"):
+            if _timeline_path(record)[0] is not None:
+                paths.append(plot_timeline(record, out_dir=out_dir).lab_path)
+    return paths
+
+
+# ------------------------------------------------------------------------------------------------ sentences
+
+
+def reference_for(node: Mapping[str, Any] | None) -> str:
+    """The shipped reference that matches ``node``: its GPU's own file where one is shipped (``h100-80gb``,
+    ``h200-141gb``), else ``ci-cpu`` (a CPU, or a GPU no reference measured)."""
+    from lab_helpers.hardware.gpu_peaks import reference_name_for_gpu
+
+    gpus = (node or {}).get("gpus") or []
+    name = reference_name_for_gpu(gpus[0].get("name")) if gpus else None
+    return name if name in shipped_references() else "ci-cpu"
+
+
+def shipped_frames() -> list[tuple[str, pd.DataFrame]]:
+    """Every shipped reference file as (name, its records), untagged: what the sentences below compute from."""
+    return [(name, load_results(reference_dir() / f"{name}.jsonl")) for name in shipped_references()]
+
+
+def mfu_words() -> str:
+    """MFU against what to expect, from the data: the time model's assumption (``planner.timing.DEFAULT_MFU``)
+    and the range every shipped GPU reference measured, per file (issue 43: no typed "good" MFU)."""
+    from lab_helpers.planning.planner.timing import DEFAULT_MFU
+
+    assumed = ", ".join(f"{method} {mfu:.2f}" for method, mfu in DEFAULT_MFU.items())
+    measured = []
+    for name, frame in shipped_frames():
+        with_mfu = frame[pd.to_numeric(frame.get("mfu", pd.Series(dtype=float)), errors="coerce").notna()]
+        if len(with_mfu):
+            mfu = pd.to_numeric(with_mfu["mfu"])
+            bound = with_mfu.get("bound", pd.Series(dtype=object)).dropna()
+            host = f"{int((bound == 'host').sum())} of {len(bound)} host-bound" if len(bound) else "bound not recorded"
+            measured.append(f"{name} {mfu.min():.2f}-{mfu.max():.2f} over {len(mfu)} records ({host})")
+    found = "; ".join(measured) or "no shipped GPU records yet"
+    return (
+        f"MFU the lab's time model assumes where no record of a GPU says otherwise: {assumed}. "
+        f"MFU the shipped GPU runs measured: {found}; host-bound: the GPU waited on one host core."
+    )
+
+
+def speed_words(exp_id: str, pair: str, df: pd.DataFrame | None = None) -> str:
+    """``exp_id`` against ``pair`` in real tokens/s, from every shipped GPU reference that ran both (and ``df``,
+    the node's own results, where both ran on a GPU): which was faster, and how busy each GPU was and what bound
+    it where the records say. Issue 43: a speed sentence is computed from the records, never typed."""
+    frames = shipped_frames()
+    if df is not None:
+        frames.insert(0, ("this node", df))
+    lines = []
+    for name, frame in frames:
+        records = _rank0_records(frame, order=None, profile="gpu")
+        mine, theirs = records.get(exp_id, {}), records.get(pair, {})
+        speeds = [_number(r.get("tokens_per_s")) for r in (mine, theirs)]
+        if not all(speeds):
+            continue
+        verdict = "faster" if speeds[0] > speeds[1] else "slower"
+        line = f"{name}: {exp_id} {speeds[0]:,.0f} tokens/s, {pair} {speeds[1]:,.0f}: {exp_id} {verdict}"
+        busy = [_number(r.get("gpu_busy_pct")) for r in (mine, theirs)]
+        if all(b is not None for b in busy):
+            bound = [r.get("bound") or "?" for r in (mine, theirs)]
+            line += f" (GPU busy {busy[0]:.0f} % vs {busy[1]:.0f} %, bound {bound[0]} vs {bound[1]})"
+        lines.append(line)
+    if not lines:
+        return f"no GPU records of both {exp_id} and {pair} yet"
+    return f"Measured speed, {exp_id} against {pair}:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def steps_and_samples(df: pd.DataFrame, experiments: Sequence[str], *, profile: str | None = None) -> pd.DataFrame:
+    """Per experiment, from its latest rank-0 record: micro-batches timed, the optimizer steps they make
+    (micro-batches / accumulation) and the samples seen -- what ``train_s`` alone hides when runs differ in them."""
+    rows = []
+    for exp_id, record in _rank0_records(df, order=list(experiments), profile=profile).items():
+        if exp_id not in experiments:
+            continue
+        train = _mapping(_mapping(record.get("config")).get("train"))
+        micro, global_ = _number(train.get("micro_batch_size")), _number(train.get("global_batch_size"))
+        ranks = _number(record.get("simulated_world_size")) or _number(record.get("world_size")) or 1
+        iterations = _number(record.get("iterations"))
+        accumulation = max(1, int(global_ // (micro * ranks))) if micro and global_ else None
+        steps = iterations / accumulation if iterations and accumulation else None
+        rows.append({"experiment": exp_id, "mode": record.get("mode"), "micro_batches": iterations,
+                     "accumulation": accumulation, "optimizer_steps": steps, "samples": _samples(record)})  # fmt: skip
+    return pd.DataFrame(rows, columns=["experiment", "mode", "micro_batches", "accumulation", "optimizer_steps", "samples"])

@@ -1,0 +1,133 @@
+"""What the multi-GPU notebook shows around each run: the planner's prediction and the per-rank result rows.
+
+Kept out of the notebook so its cells stay one or two lines, and so CI tests the same code the students run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+RANK_COLUMNS = (
+    "experiment",
+    "rank",
+    "simulated_world_size",
+    "status",
+    "strategy_used",
+    "peak_alloc_gib",
+    "peak_tensor_gib",
+    "peak_reserved_gib",
+    "gpu_used_peak_gib",
+    "host_rss_peak_gib",
+    "train_s",
+    "tokens_per_s",
+    "reason",
+)
+
+
+def prediction_text(
+    exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None, simulate_world: int | None = None
+) -> str:
+    """The planner's per-GPU and host predictions for ``exp_id`` here, or why there is none (never raises);
+    ``simulate_world``: for rank 0 of that many ranks, as a simulated rank runs it.
+
+    A prediction is advice shown before a run: a planner failure must not stop the student from running it.
+    """
+    from lab_helpers.planning.predict import predict_experiment
+
+    try:
+        plan = predict_experiment(exp_id, profile=profile, overrides=overrides, simulate_world=simulate_world)
+    except Exception as exc:  # noqa: BLE001
+        return f"{exp_id}: no prediction ({type(exc).__name__}: {exc})"
+    lines = [f"{exp_id}: {plan.summary()}", f"  host RAM predicted: {plan.host_gib:.1f} GiB"]
+    parts = {k: v for k, v in (plan.breakdown_gib or {}).items() if v}
+    if parts:
+        lines.append("  per GPU, GiB: " + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()))
+    return "\n".join(lines)
+
+
+def show_prediction(
+    exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None, simulate_world: int | None = None
+) -> None:
+    print(prediction_text(exp_id, profile=profile, overrides=overrides, simulate_world=simulate_world))
+
+
+def rank_rows(records: Sequence[Mapping[str, Any]]):
+    """One row per rank with the columns that matter for distribution (a pandas DataFrame)."""
+    import pandas as pd
+
+    frame = pd.DataFrame([{c: r.get(c) for c in RANK_COLUMNS} for r in records], columns=list(RANK_COLUMNS))
+    return frame.round(3)
+
+
+def check_records(records: Mapping[str, Sequence[Mapping[str, Any]]], expected: Mapping[str, set[str]]) -> list[str]:
+    """Problems with the notebook's runs: each experiment needs one record per rank with an expected status, and
+    each finished rank a record that follows the schema, reports the timed loop and ran the strategy asked for.
+
+    ``expected`` maps an experiment to the statuses accepted for it (e.g. {"ok"}, or {"ok", "skipped"} where a
+    machine may lack what it needs). A skipped run has a single record with its reason. This is the check CI
+    relies on for the multi-GPU section: nbval runs the notebook's last cell on the ci profile.
+    """
+    problems = []
+    for exp_id, allowed in expected.items():
+        recs = list(records.get(exp_id) or [])
+        if not recs:
+            problems.append(f"{exp_id}: no record")
+            continue
+        statuses = {r.get("status") for r in recs}
+        if not statuses <= set(allowed):
+            problems.append(f"{exp_id}: status {sorted(statuses)} not in {sorted(allowed)}")
+        if statuses == {"skipped"}:
+            if not recs[0].get("reason"):
+                problems.append(f"{exp_id}: skipped without a reason")
+            continue
+        world = recs[0].get("world_size") or 1
+        ranks = sorted(r.get("rank") or 0 for r in recs)
+        if ranks != list(range(world)):
+            problems.append(f"{exp_id}: ranks {ranks}, expected one record per rank of {world}")
+        finished = [r for r in recs if r.get("status") == "ok"]
+        if finished:  # every rank ran the same resolved experiment: resolve it once
+            from lab_helpers.config.experiments import resolve
+
+            first = finished[0]
+            run = resolve(
+                str(first["experiment"]), str(first["profile"]), first.get("overrides"), check_files=False,
+                simulate_world=first.get("simulated_world_size"),
+            )  # fmt: skip
+            problems += [f"{exp_id} rank {r.get('rank')}: {p}" for r in finished for p in _ok_rank_problems(r, run)]
+    return problems
+
+
+def _ok_rank_problems(record: Mapping[str, Any], run) -> list[str]:
+    """What is wrong with one finished rank's record of ``run`` (its ResolvedRun): schema, the timed loop (warm-up
+    apart), the world size, the strategy."""
+    from lab_helpers.config.record_schema import record_problems
+
+    problems = record_problems(record)
+    if not (record.get("train_s") or 0) > 0 or not (record.get("iterations") or 0) >= 1:
+        problems.append(
+            f"no timed iterations after warm-up (train_s {record.get('train_s')}, iterations {record.get('iterations')})"
+        )
+    if not record.get("per_iteration") or not record.get("device_name"):
+        problems.append("no per-iteration rows or no device name")
+    if record.get("world_size") != run.ranks_run:  # a simulated rank: 1 process really run
+        problems.append(f"world size {record.get('world_size')}, the experiment asks for {run.ranks_run}")
+    if record.get("simulated_world_size") != run.simulated_world_size:
+        problems.append(f"simulated world {record.get('simulated_world_size')}, asked {run.simulated_world_size}")
+    used = str(record.get("strategy_used") or "")
+    wanted = strategy_words(run.experiment.strategy, run.options)
+    missing = [w for w in wanted if w not in used]
+    if missing or ("SHARD_GRAD_OP" in used) != ("SHARD_GRAD_OP" in wanted):
+        problems.append(f"strategy_used {used!r} is not the {run.experiment.strategy} asked for ({', '.join(wanted)})")
+    return problems
+
+
+def strategy_words(strategy: str, options: Mapping[str, Any]) -> list[str]:
+    """Words ``strategy_used`` must contain for a run of ``strategy`` with these launch options (whichever
+    Lightning class ran it: FSDP1 or FSDP2, CUDA or CPU)."""
+    if strategy == "fsdp":
+        return ["fsdp", "SHARD_GRAD_OP"] if options.get("sharding") == "grad-op" else ["fsdp"]
+    if strategy.startswith("deepspeed-zero"):
+        words = [f"deepspeed zero{strategy.removeprefix('deepspeed-zero')}"]
+        return words + (["cpu offload"] if options.get("offload_optimizer") else [])
+    return {"single": ["single device"]}.get(strategy, [strategy])

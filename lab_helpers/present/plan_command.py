@@ -1,0 +1,300 @@
+"""``python -m lab_helpers plan RECIPE.yaml [...]``: print a memory plan, or one clear line on bad input."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import TYPE_CHECKING, Any
+
+from lab_helpers.config.config_error import LabConfigError
+from lab_helpers.config.recipe_defaults import BATCH_ORDERS
+from lab_helpers.config.record_schema import BREAKDOWN_PARTS
+from lab_helpers.config.secrets import for_terminal
+from lab_helpers.planning.planner.errors import PlanError, PlannerUnavailable
+from lab_helpers.planning.planner.spec import STRATEGIES, TrainingSpec, load_recipe, spec_from_recipe
+
+if TYPE_CHECKING:
+    from lab_helpers.planning.planner.timing import TimePlan
+
+MAX_GPU_MEMORY_GIB = 100_000  # the largest GPU of 2026 has 288 GiB: beyond this, a typo (1e308 overflowed)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", help="a litgpt finetune_full / finetune_lora recipe (YAML)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe key, dotted for nested ones (train.micro_batch_size=2); repeatable",
+    )
+    parser.add_argument("--devices", type=int, default=None, help="GPUs (default: the recipe's devices)")
+    parser.add_argument("--strategy", choices=STRATEGIES, default=None, help="default: litgpt's own choice")
+    parser.add_argument("--offload-optimizer", action="store_true", help="DeepSpeed ZeRO-3 optimizer offload")
+    parser.add_argument("--gpu-memory-gib", type=float, default=None, help="memory of the GPU to judge 'fits'")
+    parser.add_argument("--data-max-len", type=int, default=None, help="longest sample in the data, in tokens")
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: the live tensor bytes of the step on a CPU (the ci profile), no CUDA context or cuBLAS workspace",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--fit",
+        action="store_true",
+        help="what fits this GPU (or --gpu-memory-gib): largest micro batch, longest sequence, and the cheapest "
+        "change when nothing fits",
+    )
+    parser.add_argument("--margin", type=float, default=None, help="--fit: fraction of GPU memory kept free (0.05)")
+    parser.add_argument(
+        "--max-micro-batch", type=int, default=None, help="--fit: search limit (default: the per-GPU global batch)"
+    )
+    parser.add_argument(
+        "--time", action="store_true", help="also predict step time and tokens/s (lab_helpers.planning.planner.timing)"
+    )
+    parser.add_argument(
+        "--gpu-name",
+        default=None,
+        help="GPU to predict step time for (default: this node's; e.g. 'NVIDIA A100-SXM4-80GB')",
+    )
+    parser.add_argument(
+        "--link-gbs",
+        type=float,
+        default=None,
+        help="--time: bus bandwidth between the GPUs in GB/s (nccl-tests' busbw; NVLink A100 ~200, PCIe ~10-20); "
+        "default: what `python -m lab_helpers bandwidth` measured on this node",
+    )
+    parser.add_argument(
+        "--sample-lengths",
+        default=None,
+        metavar="FILE",
+        help="--time: the data's sample lengths in tokens (a JSON list, or one number a line); default: the "
+        "recipe's data, tokenized as litgpt does, where it is on this machine",
+    )
+    parser.add_argument(
+        "--batch-order",
+        choices=BATCH_ORDERS,
+        default=None,
+        help="--time: time the micro-batches quick mode's sampler makes in this order (length-grouped: the "
+        "length-grouped experiment's), at their mean padded length; default: a micro-batch of random samples "
+        "(the expected longest of micro-batch-size samples)",
+    )
+
+
+def _print_table(plan) -> None:
+    print(plan.summary())
+    print(
+        f"  {plan.model_name}: {plan.method}, {plan.precision}, micro-batch {plan.micro_batch_size} x "
+        f"{plan.seq_len} tokens, {plan.strategy} on {plan.devices} GPU(s); peak in {plan.peak_phase}"
+    )
+    for key in BREAKDOWN_PARTS:
+        print(f"  {key:<22} {plan.breakdown_gib[key]:8.2f} GiB")
+    print(f"  {'host memory':<22} {plan.host_gib:8.2f} GiB")
+    phases = ", ".join(f"{k} {v:.2f}" for k, v in plan.peaks_by_phase_gib.items())
+    print(
+        f"  whole run: {plan.whole_run_peak_alloc_gib:.2f} GiB allocated, in {plan.whole_run_peak_phase} ({phases} GiB)"
+    )
+    for note in plan.notes:
+        print(f"  note: {note}")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.devices is not None and args.devices < 1:
+            raise PlanError(f"--devices must be at least 1, got {args.devices}")
+        # nan, inf, 0, negatives and 1e308: one line naming the flag, not a traceback (a 0 GiB GPU holds nothing)
+        gpu_gib = getattr(args, "gpu_memory_gib", None)
+        if gpu_gib is not None and not (math.isfinite(gpu_gib) and 0 < gpu_gib <= MAX_GPU_MEMORY_GIB):
+            raise PlanError(
+                f"--gpu-memory-gib must be a number of GiB above 0 and at most {MAX_GPU_MEMORY_GIB:,} (e.g. 79), "
+                f"got {gpu_gib:g}"
+            )
+        margin = getattr(args, "margin", None)
+        if margin is not None and not 0 <= margin < 1:  # nan fails the comparison too
+            raise PlanError(f"--margin must be a fraction from 0 up to (not including) 1 (e.g. 0.05), got {margin:g}")
+        if not getattr(args, "fit", False) and (
+            getattr(args, "margin", None) is not None or getattr(args, "max_micro_batch", None) is not None
+        ):
+            raise PlanError("--margin and --max-micro-batch belong to --fit")
+        for flag in ("gpu_name", "link_gbs", "sample_lengths", "batch_order"):
+            if getattr(args, flag, None) is not None and not getattr(args, "time", False):
+                raise PlanError(f"--{flag.replace('_', '-')} is an input of the time prediction: add --time")
+        strategy = args.strategy
+        if args.offload_optimizer and strategy is None:
+            strategy = "deepspeed-zero3"
+        recipe, devices = _checked_recipe(args, strategy)
+        spec = spec_from_recipe(
+            recipe,
+            devices=devices,
+            strategy=strategy,
+            offload_optimizer=args.offload_optimizer,
+            gpu_memory_gib=_gpu_memory_gib(args),
+            data_max_len=args.data_max_len,
+            device=args.device,
+        )
+        if getattr(args, "fit", False):
+            return _run_fit(spec, args)
+        from lab_helpers.planning.planner.plan import predict  # torch: imported once there is something to trace
+
+        plan = predict(spec)
+        time_plan, time_note = (None, "")
+        if getattr(args, "time", False):
+            time_plan, time_note = _time(spec, args, recipe)
+    except (PlanError, PlannerUnavailable, LabConfigError) as err:
+        print(f"error: {for_terminal(str(err))}", file=sys.stderr)
+        return 2
+    if args.json:
+        extra = {"time": time_plan.to_dict() if time_plan else None} if getattr(args, "time", False) else {}
+        print(json.dumps({**plan.to_dict(), **extra}))
+    else:
+        _print_table(plan)
+        if getattr(args, "time", False):
+            print(f"  time: {time_plan.summary() if time_plan else time_note}")
+            if time_plan:
+                if time_plan.split():
+                    print(f"  time: {time_plan.split()}")
+                print(f"  time: {time_plan.terms()}")
+                for note in time_plan.notes:
+                    print(f"  time note: {note}")
+    return 0
+
+
+def _checked_recipe(args: argparse.Namespace, strategy: str | None) -> tuple[dict[str, Any], int]:
+    """(the recipe file with ``--set`` applied, the devices it runs on), read and checked as ``run`` reads and
+    checks an experiment's (``experiments.parse_set_args`` / ``apply_overrides``, ``recipe_check.check_recipe``):
+    one message for one mistake, whichever command meets it. The devices are ``--devices``, else the recipe's."""
+    from lab_helpers.config.experiments import apply_overrides, parse_set_args
+    from lab_helpers.config.recipe_check import check_recipe, recipe_command
+
+    as_written = load_recipe(args.recipe)
+    recipe = apply_overrides(as_written, parse_set_args(args.overrides))
+    devices = args.devices if args.devices is not None else recipe.get("devices", 1)
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise PlanError(f"recipe says devices: {devices}; pass --devices N so the plan knows how many GPUs")
+    num_nodes = recipe.get("num_nodes", 1)
+    check_recipe(
+        recipe,
+        recipe_command(recipe),
+        devices=devices,
+        num_nodes=num_nodes if isinstance(num_nodes, int) and not isinstance(num_nodes, bool) else 1,
+        examples=as_written,
+        litgpt_script=strategy in (None, "single"),
+    )
+    return recipe, devices
+
+
+def _gpu_memory_gib(args: argparse.Namespace) -> float | None:
+    """--gpu-memory-gib, else the size of the GPU --gpu-name names (a plan for an A100-80GB said "GPU size
+    unknown"), else None: this node's GPU. An unknown --gpu-name is one line naming the GPUs the lab knows."""
+    from lab_helpers.hardware.gpu_peaks import find_gpu, known_gpus, nominal_memory_gib
+
+    name = getattr(args, "gpu_name", None)
+    if name is not None and find_gpu(name) is None:
+        raise PlanError(f"--gpu-name {name!r}: the lab has no dense peak for it; it knows: {', '.join(known_gpus())}")
+    if args.gpu_memory_gib is not None or name is None:
+        return args.gpu_memory_gib
+    return nominal_memory_gib(name)
+
+
+def predict_step_time(spec: TrainingSpec, *, gpu_name: str | None = None, **options: Any) -> TimePlan:
+    """The time model (``planner.timing.predict_time``) asked about this node, with what it cannot know itself:
+    this node's GPU (unless ``gpu_name`` names another), the lab's and the shipped records to fit the MFU to, and
+    this CPU's measured rates where the step needs them (a CPU step, optimizer offload's host step)."""
+    from lab_helpers.hardware.cpu_speed import measure_cpu_rates
+    from lab_helpers.hardware.node import describe_node
+    from lab_helpers.planning.launch_cost import measured_launch_cost
+    from lab_helpers.planning.planner.timing import predict_time
+    from lab_helpers.record.records import lab_and_reference_records
+
+    this_node = None
+    if spec.device != "cpu":
+        gpus = describe_node().get("gpus") or []
+        this_node = gpus[0].get("name") if gpus else None
+        gpu_name = gpu_name or this_node
+    needs_cpu = spec.device == "cpu" or spec.offload_optimizer
+    if spec.device != "cpu" and gpu_name and gpu_name == this_node and "launch_cost_s" not in options:
+        cost, source = measured_launch_cost(gpu_name)  # this node's own figure, where it was measured
+        if cost is not None:
+            options = {**options, "launch_cost_s": cost, "launch_cost_source": source}
+    return predict_time(
+        spec,
+        gpu_name=gpu_name,
+        records=lab_and_reference_records(),
+        cpu_rates=measure_cpu_rates() if needs_cpu else None,
+        **options,
+    )
+
+
+def _time(spec: TrainingSpec, args: argparse.Namespace, recipe: dict[str, Any]) -> tuple[TimePlan | None, str]:
+    """(TimePlan, "") or (None, why not): a plan without a known GPU still prints its memory.
+
+    The inputs the planner does not look up itself are gathered here: the link bandwidth (``--link-gbs``, else
+    this node's measured one) and the data's sample lengths (``--sample-lengths``, else the recipe's data); with
+    ``--batch-order``, the mean padded length of the micro-batches quick mode's sampler makes of them in that order
+    (``data_lengths.batch_padding``: the same batches the run takes)."""
+    from lab_helpers.hardware.bandwidth import measured_link_gbs
+    from lab_helpers.training.data_lengths import batch_padding, read_sample_lengths, recipe_sample_lengths
+
+    gpu_name = getattr(args, "gpu_name", None)
+    link_gbs, link_source = getattr(args, "link_gbs", None), "--link-gbs"
+    if link_gbs is None and spec.devices > 1:
+        link_gbs, link_source = measured_link_gbs("cpu" if spec.device == "cpu" else gpu_name)
+    path = getattr(args, "sample_lengths", None)
+    if path:
+        lengths, lengths_note = read_sample_lengths(path), ""
+    else:
+        lengths, lengths_note = recipe_sample_lengths(recipe)
+    order = getattr(args, "batch_order", None)
+    batches = None
+    if order and lengths:
+        batches = batch_padding(lengths, micro_batch_size=spec.micro_batch_size, batch_order=order,
+                                max_seq_length=spec.seq_len)  # fmt: skip
+    try:
+        plan = predict_step_time(
+            spec, gpu_name=gpu_name, sample_lengths=lengths, link_gbs=link_gbs, link_gbs_source=link_source or "",
+            seq_len=batches.mean_padded_length if batches else None,
+        )  # fmt: skip
+    except PlanError as err:
+        return None, f"not predicted ({err})"
+    if batches:
+        lengths_note = (
+            f"mean padded length {plan.seq_len} tokens over the {batches.micro_batches} {order} micro-batches quick "
+            f"mode makes of {len(lengths)} samples: {batches.padding_pct:.1f}% of their padded tokens are padding"
+        )
+    plan.notes.append(lengths_note or f"mean padded length {plan.seq_len} tokens from {len(lengths)} samples' lengths")
+    return plan, ""
+
+
+def _run_fit(spec: TrainingSpec, args: argparse.Namespace) -> int:
+    from lab_helpers.planning.planner.fit import DEFAULT_MARGIN, fit
+
+    gpu_memory_gib = _gpu_memory_gib(args)
+    if gpu_memory_gib is None and spec.gpu_memory_gib is None:  # the planner probes nothing: this node's GPU
+        from lab_helpers.hardware.node import this_gpu_memory_gib
+
+        gpu_memory_gib = this_gpu_memory_gib()
+    result = fit(
+        spec,
+        gpu_memory_gib=gpu_memory_gib,
+        margin=DEFAULT_MARGIN if args.margin is None else args.margin,
+        max_micro_batch_size=args.max_micro_batch,
+    )
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print("\n".join(result.lines()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lab_helpers plan", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""The comparison table as a person reads it: no all-empty columns, one line of ``reason``, numbers for people.
+
+Why its own module: the table (lab_helpers.present.compare.comparison_table) keeps every column and full values for code,
+the CSV and the records' readers; only what is *shown* changes. On a CPU, a table of 20-odd columns, a third of
+them NaN (no GPU memory, no MFU), with whole CUDA OOM messages in ``reason`` and ``1.9e+03`` for a throughput, was
+about 250 characters wide. ``readable_table`` gives the shown view; ``ComparisonTable`` is a DataFrame that shows
+itself that way in a notebook and in ``print``, while its data (``table["mfu"]``, ``to_csv``) stay complete.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import sys
+from typing import Any
+
+import pandas as pd
+
+REASON_CHARS = 72  # a reason is the first line of the record's text, cut here; the record keeps all of it
+TEXT_COLUMNS = ("experiment", "status", "bound", "reason")
+TERMINAL_WIDTH = 120  # where the terminal's width is not known (a pipe, a log, CI)
+TERMINAL_COLUMNS = (
+    "experiment", "status", "peak_alloc_gib", "peak_tensor_gib", "predicted_peak_alloc_gib", "prediction_error_pct",
+    "ms_per_sample", "tokens_per_s_padded", "gpu_busy_pct", "bound", "mfu", "padding_pct", "train_s",
+)  # fmt: skip
+"""What a person compares in a terminal, in the order they are kept while the width allows: memory measured and
+predicted first, then speed; the reason of a run that did not finish fills what is left. ``--wide`` shows all."""
+MIN_REASON_CHARS = 20
+TERMINAL_HEADERS = {
+    "peak_alloc_gib": "peak GiB", "peak_tensor_gib": "tensors GiB", "predicted_peak_alloc_gib": "predicted GiB",
+    "prediction_error_pct": "error %", "ms_per_sample": "ms/sample", "tokens_per_s_padded": "padded tok/s",
+    "gpu_busy_pct": "GPU busy %", "padding_pct": "padding %", "train_s": "train s", "mfu": "MFU",
+}  # fmt: skip
+"""Short headers for the terminal (the columns' names say the units; the CSV keeps the names)."""
+SIMULATED_LABEL = re.compile(r" \(simulated rank 0 of (\d+), no communication\)")
+
+
+def readable_table(table: pd.DataFrame) -> pd.DataFrame:
+    """A copy of ``table`` for reading: columns that are empty in every row dropped, ``reason`` shortened to its
+    first line, each number formatted by what it measures (its column's unit suffix) and missing values blank."""
+    shown = pd.DataFrame(table).copy()
+    empty = [column for column in shown.columns if shown[column].map(_is_missing).all()]
+    shown = shown.drop(columns=empty)
+    for column in shown.columns:
+        if column == "reason":
+            shown[column] = shown[column].map(first_line)
+        elif column not in TEXT_COLUMNS:
+            shown[column] = shown[column].map(lambda value, c=column: format_number(c, value))
+        else:
+            shown[column] = shown[column].map(lambda value: "" if _is_missing(value) else str(value))
+    return shown
+
+
+def terminal_table(table: pd.DataFrame, *, width: int | None = None, wide: bool = False) -> str:
+    """The table for a terminal: the ``TERMINAL_COLUMNS`` that fit in ``width`` characters (the terminal's width
+    where stdout is one, else ``TERMINAL_WIDTH``), then the reason cut to what is left, and a line naming how
+    many columns were left out. ``wide``: every column (the CSV always has them all)."""
+    shown = readable_table(table)
+    if wide or not len(shown):
+        return shown.to_string(index=False)
+    if "experiment" in shown.columns:  # "fsdp (simulated rank 0 of 4, no communication)" -> "fsdp (sim. 0 of 4)"
+        shown["experiment"] = shown["experiment"].map(lambda name: SIMULATED_LABEL.sub(r" (sim. 0 of \1)", name))
+    shown = shown.rename(columns=TERMINAL_HEADERS)
+    keep = [TERMINAL_HEADERS.get(c, c) for c in TERMINAL_COLUMNS]
+    if width is None:
+        width = shutil.get_terminal_size((TERMINAL_WIDTH, 24)).columns if sys.stdout.isatty() else TERMINAL_WIDTH
+
+    def widest(columns: list[str]) -> int:
+        return max(len(line) for line in shown[columns].to_string(index=False).splitlines())
+
+    chosen: list[str] = []
+    for column in (c for c in keep if c in shown.columns):
+        if column in ("experiment", "status") or widest([*chosen, column]) <= width:
+            chosen.append(column)
+    left = width - widest(chosen) - 1  # one space between columns
+    if "reason" in shown.columns and shown["reason"].astype(bool).any() and left >= MIN_REASON_CHARS:
+        reasons = shown["reason"]
+        while left >= MIN_REASON_CHARS:  # the reason cut to what is left of the width, as the table lays it out
+            shown["reason"] = reasons.map(lambda text, limit=left: first_line(text, limit=limit))
+            if (over := widest([*chosen, "reason"]) - width) <= 0:
+                chosen.append("reason")
+                break
+            left -= over
+    text = shown[chosen].to_string(index=False)
+    if omitted := len(shown.columns) - len(chosen):
+        text += f"\n({omitted} more columns: --wide shows them, and the CSV has them all)"
+    return text
+
+
+def first_line(text: Any, limit: int = REASON_CHARS) -> str:
+    """The first non-empty line of a reason (a CUDA OOM message is a paragraph), at most ``limit`` characters."""
+    if _is_missing(text):
+        return ""
+    line = next((part.strip() for part in str(text).splitlines() if part.strip()), "")
+    return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
+
+
+def format_number(column: str, value: Any) -> str:
+    """One number as a person reads it, chosen by the column's name: GiB with the digits its size needs (CPU
+    stand-ins are tens of MiB), throughput with thousands separators, MFU as a percentage, FLOPs with an SI
+    prefix, counts as integers; blank when missing."""
+    if _is_missing(value):
+        return ""
+    if isinstance(value, str):
+        return value
+    number = float(value)
+    if column == "mfu":
+        return f"{number:.1%}"
+    if column.startswith("tokens_per_s"):
+        return f"{number:,.0f}"
+    if "flops" in column:
+        return _si(number)
+    if column == "prediction_error_pct":
+        return f"{number:+.1f}"
+    if column.endswith("_pct"):
+        return f"{number:.0f}" if abs(number) >= 10 else f"{number:.1f}"
+    if column.endswith("_gib"):
+        return f"{number:.1f}" if number >= 10 else f"{number:#.3g}"
+    if column in ("samples",) or column.endswith("_count"):
+        return f"{number:,.0f}"
+    if column.endswith(("_s", "_ms")) or column.startswith("ms_"):
+        return f"{number:,.0f}" if number >= 100 else f"{number:#.3g}"
+    return f"{number:.4g}"
+
+
+def _si(number: float) -> str:
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(number) >= factor:
+            return f"{number / factor:.3g} {prefix}"
+    return f"{number:.3g}"
+
+
+def _is_missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA or value == ""
+
+
+class ComparisonTable(pd.DataFrame):
+    """The comparison table: every column and full value as data, shown as ``readable_table`` (notebook HTML, repr,
+    ``print``). Anything computed from it (a filter, a column, ``to_csv``) works on the complete data."""
+
+    @property
+    def _constructor(self):
+        return ComparisonTable
+
+    def readable(self) -> pd.DataFrame:
+        return readable_table(pd.DataFrame(self))
+
+    def __repr__(self) -> str:
+        return self.readable().to_string(index=False) if len(self) else pd.DataFrame(self).__repr__()
+
+    def _repr_html_(self) -> str:
+        return self.readable().to_html(index=False) if len(self) else pd.DataFrame(self)._repr_html_()

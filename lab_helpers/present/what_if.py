@@ -1,0 +1,466 @@
+"""The "what if" explorer of notebook 04: change the model, method, precision, batch, sequence, GPUs, strategy,
+optimizer, FSDP sharding, DeepSpeed stage, offload or activation checkpointing and see the planner's predicted memory against this GPU, the largest micro
+batch that fits and the predicted step time.
+
+Why a module: the notebook's cells stay two lines long, and ``explore`` -- the widgets' callback -- is a plain
+function that nbval (and the tests) run without a browser. Each answer asks the planner a handful of questions
+(one prediction, a short search for the largest micro batch, the time model), a few seconds on a CPU.
+
+Choices come from the lab's own recipes (``configs/<profile>/<model>/<method>.yaml``): on the ``ci`` profile the
+tiny CPU stand-ins, predicted as the live tensor bytes of a CPU step, against a pretend device memory (a CPU
+has no GPU memory to run out of); on ``gpu`` the real models, against this node's GPU (80 GiB where there is
+none).
+
+``host_or_device`` splits a GPU step into the host's time (kernel launches) and the device's, says which bounds it
+and asks the traced time model what would change that: a bigger micro batch, LoRA on fewer layers, another GPU on
+the same host (notebook 04's "Host or device?").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from lab_helpers.config.paths import configs_dir
+from lab_helpers.config.record_schema import BREAKDOWN_PARTS
+
+METHODS = ("full", "lora", "qlora")
+PRECISIONS = ("bf16-true", "bf16-mixed", "32-true", "16-true", "16-mixed")
+STRATEGIES = ("single", "ddp", "fsdp", "deepspeed")
+OPTIMIZERS: dict[str, str | None] = {
+    "AdamW": None,  # the recipe's own torch.optim.AdamW, with its init_args
+    "SGD": "SGD",  # as full-13b-sgd sets it (configs/experiments/single.yaml)
+    "AdamW8bit": "bitsandbytes.optim.AdamW8bit",  # as adamw-8bit sets it
+    "PagedAdamW8bit": "bitsandbytes.optim.PagedAdamW8bit",  # the same, its moments in CUDA managed memory
+}
+"""The explorer's optimizer choices, each with the recipe's ``optimizer`` value a run sets for it (the ``set`` of
+configs/experiments/single.yaml, applied by ``experiments.apply_overrides``). bitsandbytes' paged 8-bit AdamW is
+the paged AdamW the planner models for full fine-tuning and LoRA; QLoRA's recipes keep their own paged AdamW."""
+FSDP_SHARDINGS = ("full", "grad-op")  # FULL_SHARD (ZeRO-3) | SHARD_GRAD_OP (ZeRO-2): an experiment's `sharding`
+DEEPSPEED_STAGES = (2, 3)  # ZeRO-2 (gradients and optimizer states sharded) | ZeRO-3 (parameters too)
+CI_PRETEND_GPU_GIB = 0.05
+"""On the ci profile: a pretend device memory for the tiny models (tens of MiB), so that a bigger batch can run
+out of it. Not a real GPU: a CPU has no device memory to exhaust."""
+NO_GPU_GIB = 80.0  # gpu profile on a machine without a GPU: ask for an 80 GB card, as notebook 00 does
+NO_GPU_NAME = "NVIDIA H100 80GB HBM3"  # ... and predict its time for the lab's reference GPU (an H100 SXM)
+
+
+@dataclass
+class Answer:
+    """One explorer answer: the memory plan, the time plan (or why none) and the largest micro batch."""
+
+    values: dict[str, Any]
+    plan: Any  # planner.MemoryPlan
+    gpu_memory_gib: float
+    largest_micro_batch: int | None
+    micro_batch_limit: int
+    time: Any = None  # planner.TimePlan or None
+    notes: list[str] = field(default_factory=list)
+    figure: Any = None
+
+    def text(self) -> str:
+        used, gpu = self.plan.gpu_used_gib, self.gpu_memory_gib
+        lines = [
+            f"predicted peak {self.plan.peak_alloc_gib:.3g} GiB allocated, {used:.3g} GiB used of {gpu:g} GiB "
+            f"({used / gpu:.0%}): {'fits' if used <= gpu else 'will OOM'}"
+        ]
+        if self.largest_micro_batch is None:
+            lines.append("largest micro batch that fits: none (try LoRA, QLoRA, bf16-true, more GPUs or offload)")
+        else:
+            limit = " (the whole per-GPU global batch)" if self.largest_micro_batch == self.micro_batch_limit else ""
+            lines.append(f"largest micro batch that fits: {self.largest_micro_batch}{limit}")
+        lines.append(self.time.summary() if self.time is not None else "time: not predicted")
+        if self.time is not None and self.time.split():
+            lines.append(self.time.split())
+        return "\n".join(lines + [f"note: {note}" for note in self.notes])
+
+
+def models(profile: str) -> list[str]:
+    """The models this profile has recipes for, smallest first (the folders of configs/<profile>/)."""
+    folder = configs_dir() / profile
+    names = [p.name for p in folder.iterdir() if (p / "full.yaml").is_file()] if folder.is_dir() else []
+    if not names:
+        raise ValueError(f"no recipes under {folder}: unknown profile {profile!r}")
+    return sorted(names, key=_size_order)
+
+
+def _size_order(name: str) -> tuple[float, str]:
+    """ci stand-ins by their size tag (xs < s < m < l), real models by their parameter count in the name."""
+    import re
+
+    tags = {"xs": 0, "s": 1, "m": 2, "l": 3}
+    tag = name.rsplit("-", 1)[-1]
+    if name.startswith("ci-") and tag in tags:
+        return tags[tag], name
+    billions = re.search(r"(\d+(?:\.\d+)?)b$", name.lower())
+    return (float(billions.group(1)) if billions else math.inf), name
+
+
+def defaults(profile: str) -> dict[str, Any]:
+    """The explorer's starting point: the smallest model's LoRA recipe as written, on one device."""
+    from lab_helpers.planning.planner.spec import load_recipe
+
+    model = models(profile)[0]
+    recipe = load_recipe(configs_dir() / profile / model / "lora.yaml")
+    train = recipe.get("train") or {}
+    return {
+        "model": model,
+        "method": "lora",
+        "precision": str(recipe.get("precision") or "bf16-true"),
+        "lora_r": int(recipe.get("lora_r", 8)),
+        "micro_batch_size": int(train.get("micro_batch_size", 1)),
+        "seq_len": int(train.get("max_seq_length") or 512),
+        "devices": 1,
+        "strategy": "single",
+        "optimizer": "AdamW",
+        "sharding": "full",
+        "deepspeed_stage": 3,
+        "offload": False,
+        "activation_checkpointing": False,
+        "gpu_memory_gib": default_gpu_memory_gib(profile),
+    }
+
+
+def default_gpu_memory_gib(profile: str) -> float:
+    """This node's GPU memory (GiB); without a GPU, a pretend size (ci) or 80 GiB (gpu)."""
+    if profile == "ci":
+        return CI_PRETEND_GPU_GIB
+    from lab_helpers.hardware.node import this_gpu_memory_gib
+
+    return this_gpu_memory_gib() or NO_GPU_GIB
+
+
+def planner_strategy(values: dict[str, Any]) -> str:
+    """The planner's strategy name for the explorer's strategy and DeepSpeed stage ("deepspeed", 2 ->
+    "deepspeed-zero2"). CPU offload is modelled under DeepSpeed only, so offload ticked under another strategy
+    means DeepSpeed at the chosen stage (the answer says so). "deepspeed-zero2" / "deepspeed-zero3" are read too."""
+    strategy = str(values["strategy"])
+    if strategy.startswith("deepspeed-zero"):
+        return strategy
+    if strategy == "deepspeed" or values.get("offload"):
+        stage = int(values.get("deepspeed_stage", 3))
+        if stage not in DEEPSPEED_STAGES:
+            raise ValueError(f"DeepSpeed stage {stage}: the lab runs ZeRO stage 2 or 3")
+        return f"deepspeed-zero{stage}"
+    return strategy
+
+
+def spec_for(values: dict[str, Any], profile: str):
+    """The planner's TrainingSpec for the explorer's values, read from the lab's recipe for that model/method.
+
+    The optimizer, FSDP sharding and offload reach the planner as a run sets them: the optimizer as the recipe's
+    ``optimizer`` (``apply_overrides``, what an experiment's ``set`` does), sharding and offload through the
+    launch options' defaults (``recipe_defaults.launch_options``) and the same translation as
+    ``predict.planner_inputs``: grad-op is ``fsdp_reshard_after_forward=False``."""
+    from lab_helpers.config.experiments import apply_overrides, resolve_path
+    from lab_helpers.config.recipe_defaults import launch_options
+    from lab_helpers.planning.planner.spec import load_recipe, spec_from_recipe
+
+    recipe = load_recipe(configs_dir() / profile / values["model"] / f"{values['method']}.yaml")
+    optimizer = str(values.get("optimizer") or "AdamW")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer {optimizer!r}: one of {', '.join(OPTIMIZERS)}")
+    if OPTIMIZERS[optimizer] is not None:
+        recipe = apply_overrides(recipe, {"optimizer": OPTIMIZERS[optimizer]})
+    recipe["checkpoint_dir"] = str(resolve_path(recipe["checkpoint_dir"]))
+    train = recipe.setdefault("train", {})
+    micro, devices = int(values["micro_batch_size"]), int(values["devices"])
+    train["micro_batch_size"] = micro
+    train["global_batch_size"] = max(int(train.get("global_batch_size") or 16), micro * devices)
+    train["max_seq_length"] = int(values["seq_len"])
+    recipe["precision"] = values["precision"]
+    if values["method"] != "full":
+        recipe["lora_r"] = int(values["lora_r"])
+    strategy = planner_strategy(values)
+    sharding = str(values.get("sharding") or "full")
+    if sharding not in FSDP_SHARDINGS:
+        raise ValueError(f"FSDP sharding {sharding!r}: one of {', '.join(FSDP_SHARDINGS)}")
+    options = launch_options(strategy, {"offload_optimizer": bool(values["offload"]), "sharding": sharding})
+    return spec_from_recipe(
+        recipe,
+        devices=devices,
+        strategy=None if strategy == "single" else strategy,
+        offload_optimizer=bool(options["offload_optimizer"]),
+        # SHARD_GRAD_OP is an FSDP setting: under another strategy the choice has no meaning and is not passed
+        fsdp_reshard_after_forward=strategy != "fsdp" or options["sharding"] != "grad-op",
+        activation_checkpointing=bool(values["activation_checkpointing"]) or None,
+        gpu_memory_gib=float(values["gpu_memory_gib"]),
+        device="cpu" if profile == "ci" else "cuda",
+    )
+
+
+def explore(*, profile: str, draw: bool = True, **values: Any) -> Answer:
+    """Predict memory, the largest micro batch that fits and the step time for ``values`` (see ``defaults``).
+
+    The widgets' callback: a plain function, so nbval and the tests run it without a browser."""
+    from lab_helpers.planning.planner import PlanError, fit, predict
+    from lab_helpers.present.plan_command import predict_step_time
+
+    values = {**defaults(profile), **values}
+    spec = spec_for(values, profile)
+    plan = predict(spec)
+    per_device = spec.micro_batch_size * spec.gradient_accumulation_iters
+    found = fit(spec, sequence=False, alternatives=False, max_micro_batch_size=per_device)
+    answer = Answer(
+        values=values,
+        plan=plan,
+        gpu_memory_gib=float(values["gpu_memory_gib"]),
+        largest_micro_batch=found.max_micro_batch_size,
+        micro_batch_limit=found.micro_batch_limit,
+    )
+    if values["offload"] and not str(values["strategy"]).startswith("deepspeed"):
+        answer.notes.append(f"CPU offload is a DeepSpeed setting: predicted as {spec.strategy} with offload")
+    gpu_name = None
+    if spec.device == "cuda" and not _has_gpu():
+        gpu_name = NO_GPU_NAME
+        answer.notes.append(f"no GPU here: time predicted for an {NO_GPU_NAME}")
+    try:
+        answer.time = predict_step_time(spec, gpu_name=gpu_name)
+    except PlanError as err:
+        answer.notes.append(f"no time prediction: {err}")
+    if profile == "ci":
+        answer.notes.append(
+            f"ci profile: live tensor bytes of a CPU step against a pretend {answer.gpu_memory_gib} GiB device"
+        )
+    if draw:
+        answer.figure = draw_answer(answer, budget_gib=found.budget_gib)
+    return answer
+
+
+def _has_gpu() -> bool:
+    from lab_helpers.hardware.node import describe_node
+
+    return bool(describe_node().get("gpus"))
+
+
+def draw_answer(answer: Answer, *, budget_gib: float | None = None):
+    """One horizontal stacked bar of the predicted breakdown, with this GPU's memory (and the fit margin) marked."""
+    from lab_helpers.present.compare import _breakdown_colors, _new_figure
+
+    figure, ax = _new_figure(8.0, 2.4)
+    colors = _breakdown_colors()
+    left = 0.0
+    for part in BREAKDOWN_PARTS:
+        value = float(answer.plan.breakdown_gib.get(part) or 0.0)
+        if value > 0:
+            ax.barh(0, value, left=left, color=colors[part], label=part.replace("_", " "))
+            left += value
+    ax.axvline(
+        answer.gpu_memory_gib, color="#b00020", linewidth=2, label=f"device memory {answer.gpu_memory_gib:g} GiB"
+    )
+    if budget_gib is not None:
+        ax.axvline(budget_gib, color="#b00020", linestyle=":", linewidth=1, label="fit limit (margin kept free)")
+    ax.set_yticks([])
+    ax.set_xlim(0, max(left, answer.gpu_memory_gib, answer.plan.gpu_used_gib) * 1.1)
+    ax.set_xlabel("GiB (2^30 bytes)")
+    ax.set_title(f"{_setup_line(answer.values)}: {'fits' if answer.plan.fits else 'will OOM'}", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return figure
+
+
+def _setup_line(values: dict[str, Any]) -> str:
+    """What was asked, in one line: model, method, precision, batch, optimizer and how the devices share."""
+    strategy = planner_strategy(values)
+    if strategy == "fsdp":
+        strategy = f"fsdp ({values.get('sharding', 'full')} shard)"
+    if values.get("offload"):
+        strategy += " + CPU offload"
+    return (
+        f"{values['model']} {values['method']} {values['precision']}, micro batch {values['micro_batch_size']} x "
+        f"{values['seq_len']} tokens, {values.get('optimizer', 'AdamW')}, {strategy} on {values['devices']}"
+    )
+
+
+def show(*, profile: str, **values: Any) -> Answer:
+    """``explore`` and print/display the answer (what a widget change calls)."""
+    answer = explore(profile=profile, **values)
+    print(answer.text())
+    try:
+        from IPython.display import display
+
+        display(answer.figure)
+    except ImportError:
+        pass
+    return answer
+
+
+# ------------------------------------------------------------------------------------------------ host or device
+
+COMPARED_GPUS = ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")
+"""The GPUs ``host_or_device`` may set beside this one (NVML names in the lab's peak and bandwidth tables): the one
+whose traced device time for the same step is shortest."""
+LORA_TARGETS = ("lora_query", "lora_key", "lora_value", "lora_projection", "lora_mlp", "lora_head")
+FEWER_LORA_TARGETS = {"lora_key": False, "lora_projection": False, "lora_mlp": False, "lora_head": False}
+"""LoRA on the query and value alone (litgpt's defaults), against a recipe that adapts more layers."""
+
+
+@dataclass
+class Variant:
+    """One change to the run and the traced time model's answer for it (``plan`` a TimePlan)."""
+
+    change: str
+    plan: Any
+    fits: bool | None = None  # the memory plan's verdict, where the change can run out of memory
+
+    def line(self) -> str:
+        p = self.plan
+        fits = "" if self.fits is None else (", fits in memory" if self.fits else ", will OOM")
+        return (
+            f"{self.change}: host {p.host_ms_per_micro_batch:.0f} ms, device {p.device_ms_per_micro_batch:.0f} ms per "
+            f"micro-batch -> {p.time_bound}-bound; {p.tokens_per_s_padded:,.0f} tokens/s, step {p.step_s:.3g} s for "
+            f"{p.gradient_accumulation_iters} x {p.micro_batch_size} samples{fits}"
+        )
+
+
+@dataclass
+class HostOrDevice:
+    """Which of host and device bounds a GPU step (the traced time model), and what would change that."""
+
+    setup: str
+    base: Any  # TimePlan of the run as asked
+    variants: list[Variant] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def changed(self) -> list[Variant]:
+        """The variants whose bound differs from the run's."""
+        return [v for v in self.variants if v.plan.time_bound != self.base.time_bound]
+
+    def text(self) -> str:
+        if self.base is None or self.base.time_bound is None:
+            return "\n".join([f"{self.setup}: no host/device split predicted", *self.notes])
+        changed = ", ".join(v.change for v in self.changed()) or "none of these"
+        lines = [
+            f"{self.setup}:",
+            f"  {Variant('as asked', self.base).line()}",
+            f"  ({self.base.split()})",
+            "changed one way at a time (the same host, the same fitted figures):",
+            *(f"  {v.line()}" for v in self.variants),
+            f"what turns it {'device' if self.base.time_bound == 'host' else 'host'}-bound: {changed}",
+        ]
+        return "\n".join(lines + [f"note: {note}" for note in self.notes])
+
+
+def host_or_device(profile: str, values: dict[str, Any] | None = None, **time_options: Any) -> HostOrDevice:
+    """The traced time model's host and device time per micro-batch for the explorer's ``values`` on a GPU, the
+    bound, and the same run changed three ways: bigger micro batches (doubled up to where the device takes longer
+    than the host, or memory runs out), LoRA on the query and value only, and the GPU in ``COMPARED_GPUS`` with
+    the shortest device time (the same host: its per-launch cost kept).
+
+    A CPU has no split (one core is host and device), so on the ``ci`` profile this asks about the ``gpu``
+    profile's default recipe. The GPU is this node's, else ``NO_GPU_NAME``. ``time_options`` go to the planner
+    (``launch_cost_s``, ``device_efficiency``: given, nothing is fitted to records)."""
+    import copy
+    import dataclasses
+
+    from lab_helpers.planning.planner import PlanError, predict
+    from lab_helpers.planning.planner.timing import DeviceEfficiency, device_key
+    from lab_helpers.present.plan_command import predict_step_time
+
+    notes: list[str] = []
+    if profile == "ci":
+        profile = "gpu"
+        notes.append("a CPU has no host/device split: asked about the gpu profile's recipe")
+    values = {**defaults(profile), **(values or {})}
+    gpu_name = _this_gpu_name()
+    if gpu_name is None:
+        gpu_name = NO_GPU_NAME
+        notes.append(f"no GPU here: predicted for an {NO_GPU_NAME}, the lab's reference GPU")
+    spec = spec_for(values, profile)
+    setup = f"{_setup_line(values)}, on an {gpu_name}"
+    if spec.devices == 1:
+        setup = (
+            f"{values['model']} {values['method']} {values['precision']}, micro batch {spec.micro_batch_size} x "
+            f"{spec.seq_len} tokens, {values.get('optimizer', 'AdamW')}, on one {gpu_name}"
+        )
+    try:
+        base = predict_step_time(spec, gpu_name=gpu_name, **time_options)
+    except PlanError as err:
+        return HostOrDevice(setup, None, notes=[*notes, f"not predicted: {err}"])
+    if base.time_bound is None:
+        return HostOrDevice(setup, base, notes=[*notes, f"the FLOPs model, not the traced one ({base.mfu_source})"])
+    fixed = {
+        **time_options,
+        "launch_cost_s": base.launch_cost_us / 1e6,
+        "launch_cost_source": base.launch_cost_source,
+        "device_efficiency": DeviceEfficiency(
+            base.matmul_efficiency, base.bandwidth_efficiency, base.efficiency_source
+        ),
+    }
+    answer = HostOrDevice(setup, base, notes=notes)
+
+    def time(changed, gpu: str = gpu_name):
+        return predict_step_time(changed, gpu_name=gpu, **fixed)
+
+    micro = spec.micro_batch_size
+    while base.time_bound == "host" and micro < MAX_MICRO_BATCH_TRIED:
+        micro *= 2
+        bigger = spec_for({**values, "micro_batch_size": micro}, profile)
+        fits = predict(bigger).fits
+        plan = time(bigger)
+        answer.variants.append(Variant(f"micro batch {micro}", plan, fits))
+        if plan.time_bound != "host" or not fits:
+            break
+    if spec.method != "full" and any(spec.lora.get(key) for key in FEWER_LORA_TARGETS):
+        config = copy.deepcopy(spec.model_config)  # a LoRA config carries the targets the trace builds
+        for key, value in FEWER_LORA_TARGETS.items():
+            if hasattr(config, key):
+                setattr(config, key, value)
+        fewer = dataclasses.replace(spec, model_config=config, lora={**spec.lora, **FEWER_LORA_TARGETS})
+        targets = ", ".join(key[5:] for key in LORA_TARGETS if spec.lora.get(key))
+        answer.variants.append(Variant(f"LoRA on query and value only (the recipe: {targets})", time(fewer)))
+    others = [name for name in COMPARED_GPUS if device_key(name) != device_key(gpu_name)]
+    if others:
+        plans = {name: time(spec, name) for name in others}
+        best = min(plans, key=lambda name: plans[name].device_ms_per_micro_batch)
+        faster = plans[best].device_ms_per_micro_batch < base.device_ms_per_micro_batch
+        same_step = abs(plans[best].step_s - base.step_s) <= 0.005 * base.step_s
+        change = f"{'a faster' if faster else 'another'} GPU, an {best} (same host)"
+        answer.variants.append(Variant(change + (", the same step" if same_step else ""), plans[best]))
+    return answer
+
+
+MAX_MICRO_BATCH_TRIED = 256
+"""``host_or_device`` doubles the micro batch up to this (each double is a trace and a memory plan)."""
+
+
+def _this_gpu_name() -> str | None:
+    from lab_helpers.hardware.node import describe_node
+
+    gpus = describe_node().get("gpus") or []
+    return gpus[0].get("name") if gpus else None
+
+
+def widgets(profile: str):
+    """The explorer's widgets (ipywidgets), answering when "Run" is pressed: each answer takes seconds."""
+    import ipywidgets as w
+
+    start = defaults(profile)
+    controls = {
+        "model": w.Dropdown(options=models(profile), value=start["model"], description="model"),
+        "method": w.Dropdown(options=METHODS, value=start["method"], description="method"),
+        "precision": w.Dropdown(options=PRECISIONS, value=start["precision"], description="precision"),
+        "lora_r": w.Dropdown(options=(4, 8, 16, 32, 64, 128), value=start["lora_r"], description="LoRA rank"),
+        "micro_batch_size": w.BoundedIntText(
+            value=start["micro_batch_size"], min=1, max=4096, description="micro batch"
+        ),
+        "seq_len": w.BoundedIntText(value=start["seq_len"], min=2, max=1 << 20, description="seq length"),
+        "devices": w.Dropdown(options=(1, 2, 4, 8), value=1, description="GPUs"),
+        "strategy": w.Dropdown(options=STRATEGIES, value="single", description="strategy"),
+        "optimizer": w.Dropdown(options=tuple(OPTIMIZERS), value=start["optimizer"], description="optimizer"),
+        "sharding": w.Dropdown(options=FSDP_SHARDINGS, value=start["sharding"], description="FSDP sharding"),
+        "deepspeed_stage": w.Dropdown(
+            options=DEEPSPEED_STAGES, value=start["deepspeed_stage"], description="ZeRO stage"
+        ),
+        "offload": w.Checkbox(value=False, description="CPU offload (DeepSpeed)"),
+        "activation_checkpointing": w.Checkbox(value=False, description="activation checkpointing"),
+        "gpu_memory_gib": w.FloatText(value=start["gpu_memory_gib"], description="GPU GiB"),
+    }
+
+    def answer(**values: Any) -> None:
+        try:
+            show(profile=profile, **values)
+        except Exception as err:  # noqa: BLE001 - a bad combination is one line, not a traceback
+            print(f"cannot predict this: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+
+    return w.interactive(answer, {"manual": True, "manual_name": "Run"}, **controls)

@@ -1,0 +1,79 @@
+"""Why a training process ended without a report: the signal that killed it, and whether the host's OOM
+killer is the likely sender.
+
+A process killed by the kernel's OOM killer leaves no report and no traceback, only ``SIGKILL``. "exit code -9"
+says nothing to a student; "killed by SIGKILL: probably the host ran out of memory" does, when the kernel
+log names the process (or shows an OOM kill during the run) or the run's resident memory had reached most
+of the host's memory.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+
+OOM_RSS_FRACTION = 0.8  # a run whose tree held this much of the host's memory is a likely OOM-killer victim
+# "Out of memory: Killed process 4242 (python)" and "Memory cgroup out of memory: Killed process 4242 (python)"
+_KERNEL_OOM = re.compile(
+    r"^\[\s*(?P<t>\d+\.\d+)\].*(?:out of memory|oom-kill).*?(?:Killed process |pid=)(?P<pid>\d+)", re.I
+)
+
+
+def describe_returncode(code: int | None) -> str:
+    """``killed by SIGKILL (signal 9)`` for a negative code (Popen's way of saying "a signal"), else ``exit code N``."""
+    if code is None or code >= 0:
+        return f"exit code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"killed by {name} (signal {-code})"
+
+
+def kernel_log(timeout_s: float = 2.0) -> str | None:
+    """The kernel's ring buffer (``dmesg``), or None where it cannot be read (often in containers)."""
+    try:
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def host_memory_gib() -> float:
+    """What this host (or its container's memory limit, if lower) can hold: ``node.host_memory_bytes``."""
+    from lab_helpers.hardware.node import host_memory_bytes
+
+    total, _ = host_memory_bytes()
+    if total is None:
+        import psutil
+
+        total = psutil.virtual_memory().total
+    return total / 2**30
+
+
+def host_oom_evidence(
+    *,
+    pids: set[int],
+    started_s: float | None,
+    ended_s: float | None,
+    kernel_log_text: str | None,
+    rss_peak_gib: float | None,
+    host_gib: float,
+) -> str | None:
+    """The evidence that the host's OOM killer ended the run, in words, or None.
+
+    ``started_s``/``ended_s`` are ``time.monotonic()`` readings, the clock the kernel log's timestamps use.
+    """
+    for line in (kernel_log_text or "").splitlines():
+        match = _KERNEL_OOM.search(line)
+        if not match:
+            continue
+        if int(match["pid"]) in pids:
+            return f"the kernel log says its OOM killer killed pid {match['pid']}"
+        t = float(match["t"])
+        if started_s is not None and ended_s is not None and started_s - 1 <= t <= ended_s + 1:
+            return "the kernel log shows an OOM kill during the run"
+    if rss_peak_gib is not None and host_gib > 0 and rss_peak_gib >= OOM_RSS_FRACTION * host_gib:
+        return f"the run's processes held {rss_peak_gib:.1f} of the host's {host_gib:.1f} GiB"
+    return None

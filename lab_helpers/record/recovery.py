@@ -1,0 +1,271 @@
+"""Runs whose launcher died after their training ended: recorded at the next start, marked recovered.
+
+Why: a ``kill -9`` of the launcher (a kernel restart, a lost SSH session's notebook, the OOM killer) after the
+training process wrote its report leaves a complete ``reports/rank0.json`` in the run folder and no record, and
+nothing ever said so. Every run folder has what its record needs: the launcher writes ``launch.json`` (the fields
+known before the run: ``run_record.base_record``, the prediction, the ranks) before the training starts, and holds
+a lock on the folder (``holding_run``) until the record is stored. So the next CLI command or notebook run finds
+each run folder with a report, no live launcher, and no record of its ``run_id`` (in the results file or a
+fallback file), and builds its records the way the launcher would have (``run_record.records_from``), with what the
+launcher alone knew (its exit code, its wall time) left unknown and a ``recovered`` note saying so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import datetime as dt
+import fcntl
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from lab_helpers.config.paths import results_dir, write_lab_file
+from lab_helpers.config.secrets import redact_mapping
+from lab_helpers.launch.runner import ProcessOutcome, say
+from lab_helpers.launch.sampler import TimelineSummary
+from lab_helpers.record.records import _json_safe, fallback_places, results_path, store_records
+from lab_helpers.training.child_report import read_reports
+
+LAUNCH_FILENAME = "launch.json"
+RECOVER_COMMAND = "python -m lab_helpers results"
+_TAIL_BYTES = 64 * 1024
+_checked: set[Path] = set()  # results files already checked by this process
+
+
+def write_launch(run_dir: Path, base: Mapping[str, Any], ranks: list[int | None]) -> None:
+    """What a recovery needs to build the run's records, written before the training starts (tmp + rename)."""
+    data = json.dumps(_json_safe(redact_mapping({"base": dict(base), "ranks": ranks})), sort_keys=True)
+    write_lab_file(run_dir / LAUNCH_FILENAME, data.encode())  # a regular file, never through a link
+
+
+@contextlib.contextmanager
+def holding_run(run_dir: Path, *, wait: bool = True) -> Iterator[bool]:
+    """Hold the run folder's lock while the run is live and until its record is stored: a recovery started meanwhile
+    (another notebook, a second terminal) leaves the run alone. A launcher killed with -9 lets go of it at once.
+    ``wait=False`` yields False at once where another process holds it."""
+    fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def orphaned_runs(results_file: Path | None = None) -> list[Path]:
+    """Run folders with a report whose launcher is gone and whose ``run_id`` no record names: not in the results
+    file, nor in a fallback file (``records.fallback_places``). Cheap: a folder listing, and one pass over the results
+    file's bytes for the run_ids it holds (no record is parsed)."""
+    orphans = []
+    for run_dir in _unrecorded(results_file):
+        with holding_run(run_dir, wait=False) as held:
+            if held:
+                orphans.append(run_dir)
+    return orphans
+
+
+def _unrecorded(results_file: Path | None, only: Path | None = None) -> list[Path]:
+    """Run folders with a report and no record of their ``run_id`` (all of them, or ``only``)."""
+    runs = results_dir() / "runs"
+    try:
+        folders = [only] if only is not None else [Path(entry.path) for entry in os.scandir(runs)
+                                                    if entry.is_dir(follow_symlinks=False)]  # fmt: skip
+    except OSError:
+        return []
+    candidates = [folder for folder in folders if _has_report(folder)]
+    if not candidates:
+        return []
+    stored = set(_RUN_ID.findall(_bytes_of(results_path(results_file))))  # one pass, however many runs
+    return [
+        run_dir for run_dir in sorted(candidates)
+        if run_dir.name.encode() not in stored and not _in_a_fallback(run_dir)
+    ]  # fmt: skip
+
+
+_RUN_ID = re.compile(rb'"run_id": "([^"\\]*)"')
+"""A record's run_id as ``records`` writes every line (json.dumps, sorted keys): no line needs parsing."""
+
+
+def _has_report(run_dir: Path) -> bool:
+    try:
+        return any(name.startswith("rank") and name.endswith(".json") for name in os.listdir(run_dir / "reports"))
+    except OSError:
+        return False
+
+
+def _bytes_of(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
+
+
+def _in_a_fallback(run_dir: Path) -> bool:
+    run_id = run_dir.name
+    places = [*fallback_places(run_id, run_dir), results_dir() / f"runs.{run_id}.jsonl"]  # the last: older labs'
+    return any(os.path.lexists(place) for place in places)
+
+
+def recover_orphans(results_file: Path | None = None, *, once: bool = True) -> list[dict[str, Any]]:
+    """Record every orphaned run (``orphaned_runs``), each marked recovered, and say so in one line per run on
+    stderr; a run whose records cannot be built or stored is named in one line with the command that tries again.
+    Never raises for an earlier run: a start must not fail for it. ``once``: each results file once per process."""
+    key = results_path(results_file).absolute()
+    if once and key in _checked:
+        return []
+    _checked.add(key)
+    recovered: list[dict[str, Any]] = []
+    left: list[str] = []
+    for run_dir in _unrecorded(results_file):
+        try:
+            with holding_run(run_dir, wait=False) as held:
+                if not held or not _unrecorded(results_file, only=run_dir):  # live, or recorded meanwhile
+                    continue
+                records = recovered_records(run_dir)
+                where = store_records(records, path=results_file, run_dir=run_dir)
+        except Exception as exc:  # noqa: BLE001 -- a full disk (RecordWriteError), a bug: named, never raised
+            left.append(f"{run_dir.name} ({getattr(exc, 'strerror', None) or exc})")
+            continue
+        recovered.extend(records)
+        statuses = ", ".join(sorted({str(r["status"]) for r in records}))
+        say(f"lab: recovered the record of run {run_dir.name} ({statuses}) from its run folder, marked recovered: "
+            f"its launcher ended before storing it; now in {where}", file=sys.stderr)  # fmt: skip
+    if left:
+        say(f"lab: {len(left)} finished run(s) have no record yet: {'; '.join(left[:3])}"
+            f"{'; ...' if len(left) > 3 else ''}; `{RECOVER_COMMAND}` records them once that is fixed",
+            file=sys.stderr)  # fmt: skip
+    return recovered
+
+
+def recovered_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's records rebuilt from its folder, as the launcher would have built them, marked ``recovered``."""
+    from lab_helpers.record.run_record import records_from
+
+    launch = _launch(run_dir)
+    base = dict(launch.get("base") or {})
+    base["run_id"] = run_dir.name
+    reports = read_reports(run_dir / "reports")
+    outcome = _outcome(run_dir, reports, base)
+    note = (
+        f"recovered on {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')} from the run folder: the launcher "
+        "ended before it stored the record (kill -9, a kernel restart); status from the reports, exit code unknown"
+    )
+    run = _resolved(base)
+    if run is not None:
+        ranks = launch.get("ranks") or [None]
+        records = records_from(run, base, outcome, run_dir, list(ranks))
+    else:
+        records = [_bare_record(base, number, report, outcome) for number, report in sorted(reports.items())]
+    for record in records:
+        record["recovered"] = note
+        record["returncode"] = None
+        record.setdefault("mode", "full")
+    return records
+
+
+def _launch(run_dir: Path) -> dict[str, Any]:
+    """``launch.json``; for a run folder of an older lab (none), what its recipe and reports say."""
+    try:
+        launch = json.loads((run_dir / LAUNCH_FILENAME).read_text())
+        if isinstance(launch, dict) and isinstance(launch.get("base"), dict):
+            return launch
+    except (OSError, ValueError):
+        pass
+    experiment = run_dir.name.split("-", 2)[2].rsplit("-", 1)[0] if run_dir.name.count("-") >= 3 else "unknown"
+    return {"base": {"experiment": experiment, "run_id": run_dir.name, "rank": None}, "ranks": None}
+
+
+def _resolved(base: Mapping[str, Any]):
+    """The run as the launcher resolved it (its experiment, profile and overrides), or None where that no longer
+    resolves (a renamed experiment, an older run folder): the records are then built from the reports alone."""
+    from lab_helpers.config.experiments import resolve
+
+    try:
+        overrides = {k: v for k, v in (base.get("overrides") or {}).items() if v != "***"}
+        return resolve(str(base["experiment"]), str(base["profile"]), overrides, check_files=False,
+                       simulate_world=base.get("simulated_world_size"))  # fmt: skip
+    except Exception:  # noqa: BLE001 -- whatever no longer resolves, the reports still make a record
+        return None
+
+
+def _outcome(run_dir: Path, reports: dict[int, dict], base: Mapping[str, Any]) -> ProcessOutcome:
+    """What the launcher would have seen, from the files it left: the reports, the log's tail, the timeline."""
+    timeline = _timeline(run_dir / "timeline.csv")
+    log_path = run_dir / "output.log"
+    return ProcessOutcome(
+        returncode=None,
+        interrupted=False,
+        wall_s=timeline.pop("wall_s", None),  # type: ignore[arg-type]
+        log_path=log_path,
+        timeline=timeline.pop("summary"),
+        reports=reports,
+        tail=_tail(log_path),
+        time_limit_s=base.get("time_limit_s"),
+        recovered=True,
+    )
+
+
+def _timeline(path: Path) -> dict[str, Any]:
+    """The timeline's peaks (host memory, each GPU's memory) and its last t_s, which is close to the run's wall."""
+    summary = TimelineSummary(path=path)
+    last_t = None
+    try:
+        with open(path, newline="") as fh:
+            for row in csv.DictReader(fh):
+                summary.samples += 1
+                last_t = _number(row.get("t_s")) or last_t
+                if (rss := _number(row.get("host_ram_gib"))) is not None and rss > 0:
+                    summary.host_rss_peak_gib = max(summary.host_rss_peak_gib or 0.0, rss)
+                gpu, mem = row.get("gpu"), _number(row.get("mem_used_gib"))
+                if gpu and gpu.isdigit() and mem is not None:
+                    summary.gpu_used_peak_gib[int(gpu)] = max(summary.gpu_used_peak_gib.get(int(gpu), 0.0), mem)
+    except (OSError, ValueError, csv.Error):
+        pass
+    summary.visible_order = sorted(summary.gpu_used_peak_gib)
+    return {"summary": summary, "wall_s": last_t}
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
+
+
+def _tail(log_path: Path, lines: int = 60) -> list[str]:
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - _TAIL_BYTES))
+            text = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    return text.splitlines()[-lines:]
+
+
+def _bare_record(base: Mapping[str, Any], number: int, report: Mapping[str, Any], outcome: ProcessOutcome) -> dict:
+    """A record from a report alone, where the run no longer resolves: its status and the figures it measured."""
+    from lab_helpers.config.record_schema import RECORD_FIELD_NAMES, REPORT_STATUSES
+    from lab_helpers.record.run_record import last_line, relative_to_results
+
+    reported = report.get("status")
+    status = reported if reported in REPORT_STATUSES else "error"
+    measured = {key: value for key, value in report.items() if key in RECORD_FIELD_NAMES and key != "status"}
+    return {
+        **base,
+        **measured,
+        "rank": report.get("rank", number),
+        "status": status,
+        "reason": None if status == "ok" else last_line(report.get("error")) or "the run's report gave no status",
+        "host_rss_peak_gib": outcome.timeline.host_rss_peak_gib,
+        "log_path": relative_to_results(outcome.log_path),
+        "timeline_path": relative_to_results(outcome.timeline.path),
+    }

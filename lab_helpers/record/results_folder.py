@@ -1,0 +1,79 @@
+"""Check, before a run starts, that its record and files can be stored: one line instead of a paid-for run lost.
+
+Why: a read-only or full results folder, a ``LAB_RESULTS`` on a special file system (``/proc/x``), or a
+``runs.jsonl`` that is a directory or a link used to end in a traceback -- after the training, or at its start
+with an empty run folder left behind. Here each is one line naming the folder and the fix, and nothing is created
+but the results folder itself. (A results file that breaks during the run still gets its record, in a fallback
+file: ``records.store_records``.)
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from lab_helpers.config.config_error import LabConfigError
+from lab_helpers.config.paths import describe_os_error, path_problem
+from lab_helpers.record.records import open_results_file
+
+MIN_FREE_BYTES = 64 * 2**20  # a run writes its log, timeline and reports: a few MB on the ci profile
+_FIX = "set LAB_RESULTS to a folder you can write, e.g. LAB_RESULTS=$HOME/lab-results"
+
+
+def check_results_folder(results_file: Path, *, create: bool = True) -> None:
+    """Raise LabConfigError (one line) unless a run's folder and its record can be written under ``results_file``'s
+    folder: a real, writable folder with room, and a results file that is a regular file (or not there yet).
+
+    ``create=False`` creates nothing: where the folder is not there yet, the nearest folder above it is probed
+    instead. ``run_experiment`` asks so first, before the recipe is resolved -- resolving imports litgpt, whose
+    dependencies need a temporary directory that a full disk does not give -- and a refused ``--set`` value then
+    still leaves nothing behind."""
+    folder = results_file.parent
+    if (problem := path_problem(folder)) is not None:  # the rule of every lab folder (paths.lab_folder)
+        raise LabConfigError(f"results folder {folder}: {problem}; {_FIX}")
+    probed = folder
+    try:
+        if create:
+            folder.mkdir(parents=True, exist_ok=True)
+        else:
+            while not probed.is_dir() and probed != probed.parent:
+                if os.path.lexists(probed):  # a file where a folder is needed
+                    raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(probed))
+                probed = probed.parent
+    except OSError as exc:
+        raise LabConfigError(f"results folder {folder} cannot be created: {describe_os_error(exc)}; {_FIX}") from None
+    try:
+        free = shutil.disk_usage(probed).free
+        _probe_write(probed)
+    except OSError as exc:
+        raise LabConfigError(f"results folder {folder} cannot be written: {describe_os_error(exc)}; {_FIX}") from None
+    if free < MIN_FREE_BYTES:
+        raise LabConfigError(
+            f"results folder {folder} is full ({free / 2**20:.0f} MiB free, a run needs {MIN_FREE_BYTES // 2**20} MiB); "
+            f"free some space or {_FIX}"
+        )
+    if os.path.lexists(results_file):
+        try:
+            os.close(open_results_file(results_file))
+        except OSError as exc:
+            raise LabConfigError(f"results file {results_file} cannot be written: {describe_os_error(exc)}") from None
+
+
+def _probe_write(folder: Path) -> None:
+    """Write and remove one byte: catches a read-only file system, a full disk and a file-size limit alike."""
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".lab-write-check-") as fh:
+        fh.write(b"x")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def remove_if_empty(run_dir: Path) -> None:
+    """Remove a run folder that a failed start left empty (its empty ``reports/`` too)."""
+    for folder in (run_dir / "reports", run_dir):
+        try:
+            folder.rmdir()
+        except OSError:
+            pass

@@ -1,0 +1,180 @@
+"""The training samples' lengths in tokens, for the time model (``plan --time``).
+
+Why: a step's time follows the *mean* padded length of its micro-batches (litgpt pads each batch to its longest
+sample), while the memory plan takes the worst case, ``max_seq_length``. Alpaca-style samples are far shorter
+than 512 tokens, so predicting time at 512 would overstate it several times. The lengths come from the recipe's
+own data module, tokenized by litgpt with the checkpoint's tokenizer and prompt style (the same code the run
+uses), or from a file a person gives. This module reads data; the planner only gets the numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lab_helpers.planning.planner.errors import PlanError
+
+
+def read_sample_lengths(path: str | Path) -> list[int]:
+    """Token counts from a file: a JSON list of integers, or one integer a line."""
+    file = Path(path)
+    if not file.is_file():
+        raise PlanError(f"--sample-lengths: no file {file}")
+    text = file.read_text(errors="replace").strip()
+    try:
+        values = json.loads(text) if text.startswith("[") else text.split()
+        lengths = [_whole_number(value) for value in values]
+    except json.JSONDecodeError as err:  # says where (line, column), never what: the file may hold a token
+        raise PlanError(
+            f"--sample-lengths {file}: not a JSON list of integers ({err.msg} at line {err.lineno})"
+        ) from None
+    except (ValueError, TypeError) as err:
+        raise PlanError(f"--sample-lengths {file}: expected a JSON list or one integer a line; {err}") from None
+    if not lengths or min(lengths) < 1:
+        raise PlanError(f"--sample-lengths {file}: expected token counts >= 1, got {len(lengths)} values")
+    return lengths
+
+
+def _whole_number(value: object) -> int:
+    """A token count, or ValueError saying what is wrong without quoting it (an unreadable file may be a token
+    file: ``plan --sample-lengths`` echoed its first line)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e18:
+        return int(value)
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:
+        return int(value)
+    what = "text" if isinstance(value, str) else type(value).__name__
+    raise ValueError(f"found {what} that is not a whole number of up to 18 digits")
+
+
+def recipe_sample_lengths(recipe: Mapping[str, Any]) -> tuple[list[int] | None, str]:
+    """(lengths of the recipe's training samples, "") or (None, why not): the data or tokenizer is not here."""
+    from lab_helpers.config.experiments import resolve_path, runnable_recipe
+
+    try:
+        ready = runnable_recipe(dict(recipe))
+        data_config = ready.get("data") or {"class_path": "litgpt.data.Alpaca"}
+        checkpoint = resolve_path(ready["checkpoint_dir"])
+        max_seq_length = int((ready.get("train") or {}).get("max_seq_length") or 0) or None
+        return _tokenized_lengths(data_config, checkpoint, max_seq_length), ""
+    except Exception as err:  # noqa: BLE001 -- any reason the data cannot be read here means "use the worst case"
+        reason = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+        return None, (
+            f"the recipe's data is not readable here ({reason}): time at the worst-case length; "
+            "give --sample-lengths FILE for the mean padded length"
+        )
+
+
+_TOKENIZED: dict[str, list[int]] = {}
+"""Lengths already tokenized in this process, by data settings, checkpoint, cut and the data file's size and time:
+a notebook cell asks for the same data set's lengths for both runs it compares."""
+
+
+def _tokenized_lengths(data_config: Mapping[str, Any], checkpoint: Path, max_seq_length: int | None) -> list[int]:
+    json_path = (data_config.get("init_args") or {}).get("json_path")
+    stat = Path(json_path).stat() if json_path and Path(json_path).is_file() else None
+    key = json.dumps(
+        [data_config, str(checkpoint), max_seq_length, stat and [stat.st_size, stat.st_mtime_ns]],
+        sort_keys=True,
+        default=str,
+    )
+    if key not in _TOKENIZED:
+        _TOKENIZED[key] = _tokenize(data_config, checkpoint, max_seq_length)
+    return list(_TOKENIZED[key])
+
+
+def _tokenize(data_config: Mapping[str, Any], checkpoint: Path, max_seq_length: int | None) -> list[int]:
+    import importlib
+
+    from litgpt.tokenizer import Tokenizer
+
+    module, _, name = str(data_config["class_path"]).rpartition(".")
+    data_class = getattr(importlib.import_module(module), name)
+    init_args = dict(data_config.get("init_args") or {})
+    if "json_path" in init_args:
+        init_args["json_path"] = Path(init_args["json_path"])
+    if "download_dir" in init_args:
+        init_args["download_dir"] = Path(init_args["download_dir"])
+        if not init_args["download_dir"].exists():
+            raise FileNotFoundError(f"{init_args['download_dir']} is not downloaded")
+    data = data_class(**init_args)
+    data.connect(Tokenizer(checkpoint), batch_size=1, max_seq_length=max_seq_length)
+    data.setup()
+    dataset = data.train_dataset
+    return [len(dataset[i]["input_ids"]) for i in range(len(dataset))]
+
+
+@dataclass(frozen=True)
+class BatchPadding:
+    """One pass of the training samples in the micro-batches of a batch order, as quick mode's sampler makes them:
+    per micro-batch, in the order the run takes them, its samples' own tokens and what litgpt pads them to (each
+    micro-batch to its longest sample)."""
+
+    batch_order: str
+    micro_batch_size: int
+    batch_tokens: tuple[int, ...]  # the samples' own tokens (prompt template included) per micro-batch
+    batch_tokens_padded: tuple[int, ...]  # samples x the longest one's length, per micro-batch
+
+    @property
+    def micro_batches(self) -> int:
+        return len(self.batch_tokens)
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.batch_tokens)
+
+    @property
+    def tokens_padded(self) -> int:
+        return sum(self.batch_tokens_padded)
+
+    @property
+    def padding_pct(self) -> float:
+        """100 x (tokens_padded - tokens) / tokens_padded over the pass: a record's ``padding_pct``, predicted."""
+        return 100 * (self.tokens_padded - self.tokens) / self.tokens_padded
+
+    @property
+    def mean_padded_length(self) -> int:
+        """The mean padded length of a micro-batch's samples, in whole tokens (a short last micro-batch weighs as
+        many samples as it has): the time model's ``seq_len`` for this order."""
+        return max(1, round(self.tokens_padded / (self.micro_batch_size * self.micro_batches)))
+
+    def first(self, micro_batches: int) -> tuple[int, int]:
+        """(tokens, tokens_padded) of the pass's first ``micro_batches``: what a run that timed that many of them
+        counted (a record's ``tokens`` and ``tokens_padded``)."""
+        return sum(self.batch_tokens[:micro_batches]), sum(self.batch_tokens_padded[:micro_batches])
+
+
+def batch_padding(
+    lengths: Sequence[int], *, micro_batch_size: int, batch_order: str = "shuffle", max_seq_length: int | None = None
+) -> BatchPadding:
+    """The padding of one pass of ``lengths`` (token counts, as the run's data set has them) in the micro-batches of
+    ``batch_order``: read from the batches of quick mode's own sampler (``quick_mode.batch_sampler(...)
+    .timed_batches()``, the timed part of a quick run), never worked out a second way, so that the prediction and
+    the run cannot order the samples differently. ``max_seq_length`` cuts the lengths as litgpt does."""
+    from lab_helpers.training.quick_mode import batch_sampler
+
+    cut = [min(int(n), max_seq_length) if max_seq_length else int(n) for n in lengths]
+    sampler = batch_sampler(cut, batch_order=batch_order, batch_size=micro_batch_size, accumulation=1)
+    batches = sampler.timed_batches()
+    return BatchPadding(
+        batch_order=batch_order,
+        micro_batch_size=micro_batch_size,
+        batch_tokens=tuple(sum(cut[i] for i in batch) for batch in batches),
+        batch_tokens_padded=tuple(len(batch) * max(cut[i] for i in batch) for batch in batches),
+    )
+
+
+def recipe_batch_padding(recipe: Mapping[str, Any], batch_order: str) -> tuple[BatchPadding | None, str]:
+    """(``batch_padding`` of the recipe's own training samples at its micro batch, "") or (None, why not)."""
+    lengths, why = recipe_sample_lengths(recipe)
+    if lengths is None:
+        return None, why
+    train = recipe.get("train") or {}
+    max_seq_length = int(train.get("max_seq_length") or 0) or None
+    return batch_padding(
+        lengths, micro_batch_size=int(train["micro_batch_size"]), batch_order=batch_order, max_seq_length=max_seq_length
+    ), ""

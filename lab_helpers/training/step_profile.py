@@ -1,0 +1,247 @@
+"""``--profile-steps N``: a torch.profiler trace of N steady optimizer steps, and what it says in short.
+
+Why: a run's time figures say how long a step takes, not where the time goes. On the H100 the small runs kept
+the GPU 5-25 % busy; only a trace tells whether the host was launching kernels one by one, synchronising, or
+waiting on data. The trace starts at the first micro-batch after warm-up (kernel selection and allocator growth
+would dominate it otherwise) and covers ``steps`` optimizer steps; it is never on by default, because the
+profiler slows what it watches: the profiled iterations (and the one that stops the profiler) are left out of
+every time figure (``torch_profile_iters``, ``iteration_times.timed_iterations``).
+
+Written into the run's folder (``profile/``): the Chrome trace (open it in ui.perfetto.dev or chrome://tracing)
+and ``summary.json``, ``summarize``'s figures per optimizer step: wall time, time the host spent inside PyTorch
+ops, device (GPU) busy time and the device-idle share, ops and kernels launched, and the top 10 ops by device
+time (by CPU time on a CPU, where the host's ops are the computation).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lab_helpers.config.paths import write_lab_file
+
+STEPS_ENV = "LAB_PROFILE_STEPS"
+"""The launcher passes ``--profile-steps N`` to the training process through this variable (unset: off)."""
+
+DIR_ENV = "LAB_PROFILE_DIR"
+"""Where the training process writes the trace and the summary (the run's ``profile/`` folder)."""
+
+TRACE_FILENAME = "trace.json"
+SUMMARY_FILENAME = "summary.json"
+TOP_OPS = 10
+
+DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+"""Chrome-trace categories of work on the GPU (kineto's names): what makes the device busy."""
+
+COLLECTIVE_KERNEL_MARK = "nccl"
+"""In a kernel's name (lower case), a collective: NCCL's kernels (``ncclDevKernel_AllGather_...``, DeepSpeed's and
+Lightning's alike). NVML counts them as busy, so only a trace separates communication from compute."""
+
+
+def steps_from_env() -> int | None:
+    """``$LAB_PROFILE_STEPS`` as a positive int, or None (off)."""
+    value = os.environ.get(STEPS_ENV, "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def check_steps(steps: Any) -> int | None:
+    """``profile_steps`` as given by a user (CLI or notebook): None/0 is off, else a positive int; one-line error."""
+    if steps is None or steps == 0:
+        return None
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"profile_steps must be a positive whole number of optimizer steps; got {steps!r}")
+    return steps
+
+
+def _union_s(intervals: Iterable[tuple[float, float]]) -> float:
+    """Total length of the union of (start, end) intervals: overlapping work (threads, streams) counted once."""
+    total, current_start, current_end = 0.0, None, None
+    for start, end in sorted(intervals):
+        if current_end is None or start > current_end:
+            if current_end is not None:
+                total += current_end - current_start
+            current_start, current_end = start, end
+        else:
+            current_end = max(current_end, end)
+    if current_end is not None:
+        total += current_end - current_start
+    return total
+
+
+def summarize(
+    trace_events: Sequence[Mapping[str, Any]], *, wall_s: float, steps: int, top_ops: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """Per-optimizer-step figures from a Chrome trace's events (``ph == "X"``, ``ts``/``dur`` in microseconds).
+
+    ``wall_s`` is the profiled window's wall time (measured around the profiler, not read from the trace), and
+    ``top_ops`` the ops torch's own attribution ranks first (``top_ops_from``). The device figures are None
+    where the trace has no GPU work (a CPU run): there the host's ops are the computation.
+    """
+    if steps < 1 or wall_s <= 0:
+        raise ValueError(f"need steps >= 1 and wall_s > 0; got {steps}, {wall_s}")
+    complete = [e for e in trace_events if e.get("ph") == "X" and "ts" in e and "dur" in e]
+
+    def spans(categories: Iterable[str]) -> list[tuple[float, float]]:
+        wanted = set(categories)
+        return [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in complete if e.get("cat") in wanted]
+
+    device_spans = spans(DEVICE_CATEGORIES)
+    host_s = _union_s(spans({"cpu_op"})) / 1e6
+    kernels = sum(1 for e in complete if e.get("cat") == "kernel")
+    ops = sum(1 for e in complete if e.get("cat") == "cpu_op" and str(e.get("name", "")).startswith("aten::"))
+    device_s = _union_s(device_spans) / 1e6 if device_spans else None
+    collectives = [
+        (float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in complete
+        if e.get("cat") == "kernel" and COLLECTIVE_KERNEL_MARK in str(e.get("name", "")).lower()
+    ]  # fmt: skip
+    collective_s = _union_s(collectives) / 1e6 if device_spans else None
+    return {
+        "steps": steps,
+        "wall_ms_per_step": 1e3 * wall_s / steps,
+        "host_op_ms_per_step": 1e3 * host_s / steps,
+        "device_busy_ms_per_step": None if device_s is None else 1e3 * device_s / steps,
+        "device_idle_pct": None if device_s is None else max(0.0, 100 * (1 - device_s / wall_s)),
+        "collective_ms_per_step": None if collective_s is None else 1e3 * collective_s / steps,
+        # the share of the device's busy time spent in collective kernels (time_bound: ``communication``)
+        "collective_pct": 100 * collective_s / device_s if collective_s is not None and device_s else None,
+        "aten_ops_per_step": ops / steps,
+        "kernels_per_step": kernels / steps if device_spans else None,
+        "top_ops_by": "device time" if device_spans else "CPU time (no GPU: the host's ops are the computation)",
+        "top_ops": list(top_ops),
+    }
+
+
+def top_ops_from(key_averages: Iterable[Any], *, steps: int, by_device: bool, limit: int = TOP_OPS) -> list[dict]:
+    """The ``limit`` ops with the most self time (device time on a GPU, CPU time on a CPU), per optimizer step,
+    from ``profiler.key_averages()``: torch attributes each kernel to the op that launched it."""
+    rows = []
+    for event in key_averages:
+        device_us = float(getattr(event, "self_device_time_total", 0.0) or 0.0)
+        cpu_us = float(getattr(event, "self_cpu_time_total", 0.0) or 0.0)
+        rows.append({
+            "name": str(event.key),
+            "calls_per_step": event.count / steps,
+            "self_device_ms_per_step": device_us / 1e3 / steps if by_device else None,
+            "self_cpu_ms_per_step": cpu_us / 1e3 / steps,
+        })  # fmt: skip
+    key = "self_device_ms_per_step" if by_device else "self_cpu_ms_per_step"
+    rows.sort(key=lambda row: row[key] or 0.0, reverse=True)
+    return [row for row in rows if (row[key] or 0.0) > 0][:limit]
+
+
+def summary_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The summary as a few lines a student reads (the log, the notebook)."""
+
+    def ms(value: Any) -> str:
+        return "n/a" if value is None else f"{value:.1f} ms"
+
+    idle = summary.get("device_idle_pct")
+    kernels = summary.get("kernels_per_step")
+    lines = [
+        f"per optimizer step ({summary['steps']} profiled): wall {ms(summary['wall_ms_per_step'])}, host inside "
+        f"PyTorch ops {ms(summary['host_op_ms_per_step'])}, device busy {ms(summary['device_busy_ms_per_step'])}"
+        + ("" if idle is None else f" (device idle {idle:.0f} %)"),
+        f"ops per step {summary['aten_ops_per_step']:.0f} (aten), kernels launched per step "
+        + ("n/a (no GPU)" if kernels is None else f"{kernels:.0f}"),
+        f"top ops by {summary['top_ops_by']}:",
+    ]
+    device = summary["top_ops_by"] == "device time"
+    for op in summary.get("top_ops", []):
+        value = op["self_device_ms_per_step"] if device else op["self_cpu_ms_per_step"]
+        lines.append(f"  {value:9.2f} ms  {op['calls_per_step']:7.1f} calls  {op['name']}")
+    return lines
+
+
+class StepProfiler:
+    """Profiles the micro-batches ``first_iter`` .. ``first_iter + steps x accumulation - 1`` of a training loop.
+
+    The training loop tells it each micro-batch as it is drawn (``at_batch``, 1-based); the profiler starts
+    before ``first_iter`` and stops when the next batch after the profiled ones is drawn (that iteration pays for
+    stopping it, so it is reported as profiled too), when the loop stops it after the window
+    (``stop_after_window``), or when the loop ends (``finish``). Writing the trace and the summary waits for
+    ``finish``, after the loop's clock has stopped.
+    """
+
+    def __init__(self, steps: int, *, accumulation: int, first_iter: int | None, out_dir: Path) -> None:
+        self.steps, self.accumulation, self.out_dir = steps, accumulation, out_dir
+        self.first_iter: int | None = None
+        self._last_iter = 0
+        self._profiler = None
+        self._t0 = self._t1 = None
+        self._stopped_at: int | None = None
+        self._last_seen = 0  # the last micro-batch the loop drew
+        if first_iter is not None:
+            self.begin_at(first_iter)
+
+    def begin_at(self, first_iter: int) -> None:
+        """Profile from micro-batch ``first_iter`` on. A quick run decides this only when its timing has ended
+        (``first_iter=None`` until then), so that its timed micro-batches are those of an unprofiled run."""
+        self.first_iter, self._last_iter = first_iter, first_iter + self.steps * self.accumulation - 1
+
+    @property
+    def last_iter(self) -> int:
+        return self._last_iter
+
+    def stop_after_window(self) -> None:
+        """End the profiled window now, after its last micro-batch (no further micro-batch pays for stopping)."""
+        self._stop(self._last_iter + 1)
+
+    def at_batch(self, iteration: int) -> None:
+        self._last_seen = iteration
+        if self.first_iter is None:
+            return
+        if iteration == self.first_iter and self._profiler is None:
+            import torch
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU]
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                activities.append(ProfilerActivity.CUDA)
+            self._profiler = profile(activities=activities, record_shapes=False, with_stack=False)
+            self._profiler.__enter__()
+            self._t0 = time.perf_counter()
+        elif iteration == self._last_iter + 1 and self._stopped_at is None:
+            self._stop(iteration)
+
+    def _stop(self, iteration: int | None) -> None:
+        if self._profiler is None or self._stopped_at is not None:
+            return
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # the window ends when the device's work of the profiled steps has
+        self._t1 = time.perf_counter()
+        self._profiler.__exit__(None, None, None)
+        # the loop ended (iteration None): the window ends after the last micro-batch it drew
+        self._stopped_at = iteration if iteration is not None else min(self._last_seen, self._last_iter) + 1
+
+    def finish(self) -> dict[str, Any]:
+        """Stop (if the loop ended first), write the trace and the summary; the report's torch_profile_* fields."""
+        fields: dict[str, Any] = {"torch_profile_steps": self.steps}
+        if self._profiler is None:
+            where = "its timing did" if self.first_iter is None else f"micro-batch {self.first_iter}"
+            print(f"lab: --profile-steps {self.steps}: the loop ended before {where}; no trace", flush=True)
+            return fields
+        self._stop(None)
+        captured_steps = max(1, (min(self._stopped_at, self._last_iter + 1) - self.first_iter) // self.accumulation)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        trace_path = self.out_dir / TRACE_FILENAME
+        self._profiler.export_chrome_trace(str(trace_path))
+        events = json.loads(trace_path.read_text()).get("traceEvents", [])
+        on_device = any(e.get("cat") in DEVICE_CATEGORIES for e in events)
+        top = top_ops_from(self._profiler.key_averages(), steps=captured_steps, by_device=on_device)
+        summary = summarize(events, wall_s=self._t1 - self._t0, steps=captured_steps, top_ops=top)
+        write_lab_file(self.out_dir / SUMMARY_FILENAME, json.dumps(summary, indent=1).encode())
+        print(f"lab: torch.profiler trace of {captured_steps} steady optimizer step(s): {trace_path}", flush=True)
+        for line in summary_lines(summary):
+            print(f"lab: {line}", flush=True)
+        return {
+            **fields,
+            "torch_profile_iters": [self.first_iter, self._stopped_at],
+            "torch_profile_trace_path": str(trace_path),
+            "torch_profile_summary": summary,
+        }
