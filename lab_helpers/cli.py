@@ -242,23 +242,23 @@ def _print_comparison(
     wide: bool = False,
 ) -> None:
     """The comparison table on stdout, the figures (and a CSV of the table) in the figures folder."""
-    from lab_helpers.present import compare
+    from lab_helpers.present import figures, tables
     from lab_helpers.record.records import load_results
 
-    frame = load_results() if reference is None else compare.load_reference(reference)
-    out_dir = compare.figures_folder(out_dir, frame)  # one line and exit 2 before anything is printed
+    frame = load_results() if reference is None else tables.load_reference(reference)
+    out_dir = figures.figures_folder(out_dir, frame)  # one line and exit 2 before anything is printed
     if reference is not None:
-        print(compare.reference_label(frame))
-    table = compare.comparison_table(frame, profile=profile)
+        print(tables.reference_label(frame))
+    table = tables.comparison_table(frame, profile=profile)
     if markdown:
-        print(compare.markdown_table(table))
+        print(tables.markdown_table(table))
     else:
         from lab_helpers.present.table_display import terminal_table
 
         print(terminal_table(table, wide=wide) if len(table) else "no runs recorded yet")
-    paths = compare.save_all(frame, out_dir, profile=profile)
+    paths = figures.save_all(frame, out_dir, profile=profile)
     if len(table) and paths:
-        paths.insert(0, compare.save_table(table, out_dir))
+        paths.insert(0, figures.save_table(table, out_dir))
     for path in paths:
         print(f"wrote {path}")
 
@@ -288,7 +288,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.reference is not None:
         from lab_helpers.config.experiments import LabConfigError
         from lab_helpers.config.paths import reference_dir
-        from lab_helpers.present.compare import reference_stem, shipped_references
+        from lab_helpers.present.tables import reference_stem, shipped_references
 
         shipped = shipped_references()
         if reference_stem(args.reference) not in shipped:

@@ -2,7 +2,7 @@
 
 Shared by the image check that runs inside every nbval execution of the notebooks (notebooks/conftest.py) and by
 tests/test_notebook_figures.py. A cell "draws" when it calls one of the lab's drawing functions
-(``compare.plot_*``, ``what_if.show``, ``what_if.draw_answer``, ``lab.plot_step``), read from the cell's
+(``figures.plot_*``, ``what_if.show``, ``what_if.draw_answer``, ``lab.plot_step``), read from the cell's
 syntax tree: a call that is commented out does not count. Such a cell must leave an ``image/png`` output: a bare
 ``<Figure size ...>`` text is what a student saw when the figures were not displayable. The one way out is a
 cell that says in its own output that there is nothing to draw (03's timeline cell when the chosen experiment
@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-DRAWING_CALL = re.compile(r"^(compare\.plot_\w+|what_if\.show|what_if\.draw_answer|lab\.plot_step)$")
+DRAWING_CALL = re.compile(r"^(figures\.plot_\w+|what_if\.show|what_if\.draw_answer|lab\.plot_step)$")
 SAYS_NOTHING_TO_DRAW = re.compile(r"\bto draw\b")
 
 

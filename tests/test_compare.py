@@ -9,7 +9,7 @@ import warnings
 import pandas as pd
 import pytest
 
-from lab_helpers.present import compare
+from lab_helpers.present import figures, tables
 from lab_helpers.record.records import append_record, load_results
 
 BREAKDOWN = {
@@ -119,7 +119,7 @@ ORDER = ["baseline", "small-batch", "full-13b", "fsdp"]
 
 def test_latest_runs_keeps_the_rerun_and_the_lab_order(tmp_path):
     df = _write(tmp_path, _gpu_records(tmp_path))
-    latest = compare.latest_runs(df, order=ORDER)
+    latest = tables.latest_runs(df, order=ORDER)
     assert list(zip(latest["experiment"], latest["rank_n"], strict=True)) == [
         ("baseline", 0),
         ("small-batch", 0),
@@ -132,9 +132,9 @@ def test_latest_runs_keeps_the_rerun_and_the_lab_order(tmp_path):
 
 def test_comparison_table_values_and_nan_not_zero(tmp_path):
     df = _write(tmp_path, _gpu_records(tmp_path))
-    table = compare.comparison_table(df, order=ORDER).set_index("experiment")
+    table = tables.comparison_table(df, order=ORDER).set_index("experiment")
     assert list(table.index) == ORDER
-    assert list(table.reset_index().columns) == list(compare.TABLE_COLUMNS)
+    assert list(table.reset_index().columns) == list(tables.TABLE_COLUMNS)
     small = table.loc["small-batch"]
     assert small["prediction_error_pct"] == pytest.approx(10.0)  # (11 - 10) / 10
     assert small["train_s"] == 120.0 and small["tokens_per_s"] == 2345.7 and small["mfu"] == 0.412
@@ -157,7 +157,7 @@ def test_prediction_falls_back_to_the_predicted_dict(tmp_path):
     df = _write(
         tmp_path, [{"experiment": "bf16-true", "status": "ok", "peak_alloc_gib": 9.0, "predicted": _predicted(12.0)}]
     )
-    row = compare.comparison_table(df).iloc[0]
+    row = tables.comparison_table(df).iloc[0]
     assert row["predicted_peak_alloc_gib"] == 12.0 and row["prediction_error_pct"] == pytest.approx(-25.0)
 
 
@@ -169,7 +169,7 @@ def test_worst_rank_status_wins(tmp_path):
             {"experiment": "ddp", "status": "oom", "rank": 1, "reason": "rank 1 OOM"},
         ],
     )
-    row = compare.comparison_table(df).iloc[0]
+    row = tables.comparison_table(df).iloc[0]
     assert row["status"] == "oom" and row["reason"] == "rank 1 OOM" and row["peak_alloc_gib"] == 30.0
 
 
@@ -197,17 +197,17 @@ def test_a_one_off_iteration_is_judged_against_its_runs_median_after_warm_up(tmp
         ],
     )
     median = statistics.median([1.0, 0.2, 0.25, 0.2, 0.3, 0.2])
-    assert 1.0 > compare.ONE_OFF_FACTOR * median > 0.3  # the fixture has exactly one one-off
-    table = compare.comparison_table(df).set_index("experiment")
+    assert 1.0 > tables.ONE_OFF_FACTOR * median > 0.3  # the fixture has exactly one one-off
+    table = tables.comparison_table(df).set_index("experiment")
     assert table.loc["bf16-true", "one_off_pct"] == round(100 * (1.0 - median) / spiky["train_s"])
     assert table.loc["small-batch", "one_off_pct"] == 0
     assert math.isnan(table.loc["grad-accum", "one_off_pct"])
-    found = compare.one_offs(df)
+    found = tables.one_offs(df)
     assert found.to_dict("records") == [
         {"experiment": "bf16-true", "iter": 5, "iter_time_s": 1.0, "median_s": round(median, 3),
          "x_median": round(1.0 / median, 1), "pct_of_train_s": table.loc["bf16-true", "one_off_pct"]}
     ]  # fmt: skip
-    figure = compare.plot_time(df, out_dir=tmp_path / "figures")
+    figure = figures.plot_time(df, out_dir=tmp_path / "figures")
     hatched = [[patch for patch in ax.patches if patch.get_hatch()] for ax in figure.axes]
     # bf16-true's one span, in the train_s panel (the last) only: the steady panels and the rates leave it out
     assert [len(patches) for patches in hatched] == [0, 0, 0, 1]
@@ -216,7 +216,7 @@ def test_a_one_off_iteration_is_judged_against_its_runs_median_after_warm_up(tmp
     assert span.get_y() + span.get_height() == pytest.approx(train_s)  # the top of its train_s bar
     assert span.get_height() == pytest.approx(train_s * share)  # what the one-off took beyond a median iteration
     assert span.get_height() == pytest.approx(1.0 - median, abs=0.05)
-    assert compare.one_offs(df[df["experiment"] != "bf16-true"]).empty
+    assert tables.one_offs(df[df["experiment"] != "bf16-true"]).empty
 
 
 def test_the_shipped_h100_records_show_the_longest_batchs_first_micro_batch_as_a_one_off():
@@ -224,22 +224,22 @@ def test_the_shipped_h100_records_show_the_longest_batchs_first_micro_batch_as_a
     longest batch took several times a steady iteration in bf16-true and full-7b (reference_results/README.md,
     "What the records show").
     The table, the label and the list say so; no other finished run of that file has a one-off."""
-    frame = compare.load_reference("h100-80gb")
-    found = compare.one_offs(frame)
+    frame = tables.load_reference("h100-80gb")
+    found = tables.one_offs(frame)
     assert found["experiment"].tolist() == ["bf16-true", "full-7b"]
-    latest = compare.latest_runs(frame).set_index("experiment")
+    latest = tables.latest_runs(frame).set_index("experiment")
     for row in found.to_dict("records"):
         assert row["iter"] == latest.loc[row["experiment"], "warmup_iterations"] + 1  # the first timed one
-        assert row["x_median"] > 1.5 * compare.ONE_OFF_FACTOR
+        assert row["x_median"] > 1.5 * tables.ONE_OFF_FACTOR
     for record in latest[latest["status"] == "ok"].reset_index().to_dict("records"):  # the factor sits in a gap
         timed = [r["iter_time_s"] for r in record["per_iteration"] if r["iter"] > record["warmup_iterations"]]
         ordered = sorted(timed)
-        assert ordered[-2] < compare.ONE_OFF_FACTOR / 1.5 * statistics.median(timed), record["experiment"]
-    table = compare.comparison_table(frame).set_index("experiment")
+        assert ordered[-2] < tables.ONE_OFF_FACTOR / 1.5 * statistics.median(timed), record["experiment"]
+    table = tables.comparison_table(frame).set_index("experiment")
     assert (table.loc[["bf16-true", "full-7b"], "one_off_pct"] > 30).all()
     others = table.drop(["bf16-true", "full-7b"])
     assert (others.loc[others["status"] == "ok", "one_off_pct"] == 0).all()
-    assert "(the time of bf16-true, full-7b includes a one-off iteration" in compare.reference_label(frame)
+    assert "(the time of bf16-true, full-7b includes a one-off iteration" in tables.reference_label(frame)
 
 
 @pytest.mark.slow
@@ -247,11 +247,11 @@ def test_plots_are_written(tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_RESULTS", str(tmp_path))  # timeline_path is relative to the results folder
     df = _write(tmp_path, _gpu_records(tmp_path))
     out = tmp_path / "figures"
-    paths = compare.save_all(df, out, order=ORDER)
+    paths = figures.save_all(df, out, order=ORDER)
     names = sorted(p.name for p in paths)
     assert names == ["memory.png", "memory_vs_time.png", "time.png", "timeline_r-small.png"]
     assert all(p.exists() and p.stat().st_size > 5000 for p in paths)
-    figure = compare.plot_memory(df, out_dir=out, order=ORDER)
+    figure = figures.plot_memory(df, out_dir=out, order=ORDER)
     texts = [t.get_text() for t in figure.axes[0].texts]
     assert "OOM" in texts and "skipped" in texts
     assert "CPU" not in figure.axes[0].get_title()
@@ -260,24 +260,24 @@ def test_plots_are_written(tmp_path, monkeypatch):
 def test_timeline_reader_tolerates_missing_columns_and_shows_idle(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("t_s,gpu,util_pct\n0,0,90\n0.2,0,1\n0.4,0,2\n0.6,0,95\n")
-    frame = compare.read_timeline(path)
+    frame = figures.read_timeline(path)
     assert {"mem_used_gib", "power_w", "host_cpu_pct", "host_ram_gib"} <= set(frame.columns)
-    assert compare._idle_spans(frame[frame["gpu"].notna()]) == [(0.0, 0.6)]
-    figure = compare.plot_timeline(path, out_dir=tmp_path)
+    assert figures._idle_spans(frame[frame["gpu"].notna()]) == [(0.0, 0.6)]
+    figure = figures.plot_timeline(path, out_dir=tmp_path)
     assert (tmp_path / "timeline_t.png").exists() and "shaded" in figure.get_suptitle()
-    missing = compare.plot_timeline({"experiment": "x", "timeline_path": "nowhere.csv"}, out_dir=tmp_path)
+    missing = figures.plot_timeline({"experiment": "x", "timeline_path": "nowhere.csv"}, out_dir=tmp_path)
     assert "no timeline" in missing.axes[0].texts[0].get_text()
 
 
 def test_empty_frame(tmp_path):
     df = load_results(tmp_path / "none.jsonl")
-    assert compare.latest_runs(df).empty
-    table = compare.comparison_table(df)
-    assert table.empty and list(table.columns) == list(compare.TABLE_COLUMNS)
-    paths = compare.save_all(df, tmp_path / "figs")
+    assert tables.latest_runs(df).empty
+    table = tables.comparison_table(df)
+    assert table.empty and list(table.columns) == list(tables.TABLE_COLUMNS)
+    paths = figures.save_all(df, tmp_path / "figs")
     assert len(paths) == 3 and all(p.exists() for p in paths)
-    figure = compare.plot_memory(df, out_dir=tmp_path / "figs")
-    assert compare.NO_RUNS in [t.get_text() for t in figure.axes[0].texts]
+    figure = figures.plot_memory(df, out_dir=tmp_path / "figs")
+    assert figures.NO_RUNS in [t.get_text() for t in figure.axes[0].texts]
 
 
 STEADY = {"config": {"train": {"micro_batch_size": 2}}, "iter_median_s": 0.5}  # what the scatter's x comes from
@@ -305,31 +305,31 @@ def test_cpu_only_runs_show_host_rss_and_say_so(tmp_path):
              **STEADY},
         ],
     )
-    table = compare.comparison_table(df, profile="ci")
+    table = tables.comparison_table(df, profile="ci")
     assert table["peak_alloc_gib"].isna().all() and table["mfu"].isna().all()
     assert table["host_rss_peak_gib"].tolist() == [1.8, 1.2]
-    figure = compare.plot_memory(df, out_dir=tmp_path, profile="ci")
+    figure = figures.plot_memory(df, out_dir=tmp_path, profile="ci")
     assert "host RSS" in figure.axes[0].get_title()
-    assert compare.plot_memory_vs_time(df, out_dir=tmp_path).axes[0].collections[0].get_offsets().shape[0] == 2
-    assert compare.comparison_table(df, profile="gpu").empty
+    assert figures.plot_memory_vs_time(df, out_dir=tmp_path).axes[0].collections[0].get_offsets().shape[0] == 2
+    assert tables.comparison_table(df, profile="gpu").empty
 
 
 def test_load_reference(tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_HOME", str(tmp_path))
     with pytest.warns(UserWarning, match="no reference results are shipped yet"):
-        assert compare.load_reference().empty
+        assert tables.load_reference().empty
     folder = tmp_path / "reference_results"
     append_record({"experiment": "baseline", "status": "oom", "rank": 0}, path=folder / "NVIDIA-H100-80GB-HBM3.jsonl")
     append_record({"experiment": "lora-7b", "status": "ok", "peak_alloc_gib": 18.0}, path=folder / "NVIDIA-A100.jsonl")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        both = compare.load_reference()
-        one = compare.load_reference("NVIDIA-A100")
+        both = tables.load_reference()
+        one = tables.load_reference("NVIDIA-A100")
     assert sorted(both["reference"]) == ["NVIDIA-A100", "NVIDIA-H100-80GB-HBM3"]
     assert one["experiment"].tolist() == ["lora-7b"]
     with pytest.warns(UserWarning, match="shipped: NVIDIA-A100"):
-        assert compare.load_reference("V100").empty
-    assert isinstance(compare.comparison_table(both), pd.DataFrame)
+        assert tables.load_reference("V100").empty
+    assert isinstance(tables.comparison_table(both), pd.DataFrame)
 
 
 def test_time_per_sample_makes_grad_accum_comparable_with_small_batch(tmp_path):
@@ -344,7 +344,7 @@ def test_time_per_sample_makes_grad_accum_comparable_with_small_batch(tmp_path):
             {"experiment": "baseline", "status": "oom", "rank": None, "train_s": None, "iterations": None, "config": config},
         ],
     )
-    table = compare.comparison_table(df).set_index("experiment")
+    table = tables.comparison_table(df).set_index("experiment")
     assert table.loc["small-batch", "samples"] == 160 and table.loc["grad-accum", "samples"] == 640
     assert table.loc["small-batch", "ms_per_sample"] == pytest.approx(62.5)
     assert table.loc["grad-accum", "ms_per_sample"] == pytest.approx(59.38, abs=0.01)
@@ -364,15 +364,15 @@ def test_gpu_references_are_labelled_and_never_mixed_with_cpu_stand_ins(tmp_path
            "predicted_peak_alloc_gib": 27.93, "train_s": 3.4, "tokens_per_s": 2537.8, "mfu": 0.0967}  # fmt: skip
     append_record(gpu, path=folder / "h100-80gb.jsonl")
     append_record({"experiment": "full-13b", "status": "ok", "rank": 0, "profile": "ci"}, path=folder / "ci-cpu.jsonl")
-    default = compare.load_reference()
+    default = tables.load_reference()
     assert default["reference"].tolist() == ["h100-80gb"]
     assert default["measured_on"].tolist() == ["real GPU measurement (NVIDIA H100 80GB HBM3)"]
-    assert compare.reference_label(default) == (
+    assert tables.reference_label(default) == (
         "h100-80gb.jsonl: real GPU measurement (NVIDIA H100 80GB HBM3), random weights, quick mode, 1 records"
     )
-    cpu = compare.load_reference("ci-cpu")
-    assert cpu["measured_on"].tolist() == [compare.CODE_PATH_ONLY] and "code path only" in compare.reference_label(cpu)
-    markdown = compare.markdown_table(compare.comparison_table(default)).splitlines()
+    cpu = tables.load_reference("ci-cpu")
+    assert cpu["measured_on"].tolist() == [tables.CODE_PATH_ONLY] and "code path only" in tables.reference_label(cpu)
+    markdown = tables.markdown_table(tables.comparison_table(default)).splitlines()
     assert markdown[0].startswith("| experiment | status | measured peak GiB | predicted GiB | error %")
     # no per_iteration, no token counts: no steady figures; the stored MFU stands (nothing to derive it from)
     assert markdown[2] == "| lora-7b | ok | 27.8 | 27.93 | -0.5 | 3.4 |  |  |  | 9.7% |  |  |  |"
@@ -383,11 +383,11 @@ def test_the_readme_table_is_what_compare_prints_from_the_shipped_gpu_records(ca
     the same function on the shipped records gives the same rows. An unknown name is one line naming the shipped."""
     from lab_helpers.cli import main
 
-    frame = compare.load_reference("h100-80gb")
-    assert compare.reference_label(frame).startswith("h100-80gb.jsonl: real GPU measurement (NVIDIA H100 80GB HBM3)")
-    rows = compare.markdown_table(compare.comparison_table(frame)).splitlines()[2:]
+    frame = tables.load_reference("h100-80gb")
+    assert tables.reference_label(frame).startswith("h100-80gb.jsonl: real GPU measurement (NVIDIA H100 80GB HBM3)")
+    rows = tables.markdown_table(tables.comparison_table(frame)).splitlines()[2:]
     assert len(rows) == 12 and rows[0].startswith("| baseline | oom |")
-    readme = (compare.reference_dir() / "README.md").read_text()
+    readme = (tables.reference_dir() / "README.md").read_text()
     assert all(row in readme for row in rows)
     assert main(["compare", "--reference", "v100"]) == 2
     assert "--reference v100: no such file" in capsys.readouterr().err
@@ -400,7 +400,7 @@ def test_with_no_name_one_gpus_reference_is_shown_never_two_mixed():
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        frame = compare.load_reference()
-    assert set(frame["reference"]) == {compare.DEFAULT_GPU_REFERENCE}
+        frame = tables.load_reference()
+    assert set(frame["reference"]) == {tables.DEFAULT_GPU_REFERENCE}
     assert any("h200-141gb" in str(w.message) for w in caught)
-    assert set(compare.load_reference("h200-141gb")["reference"]) == {"h200-141gb"}
+    assert set(tables.load_reference("h200-141gb")["reference"]) == {"h200-141gb"}

@@ -149,7 +149,7 @@ def test_a_simulated_zero3_offload_rank_is_measured_and_predicted_within_10_perc
 def test_tables_and_plots_never_put_a_simulated_rank_in_a_real_runs_row():
     import pandas as pd
 
-    from lab_helpers.present.compare import comparison_table
+    from lab_helpers.present.tables import comparison_table
     from lab_helpers.record.records import simulated_label
 
     real = [{"experiment": "fsdp", "rank": r, "world_size": 4, "status": "ok", "peak_tensor_gib": 0.05,

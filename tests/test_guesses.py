@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from lab_helpers.present.compare import load_reference
 from lab_helpers.present.guesses import check_guess, guess_table
+from lab_helpers.present.tables import load_reference
 
 
 def _records(name: str, exp_id: str) -> list[dict]:

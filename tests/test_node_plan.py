@@ -107,7 +107,7 @@ def test_no_gpu_runs_everything_on_ci_stand_ins_except_bitsandbytes():
 
 
 def test_reference_hint_names_only_shipped_files():
-    from lab_helpers.present.compare import reference_dir
+    from lab_helpers.present.tables import reference_dir
 
     shipped = {p.stem for p in reference_dir().glob("*.jsonl")}
     named = re.search(r"shipped today: ([^;]+);", node_plan.reference_hint()).group(1).split(", ")

@@ -14,7 +14,7 @@ import warnings
 
 from conftest import REPO, cli
 
-from lab_helpers.present import compare
+from lab_helpers.present import tables
 from lab_helpers.record.records import append_record, load_results, odd_started_at, read_records
 
 AHEAD = "2099-01-01T00:00:00+00:00"
@@ -49,7 +49,7 @@ def test_a_start_time_ahead_hides_no_newer_run_and_is_named(results, tmp_path):
     # the notebooks' tables read the same frame through the same function
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        table = compare.comparison_table(load_results(path))
+        table = tables.comparison_table(load_results(path))
     assert list(table["train_s"]) == [33.0]
     listed = subprocess.run(cli("results"), capture_output=True, text=True, timeout=120, cwd=REPO,
                             env={**os.environ, "LAB_RESULTS": str(results)})  # fmt: skip

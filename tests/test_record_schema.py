@@ -48,12 +48,12 @@ def test_mfu_is_derived_when_reading_from_the_stored_inputs(tmp_path):
 
 def test_readers_name_only_schema_fields():
     """The comparison table and the multi-GPU notebook's rows read fields the schema defines, with its units."""
-    from lab_helpers.present import compare
     from lab_helpers.present import multi_gpu as notebook
+    from lab_helpers.present import tables
 
-    for column in (*compare.MEMORY_COLUMNS, *compare.RANK0_COLUMNS, *notebook.RANK_COLUMNS):
+    for column in (*tables.MEMORY_COLUMNS, *tables.RANK0_COLUMNS, *notebook.RANK_COLUMNS):
         assert column in schema.UNITS, column
-    assert {schema.UNITS[c] for c in compare.MEMORY_COLUMNS} == {"GiB"}
+    assert {schema.UNITS[c] for c in tables.MEMORY_COLUMNS} == {"GiB"}
     assert schema.UNITS["train_s"] == "s" and schema.UNITS["tokens_per_s"] == "tokens/s"
 
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO, cli
 
 from lab_helpers.config.experiments import LabConfigError
-from lab_helpers.present.compare import load_reference
+from lab_helpers.present.tables import load_reference
 from lab_helpers.record.records import append_record
 from lab_helpers.record.reference import export_reference, reference_name_for_gpu
 
@@ -75,7 +75,7 @@ def test_export_refuses_bad_names_and_empty_profiles(lab_home, results):
 
 
 def test_exported_reference_can_be_analysed(lab_home, results):
-    from lab_helpers.present.compare import comparison_table
+    from lab_helpers.present.tables import comparison_table
 
     for rank in (0, 1):
         append_record(
@@ -223,7 +223,7 @@ def test_from_a_chunk_file_takes_every_record_and_the_timelines_of_its_archive(l
 
 def test_compare_reads_the_exported_h200_file(lab_home, results, tmp_path, capsys):
     from lab_helpers.cli import main
-    from lab_helpers.present.compare import reference_label
+    from lab_helpers.present.tables import reference_label
 
     chunk = tmp_path / "chunk" / "runs.jsonl"
     chunk.parent.mkdir()

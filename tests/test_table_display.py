@@ -12,12 +12,12 @@ import sys
 import pandas as pd
 import pytest
 
-from lab_helpers.present import compare
+from lab_helpers.present import tables
 from lab_helpers.present.table_display import REASON_CHARS, first_line, format_number, readable_table
 
 
 def _cpu_table() -> pd.DataFrame:
-    return compare.comparison_table(compare.load_reference("ci-cpu"))
+    return tables.comparison_table(tables.load_reference("ci-cpu"))
 
 
 def test_a_cpu_table_shows_no_all_empty_column_and_keeps_every_column_as_data():
@@ -29,14 +29,14 @@ def test_a_cpu_table_shows_no_all_empty_column_and_keeps_every_column_as_data():
     assert not set(empty) & set(shown.columns)
     assert "NaN" not in repr(table) and "nan" not in table._repr_html_()  # the notebook and print show that view
     assert "MFU" not in repr(table) and "mfu" not in repr(table)  # never an MFU for a CPU
-    assert list(table.columns) == list(compare.TABLE_COLUMNS)  # the data and the CSV keep them all
+    assert list(table.columns) == list(tables.TABLE_COLUMNS)  # the data and the CSV keep them all
     assert "mfu" in table.to_csv(index=False).splitlines()[0]
 
 
 def test_reason_is_its_first_line_and_the_record_keeps_the_whole_message():
-    frame = compare.load_reference("h100-80gb")
+    frame = tables.load_reference("h100-80gb")
     full = frame.loc[frame["status"] == "oom", "reason"].iloc[0]
-    shown = readable_table(compare.comparison_table(frame))
+    shown = readable_table(tables.comparison_table(frame))
     reason = shown.loc[shown["experiment"] == "baseline", "reason"].iloc[0]
     assert full.startswith("CUDA out of memory") and len(full) > REASON_CHARS
     assert "\n" not in reason and len(reason) <= REASON_CHARS and full.startswith(reason.rstrip("…"))
@@ -62,7 +62,7 @@ def test_numbers_are_formatted_for_people(column, value, text):
 
 
 def test_markdown_uses_the_quantity_measured_on_that_device():
-    lines = compare.markdown_table(_cpu_table()).splitlines()
+    lines = tables.markdown_table(_cpu_table()).splitlines()
     assert "measured peak GiB (peak of live tensors, CPU run)" in lines[0]
     baseline = [cell.strip() for cell in lines[2].split("|")]
     assert baseline[1:4] == ["baseline", "ok", "0.1236"]  # peak_tensor_gib, not the empty GPU column
@@ -85,7 +85,7 @@ def test_the_terminal_table_fits_120_columns_and_wide_shows_them_all(name):
     many columns --wide adds; the data keep every column."""
     from lab_helpers.present.table_display import terminal_table
 
-    table = compare.comparison_table(compare.load_reference(name))
+    table = tables.comparison_table(tables.load_reference(name))
     text = terminal_table(table, width=120)
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 120, text

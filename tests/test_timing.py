@@ -163,7 +163,7 @@ def test_prediction_against_the_shipped_ci_records(ci_assets, tmp_path):
     assert len(held_out) >= 12
     import pandas as pd
 
-    from lab_helpers.present.compare import plot_time_prediction
+    from lab_helpers.present.figures import plot_time_prediction
 
     figure = plot_time_prediction(pd.DataFrame(records), out_dir=tmp_path)  # the same rows, drawn
     assert figure.lab_path.name == "time_predicted.png" and figure.lab_path.is_file()

@@ -6,7 +6,7 @@ more than one run's steady speed differs from another's. In the first H100 recor
 h100-80gb.jsonl) the first micro-batch of the longest batch took 1.8 s in bf16-true against a median of 0.24 s:
 half of that run's ``train_s``. The record keeps every iteration's time (``per_iteration``), so how much of
 ``train_s`` such one-offs took can be derived from it, once, here: the comparison table shows it
-(``lab_helpers.present.compare``) and the time model fits to the steady time (``lab_helpers.planning.planner.timing``).
+(``lab_helpers.present.tables``) and the time model fits to the steady time (``lab_helpers.planning.planner.timing``).
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def format_report(node: dict[str, Any]) -> str:
         why = node.get("nvml_error")
         lines.append("  none found" + (f" ({why})" if why else ""))
         lines.append("  no GPU: use LAB_PROFILE=ci (every experiment runs small on the CPU), or load the reference")
-        lines.append("  results shipped with the lab (lab_helpers.present.compare.load_reference()) to compare real GPU runs")
+        lines.append("  results shipped with the lab (lab_helpers.present.tables.load_reference()) to compare real GPU runs")
     lines.append("")
 
     lines.extend(_launch_cost_lines(gpus))

@@ -75,12 +75,12 @@ def _peak_label(parts: Mapping[str, int]) -> str:
 def plot_step(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None):
     """Left: the planner's traced step, stacked by part, peak marked and labelled; right: the same step measured
     here (or why not). Returns the figure (a LabFigure: a PNG in any notebook) and prints what each panel shows."""
-    from lab_helpers.present.compare import _breakdown_colors, _new_figure
+    from lab_helpers.present.figure_display import breakdown_colors, new_figure
 
     plan = planned(exp_id, profile=profile, overrides=overrides)
     real, why_not = measured(exp_id, profile=profile, overrides=overrides)
-    figure, (left, right) = _new_figure(13.0, 5.0, 1, 2)
-    colors = _breakdown_colors()
+    figure, (left, right) = new_figure(13.0, 5.0, 1, 2)
+    colors = breakdown_colors()
     _shade(left, plan.phases)
     events = range(len(plan.total_bytes))
     parts = [part for part, values in plan.bytes_by_part.items() if any(values)]

@@ -1,6 +1,6 @@
 """The comparison table as a person reads it: no all-empty columns, one line of ``reason``, numbers for people.
 
-Why its own module: the table (lab_helpers.present.compare.comparison_table) keeps every column and full values for code,
+Why its own module: the table (lab_helpers.present.tables.comparison_table) keeps every column and full values for code,
 the CSV and the records' readers; only what is *shown* changes. On a CPU, a table of 20-odd columns, a third of
 them NaN (no GPU memory, no MFU), with whole CUDA OOM messages in ``reason`` and ``1.9e+03`` for a throughput, was
 about 250 characters wide. ``readable_table`` gives the shown view; ``ComparisonTable`` is a DataFrame that shows

@@ -236,10 +236,10 @@ def _has_gpu() -> bool:
 
 def draw_answer(answer: Answer, *, budget_gib: float | None = None):
     """One horizontal stacked bar of the predicted breakdown, with this GPU's memory (and the fit margin) marked."""
-    from lab_helpers.present.compare import _breakdown_colors, _new_figure
+    from lab_helpers.present.figure_display import breakdown_colors, new_figure
 
-    figure, ax = _new_figure(8.0, 2.4)
-    colors = _breakdown_colors()
+    figure, ax = new_figure(8.0, 2.4)
+    colors = breakdown_colors()
     left = 0.0
     for part in BREAKDOWN_PARTS:
         value = float(answer.plan.breakdown_gib.get(part) or 0.0)

@@ -381,7 +381,7 @@ def idle_pct() -> float:
     """The utilisation under which the timeline shades a GPU as idle (``compare._idle_spans``' default)."""
     import inspect
 
-    from lab_helpers.present.compare import _idle_spans
+    from lab_helpers.present.figures import _idle_spans
 
     return float(inspect.signature(_idle_spans).parameters["threshold_pct"].default)
 
@@ -392,7 +392,7 @@ def idle_pct() -> float:
 def load_facts(name: str) -> Facts:
     from lab_helpers.config.experiments import LabConfigError
     from lab_helpers.config.paths import reference_dir
-    from lab_helpers.present.compare import reference_stem, shipped_references
+    from lab_helpers.present.tables import reference_stem, shipped_references
     from lab_helpers.record.records import conformed, read_records
 
     stem = reference_stem(name)
@@ -446,7 +446,7 @@ def _wrap(text: str, indent: str = "") -> str:
 
 def format_report(f: Facts, keyed: list[Keyed], *, markdown: bool = False) -> str:
     """The key as printed: each notebook's questions with their answers, then what this reference cannot answer."""
-    from lab_helpers.present.compare import load_reference, reference_label
+    from lab_helpers.present.tables import load_reference, reference_label
 
     lines = [
         f"Answer key for the notebooks' questions, computed from {f.name}.jsonl",

@@ -237,7 +237,7 @@ def _offload_idle(f: Facts) -> Answer:
 
 
 def _idle_share(record: Mapping[str, Any]) -> float:
-    from lab_helpers.present.compare import _idle_spans, _timeline_path, read_timeline
+    from lab_helpers.present.figures import _idle_spans, _timeline_path, read_timeline
 
     path, _ = _timeline_path(record)
     window = record.get("loop_window_s")

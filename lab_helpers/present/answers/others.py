@@ -184,7 +184,7 @@ def _memory_time(f: Facts) -> Answer:
 @answer("03", "the-gpu-timeline-of-one-run")
 def _before_training(f: Facts) -> Answer:
     def idle() -> str:
-        from lab_helpers.present.compare import _idle_spans, _timeline_path, read_timeline
+        from lab_helpers.present.figures import _idle_spans, _timeline_path, read_timeline
 
         exp = _timeline_experiment()
         record = f.run(exp)

@@ -68,7 +68,7 @@ def _small_batch(f: Facts) -> Answer:
 @answer("01", "grad-accum")
 def _grad_accum(f: Facts) -> Answer:
     def compared() -> str:
-        from lab_helpers.present.compare import steps_and_samples
+        from lab_helpers.present.tables import steps_and_samples
 
         ga, sb = "grad-accum", "small-batch"
         per = {e: (f.ms_per_sample(e), f.value(e, "tokens_per_s"), f.peak(e), f.value(e, "train_s")) for e in (ga, sb)}

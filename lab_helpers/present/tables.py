@@ -1,0 +1,476 @@
+"""The comparison table the notebooks show after a section: measured beside predicted, per experiment, and the
+reference results shipped with the lab.
+
+Why its own module: it only presents data, so it reads records (lab_helpers.record.records) and never runs anything;
+a student without a GPU can point it at the reference results shipped with the lab and see the same table a GPU
+node would give. Missing values stay NaN (an OOM'd run has no training time; it did not take 0 s), and runs that
+did not finish keep their status. The plots of the same table are ``figures``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from lab_helpers.config.iteration_times import ONE_OFF_FACTOR as ONE_OFF_FACTOR  # the notebook names it
+from lab_helpers.config.iteration_times import finite_number as _number
+from lab_helpers.config.iteration_times import one_off_excess_s, one_off_iterations
+from lab_helpers.config.paths import reference_dir
+from lab_helpers.present.table_display import ComparisonTable
+from lab_helpers.record.records import empty_runs_frame, latest_runs, load_results
+
+MEMORY_COLUMNS = ("peak_alloc_gib", "peak_tensor_gib", "peak_reserved_gib", "gpu_used_peak_gib", "host_rss_peak_gib")
+RANK0_COLUMNS = (
+    "train_s", "wall_s", "tokens_per_s", "tokens_per_s_padded", "mfu", "predicted_peak_alloc_gib", "iter_median_s",
+    "iter_iqr_s", "iter_count", "padding_pct", "flops_per_token", "gpu_peak_flops", "gpu_busy_pct", "host_core_pct",
+)  # fmt: skip
+TABLE_COLUMNS = (
+    "experiment",
+    "status",
+    "peak_alloc_gib",
+    "peak_tensor_gib",
+    "predicted_peak_alloc_gib",
+    "prediction_error_pct",
+    "peak_reserved_gib",
+    "gpu_used_peak_gib",
+    "host_rss_peak_gib",
+    "train_s",
+    "samples",
+    "ms_per_sample",
+    "tokens_per_s",
+    "iter_median_s",
+    "iter_iqr_s",
+    "iter_count",
+    "tokens_per_s_padded",
+    "padding_pct",
+    "flops_per_token",
+    "gpu_peak_flops",
+    "mfu",
+    "gpu_busy_pct",
+    "host_core_pct",
+    "bound",
+    "one_off_pct",
+    "reason",
+)
+ROUNDING = {
+    "peak_alloc_gib": 2,
+    "peak_tensor_gib": 4,
+    "predicted_peak_alloc_gib": 4,  # CPU runs predict tens of MiB: 2 digits would erase the comparison
+    "prediction_error_pct": 1,
+    "peak_reserved_gib": 2,
+    "gpu_used_peak_gib": 2,
+    "host_rss_peak_gib": 2,
+    "train_s": 1,
+    "samples": 0,
+    "ms_per_sample": 2,
+    "tokens_per_s": 1,
+    "iter_median_s": 4,
+    "iter_iqr_s": 4,
+    "iter_count": 0,
+    "tokens_per_s_padded": 1,
+    "padding_pct": 1,
+    "gpu_busy_pct": 0,
+    "host_core_pct": 0,
+    "mfu": 3,
+    "one_off_pct": 0,
+}
+# When ranks of one run disagree, the table shows the worst outcome (an OOM on rank 3 is the run's story).
+STATUS_SEVERITY = {"oom": 0, "error": 1, "timeout": 2, "interrupted": 3, "skipped": 4, "ok": 5}
+STATUS_LABEL = {
+    "oom": "OOM",
+    "error": "error",
+    "timeout": "timeout",
+    "interrupted": "interrupted",
+    "skipped": "skipped",
+}
+
+
+# ------------------------------------------------------------------------------------------------ the table
+
+
+def comparison_table(
+    df: pd.DataFrame, *, order: Sequence[str] | None = None, profile: str | None = None
+) -> pd.DataFrame:
+    """One row per experiment: status, measured and predicted peak memory, prediction error, time, throughput.
+
+    Distributed runs have one record per rank: memory is the maximum over ranks (the rank that runs out first
+    decides whether it fits), time, throughput and MFU come from rank 0. ``prediction_error_pct`` is
+    (measured - predicted) / predicted x 100 on ``peak_alloc_gib`` -- on a CPU on ``peak_tensor_gib``, the live
+    tensor bytes the planner predicts there: positive means the planner under-predicted. ``one_off_pct`` is the
+    share of ``train_s`` that one-off iterations took beyond a typical one (``one_offs``). The steady time figures
+    (``iter_median_s`` with ``iter_iqr_s`` and ``iter_count``, both tokens/s, ``mfu``) come from the median timed
+    iteration (``iteration_times.steady_timing``): MFU = tokens_per_s_padded x flops_per_token / gpu_peak_flops,
+    by hand from this table. ``gpu_busy_pct``, ``host_core_pct`` and ``bound`` say where the time went
+    (``time_bound``; None on a CPU). Missing values are NaN, never 0.
+    """
+    latest = latest_runs(df, profile=profile, order=order)
+    if latest.empty:
+        return ComparisonTable({column: pd.Series(dtype=_dtype(column)) for column in TABLE_COLUMNS})
+    for column in (*MEMORY_COLUMNS, *RANK0_COLUMNS, "reason", "predicted"):
+        if column not in latest:
+            latest[column] = None
+    latest["predicted_peak_alloc_gib"] = [
+        _number(row.get("predicted_peak_alloc_gib"))
+        if _number(row.get("predicted_peak_alloc_gib")) is not None
+        else _number(as_mapping(row.get("predicted")).get("peak_alloc_gib"))
+        for row in latest.to_dict("records")
+    ]
+    rows = []
+    for experiment, ranks in latest.groupby("experiment", sort=False):
+        first = ranks.sort_values("rank_n").iloc[0]
+        worst = ranks.assign(_sev=ranks["status"].map(STATUS_SEVERITY).fillna(-1)).sort_values("_sev").iloc[0]
+        row: dict[str, Any] = {"experiment": experiment, "status": worst["status"]}
+        for column in MEMORY_COLUMNS:
+            row[column] = pd.to_numeric(ranks[column], errors="coerce").max()  # NaN when every rank lacks it
+        for column in RANK0_COLUMNS:
+            row[column] = _number(first[column])
+        row["reason"] = worst["reason"] if isinstance(worst["reason"], str) and worst["reason"] else None
+        row["bound"] = first.get("bound") if isinstance(first.get("bound"), str) else None  # rank 0's, as its time
+        row["samples"] = _samples(first.to_dict())
+        row["ms_per_sample"] = _per_sample_ms(row["train_s"], row["samples"])
+        row["one_off_pct"] = _one_off_pct(first.to_dict(), row["train_s"])
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    measured = pd.to_numeric(table["peak_alloc_gib"], errors="coerce").fillna(
+        pd.to_numeric(table["peak_tensor_gib"], errors="coerce")
+    )
+    predicted = pd.to_numeric(table["predicted_peak_alloc_gib"], errors="coerce")
+    # only a finished run has a true peak: an OOM'd run stopped at whatever it reached before failing
+    finished = table["status"] == "ok"
+    table["prediction_error_pct"] = ((measured - predicted) / predicted.where(predicted > 0) * 100).where(finished)
+    table = table[list(TABLE_COLUMNS)]
+    for column, digits in ROUNDING.items():
+        table[column] = pd.to_numeric(table[column], errors="coerce").astype(float).round(digits)
+    return ComparisonTable(table.reset_index(drop=True))  # shown without empty columns (table_display)
+
+
+MARKDOWN_COLUMNS = {
+    "experiment": "experiment",
+    "status": "status",
+    "peak_alloc_gib": "measured peak GiB",
+    "predicted_peak_alloc_gib": "predicted GiB",
+    "prediction_error_pct": "error %",
+    "train_s": "train s",
+    "iter_median_s": "median iter ms",
+    "tokens_per_s_padded": "padded tokens/s",
+    "padding_pct": "padding %",
+    "mfu": "MFU",
+    "gpu_busy_pct": "GPU busy %",
+    "bound": "bound",
+    "one_off_pct": "one-off %",
+}
+
+
+def markdown_table(table: pd.DataFrame) -> str:
+    """The comparison table's headline columns as a Markdown table (for reference_results/README.md): printed
+    from the records by ``python -m lab_helpers compare --reference NAME --markdown``, never typed. The measured
+    peak is the quantity measured on that device (``measured_memory``: live tensor bytes on a CPU), named so."""
+    measured, label = measured_memory(table) if len(table) else ("peak_alloc_gib", "")
+    headers = dict(MARKDOWN_COLUMNS)
+    if measured != "peak_alloc_gib":
+        table = table.assign(peak_alloc_gib=table[measured])
+        headers["peak_alloc_gib"] = "measured peak GiB (" + label.removeprefix("measured ").replace(" (", ", ")[:-1] + ")"
+    lines = ["| " + " | ".join(headers.values()) + " |", "|" + "---|" * len(headers)]
+    for row in table.to_dict("records"):
+        cells = []
+        for column in MARKDOWN_COLUMNS:
+            value = row.get(column)
+            if isinstance(value, float) and math.isnan(value):
+                cells.append("")
+            elif column == "mfu":
+                cells.append(f"{value:.1%}")
+            elif column == "one_off_pct":
+                cells.append(f"{value:.0f}")
+            elif column in ("tokens_per_s", "tokens_per_s_padded"):
+                cells.append(f"{value:,.0f}")
+            elif column == "iter_median_s":
+                cells.append(f"{1e3 * value:.0f}")
+            elif column in ("padding_pct", "gpu_busy_pct"):
+                cells.append(f"{value:.0f}")
+            elif value is None:
+                cells.append("")
+            elif column == "predicted_peak_alloc_gib":  # CPU stand-ins predict tens of MiB: 3 digits, not 0.03
+                cells.append(f"{value:.2f}" if value >= 1 else f"{value:.3g}")
+            else:
+                cells.append(str(value))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _samples(record: Mapping[str, Any]) -> float | None:
+    """Training samples one rank saw: micro-batches (``iterations``) x the recipe's micro batch size."""
+    iterations = _number(record.get("iterations"))
+    micro = _number(as_mapping(as_mapping(record.get("config")).get("train")).get("micro_batch_size"))
+    return iterations * micro if iterations and micro else None
+
+
+def _per_sample_ms(train_s: float | None, samples: float | None) -> float | None:
+    """Milliseconds of training loop per sample (rank 0): the fair time comparison between runs that see
+    different numbers of samples (grad-accum sees 4x small-batch's samples in the same number of steps)."""
+    return 1000 * train_s / samples if train_s is not None and samples else None
+
+
+def _dtype(column: str) -> str:
+    return "float64" if column in ROUNDING else "object"
+
+
+def as_mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+# ------------------------------------------------------------------------------------------------ one-offs
+
+
+def _one_off_pct(record: Mapping[str, Any], train_s: float | None) -> float | None:
+    """100 x the one-offs' excess seconds / ``train_s``: 0 for a steady run, None when it cannot be told."""
+    excess_s = one_off_excess_s(record)
+    return None if excess_s is None or not train_s else 100 * excess_s / train_s
+
+
+def one_offs(df: pd.DataFrame, *, order: Sequence[str] | None = None, profile: str | None = None) -> pd.DataFrame:
+    """One row per one-off iteration of each experiment's latest run (rank 0, whose time the table shows): its
+    iteration, seconds, the run's median iteration, how many medians it took, and its excess as a share of
+    ``train_s`` -- the raw samples behind the table's ``one_off_pct``."""
+    columns = ("experiment", "iter", "iter_time_s", "median_s", "x_median", "pct_of_train_s")
+    latest = latest_runs(df, profile=profile, order=order)
+    rows = []
+    for record in latest.groupby("experiment", sort=False).head(1).to_dict("records") if len(latest) else []:
+        train_s = _number(record.get("train_s"))
+        for one in one_off_iterations(record) or []:
+            rows.append(
+                {
+                    "experiment": record["experiment"],
+                    "iter": one["iter"],
+                    "iter_time_s": round(one["iter_time_s"], 3),
+                    "median_s": round(one["median_s"], 3),
+                    "x_median": round(one["iter_time_s"] / one["median_s"], 1),
+                    "pct_of_train_s": round(100 * one["excess_s"] / train_s) if train_s else math.nan,
+                }
+            )
+    return pd.DataFrame(rows, columns=list(columns))
+
+
+# ------------------------------------------------------------------------------------------------ reference
+
+
+GPU_MEASUREMENT = "real GPU measurement"
+CODE_PATH_ONLY = "code path only (ci profile on a CPU: tiny stand-ins, not GPU figures)"
+
+
+def shipped_references() -> list[str]:
+    """The names of the reference files shipped in reference_results/ (``h100-80gb``, ``ci-cpu``), sorted."""
+    folder = reference_dir()
+    return sorted(p.stem for p in folder.glob("*.jsonl")) if folder.is_dir() else []
+
+
+def reference_stem(name: str) -> str:
+    """A reference file's name as the user may give it ("h100-80gb", "h100-80gb.jsonl", a path) -> "h100-80gb"."""
+    return Path(name).name.removesuffix(".jsonl")
+
+
+DEFAULT_GPU_REFERENCE = "h100-80gb"
+"""The reference shown when several GPUs' files are shipped and none is named: the GPU LAB.md's course uses."""
+
+
+def load_reference(name: str | None = None) -> pd.DataFrame:
+    """Results recorded on a real GPU node, for students without one; ``name`` picks one file (e.g. "h100-80gb").
+
+    With no ``name``: one file measured on a GPU (profile ``gpu``) when any is shipped (``DEFAULT_GPU_REFERENCE``
+    where several are, with a warning naming the others), else every file (the CPU code-path run), so that GPU
+    figures and CPU stand-ins, or two GPUs, never share one table. Each row is tagged with its
+    file (``reference``) and with ``measured_on``: "real GPU measurement (<GPU>)" or "code path only (...)";
+    ``reference_label`` says it in one line. Returns an empty frame, with a warning that says why, when nothing is
+    shipped (yet).
+    """
+    folder = reference_dir()
+    shipped = shipped_references()
+    if name is not None:
+        stem = reference_stem(name)
+        files = [folder / f"{stem}.jsonl"]
+        if stem not in shipped:
+            warnings.warn(
+                f"no reference results named {stem!r} in {folder}"
+                + (f"; shipped: {', '.join(shipped)}" if shipped else "; none are shipped yet"),
+                stacklevel=2,
+            )
+            return empty_runs_frame().drop(columns="rank_n")
+    else:
+        files = [folder / f"{stem}.jsonl" for stem in shipped]
+        if not files:
+            warnings.warn(
+                f"no reference results are shipped yet (looked for {folder}/<gpu-name>.jsonl); "
+                "run the experiments on a GPU node, or ask the instructor for the reference files",
+                stacklevel=2,
+            )
+            return empty_runs_frame().drop(columns="rank_n")
+    frames = []
+    for path in files:
+        frame = load_results(path)
+        if len(frame):
+            frames.append(frame.assign(reference=path.stem, measured_on=_measured_on(frame)))
+    if not frames:
+        warnings.warn(f"the reference files in {folder} hold no records", stacklevel=2)
+        return empty_runs_frame().drop(columns="rank_n")
+    if name is None and any(_is_gpu(frame) for frame in frames):
+        frames = [frame for frame in frames if _is_gpu(frame)]
+        if len(frames) > 1:  # two GPUs never share a table: the course's GPU first (DEFAULT_GPU_REFERENCE)
+            by_name = {frame["reference"].iloc[0]: frame for frame in frames}
+            chosen = DEFAULT_GPU_REFERENCE if DEFAULT_GPU_REFERENCE in by_name else sorted(by_name)[0]
+            others = ", ".join(n for n in sorted(by_name) if n != chosen)
+            warnings.warn(f"reference results of several GPUs are shipped: showing {chosen} (also shipped: {others}; "
+                          f"name one to see it, e.g. REFERENCE_NAME = {others.split(', ')[0]!r})", stacklevel=2)  # fmt: skip
+            frames = [by_name[chosen]]
+    return pd.concat(frames, ignore_index=True)
+
+
+def _is_gpu(frame: pd.DataFrame) -> bool:
+    return "profile" in frame and bool((frame["profile"] == "gpu").any())
+
+
+def _measured_on(frame: pd.DataFrame) -> list[str]:
+    if not _is_gpu(frame):
+        return [CODE_PATH_ONLY] * len(frame)
+    names = frame["device_name"] if "device_name" in frame else pd.Series([None] * len(frame))
+    environments = frame["environment"] if "environment" in frame else pd.Series([None] * len(frame))
+    gpus = [
+        name if isinstance(name, str) and name else _first_gpu(environment)
+        for name, environment in zip(names, environments, strict=True)
+    ]
+    return [f"{GPU_MEASUREMENT} ({gpu})" if isinstance(gpu, str) and gpu else GPU_MEASUREMENT for gpu in gpus]
+
+
+def _first_gpu(environment: Any) -> str | None:
+    """The node's first GPU, for a record without a ``device_name`` (a skipped run measured nothing)."""
+    names = environment.get("gpu_names") if isinstance(environment, Mapping) else None
+    return names[0] if isinstance(names, list) and names and isinstance(names[0], str) else None
+
+
+def reference_label(frame: pd.DataFrame) -> str:
+    """One line saying what the reference rows are: which GPU measured them, or that they only show the code path,
+    and which experiments' time columns a one-off iteration inflates (``one_offs``)."""
+    if frame.empty or "measured_on" not in frame:
+        return "no reference results"
+    parts = []
+    for (reference, measured), rows in frame.groupby(["reference", "measured_on"], sort=True):
+        modes = sorted({m for m in rows.get("mode", pd.Series(dtype=object)).dropna()})
+        weights = " random weights," if "random_weights" in rows and rows["random_weights"].eq(True).any() else ""
+        mode = f" {'/'.join(modes)} mode" if modes else ""
+        parts.append(f"{reference}.jsonl: {measured},{weights}{mode}, {len(rows)} records")
+        table = comparison_table(rows)
+        inflated = table.loc[table["one_off_pct"] >= 1, "experiment"].tolist()
+        if inflated:
+            parts[-1] += f" (the time of {', '.join(inflated)} includes a one-off iteration: see one_off_pct)"
+    return "; ".join(parts)
+
+
+def _gpu_measured(table: pd.DataFrame) -> bool:
+    return bool(table["peak_alloc_gib"].notna().any()) if len(table) else False
+
+
+def measured_memory(table: pd.DataFrame) -> tuple[str, str]:
+    """(column, label) of the measured peak the plots compare with the prediction: CUDA's allocated peak on a
+    GPU, the live tensor bytes on a CPU (the same quantity the planner predicts there), host RSS for old records."""
+    if _gpu_measured(table):
+        return "peak_alloc_gib", "measured peak allocated (max over ranks)"
+    if len(table) and table["peak_tensor_gib"].notna().any():
+        return "peak_tensor_gib", "measured peak of live tensors (CPU run)"
+    return "host_rss_peak_gib", "measured host RSS peak (CPU run)"
+
+
+def rank0_records(
+    df: pd.DataFrame, *, order: Sequence[str] | None, profile: str | None
+) -> dict[str, dict[str, Any]]:
+    """Each experiment's latest rank-0 record, by experiment, in the table's order."""
+    latest = latest_runs(df, profile=profile, order=order)
+    if latest.empty:
+        return {}
+    return {r["experiment"]: r for r in latest.sort_values("rank_n", kind="stable").groupby("experiment", sort=False)
+            .head(1).to_dict("records")}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ sentences
+
+
+def reference_for(node: Mapping[str, Any] | None) -> str:
+    """The shipped reference that matches ``node``: its GPU's own file where one is shipped (``h100-80gb``,
+    ``h200-141gb``), else ``ci-cpu`` (a CPU, or a GPU no reference measured)."""
+    from lab_helpers.hardware.gpu_peaks import reference_name_for_gpu
+
+    gpus = (node or {}).get("gpus") or []
+    name = reference_name_for_gpu(gpus[0].get("name")) if gpus else None
+    return name if name in shipped_references() else "ci-cpu"
+
+
+def shipped_frames() -> list[tuple[str, pd.DataFrame]]:
+    """Every shipped reference file as (name, its records), untagged: what the sentences below compute from."""
+    return [(name, load_results(reference_dir() / f"{name}.jsonl")) for name in shipped_references()]
+
+
+def mfu_words() -> str:
+    """MFU against what to expect, from the data: the time model's assumption (``planner.timing.DEFAULT_MFU``)
+    and the range every shipped GPU reference measured, per file (issue 43: no typed "good" MFU)."""
+    from lab_helpers.planning.planner.timing import DEFAULT_MFU
+
+    assumed = ", ".join(f"{method} {mfu:.2f}" for method, mfu in DEFAULT_MFU.items())
+    measured = []
+    for name, frame in shipped_frames():
+        with_mfu = frame[pd.to_numeric(frame.get("mfu", pd.Series(dtype=float)), errors="coerce").notna()]
+        if len(with_mfu):
+            mfu = pd.to_numeric(with_mfu["mfu"])
+            bound = with_mfu.get("bound", pd.Series(dtype=object)).dropna()
+            host = f"{int((bound == 'host').sum())} of {len(bound)} host-bound" if len(bound) else "bound not recorded"
+            measured.append(f"{name} {mfu.min():.2f}-{mfu.max():.2f} over {len(mfu)} records ({host})")
+    found = "; ".join(measured) or "no shipped GPU records yet"
+    return (
+        f"MFU the lab's time model assumes where no record of a GPU says otherwise: {assumed}. "
+        f"MFU the shipped GPU runs measured: {found}; host-bound: the GPU waited on one host core."
+    )
+
+
+def speed_words(exp_id: str, pair: str, df: pd.DataFrame | None = None) -> str:
+    """``exp_id`` against ``pair`` in real tokens/s, from every shipped GPU reference that ran both (and ``df``,
+    the node's own results, where both ran on a GPU): which was faster, and how busy each GPU was and what bound
+    it where the records say. Issue 43: a speed sentence is computed from the records, never typed."""
+    frames = shipped_frames()
+    if df is not None:
+        frames.insert(0, ("this node", df))
+    lines = []
+    for name, frame in frames:
+        records = rank0_records(frame, order=None, profile="gpu")
+        mine, theirs = records.get(exp_id, {}), records.get(pair, {})
+        speeds = [_number(r.get("tokens_per_s")) for r in (mine, theirs)]
+        if not all(speeds):
+            continue
+        verdict = "faster" if speeds[0] > speeds[1] else "slower"
+        line = f"{name}: {exp_id} {speeds[0]:,.0f} tokens/s, {pair} {speeds[1]:,.0f}: {exp_id} {verdict}"
+        busy = [_number(r.get("gpu_busy_pct")) for r in (mine, theirs)]
+        if all(b is not None for b in busy):
+            bound = [r.get("bound") or "?" for r in (mine, theirs)]
+            line += f" (GPU busy {busy[0]:.0f} % vs {busy[1]:.0f} %, bound {bound[0]} vs {bound[1]})"
+        lines.append(line)
+    if not lines:
+        return f"no GPU records of both {exp_id} and {pair} yet"
+    return f"Measured speed, {exp_id} against {pair}:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def steps_and_samples(df: pd.DataFrame, experiments: Sequence[str], *, profile: str | None = None) -> pd.DataFrame:
+    """Per experiment, from its latest rank-0 record: micro-batches timed, the optimizer steps they make
+    (micro-batches / accumulation) and the samples seen -- what ``train_s`` alone hides when runs differ in them."""
+    rows = []
+    for exp_id, record in rank0_records(df, order=list(experiments), profile=profile).items():
+        if exp_id not in experiments:
+            continue
+        train = as_mapping(as_mapping(record.get("config")).get("train"))
+        micro, global_ = _number(train.get("micro_batch_size")), _number(train.get("global_batch_size"))
+        ranks = _number(record.get("simulated_world_size")) or _number(record.get("world_size")) or 1
+        iterations = _number(record.get("iterations"))
+        accumulation = max(1, int(global_ // (micro * ranks))) if micro and global_ else None
+        steps = iterations / accumulation if iterations and accumulation else None
+        rows.append({"experiment": exp_id, "mode": record.get("mode"), "micro_batches": iterations,
+                     "accumulation": accumulation, "optimizer_steps": steps, "samples": _samples(record)})  # fmt: skip
+    return pd.DataFrame(rows, columns=["experiment", "mode", "micro_batches", "accumulation", "optimizer_steps", "samples"])
