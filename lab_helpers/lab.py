@@ -25,8 +25,9 @@ from lab_helpers.launch.runner import run_command, say
 from lab_helpers.launch.warm_start import WARM_START_ENV
 from lab_helpers.launch.warm_start import setting_for as warm_start_setting
 from lab_helpers.planning import predict
-from lab_helpers.planning.decision import blocked, default_profile_here, profile_problem, section_decisions
+from lab_helpers.planning.decision import blocked, section_decisions
 from lab_helpers.planning.predict import OOM_DEMO_MARGIN
+from lab_helpers.planning.profile_choice import default_profile_here, profile_problem
 from lab_helpers.record.records import append_record, store_records
 from lab_helpers.record.records import results_path as results_file
 from lab_helpers.record.recovery import holding_run, recover_orphans, write_launch
@@ -41,7 +42,7 @@ if TYPE_CHECKING:  # for readers and type checkers; at run time each is imported
     from lab_helpers.planning.activations_by_hand import compare_with_planner, experiment_terms
     from lab_helpers.planning.activations_by_hand import misses as activations_missed
     from lab_helpers.planning.activations_by_hand import summary as activations_summary
-    from lab_helpers.planning.decision import sections_runnable
+    from lab_helpers.planning.sections import sections_runnable
     from lab_helpers.present.commands import closing_text, show_commands
     from lab_helpers.present.doctor import format_report
     from lab_helpers.present.guesses import guess_table
@@ -88,7 +89,7 @@ PROFILE_ENV = "LAB_PROFILE"
 
 
 def default_profile(node: Mapping[str, Any] | None = None) -> str:
-    """``$LAB_PROFILE``, else what this node runs (:func:`lab_helpers.planning.decision.default_profile_here`: ``gpu``
+    """``$LAB_PROFILE``, else what this node runs (:func:`lab_helpers.planning.profile_choice.default_profile_here`: ``gpu``
     where CUDA is present, ``ci`` where it is not, a stop with the fix where torch cannot use the GPUs here).
     ``node`` is ``describe_node()`` when the caller already has it."""
     if value := os.environ.get(PROFILE_ENV):
@@ -376,7 +377,7 @@ _NOTEBOOK_API = {
     "plot_step": "lab_helpers.present.step_memory.plot_step",
     "prepare": "lab_helpers.assets.prepare.prepare",
     "rank_rows": "lab_helpers.present.multi_gpu.rank_rows",
-    "sections_runnable": "lab_helpers.planning.decision.sections_runnable",
+    "sections_runnable": "lab_helpers.planning.sections.sections_runnable",
     "show_commands": "lab_helpers.present.commands.show_commands",
     "show_prediction": "lab_helpers.present.multi_gpu.show_prediction",
     "summary_lines": "lab_helpers.training.step_profile.summary_lines",

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from lab_helpers.hardware.node import gpu_memory_gib  # noqa: F401  (the notebooks call node_plan.gpu_memory_gib)
-from lab_helpers.planning import decision
+from lab_helpers.planning import decision, node_limits
 from lab_helpers.planning.decision import (  # noqa: F401  (the notebooks and tests read these from node_plan)
     FP16_ROUTE,
     LAB_GPU_GIB,
@@ -25,10 +25,12 @@ from lab_helpers.planning.decision import (  # noqa: F401  (the notebooks and te
     NoPrediction,
     OomOverrides,
     Predict,
-    _smaller_model_checkpoint,
+)
+from lab_helpers.planning.node_limits import (  # noqa: F401  (the notebooks and tests read these from node_plan)
     bf16_native,
     gpu_words,
     reference_hint,
+    smaller_model_checkpoint,
 )
 
 
@@ -114,11 +116,11 @@ def offload_words(step: Decision, node: Mapping[str, Any]) -> str:
     from lab_helpers.planning.planner.analytic import HOST_PROCESS_BYTES, OFFLOADED_BYTES_PER_TRAINABLE_PARAM
 
     run = resolve(step.exp_id, step.profile, step.overrides, check_files=False, simulate_world=step.simulate_world)
-    ranks = decision.node_ranks(run, node)
+    ranks = node_limits.node_ranks(run, node)
     train = run.recipe["train"]
     trainable = model_states(step.exp_id, profile=step.profile, overrides=step.overrides).counts.trainable
     offloaded = trainable * OFFLOADED_BYTES_PER_TRAINABLE_PARAM / GIB
-    need = decision.offload_host_gib(run, ranks)
+    need = node_limits.offload_host_gib(run, ranks)
     return (
         f"{step.exp_id} here: micro batch {train['micro_batch_size']} x accumulate "
         f"{gradient_accumulation_steps(run.recipe, world_size=ranks)} on {ranks} rank(s) = global batch "

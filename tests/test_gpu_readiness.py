@@ -20,7 +20,9 @@ from lab_helpers import lab
 from lab_helpers.config.experiments import LabConfigError, resolve
 from lab_helpers.hardware import cuda_compat, node
 from lab_helpers.launch.sampler import ProcessTreeMemory, TimelineSampler, process_tree_rss_bytes, visible_nvml_indices
-from lab_helpers.planning.decision import blocked, offload_fit, sections_runnable
+from lab_helpers.planning.decision import blocked
+from lab_helpers.planning.node_limits import offload_fit
+from lab_helpers.planning.sections import sections_runnable
 from lab_helpers.present import doctor
 from lab_helpers.record import run_record
 from lab_helpers.training.child_report import is_oom_text, is_out_of_memory

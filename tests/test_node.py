@@ -15,7 +15,7 @@ import types
 import pytest
 
 from lab_helpers.hardware import node
-from lab_helpers.planning.decision import sections_runnable
+from lab_helpers.planning.sections import sections_runnable
 from lab_helpers.present import doctor
 
 
@@ -178,7 +178,7 @@ def test_offload_host_ram_number():
     from node_fixtures import node as fixture
 
     from lab_helpers.planning.arithmetic import model_states, resolved
-    from lab_helpers.planning.decision import offload_fit
+    from lab_helpers.planning.node_limits import offload_fit
     from lab_helpers.planning.planner.analytic import HOST_PROCESS_BYTES
 
     params = model_states("deepspeed-offload").counts.total

@@ -22,7 +22,7 @@ from lab_helpers.planning.arithmetic import GIB, model_states, resolved
 
 ACTIVATION_GIB_PER_SAMPLE = {"1b": 2.0, "3b": 2.5, "7b": 3.0, "13b": 3.5}  # fixture: not measured figures
 OVERHEAD_GIB = 1.0
-MODEL_BY_FOLDER = {Path(node_plan._smaller_model_checkpoint("gpu", m)).name: m for m in check_profile("gpu")["models"]}
+MODEL_BY_FOLDER = {Path(node_plan.smaller_model_checkpoint("gpu", m)).name: m for m in check_profile("gpu")["models"]}
 SINGLE = list(load_experiments("single"))
 MULTI = list(load_experiments("multi"))
 

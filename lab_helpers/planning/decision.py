@@ -9,7 +9,7 @@ the node as :func:`lab_helpers.hardware.node.describe_node` reports it (a plain 
 H200, an A10G, a V100, four H100s, none) and from the planner's predictions for "does it fit":
 
 * **which profile** -- ``gpu`` where torch drives the GPUs, ``ci`` where there are none, and a stop with the fix
-  where NVML sees GPUs that torch cannot use (:func:`default_profile_here`, :func:`profile_problem`);
+  where NVML sees GPUs that torch cannot use (``profile_choice``);
 * **no GPU** -- the ``ci`` profile: every experiment on tiny CPU stand-ins; QLoRA and 8-bit AdamW are skipped
   (bitsandbytes' kernels need CUDA);
 * **one GPU** -- section 02 runs what one GPU can show (``one-gpu``, DeepSpeed offload); DDP and FSDP on one
@@ -30,7 +30,7 @@ H200, an A10G, a V100, four H100s, none) and from the planner's predictions for 
 * **no native bf16** (V100) -- bf16 experiments run in ``16-mixed``: fp16 autocast with dynamic loss scaling;
 * **optimizer offload** -- host RAM from the planner's one formula
   (:func:`lab_helpers.planning.planner.analytic.offload_host_bytes` on the run's real parameter counts and ranks) against
-  the node's cgroup-aware RAM: the largest model of the profile that fits runs instead, said so.
+  the node's cgroup-aware RAM (``node_limits``): the largest model of the profile that fits runs instead, said so.
 
 :func:`blocked` is the same checks for a run already resolved with its overrides: ``run_experiment`` asks it
 before anything starts, so a direct ``run`` and the decision never disagree about what this node can do.
@@ -38,14 +38,21 @@ before anything starts, so a direct ``run`` and the decision never disagree abou
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from lab_helpers.config.record_schema import GIB
 from lab_helpers.hardware.node import NodeFacts, bitsandbytes_install_command, gpu_memory_gib
+from lab_helpers.planning.node_limits import (
+    bf16_native,
+    gpu_words,
+    node_ranks,
+    offload_fit,
+    reference_hint,
+    smaller_model_checkpoint,
+)
 from lab_helpers.planning.predict import COURSE_GPU_GIB
+from lab_helpers.planning.profile_choice import MODELS_ENV, models_here
 
 MULTI_RANK_STRATEGIES = ("ddp", "fsdp")
 SIMULATED_WORLD = 4
@@ -62,25 +69,6 @@ LOSS_SCALING = (
     "whose gradients overflowed"
 )
 OFFLOAD_EXPERIMENT = "deepspeed-offload"
-MODELS_ENV = "LAB_MODELS"
-"""``LAB_MODELS=1b,7b``: this node prepared only these model sizes (a GPU slice, a small disk): every experiment of
-another size is decided ``skipped``, and the notebooks' final checks expect exactly that."""
-
-
-def models_here(profile: str) -> frozenset[str] | None:
-    """The model sizes ``$LAB_MODELS`` names (None: unset, every size); an unknown size is one line."""
-    from lab_helpers.config.config_error import LabConfigError
-    from lab_helpers.config.experiments import check_profile
-
-    text = os.environ.get(MODELS_ENV, "").strip()
-    if not text:
-        return None
-    keys = frozenset(key.strip() for key in text.split(",") if key.strip())
-    known = check_profile(profile)["models"]
-    if unknown := sorted(keys - set(known)):
-        raise LabConfigError(f"{MODELS_ENV}={text}: unknown model size {', '.join(unknown)}; choose from "
-                             f"{', '.join(known)}")  # fmt: skip
-    return keys
 """The experiment whose host RAM the doctor checks (LAB.md: the 13B with its optimizer offloaded to the CPU)."""
 
 
@@ -105,169 +93,6 @@ class Decision:
     sentence: str = ""
     # run as rank 0 of this many ranks alone on one device (lab_helpers.training.distributed.simulated), or None
     simulate_world: int | None = None
-
-
-# -------------------------------------------------------------------------------------------- the profile
-
-
-def default_profile_here(node: Mapping[str, Any]) -> str:
-    """``gpu`` where torch drives this node's GPUs, ``ci`` where there are none; LabConfigError where NVML sees
-    GPUs that torch cannot use (a driver older than torch's CUDA build, a CPU-only torch, a V100 with a build that
-    has no Volta kernels): a paid GPU node must not quietly train tiny CPU models."""
-    from lab_helpers.config.config_error import LabConfigError
-
-    if problem := gpu_problem(node):
-        raise LabConfigError(f"{problem} (or set LAB_PROFILE=ci to use the CPU profile on purpose)")
-    import torch
-
-    return "gpu" if torch.cuda.is_available() else "ci"
-
-
-def profile_problem(profile: str, node: Mapping[str, Any]) -> str | None:
-    """Why ``profile`` cannot run on this node at all (it needs CUDA, and torch has none here), or None."""
-    from lab_helpers.config.experiments import check_profile
-
-    if not check_profile(profile).get("needs_cuda"):
-        return None
-    if problem := gpu_problem(node):  # also where CUDA works but the build lacks this GPU's kernels (a V100 on cu130)
-        return problem
-    import torch
-
-    if not torch.cuda.is_available():
-        return (
-            f"profile {profile!r} needs a CUDA GPU and torch sees none here: use --profile ci (LAB_PROFILE=ci) on a CPU"
-        )
-    return None
-
-
-def gpu_problem(node: Mapping[str, Any]) -> str | None:
-    """Why torch cannot drive the GPUs NVML sees here, with the fix; None where it can or there are none."""
-    from lab_helpers.hardware.cuda_compat import torch_facts, torch_gpu_problem
-
-    if not node.get("gpus"):
-        return None
-    return torch_gpu_problem({**node, **torch_facts()})
-
-
-# ----------------------------------------------------------------------------------------------- the node
-
-
-def bf16_native(node: Mapping[str, Any]) -> bool:
-    gpus = node.get("gpus") or []
-    return bool(gpus) and all(g.get("bf16_native") for g in gpus)
-
-
-def gpu_words(node: Mapping[str, Any]) -> str:
-    """``NVIDIA A10G (22.5 GiB)``, ``4 x NVIDIA H100 80GB HBM3 (79.6 GiB each)`` or ``no GPU``."""
-    gpus = node.get("gpus") or []
-    if not gpus:
-        return "no GPU"
-    memory = gpu_memory_gib(node)
-    count = f"{len(gpus)} x " if len(gpus) > 1 else ""
-    size = "" if memory is None else f" ({memory:.1f} GiB{' each' if len(gpus) > 1 else ''})"
-    return f"{count}{gpus[0].get('name')}{size}"
-
-
-def reference_hint() -> str:
-    """Where the student finds real numbers for what this node cannot run (only files that exist are named)."""
-    from lab_helpers.config.paths import reference_dir
-
-    shipped = sorted(p.stem for p in reference_dir().glob("*.jsonl")) if reference_dir().is_dir() else []
-    have = ", ".join(shipped) if shipped else "none yet"
-    return f"reference results: 03_compare with USE_REFERENCE = True (shipped today: {have}; REFERENCE_NAME picks one)"
-
-
-def ram_gib(node: Mapping[str, Any]) -> float | None:
-    """The node's host RAM as ``describe_node`` read it (a container's memory limit counts)."""
-    ram = (node.get("host") or {}).get("ram_total_gib")
-    return float(ram) if isinstance(ram, (int, float)) else None
-
-
-def node_ranks(run: Any, node: Mapping[str, Any]) -> int:
-    """Ranks ``run`` starts on ``node``: "all" means this node's GPUs (a recorded node is not this machine); a
-    simulated rank or a node without GPUs starts what the run was resolved with."""
-    gpus = node.get("gpus") or []
-    if run.simulated_world_size or not gpus or run.experiment.devices != "all":
-        return run.world_size
-    return len(gpus) * run.experiment.num_nodes
-
-
-# ----------------------------------------------------------------------------------------------- host RAM
-
-
-@dataclass(frozen=True)
-class OffloadFit:
-    """Host RAM of an optimizer-offload run against the node's: the run's own need and, where it does not fit,
-    the profile's largest model that does (None: none does)."""
-
-    need_gib: float
-    ram_gib: float | None
-    model: str
-    smaller: tuple[str, str, float] | None  # (model key, checkpoint_dir, host GiB)
-
-    @property
-    def fits(self) -> bool:
-        return self.ram_gib is not None and self.need_gib <= self.ram_gib
-
-    def words(self) -> str:
-        ram = "unknown" if self.ram_gib is None else f"{self.ram_gib:.0f} GiB"
-        return (
-            f"needs ~{self.need_gib:.0f} GiB of host RAM for the {self.model} (the planner: fp32 master weights, "
-            f"Adam moments and gradients in host memory, 16 bytes per parameter, plus each rank's process) and "
-            f"this node has {ram}"
-        )
-
-
-def offload_host_gib(run: Any, ranks: int) -> float:
-    """The planner's one formula for the host RAM of an offload run, on its real parameter counts."""
-    from lab_helpers.planning.arithmetic import model_states
-    from lab_helpers.planning.planner.analytic import offload_host_bytes
-
-    counts = model_states(run.experiment.id, profile=run.profile, overrides=run.overrides).counts
-    return offload_host_bytes(counts.total, counts.trainable, max(1, ranks)) / GIB
-
-
-def offload_fit(run: Any, node: Mapping[str, Any]) -> OffloadFit:
-    """``run``'s offload host RAM on ``node``, with the largest model of its profile that fits where it does not."""
-    from lab_helpers.config.experiments import check_profile
-
-    ranks = node_ranks(run, node)
-    ram = ram_gib(node)
-    model = _model_of(run)
-    need = offload_host_gib(run, ranks)
-    if ram is not None and need <= ram:
-        return OffloadFit(need, ram, model, None)
-    best = None
-    for key in check_profile(run.profile)["models"]:
-        checkpoint_dir = _smaller_model_checkpoint(run.profile, key)
-        trial = _with_overrides(run, {"checkpoint_dir": checkpoint_dir})
-        gib = offload_host_gib(trial, ranks)
-        if ram is not None and gib <= ram:
-            best = (key, checkpoint_dir, gib)  # profiles list their models smallest first
-    return OffloadFit(need, ram, model, best)
-
-
-def _model_of(run: Any) -> str:
-    from pathlib import Path
-
-    return Path(str(run.recipe.get("checkpoint_dir"))).name
-
-
-def _with_overrides(run: Any, more: Mapping[str, Any]) -> Any:
-    from lab_helpers.planning.arithmetic import resolved
-
-    return resolved(run.experiment.id, run.profile, {**run.overrides, **more})
-
-
-def _smaller_model_checkpoint(profile: str, model: str) -> str:
-    import yaml
-
-    from lab_helpers.config.experiments import check_profile
-    from lab_helpers.config.paths import configs_dir
-
-    folder = check_profile(profile)["models"][model]
-    recipe = yaml.safe_load((configs_dir() / profile / folder / "full.yaml").read_text())
-    return str(recipe["checkpoint_dir"])
 
 
 # ----------------------------------------------------------------------------------------------- the gate
@@ -472,7 +297,7 @@ def _model_key(run: Any, defined: Any) -> str:
     if checkpoint_dir == str(defined.recipe["checkpoint_dir"]):
         return run.experiment.model
     models = check_profile(run.profile)["models"]
-    return next((k for k in models if _smaller_model_checkpoint(run.profile, k) == checkpoint_dir), checkpoint_dir)
+    return next((k for k in models if smaller_model_checkpoint(run.profile, k) == checkpoint_dir), checkpoint_dir)
 
 
 def _paired(exp_id: str, alone: Mapping[str, Decision], node: Mapping[str, Any]) -> Decision:
@@ -852,7 +677,7 @@ def _substitute(
         candidates.append(({**overrides, "quantize": "bnb.nf4"}, qlora))
     if exp_id in SMALLER_MODEL_SUBSTITUTES:
         for model in reversed(_smaller_models(profile, experiment.model)):
-            smaller = {**overrides, "checkpoint_dir": _smaller_model_checkpoint(profile, model)}
+            smaller = {**overrides, "checkpoint_dir": smaller_model_checkpoint(profile, model)}
             candidates.append((smaller, f"{exp_id} on the {model.upper()} model, the largest that fits"))
     for trial, what in candidates:
         fitted, how = _largest_micro_batch(exp_id, experiment, profile, node, trial, predict)
@@ -909,98 +734,3 @@ def section_decisions(
     for exp_id in load_experiments(section):
         if chosen is None or exp_id in chosen:
             yield exp_id, decide(exp_id, node, profile=profile, predict=predict, oom_overrides=oom_overrides)
-
-
-# ----------------------------------------------------------------------------------------------- per section
-
-
-def sections_runnable(node: NodeFacts) -> dict[str, tuple[bool, str]]:
-    """Which parts of the lab ``node`` runs at full size (``gpu`` profile), and why not: the doctor's and
-    00_check_node's checklist, in the words of the decision above (bf16 on a V100 is the 16-mixed route; the
-    offload run's host RAM is :func:`offload_fit`, the formula the run's gate uses).
-
-    Every experiment also exists in the ``ci`` profile, which runs on any CPU; the reasons say so where
-    that is the way out.
-    """
-    gpus = node.get("gpus") or []
-    packages = node.get("packages") or {}
-    n = len(gpus)
-    cuda = n > 0
-    result: dict[str, tuple[bool, str]] = {}
-
-    torch_problem = _torch_problem(node)
-    if cuda and torch_problem:
-        result["single"] = (False, torch_problem)
-    elif cuda:
-        result["single"] = (True, f"{n} CUDA GPU(s): {gpus[0]['name']}")
-    else:
-        result["single"] = (False, "no CUDA GPU: ci profile only (LAB_PROFILE=ci runs small models on the CPU)")
-
-    if not cuda:
-        result["single bf16"] = (False, "no CUDA GPU: bf16 experiments run on the CPU in the ci profile only")
-    else:
-        old = [gpu for gpu in gpus if not gpu.get("bf16_native")]
-        if old:
-            names = ", ".join(sorted({f"{g['name']} (sm {g.get('compute_capability')})" for g in old}))
-            result["single bf16"] = (
-                False,
-                f"{names}: no native bf16 (needs compute capability >= 8.0); the bf16 experiments run in "
-                f"{FP16_ROUTE} (fp16 with loss scaling) and bf16-true is skipped",
-            )
-        else:
-            result["single bf16"] = (True, "native bf16 tensor cores (compute capability >= 8.0)")
-
-    if not cuda:
-        result["qlora"] = (False, "no CUDA GPU: bitsandbytes 4-bit kernels need CUDA")
-    elif not packages.get("bitsandbytes"):
-        result["qlora"] = (False, f"bitsandbytes is not installed: {bitsandbytes_install_command()}")
-    else:
-        result["qlora"] = (True, f"bitsandbytes {packages['bitsandbytes']}")
-
-    if n >= 2:
-        result["multi"] = (True, f"{n} GPUs over {node.get('interconnect') or 'unknown interconnect'}")
-    else:
-        found = "one GPU" if n == 1 else "no GPU"
-        result["multi"] = (
-            False,
-            f"{found}: DDP/FSDP need >= 2 GPUs to run for real; here 02 runs them as rank 0 of {SIMULATED_WORLD} "
-            f"simulated alone on {'the GPU' if n else 'the CPU (the ci profile)'} (memory real, no communication)",
-        )
-
-    result[OFFLOAD_EXPERIMENT] = _offload_section(node)
-    result["multi-node"] = (
-        False,
-        "informational: an extension for a cluster (torchrun / Lightning num_nodes across nodes); "
-        "this check sees one node",
-    )
-    return result
-
-
-def _offload_section(node: Mapping[str, Any]) -> tuple[bool, str]:
-    """The offload run on ``node``: its host RAM (the gate's formula) and what runs where the 13B does not fit."""
-    from lab_helpers.planning.arithmetic import resolved
-
-    packages = node.get("packages") or {}
-    fit = offload_fit(resolved(OFFLOAD_EXPERIMENT, "gpu"), node)
-    it = f"it {fit.words()}"
-    if not node.get("gpus"):
-        return False, f"no CUDA GPU: ci profile only; on a GPU node {it}"
-    if fit.smaller is not None and not fit.fits:
-        it += f"; run-all and 02 run the {fit.smaller[0].upper()} instead (~{fit.smaller[2]:.0f} GiB)"
-    if not packages.get("deepspeed"):
-        return False, f"deepspeed is not installed (pip install deepspeed); {it}"
-    if node.get("deepspeed_build_problem"):
-        return False, str(node["deepspeed_build_problem"])
-    if not fit.fits:
-        return False, f"not enough host RAM for the {fit.model}: {it}"
-    return True, f"deepspeed {packages['deepspeed']}; {it}"
-
-
-def _torch_problem(node: Mapping[str, Any]) -> str | None:
-    """Why torch cannot drive these GPUs (driver too old, CPU build, Volta without kernels), when the doctor
-    added torch's own facts to ``node``; None otherwise."""
-    if "torch_cuda_available" not in node:
-        return None
-    from lab_helpers.hardware.cuda_compat import torch_gpu_problem
-
-    return torch_gpu_problem(dict(node))

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lab_helpers.hardware.node import CheckedNodeFacts, describe_node
-from lab_helpers.planning.decision import sections_runnable
+from lab_helpers.planning.sections import sections_runnable
 
 OK, NOT_OK = "✔", "✘"
 CI_ONLY = "◐"  # runs on this machine, on the ci profile only (tiny stand-ins on the CPU)
