@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     from lab_helpers.hardware.cpu_speed import measure_cpu_rates
-    from lab_helpers.planning.planner.timing import CPU, REPEATED_LENGTH_FIELD, device_key, predicted_vs_measured
+    from lab_helpers.planning.planner.calibration import CPU, REPEATED_LENGTH_FIELD, device_key
+    from lab_helpers.planning.planner.timing import predicted_vs_measured
     from lab_helpers.record.records import read_records
 
     def shown(path: str) -> Path:

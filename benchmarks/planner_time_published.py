@@ -84,13 +84,13 @@ def row_spec(row) -> TrainingSpec:
 
 
 def main() -> int:
-    from lab_helpers.planning.planner.timing import (
+    from lab_helpers.planning.planner.calibration import (
         DeviceEfficiency,
         fit_efficiencies,
         host_bound_launch_cost,
-        predict_time,
         traced_ops,
     )
+    from lab_helpers.planning.planner.timing import predict_time
     from lab_helpers.planning.planner.tracer import trace
     from lab_helpers.record.records import read_records
 

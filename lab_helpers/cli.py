@@ -242,7 +242,7 @@ def _print_comparison(
     wide: bool = False,
 ) -> None:
     """The comparison table on stdout, the figures (and a CSV of the table) in the figures folder."""
-    from lab_helpers.present import figures, tables
+    from lab_helpers.present import figure_files, figures, tables
     from lab_helpers.record.records import load_results
 
     frame = load_results() if reference is None else tables.load_reference(reference)
@@ -258,7 +258,7 @@ def _print_comparison(
         print(terminal_table(table, wide=wide) if len(table) else "no runs recorded yet")
     paths = figures.save_all(frame, out_dir, profile=profile)
     if len(table) and paths:
-        paths.insert(0, figures.save_table(table, out_dir))
+        paths.insert(0, figure_files.save_table(table, out_dir))
     for path in paths:
         print(f"wrote {path}")
 
@@ -277,7 +277,7 @@ def _cmd_results(args: argparse.Namespace) -> int:
 
 def _cmd_merge_records(args: argparse.Namespace) -> int:
     from lab_helpers.launch.runner import say
-    from lab_helpers.record.records import merge_records
+    from lab_helpers.record.fallback import merge_records
 
     result = merge_records(args.file)
     say(result.line())

@@ -28,7 +28,8 @@ from lab_helpers.planning import predict
 from lab_helpers.planning.decision import blocked, section_decisions
 from lab_helpers.planning.predict import OOM_DEMO_MARGIN
 from lab_helpers.planning.profile_choice import default_profile_here, profile_problem
-from lab_helpers.record.records import append_record, store_records
+from lab_helpers.record.fallback import store_records
+from lab_helpers.record.records import append_record
 from lab_helpers.record.records import results_path as results_file
 from lab_helpers.record.recovery import holding_run, recover_orphans, write_launch
 from lab_helpers.record.results_folder import check_results_folder, remove_if_empty

@@ -20,12 +20,12 @@ from lab_helpers.planning.decision import (  # noqa: F401  (the notebooks and te
     LOSS_SCALING,
     MULTI_RANK_STRATEGIES,
     SIMULATED_WORLD,
-    SMALLER_MODEL_SUBSTITUTES,
     Decision,
     NoPrediction,
     OomOverrides,
     Predict,
 )
+from lab_helpers.planning.micro_batch import SMALLER_MODEL_SUBSTITUTES  # noqa: F401  (the notebooks and tests read these from node_plan)
 from lab_helpers.planning.node_limits import (  # noqa: F401  (the notebooks and tests read these from node_plan)
     bf16_native,
     gpu_words,

@@ -88,7 +88,7 @@ def test_our_extras_stay_inside_litgpts_ranges(extra: str) -> None:
 
 def test_gpu_extra_is_data_multi_and_qlora() -> None:
     """The wheelhouse installs [data,multi] without bitsandbytes and [gpu] with it: the same requirements."""
-    from lab_helpers.assets.wheelhouse import extra_requirements
+    from lab_helpers.assets.wheel_plan import extra_requirements
 
     assert EXTRAS["gpu"] == ["lab_helpers[data,multi,qlora]"]
     assert sorted(extra_requirements(PYPROJECT, "gpu")) == sorted(EXTRAS["data"] + EXTRAS["multi"] + EXTRAS["qlora"])

@@ -11,7 +11,7 @@ from node_fixtures import node
 
 from lab_helpers import node_plan
 from lab_helpers.planning import arithmetic, node_limits
-from lab_helpers.planning.planner.timing import DEFAULT_MFU
+from lab_helpers.planning.planner.calibration import DEFAULT_MFU
 from lab_helpers.present import tables
 
 

@@ -16,13 +16,12 @@ import warnings
 import pytest
 
 from lab_helpers.config.config_error import LabConfigError
+from lab_helpers.record.fallback import merge_records, store_records
 from lab_helpers.record.records import (
     RecordWriteError,
     append_record,
     load_results,
-    merge_records,
     read_records,
-    store_records,
 )
 
 
@@ -195,18 +194,18 @@ def _failing_disk(monkeypatch, tmp_path, failing, errno_=None):
     tmpfs of the slow tests does; every other folder stands on a file system of its own."""
     import errno as errnos
 
-    from lab_helpers.record import records
+    from lab_helpers.record import fallback, records
 
     errno_ = errno_ or errnos.ENOSPC
-    append = records._append_locked
+    append = records.append_locked
 
     def append_or_fail(fd, target, data):
         if target.is_relative_to(failing):
             raise RecordWriteError(errno_, f"could not store the record in {target}: {os.strerror(errno_)}")
         append(fd, target, data)
 
-    monkeypatch.setattr(records, "_append_locked", append_or_fail)
-    monkeypatch.setattr(records, "_device_of", lambda path: 1 if path.is_relative_to(failing) else hash(path.parts[:5]))
+    monkeypatch.setattr(records, "append_locked", append_or_fail)
+    monkeypatch.setattr(fallback, "_device_of", lambda path: 1 if path.is_relative_to(failing) else hash(path.parts[:5]))
 
 
 def test_a_full_results_disk_sends_the_record_off_it_and_leaves_no_empty_file_there(tmp_path, capsys, monkeypatch):
@@ -225,10 +224,10 @@ def test_a_full_results_disk_sends_the_record_off_it_and_leaves_no_empty_file_th
 
 
 def test_a_record_no_place_takes_is_one_error_naming_every_place(tmp_path, monkeypatch):
-    from lab_helpers.record import records
+    from lab_helpers.record import fallback
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setattr(records, "temp_fallback_dir", lambda: tmp_path / "tmp" / "lab-0")
+    monkeypatch.setattr(fallback, "temp_fallback_dir", lambda: tmp_path / "tmp" / "lab-0")
     _failing_disk(monkeypatch, tmp_path, tmp_path, errno.EROFS)
     with pytest.raises(RecordWriteError) as info:
         store_records([_record(0, run_id="r4")], path=tmp_path / "results" / "runs.jsonl", run_dir=tmp_path / "run")

@@ -14,6 +14,7 @@ import torch
 
 from lab_helpers.hardware.gpu_peaks import dense_peaks, memory_bandwidth
 from lab_helpers.planning.planner import spec_from_recipe
+from lab_helpers.planning.planner.calibration import DeviceEfficiency, traced_model, traced_ops
 from lab_helpers.planning.planner.op_costs import (
     FOREACH_CHUNK,
     FOREACH_MAX_BLOCKS,
@@ -24,7 +25,7 @@ from lab_helpers.planning.planner.op_costs import (
     foreach_kernels,
     op_cost,
 )
-from lab_helpers.planning.planner.timing import DeviceEfficiency, predict_time, traced_model, traced_ops
+from lab_helpers.planning.planner.timing import predict_time
 
 ROOT = Path(__file__).resolve().parent.parent
 CI = ROOT / "configs" / "ci"

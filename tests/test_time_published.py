@@ -12,15 +12,7 @@ import pytest
 from litgpt import Config
 
 from lab_helpers.planning.planner import TrainingSpec
-from lab_helpers.planning.planner.published import (
-    LITGPT_LORA_A100_GLOBAL_BATCH,
-    LITGPT_LORA_A100_GPU,
-    LITGPT_LORA_A100_LORA,
-    LITGPT_LORA_A100_PRECISION,
-    LITGPT_LORA_A100_ROWS,
-    lora_vs_nf4_minutes,
-)
-from lab_helpers.planning.planner.timing import (
+from lab_helpers.planning.planner.calibration import (
     HOST_BOUND_MARGIN,
     LITGPT_LORA_VS_NF4_MIN,
     QLORA_SPEED_RATIO,
@@ -28,6 +20,14 @@ from lab_helpers.planning.planner.timing import (
     _device_s,
     host_bound_launch_cost,
     traced_ops,
+)
+from lab_helpers.planning.planner.published import (
+    LITGPT_LORA_A100_GLOBAL_BATCH,
+    LITGPT_LORA_A100_GPU,
+    LITGPT_LORA_A100_LORA,
+    LITGPT_LORA_A100_PRECISION,
+    LITGPT_LORA_A100_ROWS,
+    lora_vs_nf4_minutes,
 )
 from lab_helpers.planning.planner.tracer import trace
 

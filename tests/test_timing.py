@@ -15,16 +15,14 @@ import pytest
 from lab_helpers.hardware.cpu_speed import CpuRates
 from lab_helpers.planning.flops import train_flops_per_step
 from lab_helpers.planning.planner import PlanError, spec_from_recipe, timing
-from lab_helpers.planning.planner.timing import (
+from lab_helpers.planning.planner.calibration import (
     DEFAULT_MFU,
     QLORA_SPEED_RATIO,
     measured_step,
     mfu_for,
-    predict_time,
-    predicted_vs_measured,
     record_point,
-    trainable_params,
 )
+from lab_helpers.planning.planner.timing import predict_time, predicted_vs_measured, trainable_params
 from lab_helpers.record.records import read_records
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -198,7 +196,7 @@ def test_a_gpu_fit_above_the_datasheet_peak_falls_back_to_the_median():
          "train": {"micro_batch_size": 4, "global_batch_size": 4}}}
         for mfu, micro_s in ((0.2, 0.10), (0.6, 0.30), (0.9, 0.35))
     ]  # fmt: skip
-    from lab_helpers.planning.planner.timing import mfu_from_records
+    from lab_helpers.planning.planner.calibration import mfu_from_records
 
     efficiency = mfu_from_records(records, "NVIDIA H100 80GB HBM3", "full", "bf16-true")
     assert efficiency.source.startswith("median of 3") and efficiency.mfu == pytest.approx(0.6)

@@ -168,7 +168,7 @@ def test_the_cheapest_change_can_be_the_optimizer_or_the_sharding(ci_assets):
 def test_host_or_device_gives_the_split_and_what_changes_the_bound():
     """On the ci profile (a CPU: no split of its own) the gpu profile's default recipe, its host and device time per
     micro-batch, and the run changed one way at a time, each answered by the traced model with the same figures."""
-    from lab_helpers.planning.planner.timing import DeviceEfficiency
+    from lab_helpers.planning.planner.calibration import DeviceEfficiency
 
     launch = 77e-6
     split = what_if.host_or_device("ci", launch_cost_s=launch, device_efficiency=DeviceEfficiency(0.5, 0.56, "given"))

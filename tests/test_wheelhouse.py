@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from lab_helpers.assets import wheel_plan
 from lab_helpers.assets import wheelhouse as wh
 from lab_helpers.cli import main
 
-TARGET = wh.Target(python="3.12")
+TARGET = wheel_plan.Target(python="3.12")
 
 
 def test_target_platform_tags_cover_every_older_manylinux() -> None:
@@ -31,7 +32,7 @@ def test_target_platform_tags_cover_every_older_manylinux() -> None:
         "manylinux_2_5_x86_64",
     ):
         assert tag in tags
-    assert wh.Target(python="3.12", glibc="2.35").platform_tags()[0] == "manylinux_2_35_x86_64"
+    assert wheel_plan.Target(python="3.12", glibc="2.35").platform_tags()[0] == "manylinux_2_35_x86_64"
     args = TARGET.pip_args()
     assert args[:5] == ["--only-binary=:all:", "--implementation", "cp", "--python-version", "3.12"]
     assert args.count("--platform") == len(tags)
@@ -42,37 +43,37 @@ def test_target_platform_tags_cover_every_older_manylinux() -> None:
     [("3", "2.28", "MAJOR.MINOR"), ("3.10", "2.28", ">= 3.11"), ("3.12", "2.5", "N >= 17"), ("3.12", "x", "2.N")],
 )
 def test_bad_targets_are_one_line_errors(python: str, glibc: str, message: str) -> None:
-    with pytest.raises(wh.WheelhouseError, match=message):
-        wh.Target(python=python, glibc=glibc)
+    with pytest.raises(wheel_plan.WheelhouseError, match=message):
+        wheel_plan.Target(python=python, glibc=glibc)
 
 
 def test_extras_leave_bitsandbytes_out_unless_asked() -> None:
-    pyproject = wh.read_pyproject()
-    assert wh.lab_extras(pyproject) == ["data", "multi"]
-    assert wh.lab_extras(pyproject, with_groups=["qlora"]) == ["gpu"]
-    assert wh.lab_extras(pyproject, with_groups=["notebooks"]) == ["data", "execute", "multi"]
-    assert wh.lab_extras(pyproject, with_groups=["qlora", "notebooks"]) == ["gpu", "execute"]
-    assert {wh._name(r) for r in wh.extra_requirements(pyproject, "execute")} == {"nbclient", "nbformat", "ipykernel"}
-    with pytest.raises(wh.WheelhouseError, match="choose from qlora"):
-        wh.lab_extras(pyproject, with_groups=["flash"])
+    pyproject = wheel_plan.read_pyproject()
+    assert wheel_plan.lab_extras(pyproject) == ["data", "multi"]
+    assert wheel_plan.lab_extras(pyproject, with_groups=["qlora"]) == ["gpu"]
+    assert wheel_plan.lab_extras(pyproject, with_groups=["notebooks"]) == ["data", "execute", "multi"]
+    assert wheel_plan.lab_extras(pyproject, with_groups=["qlora", "notebooks"]) == ["gpu", "execute"]
+    assert {wheel_plan._name(r) for r in wheel_plan.extra_requirements(pyproject, "execute")} == {"nbclient", "nbformat", "ipykernel"}
+    with pytest.raises(wheel_plan.WheelhouseError, match="choose from qlora"):
+        wheel_plan.lab_extras(pyproject, with_groups=["flash"])
 
-    names = {Requirement(r).name for r in wh.lab_requirements(pyproject, ["data", "multi"])}
+    names = {Requirement(r).name for r in wheel_plan.lab_requirements(pyproject, ["data", "multi"])}
     assert {"litgpt", "lightning", "datasets", "deepspeed", "setuptools", "torch"} <= names
     assert "bitsandbytes" not in names and "pytest" not in names
-    assert any(r.startswith("bitsandbytes") for r in wh.lab_requirements(pyproject, ["gpu"]))
+    assert any(r.startswith("bitsandbytes") for r in wheel_plan.lab_requirements(pyproject, ["gpu"]))
 
 
 def test_constraints_leave_the_nodes_torch_alone() -> None:
-    pins = wh.read_constraints()
+    pins = wheel_plan.read_constraints()
     assert not [p for p in pins if p.startswith("torch")]
-    assert wh.pinned_version(pins, "deepspeed") and wh.pinned_version(pins, "litgpt") == "0.5.13"
-    assert wh.pinned_version(wh.read_constraints(drop=()), "torch")
-    with pytest.raises(wh.WheelhouseError, match="pins no flash-attn"):
-        wh.pinned_version(pins, "flash-attn")
+    assert wheel_plan.pinned_version(pins, "deepspeed") and wheel_plan.pinned_version(pins, "litgpt") == "0.5.13"
+    assert wheel_plan.pinned_version(wheel_plan.read_constraints(drop=()), "torch")
+    with pytest.raises(wheel_plan.WheelhouseError, match="pins no flash-attn"):
+        wheel_plan.pinned_version(pins, "flash-attn")
 
 
 def test_pip_command_lines(tmp_path: Path) -> None:
-    command, env = wh.deepspeed_wheel_command("0.19.8", tmp_path, python="py")
+    command, env = wheel_plan.deepspeed_wheel_command("0.19.8", tmp_path, python="py")
     assert env == {"DS_BUILD_OPS": "0"}
     assert command == [
         "py",
@@ -87,7 +88,7 @@ def test_pip_command_lines(tmp_path: Path) -> None:
         "deepspeed==0.19.8",
     ]
 
-    resolve = wh.resolve_command(
+    resolve = wheel_plan.resolve_command(
         TARGET, Path("r.txt"), Path("c.txt"), [Path("local")], Path("rep.json"), Path("scratch"), python="py"
     )
     assert resolve[:5] == ["py", "-m", "pip", "install", "--dry-run"]
@@ -95,34 +96,34 @@ def test_pip_command_lines(tmp_path: Path) -> None:
     tail = ["--find-links", "local", "--target", "scratch", "--report", "rep.json", "-c", "c.txt", "-r", "r.txt"]
     assert resolve[-len(tail) :] == tail
 
-    download = wh.download_command(TARGET, ["a==1", "b==2"], Path("dest"), [Path("local")], python="py")
+    download = wheel_plan.download_command(TARGET, ["a==1", "b==2"], Path("dest"), [Path("local")], python="py")
     assert download[:5] == ["py", "-m", "pip", "download", "--no-deps"]
     assert download[-5:] == ["local", "-d", "dest", "a==1", "b==2"]
 
 
 def test_litgpts_caps_come_from_its_metadata() -> None:
     """The caps a node's newer packages can break (its huggingface_hub 1.33, say), read from litgpt's METADATA."""
-    caps = {str(c.name).lower().replace("_", "-"): c for c in wh.caps_of(requires("litgpt"), TARGET)}
+    caps = {str(c.name).lower().replace("_", "-"): c for c in wheel_plan.caps_of(requires("litgpt"), TARGET)}
     assert set(caps) == {"huggingface-hub", "jsonargparse", "psutil"}  # litgpt 0.5.13; torch>=2.7 is no cap
     assert "signatures" in caps["jsonargparse"].extras
     assert not caps["huggingface-hub"].specifier.contains("1.33.0")
 
 
-def resolved_set(hub_version: str) -> list[wh.Resolved]:
+def resolved_set(hub_version: str) -> list[wheel_plan.Resolved]:
     return [
-        wh.Resolved("litgpt", "0.5.13", tuple(requires("litgpt"))),
-        wh.Resolved("huggingface_hub", hub_version, ()),
-        wh.Resolved("jsonargparse", "4.41.0", ()),
-        wh.Resolved("psutil", "7.2.2", ()),
+        wheel_plan.Resolved("litgpt", "0.5.13", tuple(requires("litgpt"))),
+        wheel_plan.Resolved("huggingface_hub", hub_version, ()),
+        wheel_plan.Resolved("jsonargparse", "4.41.0", ()),
+        wheel_plan.Resolved("psutil", "7.2.2", ()),
     ]
 
 
 def test_check_caps_names_the_broken_one() -> None:
-    assert len(wh.check_caps(resolved_set("1.3.7"), "litgpt", TARGET)) == 3
-    with pytest.raises(wh.WheelhouseError, match="huggingface-hub.*picked huggingface_hub 1.33.0"):
-        wh.check_caps(resolved_set("1.33.0"), "litgpt", TARGET)
-    with pytest.raises(wh.WheelhouseError, match="no psutil"):
-        wh.check_caps(resolved_set("1.3.7")[:-1], "litgpt", TARGET)
+    assert len(wheel_plan.check_caps(resolved_set("1.3.7"), "litgpt", TARGET)) == 3
+    with pytest.raises(wheel_plan.WheelhouseError, match="huggingface-hub.*picked huggingface_hub 1.33.0"):
+        wheel_plan.check_caps(resolved_set("1.33.0"), "litgpt", TARGET)
+    with pytest.raises(wheel_plan.WheelhouseError, match="no psutil"):
+        wheel_plan.check_caps(resolved_set("1.3.7")[:-1], "litgpt", TARGET)
 
 
 def test_a_node_list_leaves_out_what_the_node_has_but_keeps_litgpts_capped_packages(tmp_path: Path) -> None:
@@ -134,7 +135,7 @@ def test_a_node_list_leaves_out_what_the_node_has_but_keeps_litgpts_capped_packa
         "# the node's image\nlightning==2.6.6\nPandas==2.3.1\nhuggingface-hub==1.33.0\npsutil\n"
         "hjson==3.0.0\nmy_tool @ file:///opt/build/my_tool-1.0-py3-none-any.whl\n"
     )
-    have = wh.read_node_packages(listing)
+    have = wheel_plan.read_node_packages(listing)
     assert have == {
         "lightning": "2.6.6",
         "pandas": "2.3.1",
@@ -145,23 +146,23 @@ def test_a_node_list_leaves_out_what_the_node_has_but_keeps_litgpts_capped_packa
     }
     resolved = [
         *resolved_set("1.3.7"),
-        wh.Resolved("lightning", "2.6.6", ()),
-        wh.Resolved("pandas", "2.3.1", ()),
-        wh.Resolved("hjson", "3.1.0", ()),
-        wh.Resolved("pydantic", "2.12.0", ()),
+        wheel_plan.Resolved("lightning", "2.6.6", ()),
+        wheel_plan.Resolved("pandas", "2.3.1", ()),
+        wheel_plan.Resolved("hjson", "3.1.0", ()),
+        wheel_plan.Resolved("pydantic", "2.12.0", ()),
     ]
-    caps = wh.check_caps(resolved, "litgpt", TARGET)
-    kept = {r.name for r in wh.left_to_collect(resolved, have, caps)}
+    caps = wheel_plan.check_caps(resolved, "litgpt", TARGET)
+    kept = {r.name for r in wheel_plan.left_to_collect(resolved, have, caps)}
     assert kept == {"litgpt", "huggingface_hub", "jsonargparse", "psutil", "hjson", "pydantic"}
 
 
 def test_a_bad_node_list_is_one_line(tmp_path: Path) -> None:
     listing = tmp_path / "node.txt"
     listing.write_text("torch==2.11.0\nthis is not a name\n")
-    with pytest.raises(wh.WheelhouseError, match=r"node.txt:2: 'this is not a name'"):
-        wh.read_node_packages(listing)
-    with pytest.raises(wh.WheelhouseError, match="cannot read it"):
-        wh.read_node_packages(tmp_path / "missing.txt")
+    with pytest.raises(wheel_plan.WheelhouseError, match=r"node.txt:2: 'this is not a name'"):
+        wheel_plan.read_node_packages(listing)
+    with pytest.raises(wheel_plan.WheelhouseError, match="cannot read it"):
+        wheel_plan.read_node_packages(tmp_path / "missing.txt")
 
 
 def test_report_drops_the_torch_placeholder() -> None:
@@ -171,13 +172,13 @@ def test_report_drops_the_torch_placeholder() -> None:
             {"metadata": {"name": "Hjson", "version": "3.1.0", "requires_dist": None}},
         ]
     }
-    assert wh.parse_report(report) == [wh.Resolved("Hjson", "3.1.0", ())]
+    assert wheel_plan.parse_report(report) == [wheel_plan.Resolved("Hjson", "3.1.0", ())]
 
 
 @pytest.mark.slow
 def test_placeholder_torch_satisfies_pip_offline(tmp_path: Path) -> None:
     """pip itself (offline, --no-index) takes the placeholder for torch and wants nothing more: no CUDA wheels."""
-    wheel = wh.placeholder_wheel(tmp_path, "2.11.0")
+    wheel = wheel_plan.placeholder_wheel(tmp_path, "2.11.0")
     with zipfile.ZipFile(wheel) as archive:
         assert "Version: 2.11.0+node" in archive.read("torch-2.11.0+node.dist-info/METADATA").decode()
     report = tmp_path / "report.json"
@@ -257,9 +258,9 @@ def test_a_node_package_that_the_stack_imports_is_resolved_with_litgpts_caps() -
     from torchmetrics.utilities import imports
 
     assert imports._TRANSFORMERS_GREATER_EQUAL_4_4.requirement.startswith("transformers")  # still a soft import
-    assert wh.node_imported_requirements({"transformers": "5.17.0", "jax": "0.8"}) == ["transformers"]
-    assert wh.node_imported_requirements({"jax": "0.8"}) == []
-    assert wh.node_imported_requirements(None) == []
+    assert wheel_plan.node_imported_requirements({"transformers": "5.17.0", "jax": "0.8"}) == ["transformers"]
+    assert wheel_plan.node_imported_requirements({"jax": "0.8"}) == []
+    assert wheel_plan.node_imported_requirements(None) == []
 
 
 def fake_bitsandbytes_wheel(folder: Path, libraries: list[str]) -> Path:
@@ -314,9 +315,9 @@ def test_bitsandbytes_keeps_only_the_nodes_cuda_library(tmp_path: Path) -> None:
 
 def test_bitsandbytes_trim_errors_are_one_line(tmp_path: Path) -> None:
     wheel = fake_bitsandbytes_wheel(tmp_path, ["libbitsandbytes_cpu.so", "libbitsandbytes_cuda121.so"])
-    with pytest.raises(wh.WheelhouseError, match="no libbitsandbytes_cuda130.so: no bitsandbytes build for CUDA 13.0"):
+    with pytest.raises(wheel_plan.WheelhouseError, match="no libbitsandbytes_cuda130.so: no bitsandbytes build for CUDA 13.0"):
         wh.trim_bitsandbytes(wheel, "13.0")
-    with pytest.raises(wh.WheelhouseError, match="--cuda 'cu130': give the node's torch CUDA as MAJOR.MINOR"):
+    with pytest.raises(wheel_plan.WheelhouseError, match="--cuda 'cu130': give the node's torch CUDA as MAJOR.MINOR"):
         wh.bitsandbytes_library("cu130")
 
 
@@ -327,21 +328,21 @@ def test_a_node_package_in_another_version_stays_when_every_requirement_accepts_
     (litgpt asks for it), while torchmetrics' numpy<2.4 under its "dev" extra (nobody asks) does not count."""
     have = {"numpy": "2.5.2", "tokenizers": "0.23.2", "pydantic": "2.0.0", "hjson": "3.0.0"}
     resolved = [
-        wh.Resolved("litgpt", "0.5.13", ("jsonargparse[signatures]<=4.41",)),
-        wh.Resolved("torchmetrics", "1.9.0", ('numpy<2.4.0; extra == "dev"', "numpy>1.20.0")),
-        wh.Resolved("datasets", "3.6.0", ("numpy>=1.17",)),
-        wh.Resolved("transformers", "5.3.0", ("tokenizers<=0.23.0,>=0.22.0", "numpy>=1.17")),
-        wh.Resolved("jsonargparse", "4.41.0", ('pydantic>=2.5; extra == "signatures"',)),
-        wh.Resolved("deepspeed", "0.19.8", ("hjson",)),
-        wh.Resolved("numpy", "2.4.6", ()),
-        wh.Resolved("tokenizers", "0.22.2", ()),
-        wh.Resolved("pydantic", "2.14.4", ()),
-        wh.Resolved("hjson", "3.1.0", ()),
+        wheel_plan.Resolved("litgpt", "0.5.13", ("jsonargparse[signatures]<=4.41",)),
+        wheel_plan.Resolved("torchmetrics", "1.9.0", ('numpy<2.4.0; extra == "dev"', "numpy>1.20.0")),
+        wheel_plan.Resolved("datasets", "3.6.0", ("numpy>=1.17",)),
+        wheel_plan.Resolved("transformers", "5.3.0", ("tokenizers<=0.23.0,>=0.22.0", "numpy>=1.17")),
+        wheel_plan.Resolved("jsonargparse", "4.41.0", ('pydantic>=2.5; extra == "signatures"',)),
+        wheel_plan.Resolved("deepspeed", "0.19.8", ("hjson",)),
+        wheel_plan.Resolved("numpy", "2.4.6", ()),
+        wheel_plan.Resolved("tokenizers", "0.22.2", ()),
+        wheel_plan.Resolved("pydantic", "2.14.4", ()),
+        wheel_plan.Resolved("hjson", "3.1.0", ()),
     ]
     reasons: dict[str, str] = {}
     kept = {
         r.name
-        for r in wh.left_to_collect(resolved, have, [], target=TARGET, requirements=["numpy>=1.20"], reasons=reasons)
+        for r in wheel_plan.left_to_collect(resolved, have, [], target=TARGET, requirements=["numpy>=1.20"], reasons=reasons)
     }
     assert kept == {"litgpt", "torchmetrics", "datasets", "transformers", "jsonargparse", "deepspeed", "tokenizers",
                     "pydantic"}  # fmt: skip
@@ -352,7 +353,7 @@ def test_a_node_package_in_another_version_stays_when_every_requirement_accepts_
     # a package with requirements of its own stays carried (the node's version may need others than the carried
     # ones: the image's transformers 5.17 needs a huggingface_hub that litgpt's cap refuses)
     have_more = {**have, "pandas": "2.3.1"}
-    more = [*resolved, wh.Resolved("pandas", "2.2.0", ("numpy>=1.26",))]
-    assert "pandas" in {r.name for r in wh.left_to_collect(more, have_more, [], target=TARGET)}
+    more = [*resolved, wheel_plan.Resolved("pandas", "2.2.0", ("numpy>=1.26",))]
+    assert "pandas" in {r.name for r in wheel_plan.left_to_collect(more, have_more, [], target=TARGET)}
     # without the target, as before: every differing version is carried
-    assert {r.name for r in wh.left_to_collect(resolved, have, [])} == kept | {"numpy", "hjson"}
+    assert {r.name for r in wheel_plan.left_to_collect(resolved, have, [])} == kept | {"numpy", "hjson"}

@@ -43,14 +43,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lab_helpers.hardware.node import NodeFacts, bitsandbytes_install_command, gpu_memory_gib
+from lab_helpers.planning.micro_batch import largest_micro_batch, lesson_substitute, named_elsewhere
 from lab_helpers.planning.node_limits import (
     bf16_native,
-    gpu_words,
     node_ranks,
     offload_fit,
     reference_hint,
-    smaller_model_checkpoint,
 )
+from lab_helpers.planning.pairs import at_micro, can_run_at, moved_words, pair_clause, pair_settings
 from lab_helpers.planning.predict import COURSE_GPU_GIB
 from lab_helpers.planning.profile_choice import MODELS_ENV, models_here
 
@@ -243,63 +243,6 @@ def _decide_alone(
         return Decision(exp_id, profile, True, overrides, status, _join(notes, str(exc)))
 
 
-# ----------------------------------------------------------------------------------------------- pairs
-
-
-@dataclass(frozen=True)
-class _Settings:
-    """What a decided experiment runs with, as far as a pair compares it."""
-
-    runs: bool
-    ok: bool  # runs expecting no OOM (an OOM demonstration's batch is its lesson: never moved)
-    model: str  # the model key (1b, 3b, ...) it trains here
-    checkpoint_dir: str
-    micro: int
-    global_batch: int
-    shrinks_global: bool  # defined without accumulation (small-batch): its global batch follows its micro batch
-    per_rank: bool  # ``accumulation: 1``: the global batch follows micro batch x ranks
-    fills: bool  # ``fill_gpu``: its micro batch is chosen when it starts, the largest that fits -- its lesson
-    all_gpus: bool  # ``devices: all``: its ranks are the node's GPUs
-    defined_micro: int
-    defined_checkpoint_dir: str
-
-
-def _settings(step: Decision) -> _Settings:
-    from lab_helpers.planning.arithmetic import resolved
-
-    run = resolved(step.exp_id, step.profile, step.overrides)
-    defined_run = resolved(step.exp_id, step.profile)
-    defined = defined_run.recipe["train"]
-    train = run.recipe["train"]
-    per_rank = run.experiment.accumulation == 1
-    return _Settings(
-        runs=step.runs,
-        ok=step.expected_status == "ok",
-        model=_model_key(run, defined_run),
-        checkpoint_dir=str(run.recipe["checkpoint_dir"]),
-        micro=int(train["micro_batch_size"]),
-        global_batch=int(train.get("global_batch_size") or train["micro_batch_size"]),
-        shrinks_global=not per_rank and int(defined.get("global_batch_size") or 0) == int(defined["micro_batch_size"]),
-        per_rank=per_rank,
-        fills=bool(run.options.get("fill_gpu")),
-        all_gpus=run.experiment.devices == "all",
-        defined_micro=int(defined["micro_batch_size"]),
-        defined_checkpoint_dir=str(defined_run.recipe["checkpoint_dir"]),
-    )
-
-
-def _model_key(run: Any, defined: Any) -> str:
-    """The model key (``1b``) ``run`` trains: its experiment's, or the profile's model whose checkpoint a
-    substitute's ``checkpoint_dir`` names."""
-    from lab_helpers.config.experiments import check_profile
-
-    checkpoint_dir = str(run.recipe["checkpoint_dir"])
-    if checkpoint_dir == str(defined.recipe["checkpoint_dir"]):
-        return run.experiment.model
-    models = check_profile(run.profile)["models"]
-    return next((k for k in models if smaller_model_checkpoint(run.profile, k) == checkpoint_dir), checkpoint_dir)
-
-
 def _paired(exp_id: str, alone: Mapping[str, Decision], node: Mapping[str, Any]) -> Decision:
     """``exp_id``'s decision within its pair group (``alone``: each experiment of the group decided on its own).
 
@@ -317,7 +260,7 @@ def _paired(exp_id: str, alone: Mapping[str, Decision], node: Mapping[str, Any])
 
     mine = alone[exp_id]
     section = load_experiments(get_experiment(exp_id).section)
-    settings = {e: _settings(d) for e, d in alone.items()}
+    settings = {e: pair_settings(d) for e, d in alone.items()}
     eligible = {e for e, s in settings.items() if s.runs and s.ok and not s.fills}
     links = [(e, p) for e in alone if (p := section[e].pair) in eligible and e in eligible
              and settings[e].model == settings[p].model]  # fmt: skip
@@ -327,15 +270,15 @@ def _paired(exp_id: str, alone: Mapping[str, Decision], node: Mapping[str, Any])
         group = linked(exp_id, links)
         target = min(settings[e].micro for e in group)
         for e in group:
-            micro[e] = target if _can_run_at(settings[e], target, alone[e], node) else settings[e].micro
+            micro[e] = target if can_run_at(settings[e], target, alone[e], node) else settings[e].micro
         if micro[exp_id] < settings[exp_id].micro:
             setter = next(e for e in alone if e in group and settings[e].micro == target)
             others = [e for e in alone if e in group and e != exp_id]
-            notes.append(_moved_words(settings[exp_id], target, others, setter))
-    overrides = _at_micro(mine.overrides, settings[exp_id], micro[exp_id])
+            notes.append(moved_words(settings[exp_id], target, others, setter))
+    overrides = at_micro(mine.overrides, settings[exp_id], micro[exp_id])
     pair = section[exp_id].pair
     if pair is not None and pair in alone:
-        if clause := _pair_clause(exp_id, pair, alone, settings, micro):
+        if clause := pair_clause(exp_id, pair, alone, settings, micro):
             notes.append(clause)
     return _with_notes(mine, overrides, notes)
 
@@ -344,82 +287,6 @@ def _with_notes(step: Decision, overrides: Mapping[str, Any], notes: list[str]) 
     from dataclasses import replace
 
     return replace(step, overrides=dict(overrides), sentence=_join([step.sentence, *notes])) if notes else step
-
-
-def _can_run_at(s: _Settings, micro: int, step: Decision, node: Mapping[str, Any]) -> bool:
-    """Whether ``micro`` divides the global batch over the ranks the step runs on (it always fits: it is no
-    larger than the micro batch the step fits alone)."""
-    if micro >= s.micro or s.shrinks_global or s.per_rank:
-        return True
-    ranks = step.simulate_world or (len(node.get("gpus") or []) if s.all_gpus else 1) or 1
-    return s.global_batch % (micro * ranks) == 0
-
-
-def _at_micro(overrides: Mapping[str, Any], s: _Settings, micro: int) -> dict[str, Any]:
-    """``overrides`` with the micro batch ``micro`` (none where it is the recipe's own)."""
-    out = dict(overrides)
-    if micro == s.micro:
-        return out
-    out.pop("train.micro_batch_size", None)
-    if micro != s.defined_micro:
-        out["train.micro_batch_size"] = micro
-    if s.shrinks_global:
-        out.pop("train.global_batch_size", None)
-        if micro != s.defined_micro:
-            out["train.global_batch_size"] = micro
-    return out
-
-
-def _moved_words(s: _Settings, target: int, others: list[str], setter: str) -> str:
-    what = "micro and global batch" if s.shrinks_global else "micro batch per GPU" if s.per_rank else "micro batch"
-    said = s.micro != s.defined_micro  # the step's sentence already says the global batch stays
-    kept = "" if s.shrinks_global or s.per_rank or said else f"; the global batch stays {s.global_batch}"
-    return (
-        f"{what} {s.micro} -> {target} so that it compares with {' and '.join(others)} at the same micro batch "
-        f"({target} is the largest {setter} fits here{kept})"
-    )
-
-
-def _pair_clause(
-    exp_id: str, pair: str, alone: Mapping[str, Decision], settings: Mapping[str, _Settings], micro: Mapping[str, int]
-) -> str | None:
-    """The one clause that says why ``exp_id`` and its ``pair`` do not compare at the same settings here, and what
-    to compare instead; None where they do."""
-    mine, theirs = settings[exp_id], settings[pair]
-    if theirs.runs and theirs.model == mine.model:
-        if mine.fills:
-            return (
-                f"its pair {pair} runs at micro batch {micro[pair]}; this run takes the largest that fits when it "
-                "starts, the one difference between them"
-            )
-        if micro[pair] == micro[exp_id]:
-            return None
-    if not theirs.runs:
-        state = "does not run here"
-    elif theirs.model != mine.model:
-        state = f"runs the {theirs.model.upper()} model here and this run the {mine.model.upper()}"
-    else:
-        state = f"runs at micro batch {micro[pair]} here and this run at {micro[exp_id]}"
-    ask = _prediction_overrides(alone[pair], theirs, mine, micro[exp_id])
-    given = f", overrides={ask!r}" if ask else ""
-    call = f"lab.predict_experiment({pair!r}, profile={alone[pair].profile!r}{given})"
-    return (
-        f"its pair {pair} {state}, so compare with the planner's prediction for {pair} on the "
-        f"{mine.model.upper()} model at micro batch {micro[exp_id]}: {call}"
-    )
-
-
-def _prediction_overrides(pair_step: Decision, theirs: _Settings, mine: _Settings, micro: int) -> dict[str, Any]:
-    """The pair's overrides at this run's model and micro batch (the pair's own precision route kept)."""
-    batch = ("train.micro_batch_size", "train.global_batch_size", "checkpoint_dir")
-    out = {k: v for k, v in pair_step.overrides.items() if k not in batch}
-    if mine.checkpoint_dir != theirs.defined_checkpoint_dir:
-        out["checkpoint_dir"] = mine.checkpoint_dir
-    if micro != theirs.defined_micro:
-        out["train.micro_batch_size"] = micro
-        if theirs.shrinks_global:
-            out["train.global_batch_size"] = micro
-    return out
 
 
 class NoPrediction(Exception):
@@ -577,11 +444,6 @@ def _oom_demo(
     return Decision(exp_id, profile, True, chosen, "ok" if fits else "oom", _join(notes))
 
 
-SMALLER_MODEL_SUBSTITUTES = ("act-ckpt", "adamw-8bit", "full-13b-sgd")
-"""Experiments whose lesson is a technique (checkpointing, 8-bit AdamW, SGD), not a model size: where their model
-does not fit, the same technique on the largest model that does keeps the lesson."""
-
-
 def _fit(
     exp_id: str,
     experiment: Any,
@@ -597,113 +459,14 @@ def _fit(
     memory = gpu_memory_gib(node)
     if memory is None:
         return Decision(exp_id, profile, True, overrides, "ok", _join(notes, "GPU memory unknown: runs as defined"))
-    fitted, why_not = _largest_micro_batch(exp_id, experiment, profile, node, overrides, predict)
+    fitted, why_not = largest_micro_batch(exp_id, experiment, profile, node, overrides, predict)
     if fitted is not None:
         return Decision(exp_id, profile, True, fitted, "ok", _join(notes, why_not))
-    substitute = _substitute(exp_id, experiment, recipe, profile, node, overrides, predict)
+    substitute = lesson_substitute(exp_id, experiment, recipe, profile, node, overrides, predict)
     if substitute is not None:
         trial, what, fit_note = substitute
         return Decision(exp_id, profile, True, trial, "ok", _join(notes, f"{why_not}; runs instead {what}: {fit_note}"))
-    return _skip(exp_id, profile, overrides, f"{why_not}; {_named_elsewhere(experiment)}{reference_hint()}")
-
-
-def _largest_micro_batch(
-    exp_id: str,
-    experiment: Any,
-    profile: str,
-    node: Mapping[str, Any],
-    overrides: dict[str, Any],
-    predict: Predict,
-) -> tuple[dict[str, Any] | None, str]:
-    """(overrides, how it fits) at the largest micro batch that fits, halving from the recipe's; (None, why not).
-
-    An experiment defined without accumulation (global batch = micro batch: small-batch) shrinks both, so it still
-    teaches a small batch, as does one whose global batch follows its ranks (``accumulation: 1``, the course's
-    rows); one defined with it keeps its global batch and accumulates more micro-batches.
-    """
-    from lab_helpers.planning.arithmetic import model_states, resolved
-
-    memory = gpu_memory_gib(node)
-    where = f"this {gpu_words(node)}"
-    if experiment.strategy in ("single", "ddp"):
-        states = model_states(exp_id, profile=profile, overrides=overrides)
-        if states.gib > memory:
-            return None, f"its model states alone are {states.gib:.1f} GiB, more than {where} holds"
-    train = dict(resolved(exp_id, profile, overrides).recipe.get("train") or {})
-    micro = first = int(train.get("micro_batch_size") or 1)
-    per_rank = experiment.accumulation == 1  # the course's rows: the global batch follows micro batch x ranks
-    no_accumulation = per_rank or int(train.get("global_batch_size") or first) == first
-    while True:
-        shrink = {"train.micro_batch_size": micro} if micro != first else {}
-        if shrink and no_accumulation and not per_rank:
-            shrink["train.global_batch_size"] = micro
-        trial = {**overrides, **shrink}
-        plan = predict(exp_id, trial)
-        if plan.gpu_used_gib <= memory:
-            break
-        if micro == 1:
-            return None, f"does not fit {where} even at micro batch 1 (predicted {plan.gpu_used_gib:.1f} GiB used)"
-        micro //= 2
-    used = f"predicted {plan.gpu_used_gib:.1f} GiB used"
-    if micro == first:
-        return trial, f"fits {where} as defined: {used}"
-    if no_accumulation:
-        batch = "micro batch per GPU" if per_rank else "micro and global batch"
-        return trial, (
-            f"{batch} {first} -> {micro} so that it fits {where} ({used}), without accumulation, "
-            "as the course defines it"
-        )
-    return trial, (
-        f"micro batch {first} -> {micro} so that it fits {where} ({used}); the global batch stays "
-        f"{train.get('global_batch_size')}, so the optimizer step is unchanged and gradient accumulation takes "
-        "more micro-batches"
-    )
-
-
-def _substitute(
-    exp_id: str,
-    experiment: Any,
-    recipe: Mapping[str, Any],
-    profile: str,
-    node: Mapping[str, Any],
-    overrides: dict[str, Any],
-    predict: Predict,
-) -> tuple[dict[str, Any], str, str] | None:
-    """A run that keeps the experiment's lesson on this node: (overrides, what it is, how it fits), or None."""
-    candidates: list[tuple[dict[str, Any], str]] = []
-    has_bnb = bool((node.get("packages") or {}).get("bitsandbytes"))
-    if experiment.method == "lora" and not recipe.get("quantize") and has_bnb and "precision" not in overrides:
-        qlora = f"QLoRA-{experiment.model.upper()} (the same LoRA with the frozen weights in 4-bit NF4)"
-        candidates.append(({**overrides, "quantize": "bnb.nf4"}, qlora))
-    if exp_id in SMALLER_MODEL_SUBSTITUTES:
-        for model in reversed(_smaller_models(profile, experiment.model)):
-            smaller = {**overrides, "checkpoint_dir": smaller_model_checkpoint(profile, model)}
-            candidates.append((smaller, f"{exp_id} on the {model.upper()} model, the largest that fits"))
-    for trial, what in candidates:
-        fitted, how = _largest_micro_batch(exp_id, experiment, profile, node, trial, predict)
-        if fitted is not None:
-            return fitted, what, how
-    return None
-
-
-def _smaller_models(profile: str, model: str) -> list[str]:
-    """The profile's models smaller than ``model``, smallest first (profiles list them so)."""
-    from lab_helpers.config.experiments import check_profile
-
-    models = list(check_profile(profile)["models"])
-    return models[: models.index(model)]
-
-
-def _named_elsewhere(experiment: Any) -> str:
-    """For a skipped experiment: which experiments of its section train the same model here (their cells say
-    how), so the sentence names what ran instead."""
-    from lab_helpers.config.experiments import load_experiments
-
-    section = load_experiments(experiment.section).items()
-    others = [e for e, x in section if x.model == experiment.model and x.method != experiment.method]
-    if not others:
-        return ""
-    return f"the {experiment.model.upper()} model is trained here by {' and '.join(others)} (its substitutes); "
+    return _skip(exp_id, profile, overrides, f"{why_not}; {named_elsewhere(experiment)}{reference_hint()}")
 
 
 def _skip(exp_id: str, profile: str, overrides: Mapping[str, Any], why: str) -> Decision:

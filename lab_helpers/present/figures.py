@@ -17,21 +17,17 @@ from typing import Any
 
 import pandas as pd
 
-from lab_helpers.config.config_error import LabConfigError
 from lab_helpers.config.iteration_times import finite_number as _number
 from lab_helpers.config.paths import (
-    describe_os_error,
-    lab_folder,
     lab_home,
     reference_dir,
     regular_file_inside,
     results_dir,
-    shown_path,
-    write_lab_file,
 )
 from lab_helpers.config.record_schema import BREAKDOWN_PARTS
 from lab_helpers.present import figure_source, timeline_phases
 from lab_helpers.present.figure_display import breakdown_colors, new_figure
+from lab_helpers.present.figure_files import made_figures_dir, save_figure
 from lab_helpers.present.tables import STATUS_LABEL, as_mapping, comparison_table, measured_memory, rank0_records
 from lab_helpers.record.records import latest_runs
 
@@ -53,37 +49,7 @@ def figures_dir(frame: pd.DataFrame | None = None) -> Path:
 def figures_folder(out_dir: Path | str | None, frame: pd.DataFrame | None = None) -> Path:
     """The folder a frame's figures go to (``out_dir``, else ``figures_dir(frame)``), created and checked by the
     rule of every folder the lab writes into (``paths.lab_folder``): a LabConfigError line where it cannot be."""
-    return _figures_dir(out_dir if out_dir is not None else figures_dir(frame))
-
-
-def _figures_dir(out_dir: Path | str | None) -> Path:
-    folder = Path(out_dir) if out_dir is not None else results_dir() / "figures"
-    try:
-        return lab_folder(folder)
-    except OSError as exc:
-        raise LabConfigError(f"figures folder {shown_path(folder)}: {describe_os_error(exc)}") from None
-
-
-def write_figure_file(folder: Path | str | None, filename: str, data) -> Path:
-    """Write one file of the figures folder (a PNG, comparison.csv) by the rule of every file the lab writes
-    (``paths.write_lab_file``: a regular file in its folder, never through a link); a folder or file it cannot
-    write is one LabConfigError line naming it."""
-    path = _figures_dir(folder) / filename
-    try:
-        return write_lab_file(path, data)
-    except OSError as exc:
-        raise LabConfigError(f"{shown_path(path)}: not written: {describe_os_error(exc)}") from None
-
-
-def save_table(table: pd.DataFrame, folder: Path | str | None) -> Path:
-    """The comparison table as ``comparison.csv`` in the figures folder."""
-    return write_figure_file(folder, "comparison.csv", table.to_csv(index=False).encode())
-
-
-def _save(figure: Any, out_dir: Path | str | None, filename: str) -> Any:
-    path = write_figure_file(out_dir, filename, lambda fh: figure.savefig(fh, format="png", dpi=110))
-    figure.lab_path = path  # where it went, for save_all and for the notebook to show
-    return figure
+    return made_figures_dir(out_dir if out_dir is not None else figures_dir(frame))
 
 
 def _empty_plot(out_dir: Path | str | None, filename: str, title: str) -> Any:
@@ -91,7 +57,7 @@ def _empty_plot(out_dir: Path | str | None, filename: str, title: str) -> Any:
     ax.set_axis_off()
     ax.set_title(title)
     ax.text(0.5, 0.5, NO_RUNS, ha="center", va="center", fontsize=14, transform=ax.transAxes)
-    return _save(figure, out_dir, filename)
+    return save_figure(figure, out_dir, filename)
 
 
 def plot_memory(
@@ -183,7 +149,7 @@ def plot_memory(
     ax.set_title(title, fontsize=10)
     handles, labels = _legend_in_stack_order(ax)
     ax.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return _save(figure, out_dir, "memory.png")
+    return save_figure(figure, out_dir, "memory.png")
 
 
 def _legend_in_stack_order(ax: Any) -> tuple[list[Any], list[str]]:
@@ -284,7 +250,7 @@ def plot_time(
     if (share > 0.005).any():
         axes[3].legend(fontsize=8, loc="upper left")
     figure.suptitle(f"Training time and throughput: {figure_source.describe(records.values())}", fontsize=11)
-    return _save(figure, out_dir, "time.png")
+    return save_figure(figure, out_dir, "time.png")
 
 
 def _micro_batch(record: Mapping[str, Any]) -> float:
@@ -367,7 +333,7 @@ def plot_memory_vs_time(
     ax.set_title(title, fontsize=9)
     if points.empty:
         ax.text(0.5, 0.5, "no run has both memory and time", ha="center", va="center", transform=ax.transAxes)
-    return _save(figure, out_dir, "memory_vs_time.png")
+    return save_figure(figure, out_dir, "memory_vs_time.png")
 
 
 def plot_time_prediction(
@@ -381,7 +347,8 @@ def plot_time_prediction(
     like the memory plot. Each prediction takes its MFU from the *other* records (leave-one-out), so a run is
     never predicted from itself; the title gives the median and worst error."""
     from lab_helpers.hardware.cpu_speed import measure_cpu_rates
-    from lab_helpers.planning.planner.timing import CPU, device_key, predicted_vs_measured
+    from lab_helpers.planning.planner.calibration import CPU, device_key
+    from lab_helpers.planning.planner.timing import predicted_vs_measured
 
     latest = latest_runs(df, profile=profile, order=order)
     records = latest.to_dict("records")
@@ -404,7 +371,7 @@ def plot_time_prediction(
         fontsize=10,
     )
     ax.legend(fontsize=8)
-    return _save(figure, out_dir, "time_predicted.png")
+    return save_figure(figure, out_dir, "time_predicted.png")
 
 
 # ------------------------------------------------------------------------------------------------ timeline
@@ -459,7 +426,7 @@ def plot_timeline(record_or_path: Any, *, out_dir: Path | str | None = None) -> 
         figure, ax = new_figure(6, 2.5)
         ax.set_axis_off()
         ax.text(0.5, 0.5, f"no timeline recorded for {name}", ha="center", va="center", transform=ax.transAxes)
-        return _save(figure, out_dir, filename)
+        return save_figure(figure, out_dir, filename)
     frame = read_timeline(path)
     gpu_rows = frame[frame["gpu"].notna()]
     host_rows = frame[frame["gpu"].isna()]
@@ -475,7 +442,7 @@ def plot_timeline(record_or_path: Any, *, out_dir: Path | str | None = None) -> 
         figure, ax = new_figure(6, 2.5)
         ax.set_axis_off()
         ax.text(0.5, 0.5, f"timeline of {name} has no samples", ha="center", va="center", transform=ax.transAxes)
-        return _save(figure, out_dir, filename)
+        return save_figure(figure, out_dir, filename)
     height = 1.9 * len(all_panels) + 1.05  # room above the panels for a two-line title and the phases' names
     # fixed margins, in inches: the panels are always alike, and a constrained layout would take more than half
     # of each figure's drawing time (save_all draws one per run)
@@ -503,7 +470,7 @@ def plot_timeline(record_or_path: Any, *, out_dir: Path | str | None = None) -> 
         ax.set_ylabel(label, fontsize=8)
     axes[-1].set_xlabel("seconds since launch")
     figure.suptitle(_timeline_title(record, name, idle_spans, run_phases), y=1 - 0.08 / height, va="top", fontsize=10)
-    return _save(figure, out_dir, filename)
+    return save_figure(figure, out_dir, filename)
 
 
 def _timeline_title(record: Mapping[str, Any], name: str, idle_spans: list, run_phases: list) -> str:

@@ -414,7 +414,7 @@ def shipped_frames() -> list[tuple[str, pd.DataFrame]]:
 def mfu_words() -> str:
     """MFU against what to expect, from the data: the time model's assumption (``planner.timing.DEFAULT_MFU``)
     and the range every shipped GPU reference measured, per file (issue 43: no typed "good" MFU)."""
-    from lab_helpers.planning.planner.timing import DEFAULT_MFU
+    from lab_helpers.planning.planner.calibration import DEFAULT_MFU
 
     assumed = ", ".join(f"{method} {mfu:.2f}" for method, mfu in DEFAULT_MFU.items())
     measured = []

@@ -354,7 +354,7 @@ def host_or_device(profile: str, values: dict[str, Any] | None = None, **time_op
     import dataclasses
 
     from lab_helpers.planning.planner import PlanError, predict
-    from lab_helpers.planning.planner.timing import DeviceEfficiency, device_key
+    from lab_helpers.planning.planner.calibration import DeviceEfficiency, device_key
     from lab_helpers.present.plan_command import predict_step_time
 
     notes: list[str] = []

@@ -12,7 +12,7 @@ error text or reason ever stores a secret, and ``export-reference`` cannot publi
 
 The file is opened without following a symbolic link (``O_NOFOLLOW``) and must be a regular file: a link planted
 as ``runs.jsonl`` must not make a run (perhaps as root) append to the file it points at. When the file cannot be
-opened or written at the end of a run, ``store_records`` puts the record in a fallback file and says how to merge
+opened or written at the end of a run, ``fallback.store_records`` puts the record in a fallback file and says how to merge
 it back. Readers set aside, with one warning that counts them, every line that is not a record the schema
 accepts (``record_schema.record_unfit``): one hostile line must not break every table.
 """
@@ -20,20 +20,14 @@ accepts (``record_schema.record_unfit``): one hostile line must not break every 
 from __future__ import annotations
 
 import contextlib
-import datetime
-import errno
 import fcntl
 import json
 import math
 import numbers
 import os
-import re
 import stat
-import sys
-import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,22 +80,22 @@ def append_record(record: Mapping[str, Any], *, path: Path | str | None = None) 
 
 
 def record_lines(records: Sequence[Mapping[str, Any]]) -> bytes:
-    """Records as the lines a records file stores (``_record_line``), each checked first: a record without
+    """Records as the lines a records file stores (``record_line``), each checked first: a record without
     ``experiment`` or with an unknown ``status`` is refused (ValueError), so that nothing malformed is ever stored."""
     for record in records:
         if not record.get("experiment"):
             raise ValueError("a record needs an 'experiment'")
         if record.get("status") not in STATUSES:
             raise ValueError(f"status must be one of {', '.join(STATUSES)}; got {record.get('status')!r}")
-    return b"".join(_record_line(record) for record in records)
+    return b"".join(record_line(record) for record in records)
 
 
-def _record_line(record: Mapping[str, Any]) -> bytes:
+def record_line(record: Mapping[str, Any]) -> bytes:
     """A record as the one line the file stores: JSON-clean, redacted, keys sorted."""
     return (json.dumps(_json_safe(redact_mapping(record)), sort_keys=True, allow_nan=False) + "\n").encode()
 
 
-def _open_locked(target: Path) -> int:
+def open_locked(target: Path) -> int:
     """An fd for appending to ``target`` (``open_results_file``) holding its exclusive lock: the one lock every
     writer of a records file takes (ranks of one run append at the same moment; ``merge_records`` holds it across
     its whole merge). A file unlinked while this waited for its lock (a fallback file that a merge took) is opened
@@ -124,7 +118,7 @@ def _open_locked(target: Path) -> int:
         os.close(fd)
 
 
-def _append_locked(fd: int, target: Path, data: bytes) -> None:
+def append_locked(fd: int, target: Path, data: bytes) -> None:
     """Append ``data`` (whole lines) to the locked ``fd`` in one write, fsynced; a failure or an interrupt half-way
     cuts the file back to where it started."""
     size_before = os.fstat(fd).st_size
@@ -154,10 +148,10 @@ def append_records(records: Sequence[Mapping[str, Any]], *, path: Path | str | N
     data = record_lines(records)
     target = results_path(path)
     existed = os.path.lexists(target)
-    fd = _open_locked(target)
+    fd = open_locked(target)
     try:
         try:
-            _append_locked(fd, target, data)
+            append_locked(fd, target, data)
         except RecordWriteError:
             if not existed and os.fstat(fd).st_size == 0:
                 with contextlib.suppress(OSError):
@@ -168,271 +162,12 @@ def append_records(records: Sequence[Mapping[str, Any]], *, path: Path | str | N
     return target
 
 
-_DISK_ERRORS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EIO}
-"""A file system that failed with one of these takes no fallback either: the next place is off it."""
-
-
-def state_dir() -> Path | None:
-    """``$XDG_STATE_HOME/lab``, else ``~/.local/state/lab``: where a record goes when the results folder's file
-    system takes nothing (None: no home folder is known)."""
-    state = os.environ.get("XDG_STATE_HOME", "")
-    if os.path.isabs(state):
-        return Path(state) / "lab"
-    try:
-        return Path.home() / ".local" / "state" / "lab"
-    except (RuntimeError, KeyError):
-        return None
-
-
-def temp_fallback_dir() -> Path:
-    """This user's folder in the system's temporary directory: the last place a record can go."""
-    return Path(tempfile.gettempdir()) / f"lab-{os.getuid()}"
-
-
-def fallback_places(run_id: str, run_dir: Path | None) -> list[Path]:
-    """Where ``store_records`` tries a run's record after the results file, in order: the run's own folder, then
-    places off the results folder's file system (the state folder, the system's temporary directory)."""
-    places = [] if run_dir is None else [run_dir / _RUN_FOLDER_FALLBACK]
-    places += [folder / f"runs.{run_id}.jsonl" for folder in (state_dir(), temp_fallback_dir()) if folder is not None]
-    return places
-
-
-def store_records(records: Sequence[Mapping[str, Any]], *, path: Path | str | None, run_dir: Path | None) -> Path:
-    """The one place that stores a run's records: the results file; where that fails, the run's folder, then a
-    fallback off the failed file system (``fallback_places``); one line says where and how to merge it back.
-
-    The records go in one write (all or none) wherever they land. A file system that failed for want of room or
-    because it turned read-only (``_DISK_ERRORS``) is not tried again for a fallback, and no empty file is left on
-    it. Raises RecordWriteError (one line naming every place tried) only when no place at all took the records.
-    """
-    target = results_path(path)
-    run_id = str(records[0].get("run_id") or "run") if records else "run"
-    tried: list[tuple[Path, RecordWriteError]] = []
-    failed_devices: set[int] = set()
-    for place in [target, *fallback_places(run_id, run_dir)]:
-        if place != target and (_device_of(place) in failed_devices or not _private_folder(place.parent)):
-            continue
-        try:
-            append_records(records, path=place)
-        except RecordWriteError as exc:
-            tried.append((place, exc))
-            if exc.errno in _DISK_ERRORS and (device := _device_of(place)) is not None:
-                failed_devices.add(device)
-            continue
-        if place != target:
-            first = tried[0][1] if tried else None
-            why = first.strerror if first is not None else f"could not store the record in {target}"
-            _say(f"lab: {why}; the record is in {place} instead: merge it back with "
-                 f"`python -m lab_helpers merge-records {place}`")  # fmt: skip
-        return place
-    first = tried[0][1]
-    also = ", ".join(str(place) for place, _ in tried[1:])
-    raise RecordWriteError(first.errno, first.strerror + (f"; nor in {also}" if also else ""))
-
-
-def _say(line: str) -> None:
-    try:
-        print(line, file=sys.stderr, flush=True)
-    except (OSError, ValueError):  # stderr is gone: the record is stored all the same
-        pass
-
-
-def _device_of(path: Path) -> int | None:
-    """The device of ``path``, or of its nearest folder that exists."""
-    for folder in (path, *path.parents):
-        try:
-            return os.stat(folder).st_dev
-        except OSError:
-            continue
-    return None
-
-
-def _private_folder(folder: Path) -> bool:
-    """False for the system-temp fallback folder when it is not this user's own folder (another user's, a link):
-    /tmp is shared, and a record must not be written where another user chose."""
-    if folder != temp_fallback_dir():
-        return True
-    try:
-        folder.mkdir(mode=0o700, exist_ok=True)
-        info = os.lstat(folder)
-    except OSError:
-        return False
-    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
-
-
-FALLBACK_NAMES = "runs.<run_id>.jsonl or runs/<run_id>/record.jsonl"
-_FALLBACK_FILE = re.compile(r"runs\.(?P<run_id>[^/]+)\.jsonl")
-_RUN_FOLDER_FALLBACK = "record.jsonl"
-
-
-@dataclass
-class MergeResult:
-    """What ``merge_records`` did: records appended, records already there, and whether the fallback was removed
-    (only when every one of its lines is in the results file afterwards) or why it was kept."""
-
-    source: Path
-    target: Path
-    run_id: str
-    merged: int = 0
-    already_there: int = 0
-    removed: bool = False
-    kept_because: str | None = None  # None and not removed: another merge took the file meanwhile
-
-    def line(self) -> str:
-        said = f"merged {self.merged} record(s) of run {self.run_id} into {self.target}"
-        if self.already_there:
-            said += f" ({self.already_there} already there)"
-        if self.removed:
-            return f"{said}; removed {self.source}"
-        if self.kept_because is not None:
-            return f"{said}; kept {self.source}: {self.kept_because}"
-        return f"{said}; {self.source} was merged and removed meanwhile by another merge-records"
-
-
-def merge_records(source: Path | str, *, path: Path | str | None = None) -> MergeResult:
-    """Append the records of a fallback file (``store_records``) to the results file, then remove the fallback.
-
-    What is merged is only what the lab itself writes as a fallback: a regular file named ``runs.<run_id>.jsonl``
-    or ``<run_id>/record.jsonl`` whose every record is one of that run's (one per rank); anything else (the results
-    file itself or a link to it, a notebook, a reference file, a backup of many runs) is refused with a
-    LabConfigError and left as it is. The whole merge holds the results file's lock (the one ``append_record``
-    takes) and the fallback's, so two merges of one file at once append it once. Records already there (same
-    ``run_id`` and ``rank``) are not appended again. Each appended record is marked ``merged_at``: readers place it
-    by when it started (``record_order``), so an old run merged late never hides a newer one. The fallback is
-    unlinked only when every one of its lines is a record that is in the results file afterwards; else it is kept
-    and ``kept_because`` says why. Raises RecordWriteError when the results file cannot take the records (the
-    fallback is then kept as it is).
-    """
-    source = Path(os.path.abspath(source))
-    target = Path(os.path.abspath(results_path(path)))
-    run_id = _fallback_run_id(source)
-    src_fd = _open_fallback(source)
-    try:
-        _refuse_the_target(source, os.fstat(src_fd), target)
-        _fallback_records(source, _read_fd(src_fd, source), run_id)  # refused before the results file is touched
-        fd = _open_locked(target)
-        try:
-            fcntl.flock(src_fd, fcntl.LOCK_EX)  # a rank still appending to its fallback waits, then writes anew
-            info = os.fstat(src_fd)
-            _refuse_the_target(source, info, target, os.fstat(fd))
-            result = MergeResult(source, target, run_id)
-            if info.st_nlink == 0:  # another merge took it while this one waited for the lock
-                return result
-            records, damaged = _fallback_records(source, _read_fd(src_fd, source), run_id)
-            stored = {(r.get("run_id"), r.get("rank")) for r in iter_records(target)}
-            new: dict[tuple, bytes] = {}
-            merged_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-            for record in records:
-                key = (record.get("run_id"), record.get("rank"))
-                if key in stored or key in new:
-                    result.already_there += 1
-                else:  # marked: it takes its place among the records by its start (record_order), not at the end
-                    new[key] = _record_line({**record, "merged_at": record.get("merged_at") or merged_at})
-            if new:
-                _append_locked(fd, target, b"".join(new.values()))
-            result.merged = len(new)
-            stored = {(r.get("run_id"), r.get("rank")) for r in iter_records(target)}
-            missing = sum((r.get("run_id"), r.get("rank")) not in stored for r in records)
-            if damaged:
-                result.kept_because = f"{damaged[0]}{' and more' if len(damaged) > 1 else ''} (look, then remove it)"
-            elif missing:
-                result.kept_because = f"{missing} of its records are not in {target} after the merge"
-            else:
-                source.unlink()  # still under the fallback's lock: no rank's record can land in it unseen
-                result.removed = True
-            return result
-        finally:
-            os.close(fd)
-    finally:
-        os.close(src_fd)
-
-
-def _not_a_fallback(source: Path, why: str) -> Exception:
-    from lab_helpers.config.config_error import LabConfigError
-
-    return LabConfigError(f"{source}: {why}; merge-records takes only a fallback file a run named "
-                          f"({FALLBACK_NAMES}); nothing was changed")  # fmt: skip
-
-
-def _fallback_run_id(source: Path) -> str:
-    """The run a fallback file's name gives, or a LabConfigError for a name the lab never gives one."""
-    if source.name == _RUN_FOLDER_FALLBACK:
-        return source.parent.name
-    if match := _FALLBACK_FILE.fullmatch(source.name):
-        return match.group("run_id")
-    raise _not_a_fallback(source, "not the name of a fallback file")
-
-
-def _open_fallback(source: Path) -> int:
-    """A read-only fd on ``source``: a regular file, not a link, no larger than a results file may be."""
-    from lab_helpers.config.config_error import LabConfigError
-
-    try:
-        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise LabConfigError(f"{source}: no such records file") from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise _not_a_fallback(source, "a symbolic link") from None
-        raise LabConfigError(f"{source}: not read ({describe_os_error(exc)}); kept as it is") from None
-    info = os.fstat(fd)
-    problem = (
-        "not a regular file" if not stat.S_ISREG(info.st_mode)
-        else f"{info.st_size / 2**30:.1f} GiB, more than one run's records" if info.st_size > MAX_RESULTS_BYTES
-        else None
-    )  # fmt: skip
-    if problem is not None:
-        os.close(fd)
-        raise _not_a_fallback(source, problem)
-    return fd
-
-
-def _refuse_the_target(source: Path, info: os.stat_result, target: Path, target_info=None) -> None:
-    """Never merge the results file into itself (the same file by any name: a link, a hard link, ``..``)."""
-    try:
-        target_info = target_info or os.stat(target)
-    except OSError:
-        return
-    if (info.st_dev, info.st_ino) == (target_info.st_dev, target_info.st_ino):
-        raise _not_a_fallback(source, f"the results file itself ({target})")
-
-
-def _read_fd(fd: int, source: Path) -> bytes:
-    from lab_helpers.config.config_error import LabConfigError
-
-    chunks, offset = [], 0
-    try:
-        while chunk := os.pread(fd, 1 << 20, offset):
-            chunks.append(chunk)
-            offset += len(chunk)
-    except OSError as exc:
-        raise LabConfigError(f"{source}: not read ({describe_os_error(exc)}); kept as it is") from None
-    return b"".join(chunks)
-
-
-def _fallback_records(source: Path, data: bytes, run_id: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """The records of a fallback file and its lines that are not records (a kill in the middle of a write); a
-    LabConfigError when it holds no record, or a record of another run than its name gives."""
-    records, damaged = [], []
-    for where, record, problem in _scan(data):
-        if problem is not None:
-            damaged.append(f"{where} is not a record ({problem})")
-        elif record.get("run_id") != run_id:
-            raise _not_a_fallback(source, f"{where} is a record of run {_shown(record.get('run_id'))}, not of run "
-                                          f"{run_id} its name gives")  # fmt: skip
-        else:
-            records.append(record)
-    if not records:
-        raise _not_a_fallback(source, "no record in it" + (f" ({damaged[0]})" if damaged else ""))
-    return records, damaged
-
-
 def _run_of(frame, row: int) -> str:
     run_id = frame["run_id"].iloc[row] if "run_id" in frame else None
-    return f", run {_shown(run_id)}" if isinstance(run_id, str) else ""
+    return f", run {short_repr(run_id)}" if isinstance(run_id, str) else ""
 
 
-def _shown(value: Any) -> str:
+def short_repr(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -462,7 +197,7 @@ def iter_records(path: Path | str | None = None) -> Iterator[dict[str, Any]]:
     if data is None:
         return
     set_aside: list[str] = []
-    for where, record, problem in _scan(data):
+    for where, record, problem in scan_lines(data):
         if problem is not None:
             set_aside.append(
                 f"damaged {where} (an interrupted write)" if problem is _DAMAGED else f"{where}: {problem}"
@@ -479,7 +214,7 @@ def iter_records(path: Path | str | None = None) -> Iterator[dict[str, Any]]:
 _DAMAGED = "bad JSON or UTF-8"
 
 
-def _scan(data: bytes) -> Iterator[tuple[str, dict[str, Any] | None, str | None]]:
+def scan_lines(data: bytes) -> Iterator[tuple[str, dict[str, Any] | None, str | None]]:
     """(where, record, None) for each line that is a record the schema accepts, (where, None, why not) for each
     other non-blank line; ``where`` is "line N" or "trailing line"."""
     lines = data.split(b"\n")
@@ -556,8 +291,8 @@ def load_results(path: Path | str | None = None):
             frame[column] = None
     if odd := odd_started_at(frame):
         shown = "; ".join(
-            f"record {i + 1} ({_shown(frame['experiment'].iloc[i])}{_run_of(frame, i)}): started_at "
-            f"{_shown(frame['started_at'].iloc[i])} is {why}"
+            f"record {i + 1} ({short_repr(frame['experiment'].iloc[i])}{_run_of(frame, i)}): started_at "
+            f"{short_repr(frame['started_at'].iloc[i])} is {why}"
             for i, why in odd[:_SHOWN_PROBLEMS]
         ) + ("; ..." if len(odd) > _SHOWN_PROBLEMS else "")
         warnings.warn(f"{results_path(path)}: {len(odd)} record(s) with an odd start time ({shown}): a clock ahead "

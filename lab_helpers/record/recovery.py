@@ -28,7 +28,8 @@ from lab_helpers.config.paths import results_dir, write_lab_file
 from lab_helpers.config.secrets import redact_mapping
 from lab_helpers.launch.runner import ProcessOutcome, say
 from lab_helpers.launch.sampler import TimelineSummary
-from lab_helpers.record.records import _json_safe, fallback_places, results_path, store_records
+from lab_helpers.record.fallback import fallback_places, store_records
+from lab_helpers.record.records import _json_safe, results_path
 from lab_helpers.training.child_report import read_reports
 
 LAUNCH_FILENAME = "launch.json"

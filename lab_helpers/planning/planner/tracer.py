@@ -17,7 +17,6 @@ timeline (``scaled_trace``), so a search over batch sizes costs about three trac
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import time
@@ -28,18 +27,21 @@ import torch
 from . import loss_outputs
 from ._compat import fake_tensor_mode
 from .accounting import AllocRecord, Phase, StorageAccountant, cuda_rounded_bytes, make_dispatch_tracker, replay
-from .errors import PlanError
 from .fake_modules import (
-    CudaAutocastEmulation,
-    NoStateOptimizer,
-    PagedAdamWStandIn,
     StableEmbedding,
     quantize_linears,
     use_cuda_dropout,
 )
 from .op_costs import OpCosts, combined, from_trace, op_cost
-from .optim8bit import AdamW8bitStandIn
-from .spec import EIGHT_BIT_OPTIMIZERS, TrainingSpec
+from .spec import TrainingSpec
+from .trace_setup import (
+    build_model,
+    checkpoint_blocks,
+    make_optimizer,
+    precision_contexts,
+    to_default_float,
+    torch_optimizer_kwargs,
+)
 
 LORA_LM_HEAD_CHUNK = 128  # litgpt finetune/lora.py: model(input_ids, lm_head_chunk_size=128)
 
@@ -68,122 +70,6 @@ class TraceResult:
 
     def peak_phase(self) -> Phase:
         return max(self.phases, key=lambda p: p.peak_bytes)
-
-
-def _param_dtype(precision: str) -> torch.dtype:
-    if precision == "bf16-true":
-        return torch.bfloat16
-    if precision == "16-true":
-        return torch.float16
-    return torch.float32
-
-
-def _precision_contexts(spec: TrainingSpec):
-    """(module-init dtype, forward-context factory, output dtype) as Fabric's plugin would give them."""
-    pdtype = _param_dtype(spec.precision)
-    if spec.precision.endswith("-mixed"):
-        low = torch.bfloat16 if spec.precision.startswith("bf16") else torch.float16
-        return pdtype, lambda: CudaAutocastEmulation(low), low
-    if pdtype != torch.float32:
-        return pdtype, lambda: _default_dtype(pdtype), pdtype
-    return pdtype, contextlib.nullcontext, None
-
-
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
-def _to_default_float(data):
-    """Fabric's ``convert_output``: floating outputs become the default dtype (fp32)."""
-    if isinstance(data, torch.Tensor):
-        return data.to(torch.get_default_dtype()) if data.is_floating_point() else data
-    if isinstance(data, list):
-        return [_to_default_float(d) for d in data]
-    return data
-
-
-def _build_model(spec: TrainingSpec, pdtype: torch.dtype):
-    config = copy.deepcopy(spec.model_config)
-    if spec.method == "full":
-        from litgpt.model import GPT
-
-        with _default_dtype(pdtype):
-            model = GPT(config)
-    else:
-        from litgpt.lora import GPT as LoRAGPT
-        from litgpt.lora import Config as LoRAConfig
-        from litgpt.lora import mark_only_lora_as_trainable
-
-        if not isinstance(config, LoRAConfig):
-            fields = {k: v for k, v in vars(config).items() if k in LoRAConfig.__dataclass_fields__}
-            fields.pop("name", None)
-            config = LoRAConfig(name=spec.model_config.name, **{**fields, **spec.lora})
-        with _default_dtype(pdtype):
-            model = LoRAGPT(config)
-        mark_only_lora_as_trainable(model)
-    return model
-
-
-def torch_optimizer_kwargs(spec: TrainingSpec) -> tuple[dict, list[str]]:
-    """The init arguments the trace builds a torch optimizer with, and what it could not take as given.
-
-    ``foreach`` and ``fused`` are the recipe's (``optimizer.init_args``, as litgpt's ``instantiate_torch_optimizer``
-    passes them): they decide the step's temporaries (``spec.STEP_IMPLEMENTATIONS``). Where the recipe gives
-    neither, torch chooses by where the tensors are -- foreach for CUDA tensors, the for-loop on a CPU -- and the
-    trace's tensors are fake CPU ones, so the device's choice is asked for explicitly. ``capturable=True`` needs
-    CUDA tensors and is traced as False: its step adds one-element tensors per parameter, the same
-    parameter-sized temporaries."""
-    kwargs = dict(spec.optimizer_kwargs)
-    notes = []
-    if kwargs.pop("capturable", None):
-        notes.append(
-            "optimizer capturable=True traced as False (it needs CUDA tensors): its step adds one-element "
-            "tensors per parameter, not counted"
-        )
-    if isinstance(kwargs.get("betas"), list):
-        kwargs["betas"] = tuple(kwargs["betas"])
-    if kwargs.get("foreach") is None and kwargs.get("fused") is None:
-        kwargs["foreach"] = spec.device == "cuda"
-    return kwargs, notes
-
-
-def _make_optimizer(spec: TrainingSpec, model: torch.nn.Module):
-    params = list(model.parameters())
-    if spec.method == "qlora":
-        return PagedAdamWStandIn(params)
-    if spec.optimizer == "DeepSpeedCPUAdam" or spec.strategy.startswith("deepspeed"):
-        return NoStateOptimizer(params)  # ZeRO optimizer memory is analytic (see analytic.py)
-    if spec.optimizer in EIGHT_BIT_OPTIMIZERS:  # bitsandbytes needs CUDA: its allocations, not its kernels
-        return AdamW8bitStandIn(params, paged=spec.optimizer.startswith("Paged"))
-    cls = getattr(torch.optim, spec.optimizer, None)
-    if cls is None:
-        raise PlanError(f"optimizer {spec.optimizer!r} is not a torch.optim class")
-    kwargs, _ = torch_optimizer_kwargs(spec)
-    try:
-        # fused: one in-place op (_fused_adamw_) whose fake kernel allocates nothing, as CUDA's (ATen
-        # fused_adamw_impl.cu: multi_tensor_apply in place over params, grads and both moments) and the CPU's
-        # (measured on the ci profile: tests/test_optimizer_step.py) allocate nothing
-        return cls(params, **kwargs)
-    except (TypeError, RuntimeError, ValueError) as err:
-        raise PlanError(f"optimizer {spec.optimizer} rejects its init_args: {err}") from None
-
-
-def _checkpoint_blocks(model: torch.nn.Module) -> None:
-    from torch.utils.checkpoint import checkpoint
-
-    for block in model.transformer.h:
-        inner = block.forward
-
-        def forward(*args, _inner=inner, **kwargs):
-            return checkpoint(_inner, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
-
-        block.forward = forward
 
 
 def _numel(params) -> int:
@@ -412,7 +298,7 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
     from litgpt.utils import chunked_cross_entropy
 
     started = time.perf_counter()
-    pdtype, forward_context, _ = _precision_contexts(spec)
+    pdtype, forward_context, _ = precision_contexts(spec)
     accumulation = spec.gradient_accumulation_iters
     micro_batches = min(accumulation, 2)
     B, T = spec.micro_batch_size, spec.seq_len
@@ -425,13 +311,13 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
         spec.model_config = copy.deepcopy(spec.model_config)
         spec.model_config.n_layer = n_layer
     with fake_tensor_mode():
-        model = _build_model(spec, pdtype)
+        model = build_model(spec, pdtype)
         total_numel = _numel(model.parameters())  # before 4-bit layers turn weights into buffers
         largest_weight = max((m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)), default=0)
         largest_param = max((_bytes([p]) for p in model.parameters()), default=0)
         use_cuda_dropout(model)
         # litgpt builds the optimizer before QLoRA's embedding swap, so the new embedding is never zeroed.
-        optimizer = _make_optimizer(spec, model)
+        optimizer = make_optimizer(spec, model)
         if spec.method == "qlora":
             software = spec.software
             double_quant = str(spec.quantize).endswith("-dq")
@@ -443,7 +329,7 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
                 )
                 keep_alive.append(old)  # lora.py keeps `old_embedding` referenced in main()
         if spec.activation_checkpointing:
-            _checkpoint_blocks(model)
+            checkpoint_blocks(model)
         model.max_seq_length = T  # fit(): outside any precision context, so the RoPE cache is fp32
 
         params = list(model.parameters())
@@ -474,7 +360,7 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
         def forward(input_ids):
             with forward_context():
                 out = model(input_ids, lm_head_chunk_size=LORA_LM_HEAD_CHUNK) if lora else model(input_ids)
-            return _to_default_float(out)
+            return to_default_float(out)
 
         def training_step(input_ids, targets):
             """Lightning Trainer: the loss is computed inside training_step, under the precision context, and
@@ -492,7 +378,7 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
                 targets = torch.randint(0, vocab, (B, T))
                 with forward_context():
                     val_logits = model(input_ids)
-                val_logits = _to_default_float(val_logits)
+                val_logits = to_default_float(val_logits)
                 chunked_cross_entropy(val_logits[..., :-1, :], targets[..., 1:], chunk_size=0)
                 del val_logits
             model.train()

@@ -1,0 +1,44 @@
+"""How the figures are written: the folder created and checked, each file (a PNG, ``comparison.csv``) written, by the
+rule of every folder and file the lab writes (``paths.lab_folder``, ``paths.write_lab_file``): a folder or file it
+cannot write is one LabConfigError line naming it. Which folder (``figures_dir``) is ``figures``'.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from lab_helpers.config.config_error import LabConfigError
+from lab_helpers.config.paths import describe_os_error, lab_folder, results_dir, shown_path, write_lab_file
+
+
+def made_figures_dir(out_dir: Path | str | None) -> Path:
+    folder = Path(out_dir) if out_dir is not None else results_dir() / "figures"
+    try:
+        return lab_folder(folder)
+    except OSError as exc:
+        raise LabConfigError(f"figures folder {shown_path(folder)}: {describe_os_error(exc)}") from None
+
+
+def write_figure_file(folder: Path | str | None, filename: str, data) -> Path:
+    """Write one file of the figures folder (a PNG, comparison.csv) by the rule of every file the lab writes
+    (``paths.write_lab_file``: a regular file in its folder, never through a link); a folder or file it cannot
+    write is one LabConfigError line naming it."""
+    path = made_figures_dir(folder) / filename
+    try:
+        return write_lab_file(path, data)
+    except OSError as exc:
+        raise LabConfigError(f"{shown_path(path)}: not written: {describe_os_error(exc)}") from None
+
+
+def save_table(table: pd.DataFrame, folder: Path | str | None) -> Path:
+    """The comparison table as ``comparison.csv`` in the figures folder."""
+    return write_figure_file(folder, "comparison.csv", table.to_csv(index=False).encode())
+
+
+def save_figure(figure: Any, out_dir: Path | str | None, filename: str) -> Any:
+    path = write_figure_file(out_dir, filename, lambda fh: figure.savefig(fh, format="png", dpi=110))
+    figure.lab_path = path  # where it went, for save_all and for the notebook to show
+    return figure
