@@ -54,39 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="gpu profile: only these models, comma-separated (1b,3b,7b,13b); default: all four (~49 GB)",
     )
 
-    run = sub.add_parser(
-        "run",
-        help="run one experiment and record it",
-        epilog=_experiment_list(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    run.add_argument("experiment", metavar="ID", help="an experiment id (listed below)")
-    _add_profile(run)
-    run.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", help="override a recipe key")
-    run.add_argument("--quiet", action="store_true", help="progress bar and result only, no training output")
-    run.add_argument("--quick", action="store_true", help="only until the peak memory and a steady step time are measured")
-    run.add_argument(
-        "--simulate-world",
-        type=int,
-        metavar="N",
-        default=None,
-        help="multi-GPU experiments: run rank 0 of N ranks alone on this one device (torch's fake process group): "
-        "its memory measured, its time without communication",
-    )
-    run.add_argument(
-        "--time-limit",
-        metavar="SECONDS",
-        default=None,
-        help="end the run as `timeout` after this many seconds (0: no limit; default: from the recipe, or $LAB_TIME_LIMIT_S)",
-    )
-    run.add_argument(
-        "--profile-steps",
-        type=int,
-        default=None,
-        metavar="N",
-        help="a torch.profiler trace of N optimizer steps after warm-up, with a summary (off by default; the run "
-        "gets N + 1 more steps)",
-    )
+    _add_run_command(sub)
 
     run_all = sub.add_parser("run-all", help="run every experiment of a section, then write the comparison")
     run_all.add_argument("--section", choices=SECTIONS, default="single")
@@ -168,6 +136,43 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_wheelhouse_arguments(wheelhouse)
     return parser
+
+
+def _add_run_command(sub) -> None:
+    """The ``run`` command: one experiment, its overrides, and how it runs (quick, simulated, limited, profiled)."""
+    run = sub.add_parser(
+        "run",
+        help="run one experiment and record it",
+        epilog=_experiment_list(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("experiment", metavar="ID", help="an experiment id (listed below)")
+    _add_profile(run)
+    run.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE", help="override a recipe key")
+    run.add_argument("--quiet", action="store_true", help="progress bar and result only, no training output")
+    run.add_argument("--quick", action="store_true", help="only until the peak memory and a steady step time are measured")
+    run.add_argument(
+        "--simulate-world",
+        type=int,
+        metavar="N",
+        default=None,
+        help="multi-GPU experiments: run rank 0 of N ranks alone on this one device (torch's fake process group): "
+        "its memory measured, its time without communication",
+    )
+    run.add_argument(
+        "--time-limit",
+        metavar="SECONDS",
+        default=None,
+        help="end the run as `timeout` after this many seconds (0: no limit; default: from the recipe, or $LAB_TIME_LIMIT_S)",
+    )
+    run.add_argument(
+        "--profile-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a torch.profiler trace of N optimizer steps after warm-up, with a summary (off by default; the run "
+        "gets N + 1 more steps)",
+    )
 
 
 def _experiment_list(width: int = 100) -> str:

@@ -426,13 +426,7 @@ def run_command(
     report_dir = run_dir / "reports"
     report_dir.mkdir(exist_ok=True)
     log_path = run_dir / "output.log"
-    child_env = {
-        **os.environ,
-        **(env or {}),
-        REPORT_DIR_ENV: str(report_dir),
-        LAUNCHER_PID_ENV: str(os.getpid()),  # the child checks it is still ours (orphan_guard)
-        "PYTHONUNBUFFERED": "1",
-    }
+    child_env = _child_env(env, report_dir)
     redact_line = LineRedactor(child_env)  # a token split over two lines too (secrets.py)
     tail: deque[str] = deque(maxlen=_TAIL_LINES)
     bar = _progress_bar(total_iters, label, echo)
@@ -523,6 +517,18 @@ def run_command(
         exit_cause=getattr(proc, "exit_cause", None),
         echo_error=shown.error,
     )
+
+
+def _child_env(env: Mapping[str, str] | None, report_dir: Path) -> dict[str, str]:
+    """The training process's environment: the launcher's and the run's, where the process reports, and whose it is
+    (orphan_guard checks that its launcher is still there)."""
+    return {
+        **os.environ,
+        **(env or {}),
+        REPORT_DIR_ENV: str(report_dir),
+        LAUNCHER_PID_ENV: str(os.getpid()),  # the child checks it is still ours (orphan_guard)
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def _show(line: str, bar) -> None:

@@ -439,24 +439,10 @@ def spec_from_recipe(
         lora["lora_r"] = _int(lora["lora_r"], "lora_r")
     model_config = resolve_model_config(tree["checkpoint_dir"], lora if has_lora else None)
 
-    max_seq = train_cfg.get("max_seq_length")
-    seq_len = (
-        model_config.block_size
-        if max_seq is None
-        else min(_int(max_seq, "train.max_seq_length"), model_config.block_size)
-    )
-    if data_max_len is not None:
-        seq_len = min(seq_len, int(data_max_len))
+    seq_len = _seq_len(train_cfg, model_config, data_max_len)
 
     precision = tree.get("precision") or "bf16-mixed"  # litgpt's default on a bf16-capable GPU
-    method: Method = "full"
-    if has_lora:
-        method = "lora"
-        if quantize is not None:
-            if str(quantize).startswith(("bnb.nf4", "bnb.fp4")):
-                method = "qlora"
-            else:
-                raise PlanError(f"quantize={quantize!r} is not modelled (supported: bnb.nf4, bnb.nf4-dq)")
+    method = _method(has_lora, quantize)
     optimizer, optimizer_kwargs = _optimizer_from_recipe(tree.get("optimizer"))
     if offload_optimizer:
         optimizer = "DeepSpeedCPUAdam"
@@ -496,3 +482,29 @@ def spec_from_recipe(
     )
     spec.validate()
     return spec
+
+
+def _seq_len(train_cfg: dict, model_config: Any, data_max_len: int | None) -> int:
+    """``train.max_seq_length`` capped by the model's block size and by the data's longest sample."""
+    max_seq = train_cfg.get("max_seq_length")
+    seq_len = (
+        model_config.block_size
+        if max_seq is None
+        else min(_int(max_seq, "train.max_seq_length"), model_config.block_size)
+    )
+    if data_max_len is not None:
+        seq_len = min(seq_len, int(data_max_len))
+    return seq_len
+
+
+def _method(has_lora: bool, quantize: Any) -> Method:
+    """``full``, ``lora`` or ``qlora`` (LoRA with a 4-bit base), from the recipe's LoRA keys and ``quantize``."""
+    method: Method = "full"
+    if has_lora:
+        method = "lora"
+        if quantize is not None:
+            if str(quantize).startswith(("bnb.nf4", "bnb.fp4")):
+                method = "qlora"
+            else:
+                raise PlanError(f"quantize={quantize!r} is not modelled (supported: bnb.nf4, bnb.nf4-dq)")
+    return method

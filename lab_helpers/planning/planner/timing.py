@@ -243,20 +243,8 @@ def predict_time(
         what = "a CPU step" if device == CPU else "optimizer offload's host step"
         raise PlanError(f"{what} needs the CPU's measured rates: pass cpu_rates (cpu_speed.measure_cpu_rates())")
     notes: list[str] = []
-    if device == CPU:
-        peak = cpu_rates.matmul_flops_per_s
-    else:
-        peak = dense_peak_flops(device, spec.precision)
-        if peak is None:
-            raise PlanError(
-                f"no dense peak for {device!r} at {spec.precision} in lab_helpers.hardware.gpu_peaks: time cannot be predicted"
-            )
-    if mfu is not None:
-        if not 0 < mfu <= 1:
-            raise PlanError(f"mfu must be in (0, 1], got {mfu}")
-        efficiency = Efficiency(float(mfu), 0.0, "given")
-    else:
-        efficiency = mfu_for(device, spec.method, spec.precision, records=records, cpu_rates=cpu_rates)
+    peak = _peak_flops(spec, device, cpu_rates)
+    efficiency = _efficiency(spec, device, mfu, records, cpu_rates)
     used_mfu, source = efficiency.mfu, efficiency.source
     model_flops = train_flops_per_step(
         spec.model_config,
@@ -289,47 +277,11 @@ def predict_time(
         source = "the traced model (host and device per micro-batch)"
         efficiency = Efficiency(used_mfu, micro_s - compute_micro_s, source)
         notes.extend(traced["notes"])
-    volume = step_communication(spec)
-    communication_s = 0.0
-    if volume.link_bytes_per_gpu and link_gbs is None:
-        notes.append(
-            "communication between devices not included: no link bandwidth (pass --link-gbs, or measure this "
-            "node's with `python -m lab_helpers bandwidth`)"
-        )
-    elif volume.link_bytes_per_gpu:
-        communication_s = volume.link_bytes_per_gpu / (link_gbs * 1e9)
-        notes.append(f"communication: {volume.describe()}; not overlapped with compute (an upper bound)")
-    host_s = transfer_s = 0.0
-    if spec.offload_optimizer:
-        trainable = trainable_params(spec)
-        host_s = trainable / cpu_rates.adam_params_per_s
-        notes.append("host optimizer step from the host's measured torch Adam rate")
-        if device != CPU:  # on a CPU the "device" is the host: nothing to copy
-            traffic = host_device_bytes_per_optimizer_step(
-                trainable_parameter_count=trainable,
-                bytes_per_parameter=_bytes_per_parameter(spec.precision),
-                world_size=spec.devices,
-                micro_batches_per_step=accumulation,
-            )
-            transfer_s = traffic.total_bytes / (host_link_gbs * 1e9)
+    volume, communication_s = _communication(spec, link_gbs, notes)
+    host_s, transfer_s = _offload_s(spec, device, cpu_rates, accumulation, host_link_gbs, notes)
     step_s = accumulation * micro_s + optimizer_s + communication_s + host_s + transfer_s
     tokens = spec.micro_batch_size * seq * accumulation
-    split = {}
-    if traced is not None:
-        split = {
-            "host_ms_per_micro_batch": traced["host_s"] * 1e3,
-            "device_ms_per_micro_batch": traced["device_s"] * 1e3,
-            "time_bound": "host" if traced["host_s"] > traced["device_s"] else "device",
-            "kernels_per_micro_batch": traced["kernels_per_micro_batch"],
-            "kernels_per_optimizer_step": traced["kernels_per_optimizer_step"],
-            "optimizer_step_ms": optimizer_s * 1e3,
-            "launch_cost_us": traced["launch_cost_s"] * 1e6,
-            "launch_cost_source": traced["launch_cost_source"],
-            "matmul_efficiency": traced["matmul_efficiency"],
-            "bandwidth_efficiency": traced["bandwidth_efficiency"],
-            "efficiency_source": traced["efficiency_source"],
-            "memory_bandwidth_gbs": traced["bandwidth"] / 1e9,
-        }
+    split = _traced_fields(traced, optimizer_s)
     return TimePlan(
         **split,
         compute_s=accumulation * compute_micro_s + (optimizer_s if traced is not None else 0.0),
@@ -359,6 +311,98 @@ def predict_time(
         seq_len=seq,
         notes=notes,
     )
+
+
+def _peak_flops(spec: TrainingSpec, device: str, cpu_rates: CpuRates | None) -> float:
+    """The device's peak FLOP/s: a CPU's measured matmul rate, a GPU's dense peak at the spec's precision."""
+    if device == CPU:
+        peak = cpu_rates.matmul_flops_per_s
+    else:
+        peak = dense_peak_flops(device, spec.precision)
+        if peak is None:
+            raise PlanError(
+                f"no dense peak for {device!r} at {spec.precision} in lab_helpers.hardware.gpu_peaks: time cannot be predicted"
+            )
+    return peak
+
+
+def _efficiency(
+    spec: TrainingSpec,
+    device: str,
+    mfu: float | None,
+    records: list,
+    cpu_rates: CpuRates | None,
+) -> Efficiency:
+    """The FLOPs model's MFU and overhead: the one given, else ``mfu_for`` (the records, else the table)."""
+    if mfu is not None:
+        if not 0 < mfu <= 1:
+            raise PlanError(f"mfu must be in (0, 1], got {mfu}")
+        efficiency = Efficiency(float(mfu), 0.0, "given")
+    else:
+        efficiency = mfu_for(device, spec.method, spec.precision, records=records, cpu_rates=cpu_rates)
+    return efficiency
+
+
+def _communication(spec: TrainingSpec, link_gbs: float | None, notes: list[str]) -> tuple[CommunicationVolume, float]:
+    """The bytes each device sends per optimizer step and their time over the link (none without a link bandwidth: a
+    note says so)."""
+    volume = step_communication(spec)
+    communication_s = 0.0
+    if volume.link_bytes_per_gpu and link_gbs is None:
+        notes.append(
+            "communication between devices not included: no link bandwidth (pass --link-gbs, or measure this "
+            "node's with `python -m lab_helpers bandwidth`)"
+        )
+    elif volume.link_bytes_per_gpu:
+        communication_s = volume.link_bytes_per_gpu / (link_gbs * 1e9)
+        notes.append(f"communication: {volume.describe()}; not overlapped with compute (an upper bound)")
+    return volume, communication_s
+
+
+def _offload_s(
+    spec: TrainingSpec,
+    device: str,
+    cpu_rates: CpuRates | None,
+    accumulation: int,
+    host_link_gbs: float,
+    notes: list[str],
+) -> tuple[float, float]:
+    """Optimizer offload's host step (the host's Adam rate) and its host-device transfers; 0, 0 without it."""
+    host_s = transfer_s = 0.0
+    if spec.offload_optimizer:
+        trainable = trainable_params(spec)
+        host_s = trainable / cpu_rates.adam_params_per_s
+        notes.append("host optimizer step from the host's measured torch Adam rate")
+        if device != CPU:  # on a CPU the "device" is the host: nothing to copy
+            traffic = host_device_bytes_per_optimizer_step(
+                trainable_parameter_count=trainable,
+                bytes_per_parameter=_bytes_per_parameter(spec.precision),
+                world_size=spec.devices,
+                micro_batches_per_step=accumulation,
+            )
+            transfer_s = traffic.total_bytes / (host_link_gbs * 1e9)
+    return host_s, transfer_s
+
+
+def _traced_fields(traced: dict[str, Any] | None, optimizer_s: float) -> dict[str, Any]:
+    """The traced model's own fields of the TimePlan (host and device per micro-batch, kernels, the fits)."""
+    split = {}
+    if traced is not None:
+        split = {
+            "host_ms_per_micro_batch": traced["host_s"] * 1e3,
+            "device_ms_per_micro_batch": traced["device_s"] * 1e3,
+            "time_bound": "host" if traced["host_s"] > traced["device_s"] else "device",
+            "kernels_per_micro_batch": traced["kernels_per_micro_batch"],
+            "kernels_per_optimizer_step": traced["kernels_per_optimizer_step"],
+            "optimizer_step_ms": optimizer_s * 1e3,
+            "launch_cost_us": traced["launch_cost_s"] * 1e6,
+            "launch_cost_source": traced["launch_cost_source"],
+            "matmul_efficiency": traced["matmul_efficiency"],
+            "bandwidth_efficiency": traced["bandwidth_efficiency"],
+            "efficiency_source": traced["efficiency_source"],
+            "memory_bandwidth_gbs": traced["bandwidth"] / 1e9,
+        }
+    return split
 
 
 def mean_padded_length(sample_lengths: Sequence[int], micro_batch_size: int, max_seq_length: int) -> int:

@@ -306,10 +306,7 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
     acct = StorageAccountant()
     keep_alive: list = []  # objects litgpt keeps referenced for the whole run
 
-    if n_layer is not None:
-        spec = copy.copy(spec)
-        spec.model_config = copy.deepcopy(spec.model_config)
-        spec.model_config.n_layer = n_layer
+    spec = _with_layers(spec, n_layer)
     with fake_tensor_mode():
         model = build_model(spec, pdtype)
         total_numel = _numel(model.parameters())  # before 4-bit layers turn weights into buffers
@@ -318,16 +315,7 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
         use_cuda_dropout(model)
         # litgpt builds the optimizer before QLoRA's embedding swap, so the new embedding is never zeroed.
         optimizer = make_optimizer(spec, model)
-        if spec.method == "qlora":
-            software = spec.software
-            double_quant = str(spec.quantize).endswith("-dq")
-            quantize_linears(model, double_quant, software.bnb_keeps_matmul_input)
-            if software.qlora_stable_embedding:
-                old = model.transformer.wte
-                model.transformer.wte = StableEmbedding(
-                    old.num_embeddings, old.embedding_dim, pdtype, old.weight.device
-                )
-                keep_alive.append(old)  # lora.py keeps `old_embedding` referenced in main()
+        _quantize_for_qlora(spec, model, pdtype, keep_alive)
         if spec.activation_checkpointing:
             checkpoint_blocks(model)
         model.max_seq_length = T  # fit(): outside any precision context, so the RoPE cache is fp32
@@ -411,44 +399,95 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
                 acct.begin(f"w{window}-step", "step")
                 optimizer.step()
                 optimizer.zero_grad()
-                for state in optimizer.state.values():
-                    for value in state.values():
-                        if isinstance(value, torch.Tensor) and value.numel() > 1:
-                            acct.mark(value, "optimizer_states")
+                _mark_optimizer_states(acct, optimizer)
                 acct.end()
             if spec.include_validation and spec.validation_during_training:
                 validation()
         for h in hooks:
             h.remove()
 
-        acct.summarize()
-        blocks = model.transformer.h
-        block_params = list(blocks[0].parameters()) + list(blocks[0].buffers())
-        block_bytes = _bytes(block_params)
-        all_bytes = _bytes([*params, *model.buffers()])
-        state_bytes = _bytes(
-            v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.numel() > 1
-        )
-        uses_torch_optimizer = spec.optimizer_step is not None
-        result = TraceResult(
-            notes=torch_optimizer_kwargs(spec)[1] if uses_torch_optimizer else [],
-            phases=acct.phases,
-            total_param_numel=total_numel,
-            trainable_param_numel=_numel(trainable),
-            param_bytes=all_bytes,
-            trainable_param_bytes=_bytes(trainable),
-            block_param_bytes=block_bytes,
-            block_param_numel=_numel(blocks[0].parameters()),
-            root_param_bytes=max(0, all_bytes - block_bytes * len(blocks)),
-            optimizer_state_bytes=state_bytes,
-            paged_optimizer_bytes=getattr(optimizer, "paged_bytes", 0),
-            seconds=time.perf_counter() - started,
-            kept_alive_bytes=_bytes(t for mod in keep_alive for t in mod.parameters()),
-            largest_weight_numel=largest_weight,
-            largest_param_bytes=largest_param,
-            # a snapshot: storages freed after the trace must not change it
-            timeline=([copy.copy(r) for r in acct.records], acct.phases),
-            # window 1 is the steady one: gradients and optimizer state exist, as in every later micro-batch
-            op_costs=from_trace(op_log, {"w1m0-forward", "w1m0-backward"}, {"w1-step"}),
+        result = _trace_result(
+            spec, acct, model, params, trainable, optimizer, keep_alive, op_log, started, total_numel, largest_weight,
+            largest_param
         )
     return result
+
+
+def _quantize_for_qlora(spec: TrainingSpec, model: torch.nn.Module, pdtype: torch.dtype, keep_alive: list) -> None:
+    """QLoRA as litgpt's lora.py does it: 4-bit base weights and, where bitsandbytes does, a stable embedding (the
+    old one stays referenced in ``keep_alive``)."""
+    if spec.method == "qlora":
+        software = spec.software
+        double_quant = str(spec.quantize).endswith("-dq")
+        quantize_linears(model, double_quant, software.bnb_keeps_matmul_input)
+        if software.qlora_stable_embedding:
+            old = model.transformer.wte
+            model.transformer.wte = StableEmbedding(
+                old.num_embeddings, old.embedding_dim, pdtype, old.weight.device
+            )
+            keep_alive.append(old)  # lora.py keeps `old_embedding` referenced in main()
+
+
+def _with_layers(spec: TrainingSpec, n_layer: int | None) -> TrainingSpec:
+    """``spec`` with only ``n_layer`` blocks (a copy), or ``spec`` itself where None."""
+    if n_layer is not None:
+        spec = copy.copy(spec)
+        spec.model_config = copy.deepcopy(spec.model_config)
+        spec.model_config.n_layer = n_layer
+    return spec
+
+
+def _mark_optimizer_states(acct: StorageAccountant, optimizer: torch.optim.Optimizer) -> None:
+    """The optimizer's states (every tensor of more than one element) marked as such."""
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor) and value.numel() > 1:
+                acct.mark(value, "optimizer_states")
+
+
+def _trace_result(
+    spec: TrainingSpec,
+    acct: StorageAccountant,
+    model: torch.nn.Module,
+    params: list,
+    trainable: list,
+    optimizer: torch.optim.Optimizer,
+    keep_alive: list,
+    op_log: list,
+    started: float,
+    total_numel: int,
+    largest_weight: int,
+    largest_param: int,
+) -> TraceResult:
+    """What the trace measured: the phases and their storages, parameter and optimizer-state sizes, the timeline, the
+    op costs of the steady window."""
+    acct.summarize()
+    blocks = model.transformer.h
+    block_params = list(blocks[0].parameters()) + list(blocks[0].buffers())
+    block_bytes = _bytes(block_params)
+    all_bytes = _bytes([*params, *model.buffers()])
+    state_bytes = _bytes(
+        v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.numel() > 1
+    )
+    uses_torch_optimizer = spec.optimizer_step is not None
+    return TraceResult(
+        notes=torch_optimizer_kwargs(spec)[1] if uses_torch_optimizer else [],
+        phases=acct.phases,
+        total_param_numel=total_numel,
+        trainable_param_numel=_numel(trainable),
+        param_bytes=all_bytes,
+        trainable_param_bytes=_bytes(trainable),
+        block_param_bytes=block_bytes,
+        block_param_numel=_numel(blocks[0].parameters()),
+        root_param_bytes=max(0, all_bytes - block_bytes * len(blocks)),
+        optimizer_state_bytes=state_bytes,
+        paged_optimizer_bytes=getattr(optimizer, "paged_bytes", 0),
+        seconds=time.perf_counter() - started,
+        kept_alive_bytes=_bytes(t for mod in keep_alive for t in mod.parameters()),
+        largest_weight_numel=largest_weight,
+        largest_param_bytes=largest_param,
+        # a snapshot: storages freed after the trace must not change it
+        timeline=([copy.copy(r) for r in acct.records], acct.phases),
+        # window 1 is the steady one: gradients and optimizer state exist, as in every later micro-batch
+        op_costs=from_trace(op_log, {"w1m0-forward", "w1m0-backward"}, {"w1-step"}),
+    )

@@ -144,8 +144,6 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
     import lightning as L
 
     from lab_helpers.config.experiments import resolve_path
-    from lab_helpers.training import child_report
-    from lab_helpers.training.distributed import peers
     from lab_helpers.training.distributed.deepspeed_config import optimizer_class_path
     from lab_helpers.training.distributed.module import LitGPTFinetune
     from lab_helpers.training.distributed.reporting import ReportCallback
@@ -202,6 +200,47 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
     if quick:
         put_longest_batch_in_second_step(data, int(train["micro_batch_size"]), accum)
     out_dir = args.out_dir or resolve_path(recipe.get("out_dir") or "out/multi")
+
+    WatchChildren = _watch_children_callback(args, report)
+
+    trainer = L.Trainer(
+        accelerator="cuda" if on_cuda else "cpu",
+        **trainer_layout,
+        strategy=choice.strategy,
+        precision=str(recipe.get("precision") or "32-true"),
+        max_steps=max_steps,
+        max_epochs=-1,  # the lab measures a fixed number of optimizer steps, however small the data set
+        accumulate_grad_batches=accum,
+        gradient_clip_val=train.get("max_norm"),
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        use_distributed_sampler=not quick,  # quick mode's sampler gives each rank its share itself
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=out_dir,
+        callbacks=[
+            WatchChildren(),
+            ReportCallback(
+                report,
+                total_iterations=max_steps * accum,
+                metrics_csv=_metrics_csv(out_dir, report.rank),
+                warmup_steps=warmup_steps(max_steps, quick=quick),
+            ),
+            FreeTrainingStateAtEnd(),  # after the report: Lightning's teardown would copy it all to host memory
+        ],
+    )
+    trainer.fit(module, datamodule=data)
+
+
+def _watch_children_callback(args: argparse.Namespace, report) -> type:
+    """The callback with which rank 0 watches the local ranks Lightning started (``peers``); every rank keeps the
+    lab's SIGTERM handling and reports a dead or interrupted peer."""
+    import lightning as L
+
+    from lab_helpers.training import child_report
+    from lab_helpers.training.distributed import peers
 
     class WatchChildren(L.Callback):
         """After Lightning has started the other local ranks, rank 0 watches them (see peers); every rank keeps
@@ -261,36 +300,7 @@ def run(args: argparse.Namespace, report, *, on_cuda: bool) -> None:
             return any(
                 reports.get(self.first_rank + i + 1, {}).get("status") == "interrupted" for i in range(len(self.procs))
             )
-
-    trainer = L.Trainer(
-        accelerator="cuda" if on_cuda else "cpu",
-        **trainer_layout,
-        strategy=choice.strategy,
-        precision=str(recipe.get("precision") or "32-true"),
-        max_steps=max_steps,
-        max_epochs=-1,  # the lab measures a fixed number of optimizer steps, however small the data set
-        accumulate_grad_batches=accum,
-        gradient_clip_val=train.get("max_norm"),
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        use_distributed_sampler=not quick,  # quick mode's sampler gives each rank its share itself
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=out_dir,
-        callbacks=[
-            WatchChildren(),
-            ReportCallback(
-                report,
-                total_iterations=max_steps * accum,
-                metrics_csv=_metrics_csv(out_dir, report.rank),
-                warmup_steps=warmup_steps(max_steps, quick=quick),
-            ),
-            FreeTrainingStateAtEnd(),  # after the report: Lightning's teardown would copy it all to host memory
-        ],
-    )
-    trainer.fit(module, datamodule=data)
+    return WatchChildren
 
 
 @contextlib.contextmanager
