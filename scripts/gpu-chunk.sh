@@ -229,9 +229,9 @@ for step in "${steps[@]}"; do
             # the ci recipes are sized for 2 CPU ranks: N simulated ranks get the global batch that gives each the
             # micro-batches per step that each of 2 ranks runs, as the notebooks' ci decision does
             rest+=" --set train.global_batch_size=$("$python" -c 'import sys
-from lab_helpers.planning.arithmetic import resolved
+from lab_helpers.config.experiments import resolve
 from lab_helpers.planning.decision import ci_simulated_global_batch
-print(ci_simulated_global_batch(resolved(sys.argv[1], "ci"), int(sys.argv[2])))' "$id" "${BASH_REMATCH[1]}")"
+print(ci_simulated_global_batch(resolve(sys.argv[1], "ci", check_files=False), int(sys.argv[2])))' "$id" "${BASH_REMATCH[1]}")"
         fi
         # shellcheck disable=SC2086  # $rest holds the step's own arguments
         "$python" -m lab_helpers run "$id" --profile "$profile" --quick --quiet --time-limit "$limit_s" \

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from lab_helpers.config.experiments import gradient_accumulation_steps
-from lab_helpers.planning.arithmetic import precision_bytes, resolved
+from lab_helpers.config.experiments import gradient_accumulation_steps, resolve
+from lab_helpers.planning.arithmetic import precision_bytes
 from lab_helpers.planning.planner.communication import (
     communication_per_optimizer_step,
     host_device_bytes_per_optimizer_step,
@@ -23,7 +23,7 @@ WORLD = 4  # LAB.md's reference node
 
 def _volume(exp_id: str):
     """The volume of ``exp_id`` on the gpu profile at 4 GPUs, every number taken from its recipe."""
-    run = resolved(exp_id, "gpu")
+    run = resolve(exp_id, "gpu", check_files=False)
     spec = spec_from_recipe(run.recipe, devices=WORLD, strategy=run.experiment.strategy)
     sharding = run.options["sharding"] if run.experiment.strategy == "fsdp" else None
     return communication_per_optimizer_step(

@@ -202,3 +202,20 @@ def test_a_pair_that_is_no_experiment_of_its_file_is_one_line(tmp_path, monkeypa
     monkeypatch.setenv("LAB_HOME", str(tmp_path))
     with pytest.raises(LabConfigError, match=re.escape(message)):
         load_experiments()
+
+
+def test_every_resolve_gets_its_own_run_and_an_edited_file_is_read_again(tmp_path, monkeypatch):
+    """The YAML files are parsed once per version (experiments._read_yaml) but no caller shares what it got: a run
+    changed by one caller leaves the next resolve as defined, and a file written again is read again."""
+    first = resolve("lora-1b", "gpu", check_files=False)
+    first.recipe["train"]["micro_batch_size"] = 999
+    first.experiment.set["changed"] = True
+    again = resolve("lora-1b", "gpu", check_files=False)
+    assert again.recipe["train"]["micro_batch_size"] != 999 and "changed" not in again.experiment.set
+    folder = tmp_path / "configs" / "experiments"
+    folder.mkdir(parents=True)
+    monkeypatch.setenv("LAB_HOME", str(tmp_path))
+    (folder / "single.yaml").write_text("a: {model: 1b, method: full}\n")
+    assert load_experiments()["a"].method == "full"
+    (folder / "single.yaml").write_text("a: {model: 1b, method: lora, devices: 1}\n")
+    assert load_experiments()["a"].method == "lora"

@@ -177,12 +177,13 @@ def test_offload_host_ram_number():
     the planner's formula on the 13B's real parameter count, with the node's ranks (fixtures: one and four GPUs)."""
     from node_fixtures import node as fixture
 
-    from lab_helpers.planning.arithmetic import model_states, resolved
+    from lab_helpers.config.experiments import resolve
+    from lab_helpers.planning.arithmetic import model_states
     from lab_helpers.planning.node_limits import offload_fit
     from lab_helpers.planning.planner.analytic import HOST_PROCESS_BYTES
 
     params = model_states("deepspeed-offload").counts.total
-    run = resolved("deepspeed-offload", "gpu")
+    run = resolve("deepspeed-offload", "gpu", check_files=False)
     one, four = offload_fit(run, fixture("H100-80GB")), offload_fit(run, fixture("4xH100"))
     assert 12.9e9 < params < 13.1e9
     assert one.need_gib == pytest.approx((params * 16 + HOST_PROCESS_BYTES) / 2**30)

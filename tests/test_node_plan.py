@@ -18,7 +18,7 @@ from node_fixtures import NODES, node
 
 from lab_helpers import node_plan
 from lab_helpers.config.experiments import check_profile, load_experiments, pair_group, resolve
-from lab_helpers.planning.arithmetic import GIB, model_states, resolved
+from lab_helpers.planning.arithmetic import GIB, model_states
 
 ACTIVATION_GIB_PER_SAMPLE = {"1b": 2.0, "3b": 2.5, "7b": 3.0, "13b": 3.5}  # fixture: not measured figures
 OVERHEAD_GIB = 1.0
@@ -36,7 +36,7 @@ class FixturePlanner:
 
     def __call__(self, exp_id: str, overrides) -> SimpleNamespace:
         self.calls.append((exp_id, dict(overrides)))
-        run = resolved(exp_id, "gpu", overrides)
+        run = resolve(exp_id, "gpu", overrides, check_files=False)
         states = model_states(exp_id, overrides=dict(overrides))
         gib = states.gib
         if run.experiment.strategy == "fsdp":
@@ -342,7 +342,7 @@ def test_lab_models_skips_every_other_size_and_the_final_check_expects_it(monkey
     for name, profile in (("none", "ci"), ("H200-141GB", "gpu")):
         steps, _ = decide_all(name, SINGLE, profile=profile)
         skipped = {e for e, s in steps.items() if "LAB_MODELS=1b" in s.sentence}
-        assert skipped == {e for e in SINGLE if resolved(e, profile).experiment.model != "1b"}, (name, skipped)
+        assert skipped == {e for e in SINGLE if resolve(e, profile, check_files=False).experiment.model != "1b"}, (name, skipped)
         assert all(steps[e].expected_status == "skipped" and not steps[e].runs for e in skipped)
         assert steps["small-batch"].runs
     monkeypatch.setenv("LAB_MODELS", "1b,70b")
@@ -358,7 +358,7 @@ PAIR_NODES = ("A10G-24GB", "L40S-48GB", "A100-40GB", "H100-80GB", "H200-141GB", 
 
 def _runs_at(step) -> tuple[str, int, int]:
     """(checkpoint, micro batch, global batch) a running step trains with."""
-    train = resolved(step.exp_id, step.profile, step.overrides).recipe
+    train = resolve(step.exp_id, step.profile, step.overrides, check_files=False).recipe
     return str(train["checkpoint_dir"]), train["train"]["micro_batch_size"], train["train"]["global_batch_size"]
 
 
@@ -370,7 +370,7 @@ def test_every_pair_runs_at_the_same_settings_or_the_step_says_why(name):
     steps, _ = decide_all(name, paired, profile="ci" if name == "none" else "gpu")
     for exp_id, pair in PAIRED.items():
         mine, theirs = steps[exp_id], steps[pair]
-        fills = resolved(exp_id, mine.profile).options.get("fill_gpu")
+        fills = resolve(exp_id, mine.profile, check_files=False).options.get("fill_gpu")
         both = mine.runs and theirs.runs and mine.expected_status == theirs.expected_status == "ok"
         if both and not fills and _runs_at(mine)[0] == _runs_at(theirs)[0]:  # one model: one micro batch, always
             assert _runs_at(mine)[1] == _runs_at(theirs)[1], (name, exp_id, mine.overrides, theirs.overrides)

@@ -10,6 +10,7 @@ import pytest
 from node_fixtures import node
 
 from lab_helpers import node_plan
+from lab_helpers.config.experiments import resolve
 from lab_helpers.planning import arithmetic, node_limits
 from lab_helpers.planning.planner.calibration import DEFAULT_MFU
 from lab_helpers.present import tables
@@ -44,7 +45,7 @@ def test_steps_and_samples_of_the_h100_quick_runs():
 def test_an_offload_has_one_host_figure_the_gates(name):
     step = node_plan.decide("deepspeed-offload", node(name), profile="gpu")
     words = node_plan.offload_words(step, node(name))
-    run = arithmetic.resolved("deepspeed-offload", "gpu", step.overrides)
+    run = resolve("deepspeed-offload", "gpu", step.overrides, check_files=False)
     need = node_limits.offload_fit(run, node(name)).need_gib
     assert f"host RAM {need:.1f} GiB" in words and "fp32 gradient partitions" in words
     accumulate = "accumulate 4 on 4 rank(s)" if name == "4xH100" else "accumulate 16 on 1 rank(s)"

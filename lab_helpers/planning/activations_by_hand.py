@@ -190,12 +190,12 @@ def experiment_spec(
 ):
     """The planner's spec for an experiment as the run would give it (``predict.planner_inputs``); ``device``
     defaults to the profile's (a CPU for ci, CUDA for gpu)."""
-    from lab_helpers.planning.arithmetic import resolved
+    from lab_helpers.config.experiments import resolve
     from lab_helpers.planning.planner.spec import spec_from_recipe
     from lab_helpers.planning.predict import planner_inputs
 
     device = device or ("cpu" if profile == "ci" else "cuda")
-    inputs = planner_inputs(resolved(exp_id, profile, overrides), gpu_memory_gib, device=device)
+    inputs = planner_inputs(resolve(exp_id, profile, overrides, check_files=False), gpu_memory_gib, device=device)
     return spec_from_recipe(inputs.pop("recipe"), **inputs)
 
 

@@ -205,31 +205,11 @@ class ModelStates:
         return head + body + " — before a single activation." + paged
 
 
-def resolved(exp_id: str, profile: str, overrides: Mapping[str, Any] | None = None):
-    """``experiments.resolve`` without file checks, memoised: the notebooks and node_plan ask for the same
-    experiment many times, and each resolve parses the YAML files again (pure-Python YAML: tens of ms).
-    Callers must not change the returned run."""
-    from lab_helpers.config.experiments import resolve
-
-    items = tuple(sorted(dict(overrides or {}).items()))
-    try:
-        return _resolved(exp_id, profile, items)
-    except TypeError:  # an unhashable override value: resolve it afresh
-        return resolve(exp_id, profile, dict(items), check_files=False)
-
-
-@functools.lru_cache(maxsize=256)
-def _resolved(exp_id: str, profile: str, items: tuple[tuple[str, Any], ...]):
-    from lab_helpers.config.experiments import resolve
-
-    return resolve(exp_id, profile, dict(items), check_files=False)
-
-
 def model_states(exp_id: str, *, profile: str = "gpu", overrides: Mapping[str, Any] | None = None) -> ModelStates:
     """The model-state arithmetic of ``exp_id`` as it runs on ``profile`` (default: the real models)."""
-    from lab_helpers.config.experiments import resolve_path
+    from lab_helpers.config.experiments import resolve, resolve_path
 
-    run = resolved(exp_id, profile, overrides)
+    run = resolve(exp_id, profile, overrides, check_files=False)
     recipe = run.recipe
     lora = tuple(sorted((k, v) for k, v in recipe.items() if k.startswith("lora_")))
     counts = count_params(str(resolve_path(recipe["checkpoint_dir"])), lora)
@@ -334,9 +314,9 @@ _STRATEGY_WORDS = {"fsdp (full)": "FSDP FULL_SHARD", "fsdp (grad-op)": "FSDP SHA
 def communication(exp_id: str, *, profile: str = "gpu", ranks: int = 4) -> Communication:
     """Communication per optimizer step of a section-02 experiment on ``ranks`` GPUs (LAB.md's reference: 4), with
     the accumulation its recipe has there (global batch / (micro batch x ranks))."""
-    from lab_helpers.config.experiments import gradient_accumulation_steps, resolve_path
+    from lab_helpers.config.experiments import gradient_accumulation_steps, resolve, resolve_path
 
-    run = resolved(exp_id, profile)
+    run = resolve(exp_id, profile, check_files=False)
     strategy = run.experiment.strategy
     if strategy == "single" or not run.experiment.distributed:
         raise ValueError(f"{exp_id} runs {strategy!r}: no communication between GPUs to count")

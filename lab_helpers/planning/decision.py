@@ -194,11 +194,11 @@ def _decide_alone(
     oom_overrides: OomOverrides | None = None,
 ) -> Decision:
     """:func:`decide` for ``exp_id`` as if it were compared with nothing."""
+    from lab_helpers.config.experiments import resolve
     from lab_helpers.planning import predict as plans
-    from lab_helpers.planning.arithmetic import resolved
 
     predict_given = predict
-    defined = resolved(exp_id, profile)
+    defined = resolve(exp_id, profile, check_files=False)
     experiment = defined.experiment
     if (sizes := models_here(profile)) is not None and experiment.model not in sizes:
         return Decision(exp_id, profile, False, {}, "skipped",
@@ -229,9 +229,9 @@ def _decide_alone(
     if why_not is None and (world := simulated_world_here(experiment, node)):
         return _simulated(exp_id, profile, overrides, notes, world, memory, predict_given)
     if why_not is None:
-        why_not = _hardware_gap(resolved(exp_id, profile, overrides), node)
+        why_not = _hardware_gap(resolve(exp_id, profile, overrides, check_files=False), node)
     if why_not is None and experiment.options.get("offload_optimizer"):
-        why_not = _offload_host(resolved(exp_id, profile, overrides), node, overrides, notes)
+        why_not = _offload_host(resolve(exp_id, profile, overrides, check_files=False), node, overrides, notes)
     if why_not is not None:
         return _skip(exp_id, profile, overrides, why_not)
     try:
@@ -352,10 +352,9 @@ def ci_simulated_global_batch(run: Any, world: int) -> int:
 
 
 def _decide_ci(exp_id: str, node: Mapping[str, Any], profile: str) -> Decision:
-    from lab_helpers.config.experiments import check_profile
-    from lab_helpers.planning.arithmetic import resolved
+    from lab_helpers.config.experiments import check_profile, resolve
 
-    run = resolved(exp_id, profile)
+    run = resolve(exp_id, profile, check_files=False)
     if reason := blocked(run, node):
         return Decision(exp_id, profile, False, {}, "skipped", reason)  # the record's reason, as run_experiment's
     stand_in = check_profile(profile)["models"][run.experiment.model]

@@ -35,7 +35,8 @@ def largest_micro_batch(
     teaches a small batch, as does one whose global batch follows its ranks (``accumulation: 1``, the course's
     rows); one defined with it keeps its global batch and accumulates more micro-batches.
     """
-    from lab_helpers.planning.arithmetic import model_states, resolved
+    from lab_helpers.config.experiments import resolve
+    from lab_helpers.planning.arithmetic import model_states
 
     memory = gpu_memory_gib(node)
     where = f"this {gpu_words(node)}"
@@ -43,7 +44,7 @@ def largest_micro_batch(
         states = model_states(exp_id, profile=profile, overrides=overrides)
         if states.gib > memory:
             return None, f"its model states alone are {states.gib:.1f} GiB, more than {where} holds"
-    train = dict(resolved(exp_id, profile, overrides).recipe.get("train") or {})
+    train = dict(resolve(exp_id, profile, overrides, check_files=False).recipe.get("train") or {})
     micro = first = int(train.get("micro_batch_size") or 1)
     per_rank = experiment.accumulation == 1  # the course's rows: the global batch follows micro batch x ranks
     no_accumulation = per_rank or int(train.get("global_batch_size") or first) == first

@@ -117,9 +117,9 @@ def _model_of(run: Any) -> str:
 
 
 def _with_overrides(run: Any, more: Mapping[str, Any]) -> Any:
-    from lab_helpers.planning.arithmetic import resolved
+    from lab_helpers.config.experiments import resolve
 
-    return resolved(run.experiment.id, run.profile, {**run.overrides, **more})
+    return resolve(run.experiment.id, run.profile, {**run.overrides, **more}, check_files=False)
 
 
 def smaller_model_checkpoint(profile: str, model: str) -> str:

@@ -38,10 +38,10 @@ class PairSettings:
 
 
 def pair_settings(step: Decision) -> PairSettings:
-    from lab_helpers.planning.arithmetic import resolved
+    from lab_helpers.config.experiments import resolve
 
-    run = resolved(step.exp_id, step.profile, step.overrides)
-    defined_run = resolved(step.exp_id, step.profile)
+    run = resolve(step.exp_id, step.profile, step.overrides, check_files=False)
+    defined_run = resolve(step.exp_id, step.profile, check_files=False)
     defined = defined_run.recipe["train"]
     train = run.recipe["train"]
     per_rank = run.experiment.accumulation == 1

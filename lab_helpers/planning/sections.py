@@ -77,10 +77,10 @@ def sections_runnable(node: NodeFacts) -> dict[str, tuple[bool, str]]:
 
 def _offload_section(node: Mapping[str, Any]) -> tuple[bool, str]:
     """The offload run on ``node``: its host RAM (the gate's formula) and what runs where the 13B does not fit."""
-    from lab_helpers.planning.arithmetic import resolved
+    from lab_helpers.config.experiments import resolve
 
     packages = node.get("packages") or {}
-    fit = offload_fit(resolved(OFFLOAD_EXPERIMENT, "gpu"), node)
+    fit = offload_fit(resolve(OFFLOAD_EXPERIMENT, "gpu", check_files=False), node)
     it = f"it {fit.words()}"
     if not node.get("gpus"):
         return False, f"no CUDA GPU: ci profile only; on a GPU node {it}"
