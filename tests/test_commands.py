@@ -46,13 +46,13 @@ def _lesson(strategy) -> tuple:
 def test_strategy_lines_build_what_the_training_process_builds(exp_id, tmp_path):
     """The printed lines, executed as a student's script would run them, build the same strategy as the training
     process does from the command line the lab writes (on CUDA: what a student's GPU node runs)."""
-    from lab_helpers.training.distributed import train
+    from lab_helpers.training.distributed import finetune, train
     from lab_helpers.training.distributed.command import build_command
 
     run = resolve(exp_id, "gpu", check_files=False)
     argv = build_command(run, tmp_path)
     args = train.parse_args(argv[argv.index("lab_helpers.training.distributed.train") + 1 :])
-    built, _ = train.strategy_from_args(args, on_cuda=True)
+    built, _ = finetune.strategy_from_args(args, on_cuda=True)
 
     class Lightning:  # the student's `import lightning as L`, with a Trainer that hands back what it was given
         Trainer = staticmethod(lambda **kwargs: kwargs)

@@ -98,6 +98,43 @@ def test_gradient_accumulation_matches_litgpt():
         assert ours == theirs
 
 
+def test_gradient_accumulation_is_accumulate_else_the_recipes_and_a_deepspeed_config_must_agree():
+    """One rule (finetune.gradient_accumulation): --accumulate when given, else the recipe's; a DeepSpeed config's
+    gradient_accumulation_steps must be the same number, else a one-line error names both."""
+    from lab_helpers.config.config_error import LabConfigError
+    from lab_helpers.training.distributed.finetune import gradient_accumulation
+
+    recipe = _recipe(micro=2, global_=16)
+    assert gradient_accumulation(3, recipe, world_size=2, deepspeed_config=None) == 3  # the lab's value
+    assert gradient_accumulation(None, recipe, world_size=2, deepspeed_config=None) == 4  # by hand: 16 / (2 x 2)
+    ds = deepspeed_config(recipe, world_size=2)
+    assert ds["gradient_accumulation_steps"] == 4
+    assert gradient_accumulation(4, recipe, world_size=2, deepspeed_config=ds) == 4  # agreeing
+    assert gradient_accumulation(None, recipe, world_size=2, deepspeed_config=ds) == 4
+    assert gradient_accumulation(3, recipe, world_size=2, deepspeed_config={"zero_optimization": {}}) == 3  # silent
+    with pytest.raises(LabConfigError, match=r"gradient_accumulation_steps is 4 but --accumulate gives 3") as err:
+        gradient_accumulation(3, recipe, world_size=2, deepspeed_config=ds)
+    assert "\n" not in str(err.value)
+    with pytest.raises(LabConfigError, match=r"is 4 but the recipe's batch sizes on 4 rank\(s\) gives 2"):
+        gradient_accumulation(None, recipe, world_size=4, deepspeed_config=ds)
+
+
+@pytest.mark.parametrize("profile", ["ci", "gpu"])
+def test_the_labs_deepspeed_commands_carry_one_accumulation(profile, tmp_path):
+    """build_command writes --accumulate and the DeepSpeed config's value from the same ResolvedRun: they agree."""
+    from lab_helpers.training.distributed import train
+    from lab_helpers.training.distributed.finetune import gradient_accumulation, world_size_of
+
+    for exp_id in ("deepspeed-offload", "deepspeed-zero2-offload"):
+        run = resolve(exp_id, profile, check_files=False)
+        argv = build_command(run, tmp_path / exp_id)
+        args = train.parse_args(argv[argv.index("lab_helpers.training.distributed.train") + 1 :])
+        ds = json.loads(args.deepspeed_config.read_text())
+        recipe = yaml.safe_load(args.recipe.read_text())
+        steps = gradient_accumulation(args.accumulate, recipe, world_size=world_size_of(args), deepspeed_config=ds)
+        assert steps == run.gradient_accumulation == ds["gradient_accumulation_steps"]
+
+
 # ------------------------------------------------------------------------------------------- the experiments
 
 
