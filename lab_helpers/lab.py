@@ -39,10 +39,11 @@ from lab_helpers.training.quick_mode import QUICK_ENV, quick_from_env, quick_ove
 if TYPE_CHECKING:  # for readers and type checkers; at run time each is imported on first use (below)
     from lab_helpers.assets.prepare import prepare
     from lab_helpers.config.experiments import get_experiment, load_experiments
-    from lab_helpers.hardware.node import describe_node
+    from lab_helpers.hardware.node import describe_node, gpu_memory_gib
     from lab_helpers.planning.activations_by_hand import compare_with_planner, experiment_terms
     from lab_helpers.planning.activations_by_hand import misses as activations_missed
     from lab_helpers.planning.activations_by_hand import summary as activations_summary
+    from lab_helpers.planning.node_limits import reference_hint
     from lab_helpers.planning.sections import sections_runnable
     from lab_helpers.present.commands import closing_text, show_commands
     from lab_helpers.present.doctor import format_report
@@ -71,6 +72,7 @@ __all__ = [
     "experiment_terms",
     "format_report",
     "get_experiment",
+    "gpu_memory_gib",
     "guess_table",
     "latest_record",
     "load_experiments",
@@ -78,6 +80,7 @@ __all__ = [
     "padding_words",
     "plot_step",
     "prepare",
+    "reference_hint",
     "rank_rows",
     "results_dir",
     "sections_runnable",
@@ -370,6 +373,7 @@ _NOTEBOOK_API = {
     "experiment_terms": "lab_helpers.planning.activations_by_hand.experiment_terms",
     "format_report": "lab_helpers.present.doctor.format_report",
     "get_experiment": "lab_helpers.config.experiments.get_experiment",
+    "gpu_memory_gib": "lab_helpers.hardware.node.gpu_memory_gib",
     "guess_table": "lab_helpers.present.guesses.guess_table",
     "latest_record": "lab_helpers.present.padding.latest_record",
     "load_experiments": "lab_helpers.config.experiments.load_experiments",
@@ -377,6 +381,7 @@ _NOTEBOOK_API = {
     "padding_words": "lab_helpers.present.padding.padding_words",
     "plot_step": "lab_helpers.present.step_memory.plot_step",
     "prepare": "lab_helpers.assets.prepare.prepare",
+    "reference_hint": "lab_helpers.planning.node_limits.reference_hint",
     "rank_rows": "lab_helpers.present.multi_gpu.rank_rows",
     "sections_runnable": "lab_helpers.planning.sections.sections_runnable",
     "show_commands": "lab_helpers.present.commands.show_commands",

@@ -12,26 +12,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from lab_helpers.hardware.node import gpu_memory_gib  # noqa: F401  (the notebooks call node_plan.gpu_memory_gib)
+from lab_helpers.hardware.node import gpu_memory_gib
 from lab_helpers.planning import decision, node_limits
-from lab_helpers.planning.decision import (  # noqa: F401  (the notebooks and tests read these from node_plan)
-    FP16_ROUTE,
-    LAB_GPU_GIB,
-    LOSS_SCALING,
-    MULTI_RANK_STRATEGIES,
-    SIMULATED_WORLD,
-    Decision,
-    NoPrediction,
-    OomOverrides,
-    Predict,
-)
-from lab_helpers.planning.micro_batch import SMALLER_MODEL_SUBSTITUTES  # noqa: F401  (the notebooks and tests read these from node_plan)
-from lab_helpers.planning.node_limits import (  # noqa: F401  (the notebooks and tests read these from node_plan)
-    bf16_native,
-    gpu_words,
-    reference_hint,
-    smaller_model_checkpoint,
-)
+from lab_helpers.planning.decision import FP16_ROUTE, LAB_GPU_GIB, LOSS_SCALING, SIMULATED_WORLD, Decision
+from lab_helpers.planning.node_limits import bf16_native, gpu_words, reference_hint
+
+__all__ = ["Step", "decide", "overview", "section_note", "offload_words"]
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,13 @@ from node_fixtures import NODES, node
 
 from lab_helpers import node_plan
 from lab_helpers.config.experiments import check_profile, load_experiments, pair_group, resolve
+from lab_helpers.hardware.node import gpu_memory_gib
 from lab_helpers.planning.arithmetic import GIB, model_states
+from lab_helpers.planning.node_limits import reference_hint, smaller_model_checkpoint
 
 ACTIVATION_GIB_PER_SAMPLE = {"1b": 2.0, "3b": 2.5, "7b": 3.0, "13b": 3.5}  # fixture: not measured figures
 OVERHEAD_GIB = 1.0
-MODEL_BY_FOLDER = {Path(node_plan.smaller_model_checkpoint("gpu", m)).name: m for m in check_profile("gpu")["models"]}
+MODEL_BY_FOLDER = {Path(smaller_model_checkpoint("gpu", m)).name: m for m in check_profile("gpu")["models"]}
 SINGLE = list(load_experiments("single"))
 MULTI = list(load_experiments("multi"))
 
@@ -110,7 +112,7 @@ def test_reference_hint_names_only_shipped_files():
     from lab_helpers.present.tables import reference_dir
 
     shipped = {p.stem for p in reference_dir().glob("*.jsonl")}
-    named = re.search(r"shipped today: ([^;]+);", node_plan.reference_hint()).group(1).split(", ")
+    named = re.search(r"shipped today: ([^;]+);", reference_hint()).group(1).split(", ")
     assert set(named) <= shipped and named, (named, shipped)
 
 
@@ -166,7 +168,7 @@ def test_oom_demonstrations_keep_the_course_lesson(name):
     lesson (the model states alone exceed the GPU) in bf16-mixed instead of an activations OOM."""
     from lab_helpers.planning import predict
 
-    memory = node_plan.gpu_memory_gib(node(name))
+    memory = gpu_memory_gib(node(name))
     baseline, baseline_why = predict.oom_demo_overrides("baseline", profile="gpu", gpu_memory_gib=memory, device="cuda")
     full_13b, full_13b_why = predict.oom_demo_overrides("full-13b", profile="gpu", gpu_memory_gib=memory, device="cuda")
     if name != "H200-141GB":
