@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lab_helpers.config.experiments import LabConfigError, check_run_files, parse_set_args, resolve
+from lab_helpers.config.experiments import LabConfigError, ResolvedRun, check_run_files, parse_set_args, resolve
 from lab_helpers.config.paths import absolute_locations, check_locations, lab_home, results_dir
 from lab_helpers.launch import launcher_for
 from lab_helpers.launch.runner import run_command, say
@@ -150,23 +150,17 @@ def run_experiment(
         overrides = parse_set_args(overrides)
     if problem := profile_problem(profile, node):
         raise LabConfigError(problem)
-    run = resolve(exp_id, profile, overrides, check_files=False, simulate_world=simulate_world)  # files: below
-    if run.options.get("fill_gpu"):  # fill-gpu: the micro batch is chosen here, before the run and its prediction
-        overrides, why = filled_overrides(exp_id, profile=profile, overrides=overrides)
-        if why and (echo or summary):
-            print(why, flush=True)
-        run = resolve(exp_id, profile, overrides, check_files=False, simulate_world=simulate_world)
+    asked = resolve(exp_id, profile, overrides, check_files=False, simulate_world=simulate_world)  # files: below
     check_results_folder(results_file(results_path))  # read-only, full, special: one line, nothing created
-    launcher = launcher_for(run)
+    launcher = launcher_for(asked)
     quick = (quick_from_env() if quick is None else quick) and launcher.supports_quick
-    if quick:
-        # the litgpt child stops by quick mode's rule; the Lightning ranks time a fixed count
-        quick_set = quick_overrides(run.recipe["train"], run.world_size, stopping_rule=not run.experiment.distributed)
-        run = resolve(
-            exp_id, profile, {**(overrides or {}), **quick_set}, check_files=False, simulate_world=simulate_world
-        )
-    if profile_steps := _profile_steps(profile_steps, launcher):
-        run = _with_profiled_steps(run, profile_steps)
+    profile_steps = _profile_steps(profile_steps, launcher)
+    settled, why = settled_overrides(asked, quick=quick, profile_steps=profile_steps)
+    if why and (echo or summary):
+        print(why, flush=True)
+    run = asked  # what runs: what was asked with every setting the lab adds, resolved once more where it adds one
+    if settled != asked.overrides:
+        run = resolve(exp_id, profile, settled, check_files=False, simulate_world=simulate_world)
     base = base_record(run, node)
     base["mode"] = "quick" if quick else "full"
     if reason := blocked(run, node):  # the decision's own checks, before a checkpoint is asked for
@@ -238,18 +232,36 @@ def _profile_steps(steps: Any, launcher) -> int | None:
     return steps
 
 
-def _with_profiled_steps(run, steps: int):
-    """The run with ``steps`` + 1 more optimizer steps: the profiled ones after warm-up, and one for the micro-batch
-    that stops the profiler (left out of the time figures too), so that as many are timed as without."""
-    import dataclasses
+def settled_overrides(
+    asked: ResolvedRun, *, quick: bool = False, profile_steps: int | None = None
+) -> tuple[dict[str, Any], str | None]:
+    """The overrides a run runs with: what was asked, plus what the lab adds, decided on the run as asked (and a
+    sentence where the lab chose something: fill-gpu's micro batch).
 
-    train = run.recipe["train"]
-    if not train.get("max_steps"):
-        return run  # litgpt trains by epochs: the profiled steps come out of the epoch
-    max_steps = train["max_steps"] + steps + 1
-    recipe = {**run.recipe, "train": {**train, "max_steps": max_steps}}
-    overrides = {**run.overrides, "train.max_steps": max_steps}
-    return dataclasses.replace(run, recipe=recipe, overrides=overrides)
+    In order, each read from the ``train`` section as the one before leaves it (``ResolvedRun.train_with``):
+    fill-gpu's micro batch (the largest that fits here, ``predict.fill_gpu_for``); quick mode's shorter run
+    (``quick_overrides``: the litgpt child stops by quick mode's rule, the Lightning ranks time a fixed count); and
+    ``profile_steps`` + 1 more optimizer steps for a profiled run, the profiled ones after warm-up and one for the
+    micro-batch that stops the profiler (left out of the time figures too), so that as many are timed as without
+    (a run by epochs has none added: the profiled steps come out of the epoch)."""
+    settled, why = _filled(asked, dict(asked.overrides))
+    train = asked.train_with(settled)
+    if quick:
+        short = quick_overrides(train, asked.world_size, stopping_rule=not asked.experiment.distributed)
+        settled, train = {**settled, **short}, asked.train_with({**settled, **short})
+    if profile_steps and train.get("max_steps"):
+        settled["train.max_steps"] = train["max_steps"] + profile_steps + 1
+    return settled, why
+
+
+def _filled(run: ResolvedRun, given: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """``given`` with fill-gpu's micro batch where ``run`` fills the GPU and no micro batch is given, and why."""
+    if not run.options.get("fill_gpu"):
+        return given, None
+    if "train.micro_batch_size" in given:
+        return given, f"{run.experiment.id}: micro batch {given['train.micro_batch_size']} as given (not filled)"
+    fill, why = predict.fill_gpu_for(run)
+    return {**given, **fill}, why
 
 
 def _profile_env(steps: int | None, run_dir: Path) -> dict[str, str]:
@@ -340,13 +352,7 @@ def filled_overrides(
     any other experiment runs with ``overrides`` as given (None: nothing chosen). The notebook asks this before
     predicting, so that the prediction it shows is of the batch the run will use."""
     given = dict(overrides or {})
-    profile = profile or default_profile()
-    if not resolve(exp_id, profile, given, check_files=False).options.get("fill_gpu"):
-        return given, None
-    if "train.micro_batch_size" in given:
-        return given, f"{exp_id}: micro batch {given['train.micro_batch_size']} as given (not filled)"
-    fill, why = predict.fill_gpu_overrides(exp_id, profile=profile, overrides=given)
-    return {**given, **fill}, why
+    return _filled(resolve(exp_id, profile or default_profile(), given, check_files=False), given)
 
 
 def oom_demo_overrides(

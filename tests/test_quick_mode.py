@@ -189,3 +189,29 @@ def test_compared_quick_runs_time_the_same_samples_in_the_same_order(ci_assets):
     assert len(reference) == len(set(reference)) > 100  # every training sample once (the generated ones differ)
     for exp_id, (_, samples) in seen.items():
         assert samples == reference, exp_id  # ...the same timed samples, in the same order
+
+
+def test_a_run_settles_its_overrides_before_it_is_resolved_once():
+    """lab.settled_overrides: fill-gpu's micro batch, then quick mode's steps read from the filled train section,
+    then the profiled steps on top, all decided on the run as asked; resolving them gives the train section each
+    step assumed (ResolvedRun.train_with follows resolve's batch rule)."""
+    from lab_helpers.config.experiments import resolve
+    from lab_helpers.lab import settled_overrides
+    from lab_helpers.planning.predict import fill_gpu_for
+
+    asked = resolve("fill-gpu", "ci", {"train.max_steps": 1000}, check_files=False)
+    fill, _ = fill_gpu_for(asked)
+    settled, why = settled_overrides(asked, quick=True, profile_steps=2)
+    assert why and settled["train.micro_batch_size"] == fill["train.micro_batch_size"]
+    filled = resolve("fill-gpu", "ci", {"train.max_steps": 1000, **fill}, check_files=False)
+    short = quick_overrides(filled.recipe["train"], 1, stopping_rule=True)
+    assert short and filled.gradient_accumulation != asked.gradient_accumulation  # the fill changed what quick reads
+    assert settled == {**filled.overrides, **short, "train.max_steps": short["train.max_steps"] + 3}
+    assert resolve("fill-gpu", "ci", settled, check_files=False).recipe["train"] == asked.train_with(settled)
+    # a run the lab adds nothing to keeps what was asked (and is not resolved again)
+    plain = resolve("grad-accum", "ci", {"train.max_steps": 2}, check_files=False)
+    assert settled_overrides(plain) == ({"train.max_steps": 2}, None)
+    # an experiment whose global batch follows its ranks: train_with applies the same rule as resolve
+    course = resolve("ddp-course", "ci", check_files=False, simulate_world=4)
+    more = {"train.micro_batch_size": 1}
+    assert course.train_with(more) == resolve("ddp-course", "ci", more, check_files=False, simulate_world=4).recipe["train"]

@@ -111,6 +111,12 @@ class ResolvedRun:
             max_steps = 1
         return int(max_steps) * self.gradient_accumulation if max_steps else None
 
+    def train_with(self, more: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``train`` section this run would have with ``more`` overrides on top (``train.*`` keys, resolve's
+        batch rule): what the launcher reads to settle a run's last overrides before it resolves them once."""
+        recipe = apply_overrides(self.recipe, {k: v for k, v in more.items() if k.startswith("train.")})
+        return _batch_for_world(self.experiment, recipe, {**self.overrides, **more}, self.devices)["train"]
+
     @property
     def options(self) -> dict[str, Any]:
         """The launch settings (recipe_defaults.LAUNCH_OPTION_DEFAULTS made concrete): the command and the
@@ -424,8 +430,7 @@ def resolve(
     recipe = apply_overrides(base_recipe, merged)
     command = "finetune_lora" if experiment.method in ("lora", "qlora") else "finetune_full"
     devices = simulate_world or count_devices(experiment.devices)
-    if experiment.accumulation and "train.global_batch_size" not in (overrides or {}):
-        recipe = _global_batch_for_world(recipe, experiment.accumulation * devices * experiment.num_nodes)
+    recipe = _batch_for_world(experiment, recipe, overrides or {}, devices)
     from lab_helpers.config.recipe_check import check_recipe  # imports litgpt's signatures: only when resolving
 
     check_recipe(
@@ -445,10 +450,16 @@ def resolve(
     return run
 
 
-def _global_batch_for_world(recipe: dict[str, Any], micro_batches: int) -> dict[str, Any]:
-    """``recipe`` with its global batch = micro batch x ``micro_batches`` (an experiment's accumulation x ranks)."""
+def _batch_for_world(
+    experiment: Experiment, recipe: dict[str, Any], overrides: Mapping[str, Any], devices: int
+) -> dict[str, Any]:
+    """``recipe`` with the global batch an experiment with ``accumulation`` has on ``devices`` per node: micro batch
+    x accumulation x ranks, unless the run's own overrides set a global batch; any other recipe as it is."""
+    if not experiment.accumulation or "train.global_batch_size" in overrides:
+        return recipe
     train = dict(recipe.get("train") or {})
-    train["global_batch_size"] = int(train["micro_batch_size"]) * micro_batches
+    ranks = devices * experiment.num_nodes
+    train["global_batch_size"] = int(train["micro_batch_size"]) * experiment.accumulation * ranks
     return {**recipe, "train": train}
 
 

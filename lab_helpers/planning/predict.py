@@ -231,10 +231,18 @@ def fill_gpu_overrides(
     exactly. Without a GPU (the ci profile) the run's memory is host RAM: the budget is this host's available RAM
     and the planner predicts live tensor bytes, the quantity a CPU run measures.
     """
+    run = resolve(exp_id, profile, overrides, check_files=False)
+    return fill_gpu_for(run, gpu_memory_gib=gpu_memory_gib, device=device)
+
+
+def fill_gpu_for(
+    run: ResolvedRun, *, gpu_memory_gib: float | None = None, device: str | None = None
+) -> tuple[dict[str, Any], str]:
+    """``fill_gpu_overrides`` of a run already resolved (the launcher's, which resolves what it runs once)."""
     from lab_helpers.planning.planner.fit import fit
     from lab_helpers.planning.planner.spec import spec_from_recipe
 
-    run = resolve(exp_id, profile, overrides, check_files=False)
+    exp_id = run.experiment.id
     if device is None:
         import torch
 

@@ -247,7 +247,7 @@ class _TrainingClock:
 
     def _own_steps_done(self) -> bool:
         """A profiled quick run whose rule has not ended the timing: whether the recipe's own steps are done, so that
-        the steps the launcher added for the profile (``lab._with_profiled_steps``: N + 1) are profiled now."""
+        the steps the launcher added for the profile (``lab.settled_overrides``: N + 1) are profiled now."""
         if self.profiler is None or self.profiler.first_iter is not None or self.train_args is None:
             return False
         max_steps = getattr(self.train_args, "max_steps", None)
