@@ -86,6 +86,17 @@ def test_memoised_and_validated():
         flops.train_flops_per_step(config, method="full", micro_batch_size=1, seq_len=4096)
 
 
+def test_a_micro_batch_counts_its_samples_times_one_sample():
+    """Every matmul of a step is linear in the micro batch, so train_flops_per_step counts one sample and multiplies:
+    the product equals a count at that micro batch (taken here with the counter itself), full and LoRA."""
+    config = _tiny_llama()
+    for use_lora, lora_key in ((False, ()), (True, flops._lora_key(None))):
+        one = flops._count(flops._config_json(config), use_lora, lora_key, 1, 64)
+        assert flops._count(flops._config_json(config), use_lora, lora_key, 3, 64) == 3 * one
+        method = "lora" if use_lora else "full"
+        assert flops.train_flops_per_step(config, method=method, micro_batch_size=3, seq_len=64) == 3 * one
+
+
 @pytest.mark.slow
 def test_13b_counts_on_meta():
     """Counted on the meta device (no 26 GB of weights); its speed is a benchmark's business, not a test's."""

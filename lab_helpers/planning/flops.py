@@ -51,7 +51,9 @@ def train_flops_per_step(
         raise ValueError(f"micro_batch_size and seq_len must be >= 1; got {micro_batch_size}, {seq_len}")
     config_json = _config_json(config)
     lora_key = _lora_key(lora) if method != "full" else ()
-    return _count(config_json, method != "full", lora_key, int(micro_batch_size), int(seq_len))
+    # counted for one sample and multiplied: every matmul of a step (forward, both gradients, attention, the head)
+    # is linear in the micro batch, so this is exact (tests/test_flops.py), and a micro batch search counts once
+    return int(micro_batch_size) * _count(config_json, method != "full", lora_key, 1, int(seq_len))
 
 
 def mfu(

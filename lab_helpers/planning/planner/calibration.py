@@ -316,6 +316,7 @@ _OPS_CACHE: dict[str, Any] = {}
 def traced_ops(spec: TrainingSpec, seq_len: int):
     """The traced op costs (``op_costs.OpCosts``) of ``spec`` at ``seq_len`` tokens a sample (the mean padded
     length: time follows it), memoised: a leave-one-out check asks each record's ops many times."""
+    from . import ops_cache
     from .tracer import trace
 
     spec = dataclasses.replace(spec, seq_len=int(seq_len))
@@ -323,7 +324,11 @@ def traced_ops(spec: TrainingSpec, seq_len: int):
     if key not in _OPS_CACHE:
         if len(_OPS_CACHE) > 256:
             _OPS_CACHE.pop(next(iter(_OPS_CACHE)))
-        _OPS_CACHE[key] = trace(spec).op_costs
+        on_disk = ops_cache.key_for(key, int(seq_len))  # kept between processes too (ops_cache: tracing takes seconds)
+        _OPS_CACHE[key] = ops_cache.load(on_disk)
+        if _OPS_CACHE[key] is None:
+            _OPS_CACHE[key] = trace(spec).op_costs
+            ops_cache.store(on_disk, _OPS_CACHE[key])
     return _OPS_CACHE[key]
 
 

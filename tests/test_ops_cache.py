@@ -1,0 +1,45 @@
+"""The traced op costs kept on disk between processes (planner/ops_cache): the same ops back, or a miss."""
+
+from __future__ import annotations
+
+import pytest
+
+from lab_helpers.planning.activations_by_hand import experiment_spec
+from lab_helpers.planning.planner import calibration, ops_cache
+
+
+@pytest.fixture
+def spec():
+    return experiment_spec("grad-accum", "ci")
+
+
+def test_a_trace_is_kept_and_read_back_as_the_same_ops(spec, tmp_path, monkeypatch):
+    monkeypatch.setenv(ops_cache.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(calibration, "_OPS_CACHE", {})
+    traced = calibration.traced_ops(spec, 48)
+    [kept] = tmp_path.glob("*.json")
+    monkeypatch.setattr(calibration, "_OPS_CACHE", {})  # a new process: only the disk remembers
+    monkeypatch.setattr("lab_helpers.planning.planner.tracer.trace", _no_trace)
+    assert calibration.traced_ops(spec, 48) == traced  # every op, count and note, from the file
+    # another length, another key: traced again (here: refused, so the test sees it is not read from the file)
+    with pytest.raises(AssertionError, match="traced"):
+        calibration.traced_ops(spec, 40)
+    kept.write_text("{not json")  # a damaged file is a miss, never an error
+    assert ops_cache.load(kept.stem) is None
+
+
+def test_the_key_follows_the_code_and_0_turns_it_off(spec, tmp_path, monkeypatch):
+    key = ops_cache.key_for(repr(spec), 48)
+    assert key == ops_cache.key_for(repr(spec), 48) != ops_cache.key_for(repr(spec), 49)
+    monkeypatch.setattr(ops_cache, "code_digest", lambda: "other planner code")
+    assert ops_cache.key_for(repr(spec), 48) != key  # changed code never reads an old trace
+    monkeypatch.setenv(ops_cache.CACHE_ENV, "0")
+    assert ops_cache.cache_dir() is None and ops_cache.load(key) is None
+    monkeypatch.setenv(ops_cache.CACHE_ENV, str(tmp_path / "a file"))
+    (tmp_path / "a file").write_text("")
+    ops_cache.store(key, calibration.traced_ops(spec, 48))  # an unusable folder: nothing kept, nothing raised
+    assert ops_cache.load(key) is None
+
+
+def _no_trace(spec):
+    raise AssertionError("traced: the ops were not read from the cache")
