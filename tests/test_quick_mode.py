@@ -159,7 +159,7 @@ def _timed_samples(exp_id: str) -> tuple[int, list[tuple[int, ...]]]:
     from litgpt.tokenizer import Tokenizer
 
     from lab_helpers.config.experiments import resolve, runnable_recipe
-    from lab_helpers.training.child_litgpt import _TrainingClock, _wrap_get_dataloaders
+    from lab_helpers.training.child_litgpt import _Training, _wrap_get_dataloaders
 
     recipe = runnable_recipe(resolve(exp_id, "ci", check_files=False).recipe)
     module_name, _, class_name = recipe["data"]["class_path"].rpartition(".")
@@ -167,7 +167,7 @@ def _timed_samples(exp_id: str) -> tuple[int, list[tuple[int, ...]]]:
     data = getattr(importlib.import_module(module_name), class_name)(**init_args)
     train = TrainArgs(**{k: v for k, v in recipe["train"].items() if k in TrainArgs.__dataclass_fields__})
     litgpt_loaders = importlib.import_module("litgpt.finetune.full").get_dataloaders
-    get_dataloaders = _wrap_get_dataloaders(litgpt_loaders, _TrainingClock(), quick=True)
+    get_dataloaders = _wrap_get_dataloaders(litgpt_loaders, _Training(), quick=True)
     loader, _ = get_dataloaders(L.Fabric(accelerator="cpu", devices=1), data, Tokenizer(recipe["checkpoint_dir"]), train)
     # the loader under the clock's watch: iterated this fast, the stopping rule would end the pass early
     batches = list(loader._dataloader)[QUICK_WARMUP_STEPS * train.gradient_accumulation_iters(1, 1) :]
