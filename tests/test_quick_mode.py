@@ -215,3 +215,24 @@ def test_a_run_settles_its_overrides_before_it_is_resolved_once():
     course = resolve("ddp-course", "ci", check_files=False, simulate_world=4)
     more = {"train.micro_batch_size": 1}
     assert course.train_with(more) == resolve("ddp-course", "ci", more, check_files=False, simulate_world=4).recipe["train"]
+
+
+def test_profiled_steps_after_the_timing_train_on_into_the_next_pass():
+    """A quick run whose timing has ended (quick_stop has its reason) but whose profiled steps still run: when the
+    data set's pass ends first, litgpt starts the next pass and gets real batches (it got None, a TypeError in
+    litgpt's loop), until the profiled window ends the loop on a batch, which the pass after that hands back."""
+    import torch
+
+    from lab_helpers.training.child_litgpt import _Training
+
+    batches = [
+        {"input_ids": torch.zeros(2, 4, dtype=torch.long), "token_counts": {"raw_plus_prompt_template": torch.tensor([3, 4])}}
+        for _ in range(3)
+    ]
+    training = _Training()
+    watched = training.watch_batches(batches, accumulation=1, epochs=None, quick=True)
+    assert list(watched) == batches
+    training.quick_stop.reason = "stable"  # the rule ended the timing; the profiled steps are still to come
+    assert list(watched) == batches  # the next pass trains on
+    watched._held = batches[0]  # the profiled window ended the loop on this batch
+    assert list(watched) == [batches[0]]

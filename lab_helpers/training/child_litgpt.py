@@ -211,9 +211,11 @@ class _WatchedBatches:
 
     def __iter__(self):
         self._passes += 1
-        if self._training.quick_stop.stopped:  # litgpt draws once more, sees the epoch limit and stops
+        if self._held is not None:  # the loop ended on it: litgpt draws once more, sees the epoch limit and stops
             yield self._held
             return
+        # (a quick run whose timing ended but whose profiled steps run on reaches here too when the data set's pass
+        # ends first: the next pass trains on, until the profiled window ends the loop)
         trained = self._epochs is None or self._passes <= self._epochs
         for batch in self._dataloader:
             if trained and self._training.quick_stop.should_stop():
