@@ -37,7 +37,7 @@ def test_describe_node_on_this_machine_is_json_and_has_no_fake_zeros():
 def test_describe_node_imports_neither_torch_nor_litgpt():
     import subprocess
 
-    code = "import sys; from lab_helpers import node; node.describe_node(); print('torch' in sys.modules, 'litgpt' in sys.modules)"
+    code = "import sys; from lab_helpers.hardware import node; node.describe_node(); print('torch' in sys.modules, 'litgpt' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
 
