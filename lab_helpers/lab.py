@@ -12,13 +12,13 @@ file (records). Bad input fails before any process starts.
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lab_helpers.config.experiments import LabConfigError, ResolvedRun, check_run_files, parse_set_args, resolve
+from lab_helpers.config.lazy_exports import attach
 from lab_helpers.config.paths import absolute_locations, check_locations, lab_home, results_dir
 from lab_helpers.launch import launcher_for
 from lab_helpers.launch.runner import run_command, say
@@ -396,14 +396,4 @@ _NOTEBOOK_API = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _NOTEBOOK_API:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, _, attribute = _NOTEBOOK_API[name].rpartition(".")
-    value = getattr(importlib.import_module(module), attribute)
-    globals()[name] = value  # found once, then an ordinary module attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_NOTEBOOK_API})
+__getattr__, __dir__ = attach(__name__, _NOTEBOOK_API)

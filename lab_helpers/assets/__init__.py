@@ -18,8 +18,7 @@ import), and ``python -m lab_helpers`` imports ``assets.wheelhouse`` for every c
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lab_helpers.config.lazy_exports import attach
 
 # public name -> the submodule that defines it
 _EXPORTS = {
@@ -75,13 +74,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    globals()[name] = value  # found once, then an ordinary module attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = attach(__name__, {name: f".{module}" for name, module in _EXPORTS.items()})
