@@ -248,7 +248,8 @@ def settled_overrides(
     train = asked.train_with(settled)
     if quick:
         short = quick_overrides(train, asked.world_size, stopping_rule=not asked.experiment.distributed)
-        settled, train = {**settled, **short}, asked.train_with({**settled, **short})
+        settled = {**settled, **short}
+        train = asked.train_with(settled)
     if profile_steps and train.get("max_steps"):
         settled["train.max_steps"] = train["max_steps"] + profile_steps + 1
     return settled, why

@@ -36,10 +36,6 @@ class QuickStop:
         self.quick, self.accumulation, self.train_args = quick, accumulation, train_args
         self.judge_stable = judge_stable
 
-    @property
-    def stopped(self) -> bool:
-        return self.reason is not None
-
     def should_stop(self) -> bool:
         """Quick mode, at an optimizer step's end after warm-up: whether the loop ends here. The stopping rule ends
         the timing; with ``--profile-steps`` the profiled steps follow it, left out of every time figure, and the

@@ -325,10 +325,11 @@ def traced_ops(spec: TrainingSpec, seq_len: int):
         if len(_OPS_CACHE) > 256:
             _OPS_CACHE.pop(next(iter(_OPS_CACHE)))
         on_disk = ops_cache.key_for(key, int(seq_len))  # kept between processes too (ops_cache: tracing takes seconds)
-        _OPS_CACHE[key] = ops_cache.load(on_disk)
-        if _OPS_CACHE[key] is None:
-            _OPS_CACHE[key] = trace(spec).op_costs
-            ops_cache.store(on_disk, _OPS_CACHE[key])
+        ops = ops_cache.load(on_disk)
+        if ops is None:
+            ops = trace(spec).op_costs
+            ops_cache.store(on_disk, ops)
+        _OPS_CACHE[key] = ops
     return _OPS_CACHE[key]
 
 
