@@ -224,3 +224,12 @@ def test_unknown_reference_is_one_line_and_exit_2(tmp_path):
 def test_notebook_filter_and_markdown():
     out = answers.report("ci-cpu", notebook="03", markdown=True)
     assert "## 03_compare" in out and "01_single_gpu" not in out and "**Answer (ci-cpu).**" in out
+
+
+@pytest.mark.parametrize("notebook", ["99", "1"])
+def test_unknown_notebook_is_one_line_and_exit_2(tmp_path, notebook):
+    """A typo in --notebook printed a key of "0 of 0 questions" and exited 0, as if the notebook asked nothing."""
+    process = _cli("--reference", "ci-cpu", "--notebook", notebook, env_dir=tmp_path)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 2, (out, err)
+    assert not out and len(err.strip().splitlines()) == 1 and "00, 01, 02, 03, 04" in err, err

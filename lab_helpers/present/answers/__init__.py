@@ -66,4 +66,10 @@ def report(name: str, *, notebook: str | None = None, markdown: bool = False) ->
     f = load_facts(name)
     asked = notebook_questions(notebooks_dir())
     questions = [q for q in asked if notebook is None or q.notebook == notebook or q.file == notebook]
+    if not questions and notebook is not None:  # a typo ("1", "99") would print an empty key and exit 0
+        from lab_helpers.config.experiments import LabConfigError
+
+        numbers = ", ".join(sorted({q.notebook for q in asked})) or "none"
+        raise LabConfigError(f"--notebook {notebook}: no notebook of that number asks questions; those that do: "
+                             f"{numbers} (or a file's name without .ipynb, e.g. 01_single_gpu)")  # fmt: skip
     return format_report(f, answer_all(f, questions), markdown=markdown)
