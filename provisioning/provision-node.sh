@@ -15,6 +15,10 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=${PROVISION_ROOT:-}
 OS_RELEASE_FILE=${OS_RELEASE_FILE:-$ROOT/etc/os-release}
 DAEMON_JSON=$ROOT/etc/docker/daemon.json
+# Written when Docker's packages or configuration change, removed once Docker has restarted: a run stopped in
+# between (killed, a failed step) leaves it, so the next run still restarts Docker instead of finding nothing to
+# change. In /run: a reboot clears it, and a reboot restarts Docker anyway.
+RESTART_PENDING=$ROOT/run/lab-provisioning/docker-restart-pending
 
 DOCKER_KEY=/etc/apt/keyrings/docker.asc
 DOCKER_LIST=/etc/apt/sources.list.d/docker.list
@@ -208,7 +212,7 @@ install_packages() {
     local before=${#CHANGES[@]}
     ensure_packages "Docker and the NVIDIA Container Toolkit" "${PACKAGES[@]}"
     # New Docker or toolkit binaries are only picked up by a restarted daemon.
-    ((${#CHANGES[@]} == before)) || RESTART_DOCKER=1
+    ((${#CHANGES[@]} == before)) || restart_pending
 }
 
 # --- Docker configuration ------------------------------------------------------------------------------------
@@ -225,17 +229,25 @@ configure_docker() {
     if daemon_has has-nvidia-runtime; then
         unchanged "configured: nvidia runtime in $DAEMON_JSON"
     else
+        restart_pending
         run nvidia-ctk runtime configure --runtime=docker --config="$DAEMON_JSON"
         changed "added the nvidia runtime to $DAEMON_JSON"
-        RESTART_DOCKER=1
     fi
     if daemon_has has-cgroupfs; then
         unchanged "configured: native.cgroupdriver=cgroupfs in $DAEMON_JSON"
     else
+        restart_pending
         run python3 "$HERE/daemon_json.py" set-cgroupfs "$DAEMON_JSON"
         changed "set native.cgroupdriver=cgroupfs in $DAEMON_JSON (avoids NVML 'Unknown Error')"
-        RESTART_DOCKER=1
     fi
+}
+
+# restart_pending: Docker must restart at the end of this run, or of the next one should this one stop first.
+restart_pending() {
+    RESTART_DOCKER=1
+    ((DRY_RUN)) && return 0
+    mkdir -p "$(dirname "$RESTART_PENDING")"
+    : >"$RESTART_PENDING"
 }
 
 add_user_to_docker_group() {
@@ -252,6 +264,10 @@ add_user_to_docker_group() {
 }
 
 restart_docker_if_needed() {
+    if [[ -e $RESTART_PENDING ]] && ! ((RESTART_DOCKER)); then
+        say "an earlier run changed Docker's packages or configuration and stopped before restarting it"
+        RESTART_DOCKER=1
+    fi
     if ! systemctl is-active --quiet docker; then
         run systemctl enable --now docker
         changed "started docker"
@@ -261,6 +277,7 @@ restart_docker_if_needed() {
     else
         unchanged "running: docker, with this configuration"
     fi
+    ((DRY_RUN)) || rm -f "$RESTART_PENDING"
 }
 
 # --- the proof: a container sees every GPU ---------------------------------------------------------------------

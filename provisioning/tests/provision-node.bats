@@ -89,6 +89,33 @@ PY
     [ "$(cd "$PROVISION_ROOT" && find . -type f -exec sha256sum {} + | sort)" == "$before" ]
 }
 
+@test "a run stopped after Docker's configuration changed: the next run still restarts Docker" {
+    # The first run stops at the docker group (usermod fails), after daemon.json changed, before the restart.
+    # shellcheck disable=SC2016 # the stub's own $*, written literally
+    printf '#!/usr/bin/env bash\necho "usermod $*" >>"$STUB_LOG"\necho "usermod: user does not exist" >&2\nexit 6\n' \
+        >"$STUB_BIN/usermod"
+    run "$SCRIPT" --user student
+    [ "$status" -eq 1 ]
+    not_called '^systemctl restart'
+    cp "$BATS_TEST_DIRNAME/stubs/usermod" "$STUB_BIN/usermod"
+    : >"$STUB_LOG"
+
+    run "$SCRIPT" --dry-run --user student
+    [ "$status" -eq 0 ]
+    [[ $output == *"would run: systemctl restart docker"* ]]
+    run "$SCRIPT" --user student
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [[ $output == *"stopped before restarting it"* ]]
+    called '^systemctl restart docker$'
+    [[ $output != *"already running: docker"* ]]
+    # Restarted once: a third run has nothing left to do.
+    : >"$STUB_LOG"
+    run "$SCRIPT" --user student
+    [[ $output == *"Summary: nothing changed."* ]]
+    not_called '^systemctl restart'
+}
+
 @test "a minimal image without curl or gnupg gets them before the keys are fetched" {
     rm "$STUB_STATE/pkg/curl" "$STUB_STATE/pkg/gnupg"
     run "$SCRIPT" --user student
