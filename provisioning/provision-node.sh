@@ -106,6 +106,13 @@ check_root() {
     [[ $(id -u) == 0 ]] || die "must run as root: sudo $PROG $*"
 }
 
+# A mistyped --user would otherwise stop the run at usermod, after every package was installed.
+check_user() {
+    [[ -z $LAB_USER || $LAB_USER == root ]] && return 0
+    id -nG "$LAB_USER" >/dev/null 2>&1 || die "no user named '$LAB_USER' on this node: nothing was changed." \
+        "Name an existing account with --user NAME (the lab user who joins the docker group)."
+}
+
 # --- apt repositories and packages ---------------------------------------------------------------------------
 
 # fetch_key URL DEST FINGERPRINT [dearmor]: install a repository signing key, checked against the
@@ -307,6 +314,7 @@ main() {
     check_os
     check_driver
     check_root "$@"
+    check_user
     setup_repositories
     install_packages
     configure_docker

@@ -116,6 +116,18 @@ PY
     not_called '^systemctl restart'
 }
 
+@test "a --user that does not exist is refused before anything changes, also in a dry run" {
+    export STUB_NO_SUCH_USERS=stdent
+    run "$SCRIPT" --user stdent
+    echo "$output"
+    [ "$status" -eq 1 ]
+    [[ $output == *"no user named 'stdent' on this node: nothing was changed."* ]]
+    not_called "$CHANGING"
+    run "$SCRIPT" --dry-run --user stdent
+    [ "$status" -eq 1 ]
+    [[ $output == *"no user named 'stdent'"* ]]
+}
+
 @test "a minimal image without curl or gnupg gets them before the keys are fetched" {
     rm "$STUB_STATE/pkg/curl" "$STUB_STATE/pkg/gnupg"
     run "$SCRIPT" --user student
