@@ -18,7 +18,8 @@
 #                    NAME.ipynb            each executed notebook (notebooks: 00, 04, 01; wheels --with notebooks)
 #   --wheels DIR   install these wheels first (from `python -m lab_helpers wheelhouse --node-has ...`)
 #   --deadline-s S S seconds from the script's start (default 540; dry run 900): a step starts only while its
-#                  row's seconds in configs/gpu-chunk-costs.tsv are left (60 s when it has none)
+#                  row's seconds in configs/gpu-chunk-costs.tsv are left (60 s when it has none); S below the
+#                  first step's row is bad input
 #   --dry-run      the same chunk on the ci profile on a CPU: tiny models, same streaming and limits
 #   --steps N      run only the chunk's first N steps (CI's short dry runs: tests/test_gpu_chunk.py)
 # Exit status: 0 every step ran and exited 0; 1 a step failed, a step was not started (deadline) or the preflight
@@ -78,6 +79,20 @@ if [[ -n $first_n ]]; then
     [[ $first_n =~ ^[1-9][0-9]*$ ]] || { echo "gpu-chunk: --steps $first_n: give a whole number from 1" >&2; exit 2; }
     steps=("${steps[@]:0:first_n}")
 fi
+python="${LAB_PYTHON:-python3}"
+command -v "$python" >/dev/null || { echo "gpu-chunk: LAB_PYTHON $python: no such command" >&2; exit 2; }
+profile=gpu; ((dry)) && profile=ci
+min_s_for() {  # the committed cost table's seconds for this step on this profile (60 when unlisted)
+    local kind id key
+    read -r kind id _ <<<"$1"
+    key="$id"; [[ $1 == *--profile-steps* ]] && key="$id+profile"; [[ $kind == overhead ]] && key="overhead-$id"
+    [[ $kind == notebook ]] && key="notebook-$id"
+    awk -v id="$key" -v p="$profile" -F'\t' '$1 == id && $2 == p {print $3; found=1; exit} END {if (!found) print 60}' \
+        configs/gpu-chunk-costs.tsv
+}
+need_s=$(min_s_for "${steps[0]}")  # a deadline that starts no step would spend the slice on preflight and builds
+((deadline_s >= need_s)) ||
+    { echo "gpu-chunk: --deadline-s $deadline_s starts no step: the first (${steps[0]}) needs ~${need_s} s" >&2; exit 2; }
 if [[ -n $wheels ]] && ! compgen -G "$wheels/*.whl" >/dev/null; then
     echo "gpu-chunk: --wheels $wheels holds no wheels" >&2; exit 2
 fi
@@ -85,8 +100,6 @@ mkdir -p "$out" || { echo "gpu-chunk: cannot make --out $out" >&2; exit 2; }
 out="$(cd "$out" && pwd)"
 
 started=$SECONDS
-python="${LAB_PYTHON:-python3}"
-profile=gpu; ((dry)) && profile=ci
 work="$(mktemp -d "${TMPDIR:-/tmp}/gpu-chunk-XXXXXX")"
 export LAB_PROFILE="$profile" LAB_RESULTS="$work/results" PYTHONUNBUFFERED=1
 unset PYTHONDONTWRITEBYTECODE  # wheels go in --no-compile: the first import writes the .pyc for every later run
@@ -196,17 +209,11 @@ fi
 stream
 
 # --- the steps, in value order, under the one deadline -----------------------------------------------------
-min_s_for() {  # the committed cost table's seconds for this step on this profile (60 when unlisted)
-    awk -v id="$1" -v p="$profile" -F'\t' '$1 == id && $2 == p {print $3; found=1; exit} END {if (!found) print 60}' \
-        configs/gpu-chunk-costs.tsv
-}
 status=0 number=0 not_run=()
 for step in "${steps[@]}"; do
     number=$((number + 1))
     read -r kind id rest <<<"$step"
-    key="$id"; [[ $step == *--profile-steps* ]] && key="$id+profile"; [[ $kind == overhead ]] && key="overhead-$id"
-    [[ $kind == notebook ]] && key="notebook-$id"
-    need_s=$(min_s_for "$key") left=$(left_s)
+    need_s=$(min_s_for "$step") left=$(left_s)
     if ((left < need_s)); then
         say "not started: $step (needs ~${need_s} s, ${left} s left)"; not_run+=("$step"); status=1; continue
     fi

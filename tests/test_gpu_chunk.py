@@ -88,6 +88,8 @@ def _within_the_limits(out: Path) -> None:
         (("speed", "--out"), "--out needs a value"),
         (("speed", "--out", "{out}", "--deadline-s", "soon"), "--deadline-s soon: give whole seconds"),
         (("speed", "--out", "{out}", "--deadline-s", "-8"), "--deadline-s -8: give whole seconds"),
+        (("speed", "--out", "{out}", "--deadline-s", "0"), "--deadline-s 0 starts no step: the first (run lora-1b"),
+        (("13b", "--out", "{out}", "--deadline-s", "100"), "--deadline-s 100 starts no step"),  # its row: 120 s
         (("speed", "--out", "{out}", "--wheels", "{tmp}"), "holds no wheels"),
         (("speed", "--out", "{out}", "--steps", "0"), "--steps 0: give a whole number from 1"),
         (("speed", "--out", "{out}", "--bogus"), "unknown option --bogus"),
@@ -103,6 +105,22 @@ def test_bad_input_is_one_line_and_exit_2_before_anything(tmp_path: Path, args: 
     assert out.stdout == ""
     assert not out_dir.exists()  # nothing made, nothing run
     assert not list((tmp_path / "tmp").glob("gpu-chunk-*"))  # no work folder either
+
+
+def test_a_python_that_is_not_there_is_bad_input_before_anything(tmp_path: Path) -> None:
+    """LAB_PYTHON naming no command: every logged line went through it (masking), so the slice was spent and
+    chunk.log said only that masking failed."""
+    out_dir = tmp_path / "out"
+    out = subprocess.run(
+        ["bash", str(SCRIPT), "speed", "--dry-run", "--out", str(out_dir)],
+        env={**_env(tmp_path), "LAB_PYTHON": str(tmp_path / "no-python")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.strip() == f"gpu-chunk: LAB_PYTHON {tmp_path / 'no-python'}: no such command"
+    assert not out_dir.exists()
 
 
 def test_help_is_the_header_and_names_every_option(tmp_path: Path) -> None:
