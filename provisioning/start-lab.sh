@@ -90,9 +90,16 @@ ensure_docker_access() {
 # The token survives restarts in a file only its owner can read; it is passed to the container through
 # the environment (docker run -e JUPYTER_TOKEN), so it never shows up in a command line or in `ps`.
 load_token() {
+    local saved=
     if [[ -s $TOKEN_FILE ]]; then
         check_token_file
-        JUPYTER_TOKEN=$(<"$TOKEN_FILE")
+        saved=$(<"$TOKEN_FILE")
+        # Blank lines are no token: given an empty JUPYTER_TOKEN, Jupyter makes its own, and the printed URL
+        # (token=) would never work, on this run or the next. A new token replaces them.
+        [[ $saved =~ [^[:space:]] ]] || say "the token file $TOKEN_FILE holds no token, only blank lines"
+    fi
+    if [[ $saved =~ [^[:space:]] ]]; then
+        JUPYTER_TOKEN=$saved
     elif ((DRY_RUN)); then
         say "would create a random token in $TOKEN_FILE"
         JUPYTER_TOKEN='<new-token>'

@@ -140,6 +140,21 @@ setup() {
     [[ $output == *"stays mode 644: others can read the token"* ]]
 }
 
+@test "a token file of blank lines is replaced by a new token, never an empty token= URL" {
+    mkdir -p "$(dirname "$LAB_TOKEN_FILE")"
+    printf '\n  \n' >"$LAB_TOKEN_FILE"
+    chmod 600 "$LAB_TOKEN_FILE"
+    run "$SCRIPT" --lab-dir "$LAB" --dry-run
+    [[ $output == *"holds no token"* && $output == *"would create a random token"* ]]
+    run "$SCRIPT" --lab-dir "$LAB"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    token=$(cat "$LAB_TOKEN_FILE")
+    [ "${#token}" -eq 48 ]
+    [ "$(stat -c %a "$LAB_TOKEN_FILE")" = 600 ]
+    [[ $output == *"/lab?token=$token"* && $output != *"token="$'\n'* ]]
+}
+
 @test "a container started with another port or token is recreated, so the printed URL is right" {
     run "$SCRIPT" --lab-dir "$LAB"
     [ "$status" -eq 0 ]
