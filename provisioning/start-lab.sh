@@ -65,7 +65,10 @@ parse_args() {
         esac
         shift
     done
-    [[ $PORT =~ ^[0-9]+$ ]] || usage_error "--port needs a number, not: $PORT"
+    if [[ ! $PORT =~ ^[0-9]{1,5}$ ]] || ((10#$PORT < 1 || 10#$PORT > 65535)); then
+        usage_error "--port needs a number from 1 to 65535, not: $PORT"
+    fi
+    PORT=$((10#$PORT)) # 08888 is 8888, in the URL too
 }
 
 # Right after provision-node.sh adds us to the docker group, this login session does not have it yet:

@@ -117,6 +117,12 @@ setup() {
     run "$SCRIPT" --port http
     [ "$status" -eq 2 ]
     [[ $output == *"--port needs a number"* ]]
+    # Not a port: refused at once, not a URL with :0 or a JupyterLab that never answers.
+    for port in 0 65536 99999 123456; do
+        run "$SCRIPT" --port "$port"
+        [ "$status" -eq 2 ]
+        [[ $output == *"--port needs a number from 1 to 65535, not: $port"* ]]
+    done
     run "$SCRIPT" --image
     [ "$status" -eq 2 ]
     [[ $output == *"--image needs a value"* ]]
