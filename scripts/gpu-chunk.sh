@@ -137,6 +137,13 @@ stream() {  # what is done so far into $out, each file replaced whole (written b
         mv -f "$out/.results.tar.gz.part" "$out/results.tar.gz"
 }
 trap 'stream; rm -rf "$work"' EXIT  # everything worth keeping is in $out by then
+running=""  # the step in flight
+# shellcheck disable=SC2317  # called through the traps below
+ended_by() {  # a SIGTERM (the device's limit) or Ctrl-C: bash runs this once the step in flight has ended, its launcher
+    # (signalled too) having recorded it, so that the EXIT trap ships that record and the log says what was cut short
+    say "ended by SIG$1${running:+ during $running}"; exit $((128 + $2))
+}
+trap 'ended_by TERM 15' TERM; trap 'ended_by INT 2' INT; trap 'ended_by HUP 1' HUP
 
 say "$chunk on ${HOSTNAME:-?}, $(date -u +%FT%TZ): profile $profile, deadline ${deadline_s}s, ${#steps[@]} steps, out $out"
 
@@ -220,7 +227,7 @@ for step in "${steps[@]}"; do
     step_log="$LAB_RESULTS/steps/$(printf %02d "$number")-$id.log"
     limit_s=$((left - 25))  # the training process's limit: ~25 s of launcher, planner and record around it
     ((limit_s >= 10)) || limit_s=10  # 0 would mean no limit, below 0 a refused run (a cost row under 35 s)
-    t0=$SECONDS
+    t0=$SECONDS running="step $number ($step)"
     if [[ $kind == notebook ]]; then  # executed as a student runs it; the copy ships whatever happens
         LAB_QUICK=1 LAB_MODELS="$models" timeout -s INT -k 30 "$((left - 5))" "$python" scripts/execute_notebook.py \
             "notebooks/$id.ipynb" "$out/$id.ipynb" >"$step_log" 2>&1
@@ -245,6 +252,7 @@ print(ci_simulated_global_batch(resolve(sys.argv[1], "ci", check_files=False), i
             $rest 2>&1 | mask >"$step_log"
         rc=${PIPESTATUS[0]}
     fi
+    running=""
     ((rc == 0)) || status=1
     say "$step: exit $rc after $((SECONDS - t0)) s; $(grep -v '^\s*$' "$step_log" | tail -n 1 | cut -c1-240)"
     stream

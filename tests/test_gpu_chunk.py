@@ -192,6 +192,50 @@ def test_a_sigkill_mid_chunk_keeps_the_finished_runs_records(tmp_path: Path) -> 
     _within_the_limits(out_dir)
 
 
+def _training(tmp_path: Path) -> bool:
+    """Whether one of the chunk's processes is a run's training process."""
+    for proc in _ours(tmp_path):
+        with contextlib.suppress(psutil.Error):
+            if "child_litgpt" in " ".join(proc.cmdline()):
+                return True
+    return False
+
+
+@pytest.mark.slow  # one ci run, ended by SIGTERM a few seconds in: ~25 s on 2 cores
+def test_a_sigterm_mid_step_ships_the_interrupted_runs_record_and_says_what_it_cut_short(tmp_path: Path) -> None:
+    """A device's limit sends SIGTERM to the whole command first. The script died at once, shipped what it had and
+    removed its work folder while the run's launcher, signalled too, was still recording the run: that record was
+    lost, the work folder left behind, and chunk.log did not say which step was cut short."""
+    out_dir = tmp_path / "out"
+    proc = subprocess.Popen(
+        ["bash", str(SCRIPT), "padding", "--dry-run", "--steps", "1", "--out", str(out_dir)],
+        env=_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:  # until the step's training process runs
+            if _training(tmp_path):
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, "the chunk ended before its step's training process started"
+        time.sleep(2)
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        stragglers = _end_ours(tmp_path, timeout_s=30)
+    assert not stragglers, stragglers
+    assert [(r["experiment"], r["status"]) for r in _records(out_dir)] == [("small-batch", "interrupted")]
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "ended by SIGTERM during step 1 (run small-batch)" in (out_dir / "chunk.log").read_text()
+    assert not list((tmp_path / "tmp").glob("gpu-chunk-*"))
+    _within_the_limits(out_dir)
+
+
 @pytest.mark.slow  # 00 executed on the ci profile (04 and 01 take the same path; they run under nbval in the suite)
 def test_the_notebooks_chunk_ships_each_executed_notebook_with_every_cell_run(tmp_path: Path) -> None:
     import nbformat
