@@ -9,7 +9,7 @@
 #
 #   CHUNK          speed | ranks | single-7b | 13b | offload | notebooks | padding   (the GPU issues; steps below, costs in
 #                  configs/gpu-chunk-costs.tsv; docs/measuring-on-a-gpu.md has the table)
-#   --out DIR      the folder that comes back (default: $OUT); it holds at most 7 files:
+#   --out DIR      the folder that comes back (default: $OUT), without another chunk's files; it holds at most 7:
 #                    chunk.log             preflight, every step's time and outcome, the summary
 #                    runs.jsonl            the records so far (the lab's schema)
 #                    results.tar.gz        LAB_RESULTS without traces: timelines, logs, preflight, prepare log
@@ -96,6 +96,10 @@ need_s=$(min_s_for "${steps[0]}")  # a deadline that starts no step would spend 
 if [[ -n $wheels ]] && ! compgen -G "$wheels/*.whl" >/dev/null; then
     echo "gpu-chunk: --wheels $wheels holds no wheels" >&2; exit 2
 fi
+for done_file in chunk.log runs.jsonl results.tar.gz; do  # a second chunk would replace the first's records
+    [[ ! -e $out/$done_file ]] ||
+        { echo "gpu-chunk: --out $out already holds a chunk's $done_file: give a new folder (e.g. $out/$chunk)" >&2; exit 2; }
+done
 mkdir -p "$out" || { echo "gpu-chunk: cannot make --out $out" >&2; exit 2; }
 out="$(cd "$out" && pwd)"
 

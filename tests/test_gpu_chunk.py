@@ -123,6 +123,21 @@ def test_a_python_that_is_not_there_is_bad_input_before_anything(tmp_path: Path)
     assert not out_dir.exists()
 
 
+def test_an_output_folder_that_holds_a_chunks_output_is_bad_input(tmp_path: Path) -> None:
+    """Two chunks into one --out (one command on a warm machine): the second replaced the first's runs.jsonl and
+    results.tar.gz, its records lost, while chunk.log went on with both."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "runs.jsonl").write_text('{"experiment": "small-batch"}\n')
+    out = _chunk(tmp_path, "speed", "--dry-run", "--out", str(out_dir), timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.strip() == (
+        f"gpu-chunk: --out {out_dir} already holds a chunk's runs.jsonl: give a new folder (e.g. {out_dir}/speed)"
+    )
+    assert sorted(p.name for p in out_dir.iterdir()) == ["runs.jsonl"]
+    assert not list((tmp_path / "tmp").glob("gpu-chunk-*"))
+
+
 def test_help_is_the_header_and_names_every_option(tmp_path: Path) -> None:
     out = _chunk(tmp_path, "--help", timeout=60)
     assert out.returncode == 0
