@@ -165,6 +165,30 @@ def test_a_bad_node_list_is_one_line(tmp_path: Path) -> None:
         wheel_plan.read_node_packages(tmp_path / "missing.txt")
 
 
+def test_a_node_list_in_another_encoding_or_empty_is_one_line(tmp_path: Path) -> None:
+    """A byte-order mark (an editor's, PowerShell's) made the first name invalid; UTF-16 (PowerShell's `>`) was a
+    UnicodeDecodeError traceback; an empty list (a failed `pip list > FILE`) read as a node with nothing, so every
+    wheel was carried."""
+    listing = tmp_path / "node.txt"
+    listing.write_bytes("torch==2.11.0\r\nnumpy==2.5.2\r\n".encode("utf-8-sig"))
+    assert wheel_plan.read_node_packages(listing) == {"torch": "2.11.0", "numpy": "2.5.2"}
+    listing.write_bytes("torch==2.11.0\n".encode("utf-16"))
+    with pytest.raises(wheel_plan.WheelhouseError, match=r"node.txt: not UTF-8 text .*pip list --format=freeze > FILE"):
+        wheel_plan.read_node_packages(listing)
+    listing.write_text("# the node's image\n\n")
+    with pytest.raises(wheel_plan.WheelhouseError, match="node.txt lists no package"):
+        wheel_plan.read_node_packages(listing)
+
+
+def test_a_node_version_that_is_not_pep_440_is_carried() -> None:
+    """A distribution's own version (Ubuntu's distro-info 1.1build1 in pip list) was an InvalidVersion traceback,
+    after the minutes of building DeepSpeed and resolving; pip cannot compare it, so the package is carried."""
+    resolved = [wheel_plan.Resolved("distro-info", "1.5", ()), wheel_plan.Resolved("numpy", "2.4.6", ())]
+    have = {"distro-info": "1.1build1", "numpy": "2.4.6"}
+    kept = wheel_plan.left_to_collect(resolved, have, [], target=TARGET)
+    assert [r.name for r in kept] == ["distro-info"]
+
+
 def test_report_drops_the_torch_placeholder() -> None:
     report = {
         "install": [

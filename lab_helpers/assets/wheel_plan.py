@@ -21,7 +21,7 @@ from pathlib import Path
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from lab_helpers.config.experiments import LabConfigError
 
@@ -316,9 +316,12 @@ def read_node_packages(path: Path) -> dict[str, str | None]:
     """What the node has: ``pip list --format=freeze`` lines (``name==version``) or bare names, ``#`` comments.
     Returns {canonical name: version or None}."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (an editor's or PowerShell's) is no name
     except OSError as err:
         raise WheelhouseError(f"--node-has {path}: cannot read it ({err.strerror})") from err
+    except UnicodeDecodeError as err:
+        reason = f"not UTF-8 text ({err.reason}); write it on the node with pip list --format=freeze > FILE"
+        raise WheelhouseError(f"--node-has {path}: {reason}") from err
     have: dict[str, str | None] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
@@ -328,6 +331,8 @@ def read_node_packages(path: Path) -> dict[str, str | None]:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name.strip()):
             raise WheelhouseError(f"--node-has {path}:{number}: {raw.strip()!r} is no package name or name==version")
         have[canonicalize_name(name.strip())] = version.strip() or None
+    if not have:  # a failed `pip list > FILE` leaves it empty, which read as "has nothing" carried every wheel
+        raise WheelhouseError(f"--node-has {path} lists no package; give the node's pip list --format=freeze")
     return have
 
 
@@ -353,8 +358,8 @@ def left_to_collect(
     keep = []
     for item in resolved:
         name = canonicalize_name(item.name)
-        if name not in node_has or name in capped:
-            keep.append(item)
+        if name not in node_has or name in capped or not _is_version(node_has[name]):
+            keep.append(item)  # a node version pip cannot compare (a distribution's 1.1build1): carried
         elif node_has[name] is not None and Version(node_has[name]) != Version(item.version):
             broken = None if accepted is None else next(
                 (f"{owner}: {name}{spec}" for owner, spec in accepted[name]
@@ -367,6 +372,14 @@ def left_to_collect(
                 if reasons is not None and broken is not None:
                     reasons[name] = f"the node's {node_has[name]} breaks {broken}"
     return keep
+
+
+def _is_version(text: str | None) -> bool:
+    """None (any version) or a PEP 440 version."""
+    try:
+        return text is None or bool(Version(text))
+    except InvalidVersion:
+        return False
 
 
 def _specifiers_by_name(
