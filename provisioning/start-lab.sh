@@ -69,6 +69,8 @@ parse_args() {
         usage_error "--port needs a number from 1 to 65535, not: $PORT"
     fi
     PORT=$((10#$PORT)) # 08888 is 8888, in the URL too
+    # Not a number ("2m"), the wait's arithmetic fails, reads as "not yet", and it would wait forever.
+    [[ $WAIT_SECONDS =~ ^[0-9]+$ ]] || usage_error "LAB_WAIT_SECONDS needs a whole number of seconds, not: $WAIT_SECONDS"
 }
 
 # Right after provision-node.sh adds us to the docker group, this login session does not have it yet:

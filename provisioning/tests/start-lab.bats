@@ -123,6 +123,12 @@ setup() {
         [ "$status" -eq 2 ]
         [[ $output == *"--port needs a number from 1 to 65535, not: $port"* ]]
     done
+    # A wait that is not a number ("2m") looped forever, its arithmetic failing as "not ready yet".
+    for wait in 2m abc; do
+        LAB_WAIT_SECONDS=$wait run "$SCRIPT" --lab-dir "$LAB"
+        [ "$status" -eq 2 ]
+        [[ $output == *"LAB_WAIT_SECONDS needs a whole number of seconds, not: $wait"* ]]
+    done
     run "$SCRIPT" --image
     [ "$status" -eq 2 ]
     [[ $output == *"--image needs a value"* ]]
