@@ -327,11 +327,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_bandwidth(args: argparse.Namespace) -> int:
+    from lab_helpers.config.paths import results_dir
     from lab_helpers.hardware.bandwidth import measure, save
+    from lab_helpers.launch.node_lock import one_run_at_a_time
 
     size = None if args.size_mib is None else int(args.size_mib * 2**20)
     try:
-        result = measure(world_size=args.ranks, size_bytes=size)
+        with one_run_at_a_time("bandwidth", results_dir()):  # a run beside it would share the GPUs' links
+            result = measure(world_size=args.ranks, size_bytes=size)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -341,9 +344,12 @@ def _cmd_bandwidth(args: argparse.Namespace) -> int:
 
 
 def _cmd_launch_cost(args: argparse.Namespace) -> int:
+    from lab_helpers.config.paths import results_dir
+    from lab_helpers.launch.node_lock import one_run_at_a_time
     from lab_helpers.planning.launch_cost import measure, save
 
-    result = measure(device=args.device)
+    with one_run_at_a_time("launch-cost", results_dir()):  # a run beside it would share the host's cores
+        result = measure(device=args.device)
     print("\n".join(result.lines()))
     print(f"recorded in {save(result)}")
     return 0

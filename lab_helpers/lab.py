@@ -21,6 +21,7 @@ from lab_helpers.config.experiments import LabConfigError, ResolvedRun, check_ru
 from lab_helpers.config.lazy_exports import attach
 from lab_helpers.config.paths import absolute_locations, check_locations, lab_home, results_dir
 from lab_helpers.launch import launcher_for
+from lab_helpers.launch.node_lock import one_run_at_a_time
 from lab_helpers.launch.runner import run_command, say
 from lab_helpers.launch.warm_start import WARM_START_ENV
 from lab_helpers.launch.warm_start import setting_for as warm_start_setting
@@ -169,48 +170,49 @@ def run_experiment(
     base.update(predict.prediction_fields(run))
     base["time_limit_s"] = limit_s
     check_run_files(run)
-    run_dir = results_dir() / "runs" / base["run_id"]
-    run_dir.mkdir(parents=True, exist_ok=True)
-    command = launcher.command(run, run_dir)
-    ranks = launcher.ranks(run)
-    with InterruptShield() as shield, holding_run(run_dir):  # the lock: no recovery takes a live run
-        try:
-            write_launch(run_dir, base, ranks)  # what a recovery needs, should this launcher die before recording
-            outcome = run_command(
-                command,
-                run_dir=run_dir,
-                # the lab's folders made absolute: the child runs in lab_home(), not in this working directory
-                env={
-                    QUICK_ENV: "1" if quick else "0",
-                    WARM_START_ENV: warm_start_setting(profile),
-                    **absolute_locations(),
-                    **_profile_env(profile_steps, run_dir),
-                },
-                cwd=lab_home(),
-                total_iters=run.total_iterations,
-                label=exp_id,
-                echo=echo,
-                time_limit_s=limit_s,
-                shield=shield,
-            )
-        except OSError as exc:  # the run folder or its log could not be made: nothing has started
-            remove_if_empty(run_dir)
-            raise LabConfigError(f"the run could not start in {run_dir}: {exc.strerror or exc}") from None
-        # the disk filled up: the log or the timeline is cut short, the record says so
-        base["log_error"] = "; ".join(e for e in (outcome.log_error, outcome.timeline.error) if e) or None
-        try:
-            records = records_from(run, base, outcome, run_dir, ranks)
-        except Exception as exc:  # noqa: BLE001 -- a bug here must not cost a paid-for run its record
-            records = [{**base, "status": "error", "reason": f"the lab could not build the record: {exc!r}",
-                        "returncode": outcome.returncode, "wall_s": outcome.wall_s,
-                        "log_path": relative_to_results(outcome.log_path)}]  # fmt: skip
-        try:
-            # the results file, else the run folder, else off the failed file system; one line says where
-            store_records(records, path=results_path, run_dir=run_dir)
-        finally:  # stored or not, the result was measured: show it (stdout may be gone, `| head`)
-            if summary:
-                for record in records:
-                    say(one_line(record))
+    with one_run_at_a_time(exp_id, results_dir()):  # a run beside another would share its GPUs: refused
+        run_dir = results_dir() / "runs" / base["run_id"]
+        run_dir.mkdir(parents=True, exist_ok=True)
+        command = launcher.command(run, run_dir)
+        ranks = launcher.ranks(run)
+        with InterruptShield() as shield, holding_run(run_dir):  # the lock: no recovery takes a live run
+            try:
+                write_launch(run_dir, base, ranks)  # what a recovery needs, should this launcher die before recording
+                outcome = run_command(
+                    command,
+                    run_dir=run_dir,
+                    # the lab's folders made absolute: the child runs in lab_home(), not in this working directory
+                    env={
+                        QUICK_ENV: "1" if quick else "0",
+                        WARM_START_ENV: warm_start_setting(profile),
+                        **absolute_locations(),
+                        **_profile_env(profile_steps, run_dir),
+                    },
+                    cwd=lab_home(),
+                    total_iters=run.total_iterations,
+                    label=exp_id,
+                    echo=echo,
+                    time_limit_s=limit_s,
+                    shield=shield,
+                )
+            except OSError as exc:  # the run folder or its log could not be made: nothing has started
+                remove_if_empty(run_dir)
+                raise LabConfigError(f"the run could not start in {run_dir}: {exc.strerror or exc}") from None
+            # the disk filled up: the log or the timeline is cut short, the record says so
+            base["log_error"] = "; ".join(e for e in (outcome.log_error, outcome.timeline.error) if e) or None
+            try:
+                records = records_from(run, base, outcome, run_dir, ranks)
+            except Exception as exc:  # noqa: BLE001 -- a bug here must not cost a paid-for run its record
+                records = [{**base, "status": "error", "reason": f"the lab could not build the record: {exc!r}",
+                            "returncode": outcome.returncode, "wall_s": outcome.wall_s,
+                            "log_path": relative_to_results(outcome.log_path)}]  # fmt: skip
+            try:
+                # the results file, else the run folder, else off the failed file system; one line says where
+                store_records(records, path=results_path, run_dir=run_dir)
+            finally:  # stored or not, the result was measured: show it (stdout may be gone, `| head`)
+                if summary:
+                    for record in records:
+                        say(one_line(record))
     if outcome.interrupted:
         raise KeyboardInterrupt(f"{exp_id} interrupted; recorded as 'interrupted'")
     if shield.count:
