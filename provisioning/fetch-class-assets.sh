@@ -16,6 +16,7 @@ CHECKPOINT_DIR=${LAB_CHECKPOINTS:-$LAB_DIR/checkpoints}
 DATA_DIR=${LAB_DATA:-$LAB_DIR/data}
 PYTHON=${LAB_PYTHON:-python3}
 RETRIES=3
+DATA_DONE=.fetch-class-assets-done # in the data set's folder once its download finished
 FETCH_DATA=1
 
 # The gpu profile's models and their download size in MB (fp16 weights on the hub).
@@ -157,7 +158,9 @@ fetch_models() {
 
 fetch_data() {
     local dest=$DATA_DIR/alpaca2k
-    if [[ -d $dest && -n $(ls -A "$dest") ]]; then
+    # Finished = the marker written after a download that succeeded: the hub client's cache folder is not empty
+    # as soon as a download starts, so an interrupted one would otherwise count as done and never resume.
+    if [[ -f $dest/$DATA_DONE ]]; then
         unchanged "have the Alpaca2k data set in $dest"
         return 0
     fi
@@ -166,6 +169,7 @@ fetch_data() {
 from pathlib import Path
 from litgpt.data import Alpaca2k
 Alpaca2k(download_dir=Path(sys.argv[1])).prepare_data()' "$dest"
+    ((DRY_RUN)) || : >"$dest/$DATA_DONE"
     changed "downloaded the Alpaca2k data set into $dest"
 }
 

@@ -50,6 +50,20 @@ setup() {
     [[ $output == *"about 27 GB needed"* ]]
 }
 
+@test "an interrupted data set download (a cache folder not empty) is fetched again, not taken as done" {
+    mkdir -p "$DATA/alpaca2k/downloads"
+    echo partial >"$DATA/alpaca2k/downloads/alpaca2k.json.incomplete"
+    run "$SCRIPT" "${ARGS[@]}"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    called "^lab-python $DATA/alpaca2k\$"
+    [[ $output == *"downloaded the Alpaca2k data set"* ]]
+    : >"$STUB_LOG"
+    run "$SCRIPT" "${ARGS[@]}"
+    [[ $output == *"Summary: nothing changed."* ]]
+    not_called '^lab-python'
+}
+
 @test "not enough disk: refuses before downloading, with the numbers and what to do" {
     STUB_DF_FREE_KB=$((50 * 1024 * 1024)) run "$SCRIPT" "${ARGS[@]}"
     echo "$output"
