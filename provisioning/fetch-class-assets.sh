@@ -102,8 +102,16 @@ parse_args() {
     done
 }
 
-# Finished = converted: the same test as `python -m lab_helpers prepare --profile gpu`.
-is_downloaded() { [[ -s $CHECKPOINT_DIR/$1/lit_model.pth && -f $CHECKPOINT_DIR/$1/model_config.yaml ]]; }
+# Finished = converted: lit_model.pth and model_config.yaml, as `python -m lab_helpers prepare --profile gpu` checks;
+# and lit_model.pth a whole zip file (torch's format): litgpt writes model_config.yaml first and lit_model.pth as it
+# converts, so a conversion cut off (Ctrl-C, a full disk) leaves both, lit_model.pth without its zip directory.
+is_downloaded() {
+    local weights=$CHECKPOINT_DIR/$1/lit_model.pth
+    [[ -s $weights && -f $CHECKPOINT_DIR/$1/model_config.yaml ]] || return 1
+    python3 -c 'import sys, zipfile; sys.exit(not zipfile.is_zipfile(sys.argv[1]))' "$weights" && return 0
+    say "$1: $weights is cut off (an interrupted conversion); fetching it again"
+    return 1
+}
 
 # free_mb DIR: free space on the disk that holds DIR (or its nearest existing parent).
 free_mb() {

@@ -50,6 +50,19 @@ setup() {
     [[ $output == *"about 27 GB needed"* ]]
 }
 
+@test "a conversion cut off (model_config.yaml and half a lit_model.pth) is fetched again, not taken as done" {
+    run "$SCRIPT" "${ARGS[@]}"
+    weights=$CKPT/openlm-research/open_llama_3b/lit_model.pth
+    head -c 20 "$weights" >"$weights.cut" && mv "$weights.cut" "$weights"
+    : >"$STUB_LOG"
+    run "$SCRIPT" "${ARGS[@]}"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [[ $output == *"open_llama_3b: $weights is cut off"* ]]
+    [ "$(grep -c '^litgpt' "$STUB_LOG")" -eq 1 ]
+    called '^litgpt download openlm-research/open_llama_3b '
+}
+
 @test "an interrupted data set download (a cache folder not empty) is fetched again, not taken as done" {
     mkdir -p "$DATA/alpaca2k/downloads"
     echo partial >"$DATA/alpaca2k/downloads/alpaca2k.json.incomplete"
