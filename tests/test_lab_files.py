@@ -90,6 +90,18 @@ def test_compare_out_that_is_no_folder_is_one_line(results, tmp_path, where):
     assert where != "a file" or target.read_text() == "mine\n"
 
 
+def test_compare_out_empty_is_one_line_and_writes_nothing(results, tmp_path):
+    """`compare --out "$FIGURES"` with the variable unset: Path("") is the working folder, and the CSV and every
+    figure landed there, exit 0."""
+    here = tmp_path / "cwd"
+    here.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cli("compare", "--reference", "ci-cpu", "--out", ""), capture_output=True, text=True,
+                          timeout=180, cwd=here, env=env)  # fmt: skip
+    assert "figures folder: an empty name" in _one_line(proc)
+    assert list(here.iterdir()) == []
+
+
 # ------------------------------------------------------------------------------ the lab's folders, up front
 
 

@@ -15,6 +15,9 @@ from lab_helpers.config.paths import describe_os_error, lab_folder, results_dir,
 
 
 def made_figures_dir(out_dir: Path | str | None) -> Path:
+    if out_dir is not None and not str(out_dir).strip():  # `--out "$FIGURES"` unset: Path("") is the working folder
+        raise LabConfigError("figures folder: an empty name (an unset variable?); give a folder, or leave --out out "
+                             "for results/figures")  # fmt: skip
     folder = Path(out_dir) if out_dir is not None else results_dir() / "figures"
     try:
         return lab_folder(folder)
