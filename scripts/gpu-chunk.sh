@@ -117,8 +117,9 @@ left_s() { echo $((deadline_s - (SECONDS - started))); }
 
 # shellcheck disable=SC2317  # called after each step and at exit
 stream() {  # what is done so far into $out, each file replaced whole (written beside, then renamed)
-    if [[ -f $LAB_RESULTS/runs.jsonl ]]; then
-        cp "$LAB_RESULTS/runs.jsonl" "$out/.runs.jsonl.part" && mv -f "$out/.runs.jsonl.part" "$out/runs.jsonl"
+    if [[ -f $LAB_RESULTS/runs.jsonl ]] && ! { cp "$LAB_RESULTS/runs.jsonl" "$out/.runs.jsonl.part" 2>>"$log" &&
+        mv -f "$out/.runs.jsonl.part" "$out/runs.jsonl"; }; then  # a full disk: said, not shipped half
+        rm -f "$out/.runs.jsonl.part"; unshipped=1; say "runs.jsonl: writing it into $out failed (a full disk?)"
     fi
     local trace name size
     while IFS= read -r trace; do
@@ -132,14 +133,21 @@ stream() {  # what is done so far into $out, each file replaced whole (written b
         elif (($(find "$out" -maxdepth 1 -type f | wc -l) >= 7)); then
             say "trace $name: not shipped (the output folder holds 7 files already)"
         else
-            mv -f "$work/$name" "$out/$name" && say "trace $name: shipped, $((size / 1024)) KiB"
+            if mv -f "$work/$name" "$out/$name" 2>>"$log"; then
+                say "trace $name: shipped, $((size / 1024)) KiB"
+            else
+                rm -f "$out/$name"; unshipped=1; say "trace $name: writing it into $out failed (a full disk?)"
+            fi
         fi
         rm -f "$work/$name"
     done < <(find "$LAB_RESULTS/runs" -path '*/profile/trace.json' 2>/dev/null | sort)
-    tar czf "$out/.results.tar.gz.part" --exclude='trace.json' --exclude='*.pth' --exclude='*.safetensors' \
+    if ! { tar czf "$out/.results.tar.gz.part" --exclude='trace.json' --exclude='*.pth' --exclude='*.safetensors' \
         --exclude='tokenizer*.json' -C "$LAB_RESULTS" . 2>>"$log" &&
-        mv -f "$out/.results.tar.gz.part" "$out/results.tar.gz"
+        mv -f "$out/.results.tar.gz.part" "$out/results.tar.gz"; }; then
+        rm -f "$out/.results.tar.gz.part"; unshipped=1; say "results.tar.gz: writing it into $out failed (a full disk?)"
+    fi
 }
+unshipped=0  # set when stream could not write into $out: the chunk then fails
 trap 'stream; rm -rf "$work"' EXIT  # everything worth keeping is in $out by then
 running=""  # the step in flight
 # shellcheck disable=SC2317  # called through the traps below
@@ -276,5 +284,6 @@ for line in lines:
           f"quick_stop {r.get('quick_stop')}  {r.get('reason') or ''}")
 EOF
 ((${#not_run[@]})) && say "not run (deadline): ${not_run[*]}"
+((unshipped)) && status=1
 say "done in $((SECONDS - started)) s. Export on the CPU: python -m lab_helpers export-reference --from $out/runs.jsonl"
 exit $status

@@ -138,6 +138,27 @@ def test_an_output_folder_that_holds_a_chunks_output_is_bad_input(tmp_path: Path
     assert not list((tmp_path / "tmp").glob("gpu-chunk-*"))
 
 
+@pytest.mark.slow  # a dry run's preflight and the ci models, no step (its deadline): ~15 s
+def test_an_output_folder_on_a_full_disk_is_said_and_fails_the_chunk(tmp_path: Path) -> None:
+    """--out on a full disk: cp and tar into it failed with their errors on stderr only, left half-written .part
+    files, and the chunk ended 'done' with exit 0 and no records shipped. Needs a tmpfs of its own (root)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"no tmpfs of its own here: {mounted.stderr.decode().strip()}")
+    try:
+        (disk / "filler").write_bytes(b"\0" * 60 * 1024)  # one page of 16 left: chunk.log's
+        out = _chunk(tmp_path, "padding", "--dry-run", "--deadline-s", "60", "--out", str(disk / "out"), timeout=120)
+        stragglers = _end_ours(tmp_path, timeout_s=30)
+        names = sorted(p.name for p in (disk / "out").iterdir())
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+    assert out.returncode == 1 and not stragglers, out.stdout + out.stderr
+    assert f"results.tar.gz: writing it into {disk / 'out'} failed (a full disk?)" in out.stdout, out.stdout
+    assert not [n for n in names if n.endswith(".part")], names
+
+
 def test_help_is_the_header_and_names_every_option(tmp_path: Path) -> None:
     out = _chunk(tmp_path, "--help", timeout=60)
     assert out.returncode == 0
