@@ -30,6 +30,8 @@ cd "$repo" || exit 1
 models="" deadline_s=0 pack="" wheels="" quick=1 experiments=() sets=() passed=()
 while (($#)); do
     case "$1" in
+        --models|--deadline-s|--pack|--wheels)
+            (($# >= 2)) || { echo "gpu-measure: $1 needs a value (see --help)" >&2; exit 2; } ;;&
         --models) models="$2"; shift 2 ;;
         --deadline-s) deadline_s="$2"; shift 2 ;;
         --pack) pack="$2"; shift 2 ;;

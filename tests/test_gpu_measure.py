@@ -58,6 +58,8 @@ def test_the_deadline_starts_nothing_more_and_still_packs(tmp_path: Path) -> Non
     (("--set", "seed", "small-batch"), "--set seed: give KEY=VALUE"),
     (("--wheels", "/nonexistent", "small-batch"), "holds no wheels"),
     (("--simulate-world", "four", "fsdp"), "--simulate-world four: give a whole number"),
+    (("small-batch", "--models"), "--models needs a value"),  # last: was bash's '$2: unbound variable', exit 1
+    (("small-batch", "--deadline-s"), "--deadline-s needs a value"),
 ])
 def test_bad_input_is_one_line_and_packs_nothing(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
     out = _measure(tmp_path, *args)
