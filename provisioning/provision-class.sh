@@ -21,7 +21,7 @@ Runs provision-node.sh on every host under [gpu_nodes] in INVENTORY (an Ansible 
 $HERE/ansible/inventory.example.ini), all at once, and reports which nodes passed the GPU check.
 Exits non-zero unless every node passed.
 
-  -i, --inventory FILE  the class's inventory (required)
+  -i, --inventory FILE  the class's inventory, a file or an inventory folder (required)
   --dry-run             each node looks and prints what it would do (ansible --check; provision-node.sh --dry-run)
   --forks N             nodes provisioned at the same time (default: 32, from ansible/ansible.cfg)
   --limit PATTERN       only these nodes (Ansible host pattern), e.g. to redo the ones that failed
@@ -65,7 +65,8 @@ parse_args() {
 main() {
     parse_args "$@"
     # Ansible only warns about a missing inventory and then runs against no hosts; say so plainly instead.
-    [[ -f $INVENTORY ]] || die "inventory not found: $INVENTORY" \
+    # A folder is an inventory too (Ansible reads every file in it: hosts.ini, group_vars/, ...).
+    [[ -f $INVENTORY || -d $INVENTORY ]] || die "inventory not found: $INVENTORY" \
         "Copy $HERE/ansible/inventory.example.ini, list your nodes under [gpu_nodes], and pass it with -i."
     command -v ansible-playbook >/dev/null || die "ansible-playbook is not installed." \
         "Install it with: pip install ansible-core (or: sudo apt-get install ansible)"

@@ -79,6 +79,16 @@ STUB
     [ ! -s "$STUB_LOG" ]
 }
 
+@test "an inventory folder (hosts.ini, group_vars/), with a space in its path, is an inventory, not 'not found'" {
+    stub_ansible_args
+    mkdir -p "$BATS_TEST_TMPDIR/class inventory"
+    printf '[gpu_nodes]\nnode1\n' >"$BATS_TEST_TMPDIR/class inventory/hosts.ini"
+    run "$SCRIPT" -i "$BATS_TEST_TMPDIR/class inventory"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [ "$(sed -n 2p "$ARGS_LOG")" == "$BATS_TEST_TMPDIR/class inventory" ]
+}
+
 @test "an inventory without [gpu_nodes]: the playbook says what to list, and touches nothing" {
     printf '[webservers]\nweb1 ansible_connection=local\n' >"$INVENTORY"
     run "$SCRIPT" -i "$INVENTORY"
