@@ -363,6 +363,24 @@ def test_interrupted_build_is_not_taken_as_complete(ci, tmp_path):
     assert not checkpoint_is_built(dest, "ci-llama-xs", tokenizer_dir=tok)
 
 
+def test_a_downloaded_checkpoint_cut_off_in_its_conversion_is_fetched_again(ci, tmp_path):
+    """prepare --profile gpu (download) skipped a model once its two files were there; litgpt writes
+    model_config.yaml before it converts, so a conversion cut off (Ctrl-C, a full disk) left part of lit_model.pth
+    skipped for good, and every run of that model then failed to load it. A real checkpoint, whole and cut."""
+    from lab_helpers.assets.prepare import downloaded
+
+    source = ci["paths"]["ci-llama-xs"]
+    target = tmp_path / "openlm-research" / "open_llama_3b"
+    target.mkdir(parents=True)
+    whole = (source / "lit_model.pth").read_bytes()
+    (target / "lit_model.pth").write_bytes(whole)
+    assert not downloaded(target)  # no model_config.yaml yet: litgpt writes it first
+    (target / "model_config.yaml").write_bytes((source / "model_config.yaml").read_bytes())
+    assert downloaded(target)
+    (target / "lit_model.pth").write_bytes(whole[: len(whole) // 2])
+    assert not downloaded(target)
+
+
 @pytest.mark.slow
 def test_prepare_ci_rebuilds_only_what_is_missing(ci, tmp_path, monkeypatch):
     import shutil

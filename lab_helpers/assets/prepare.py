@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from lab_helpers.config.experiments import LabConfigError, check_profile
 from lab_helpers.config.paths import checkpoints_dir, data_dir, lab_home
@@ -79,9 +80,11 @@ def _prepare_gpu_download(*, progress: Callable, models: Sequence[str] | None = 
     repo_ids = gpu_downloads(models)
     for key, repo_id in repo_ids.items():
         target = checkpoints_dir() / repo_id
-        if (target / "lit_model.pth").is_file() and (target / "model_config.yaml").is_file():
+        if downloaded(target):
             progress(f"{key}: {repo_id} already in {target}")
             continue
+        if (target / "lit_model.pth").exists():
+            progress(f"{key}: {target / 'lit_model.pth'} is cut off (an interrupted conversion): fetching it again")
         progress(f"{key}: downloading {repo_id} (resumable; re-run prepare if it stops)")
         # litgpt reads $HF_TOKEN itself: never put the token on a command line, where `ps` shows it
         command = [_litgpt_executable(), "download", repo_id, "--checkpoint_dir", str(checkpoints_dir())]
@@ -90,6 +93,16 @@ def _prepare_gpu_download(*, progress: Callable, models: Sequence[str] | None = 
     from litgpt.data import Alpaca2k
 
     Alpaca2k(download_dir=data_dir() / "alpaca2k").prepare_data()
+
+
+def downloaded(target: Path) -> bool:
+    """Whether ``target`` holds a whole converted checkpoint: litgpt writes ``model_config.yaml`` before it converts,
+    and a conversion cut off (Ctrl-C, a full disk) leaves part of ``lit_model.pth``, which torch.save writes as a
+    zip file; a zip's directory is at its end, so a file cut short is no zip file (``zipfile.is_zipfile``)."""
+    import zipfile
+
+    weights = target / "lit_model.pth"
+    return (target / "model_config.yaml").is_file() and weights.is_file() and zipfile.is_zipfile(weights)
 
 
 def _litgpt_executable() -> str:
