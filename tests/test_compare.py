@@ -404,3 +404,31 @@ def test_with_no_name_one_gpus_reference_is_shown_never_two_mixed():
     assert set(frame["reference"]) == {tables.DEFAULT_GPU_REFERENCE}
     assert any("h200-141gb" in str(w.message) for w in caught)
     assert set(tables.load_reference("h200-141gb")["reference"]) == {"h200-141gb"}
+
+
+def test_a_results_folder_with_two_gpus_runs_names_each_rows_gpu_and_says_so(tmp_path):
+    """A results folder kept across leases (a home directory) on an H100 node, then an H200 node: each row is the
+    latest run of its experiment, whichever GPU ran it, and the table put them side by side unmarked. Now a gpu
+    column and one warning; one GPU's folder is unchanged. The shipped records of both GPUs, in one file."""
+    from lab_helpers.present.table_display import terminal_table
+    from lab_helpers.record.records import read_records
+
+    both = [
+        *read_records(tables.reference_dir() / "h100-80gb.jsonl"),
+        *read_records(tables.reference_dir() / "h200-141gb.jsonl"),
+    ]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        table = tables.comparison_table(_write(tmp_path, both), profile="gpu")
+    [warning] = [w for w in caught if "GPUs" in str(w.message)]
+    assert str(warning.message).startswith("these runs come from 2 GPUs (")
+    assert list(table.columns[:3]) == ["experiment", "gpu", "status"]
+    gpu_of = dict(zip(table["experiment"], table["gpu"], strict=True))
+    assert gpu_of["lora-3b"] == "H100 SXM" and gpu_of["lora-1b"] == "H200 SXM"  # lora-3b ran on the H100 only
+    assert terminal_table(table).splitlines()[0].split()[:3] == ["experiment", "gpu", "status"]
+    assert tables.markdown_table(table).startswith("| experiment | GPU | status |")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        one = tables.comparison_table(tables.load_reference("h200-141gb"), profile="gpu")
+    assert "gpu" not in one.columns and not [w for w in caught if "GPUs" in str(w.message)]

@@ -18,10 +18,10 @@ from typing import Any
 import pandas as pd
 
 REASON_CHARS = 72  # a reason is the first line of the record's text, cut here; the record keeps all of it
-TEXT_COLUMNS = ("experiment", "status", "bound", "reason")
+TEXT_COLUMNS = ("experiment", "gpu", "status", "bound", "reason")
 TERMINAL_WIDTH = 120  # where the terminal's width is not known (a pipe, a log, CI)
 TERMINAL_COLUMNS = (
-    "experiment", "status", "peak_alloc_gib", "peak_tensor_gib", "predicted_peak_alloc_gib", "prediction_error_pct",
+    "experiment", "gpu", "status", "peak_alloc_gib", "peak_tensor_gib", "predicted_peak_alloc_gib", "prediction_error_pct",
     "ms_per_sample", "tokens_per_s_padded", "gpu_busy_pct", "bound", "mfu", "padding_pct", "train_s",
 )  # fmt: skip
 """What a person compares in a terminal, in the order they are kept while the width allows: memory measured and
@@ -71,7 +71,7 @@ def terminal_table(table: pd.DataFrame, *, width: int | None = None, wide: bool 
 
     chosen: list[str] = []
     for column in (c for c in keep if c in shown.columns):
-        if column in ("experiment", "status") or widest([*chosen, column]) <= width:
+        if column in ("experiment", "gpu", "status") or widest([*chosen, column]) <= width:
             chosen.append(column)
     left = width - widest(chosen) - 1  # one space between columns
     if "reason" in shown.columns and shown["reason"].astype(bool).any() and left >= MIN_REASON_CHARS:

@@ -130,6 +130,7 @@ def comparison_table(
         for column in RANK0_COLUMNS:
             row[column] = _number(first[column])
         row["reason"] = worst["reason"] if isinstance(worst["reason"], str) and worst["reason"] else None
+        row["gpu"] = gpu_label(first.get("device_name"))
         row["bound"] = first.get("bound") if isinstance(first.get("bound"), str) else None  # rank 0's, as its time
         row["samples"] = _samples(first.to_dict())
         row["ms_per_sample"] = _per_sample_ms(row["train_s"], row["samples"])
@@ -143,10 +144,34 @@ def comparison_table(
     # only a finished run has a true peak: an OOM'd run stopped at whatever it reached before failing
     finished = table["status"] == "ok"
     table["prediction_error_pct"] = ((measured - predicted) / predicted.where(predicted > 0) * 100).where(finished)
-    table = table[list(TABLE_COLUMNS)]
+    table = table[[*TABLE_COLUMNS[:1], *_gpu_column(table), *TABLE_COLUMNS[1:]]]
     for column, digits in ROUNDING.items():
         table[column] = pd.to_numeric(table[column], errors="coerce").astype(float).round(digits)
     return ComparisonTable(table.reset_index(drop=True))  # shown without empty columns (table_display)
+
+
+def gpu_label(device_name: Any) -> str | None:
+    """A record's GPU as the tables name it (the GPU's model, "H100 SXM"); None for a CPU run."""
+    from lab_helpers.planning.planner.calibration import CPU, device_key
+
+    key = device_key(device_name)
+    return None if key == CPU else key
+
+
+def _gpu_column(table: pd.DataFrame) -> list[str]:
+    """``["gpu"]`` where the rows come from more than one GPU, with one warning: a results folder kept across
+    leases on different nodes (a home directory) would otherwise put an H100's row beside an A100's unmarked, and
+    each row is the latest run of its experiment, whichever GPU ran it. ``[]`` for one GPU (or none)."""
+    gpus = table["gpu"].dropna().value_counts()
+    if len(gpus) < 2:
+        return []
+    counts = ", ".join(f"{gpu}: {n}" for gpu, n in gpus.items())
+    warnings.warn(
+        f"these runs come from {len(gpus)} GPUs ({counts} experiments): the gpu column says which ran each row, and "
+        f"rows compare only with rows of the same GPU; a results folder per node (LAB_RESULTS) keeps them apart",
+        stacklevel=3,
+    )
+    return ["gpu"]
 
 
 MARKDOWN_COLUMNS = {
@@ -171,14 +196,17 @@ def markdown_table(table: pd.DataFrame) -> str:
     from the records by ``python -m lab_helpers compare --reference NAME --markdown``, never typed. The measured
     peak is the quantity measured on that device (``measured_memory``: live tensor bytes on a CPU), named so."""
     measured, label = measured_memory(table) if len(table) else ("peak_alloc_gib", "")
-    headers = dict(MARKDOWN_COLUMNS)
+    columns = dict(MARKDOWN_COLUMNS)
+    if "gpu" in table.columns:  # rows of more than one GPU (_gpu_column)
+        columns = {"experiment": "experiment", "gpu": "GPU", **columns}
+    headers = dict(columns)
     if measured != "peak_alloc_gib":
         table = table.assign(peak_alloc_gib=table[measured])
         headers["peak_alloc_gib"] = "measured peak GiB (" + label.removeprefix("measured ").replace(" (", ", ")[:-1] + ")"
     lines = ["| " + " | ".join(headers.values()) + " |", "|" + "---|" * len(headers)]
     for row in table.to_dict("records"):
         cells = []
-        for column in MARKDOWN_COLUMNS:
+        for column in columns:
             value = row.get(column)
             if isinstance(value, float) and math.isnan(value):
                 cells.append("")
