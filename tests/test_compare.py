@@ -330,6 +330,9 @@ def test_load_reference(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="shipped: NVIDIA-A100"):
         assert tables.load_reference("V100").empty
     assert isinstance(tables.comparison_table(both), pd.DataFrame)
+    (folder / "NVIDIA-L4.jsonl").touch()  # named, and empty: the message was that every shipped file held none
+    with pytest.warns(UserWarning, match=r"NVIDIA-L4\.jsonl holds no records"):
+        assert tables.load_reference("NVIDIA-L4").empty
 
 
 def test_time_per_sample_makes_grad_accum_comparable_with_small_batch(tmp_path):

@@ -342,7 +342,8 @@ def load_reference(name: str | None = None) -> pd.DataFrame:
         if len(frame):
             frames.append(frame.assign(reference=path.stem, measured_on=_measured_on(frame)))
     if not frames:
-        warnings.warn(f"the reference files in {folder} hold no records", stacklevel=2)
+        which = f"{files[0]} holds" if name is not None else f"the reference files in {folder} hold"
+        warnings.warn(f"{which} no records", stacklevel=2)
         return empty_runs_frame().drop(columns="rank_n")
     if name is None and any(_is_gpu(frame) for frame in frames):
         frames = [frame for frame in frames if _is_gpu(frame)]
