@@ -161,41 +161,33 @@ def _wait_for_training(results: Path, timeout_s: float = 60) -> Path:
 
 
 def test_ctrl_c_ends_the_whole_process_tree_and_records_interrupted(ci_assets, results):
-    proc = _start_cli_run(results)
+    """Also, while it runs: a second run from another terminal or notebook is refused in one line naming this one,
+    before it starts anything (lab_helpers.launch.node_lock: two runs at once would share the node's GPUs and
+    cores, each record's time and memory the pair's); once this one has ended, the node is free again."""
+    from lab_helpers.launch.node_lock import one_run_at_a_time
+
+    proc = _start_cli_run(results, "--set", "train.epochs=1000")  # in flight until interrupted
     run_dir = _wait_for_training(results)
     assert _processes_mentioning(run_dir.name)  # the training process is running
+    second = subprocess.run(cli("run", "small-batch", "--profile", "ci"), capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
+    err = second.stderr.strip()
+    assert err.startswith("error: another lab run is in progress on this node (grad-accum, pid ") and "\n" not in err
+    assert f"in {results}" in err
     proc.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal or "interrupt kernel" in Jupyter sends
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out.decode()[-2000:]
-    [record] = read_records(results / "runs.jsonl")
+    [record] = read_records(results / "runs.jsonl")  # the refused run left no record and no run folder
     assert record["status"] == "interrupted" and record["run_id"] == run_dir.name
+    assert [p.name for p in (results / "runs").iterdir()] == [run_dir.name]
     assert not _processes_mentioning(run_dir.name)  # no stray process survives
+    with one_run_at_a_time("small-batch", results):  # let go of as the run ended
+        pass
     # `results` shows the record (the CLI's `run` printing "EXP: ok" is checked by test_gpu_measure's run)
     as_json = subprocess.run(cli("results", "--format", "json"), capture_output=True, text=True, check=True).stdout
     assert '"experiment": "grad-accum"' in as_json and '"status": "interrupted"' in as_json
     as_csv = subprocess.run(cli("results", "--format", "csv"), capture_output=True, text=True, check=True).stdout
     assert as_csv.splitlines()[0].count(",") > 10 and "grad-accum" in as_csv
-
-
-def test_a_second_run_beside_one_in_flight_is_refused_in_one_line_and_records_nothing(ci_assets, results):
-    """Two runs at once would share the node's GPUs and cores (lab_helpers.launch.node_lock): the second, from
-    another terminal or notebook, is refused before it starts anything, naming the run in flight."""
-    from lab_helpers.launch.node_lock import one_run_at_a_time
-
-    first = _start_cli_run(results, "--set", "train.epochs=1000")  # in flight until interrupted
-    run_dir = _wait_for_training(results)
-    second = subprocess.run(cli("run", "small-batch", "--profile", "ci"), capture_output=True, text=True, timeout=120)
-    first.send_signal(signal.SIGINT)
-    first.communicate(timeout=60)
-    assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
-    err = second.stderr.strip()
-    assert err.startswith("error: another lab run is in progress on this node (grad-accum, pid ") and "\n" not in err
-    assert f"in {results}" in err
-    [record] = read_records(results / "runs.jsonl")  # the first run's only
-    assert record["run_id"] == run_dir.name and record["status"] == "interrupted"
-    assert [p.name for p in (results / "runs").iterdir()] == [run_dir.name]
-    with one_run_at_a_time("small-batch", results):  # the first let go of it as it ended
-        pass
 
 
 def test_killed_launcher_leaves_no_training_process_behind(ci_assets, results):
