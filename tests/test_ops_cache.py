@@ -43,3 +43,24 @@ def test_the_key_follows_the_code_and_0_turns_it_off(spec, tmp_path, monkeypatch
 
 def _no_trace(spec):
     raise AssertionError("traced: the ops were not read from the cache")
+
+
+def test_a_memory_plan_is_kept_and_read_back_equal_in_a_new_process(spec, tmp_path, monkeypatch):
+    """Every run's launcher, notebook kernel and CLI call traced its run's plan again; now the first one keeps it."""
+    import dataclasses
+
+    from lab_helpers.planning.planner import plan as plan_module
+
+    monkeypatch.setenv(ops_cache.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(plan_module, "_CACHE", {})
+    planned = plan_module.predict(spec)
+    [kept] = tmp_path.glob("*.json")
+    monkeypatch.setattr(plan_module, "_CACHE", {})  # a new process: only the disk remembers
+    monkeypatch.setattr(plan_module, "_predict", _no_trace)
+    assert plan_module.predict(spec) == planned  # every field, from the file
+    with pytest.raises(AssertionError, match="traced"):  # another spec, another key
+        plan_module.predict(dataclasses.replace(spec, micro_batch_size=spec.micro_batch_size + 1))
+    kept.write_text('{"peak_alloc_gib": 1.0, "not a field": 2}')  # another layout is a miss, never an error
+    monkeypatch.setattr(plan_module, "_CACHE", {})
+    with pytest.raises(AssertionError, match="traced"):
+        plan_module.predict(spec)

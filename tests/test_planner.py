@@ -344,6 +344,7 @@ def test_repeated_predictions_at_other_batch_sizes_reuse_the_traces(monkeypatch)
     from lab_helpers.planning.planner import tracer
 
     monkeypatch.setattr(plan_module, "_CACHE", {})
+    monkeypatch.setenv("LAB_TRACE_CACHE", "0")  # count the traces: no plan kept on disk by an earlier test
     monkeypatch.setattr(tracer, "_TIMELINES", {})
     calls = []
     real = tracer.trace_training
@@ -560,6 +561,7 @@ def test_fields_the_trace_does_not_read_leave_it_unchanged_and_share_it(monkeypa
     )
 
     monkeypatch.setattr(plan_module, "_CACHE", {})
+    monkeypatch.setenv("LAB_TRACE_CACHE", "0")  # count the traces: no plan kept on disk by an earlier test
     monkeypatch.setattr(tracer, "_TIMELINES", {})
     calls = []
     real = tracer.trace_training

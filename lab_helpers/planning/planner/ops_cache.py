@@ -1,4 +1,4 @@
-"""Traced op costs kept on disk, so that each process does not trace the same steps again.
+"""Traced op costs and memory plans kept on disk, so that each process does not trace the same steps again.
 
 Why: the time model is fitted to the shipped records by tracing each record's training step on fake tensors
 (``tracer.trace``), seconds per model on a CPU, and 04's explorer, ``what_if``, the tests and the benchmarks each
@@ -9,7 +9,8 @@ answer. A file per key, written whole or not at all (a temporary file renamed), 
 folder anyone may write to must not run code when read. Any problem reading or writing is a miss: the cache
 never fails a prediction. ``$LAB_TRACE_CACHE``: the folder (default: ``$XDG_CACHE_HOME/lab_helpers/traced-ops``,
 else ``~/.cache/...``), or ``0`` for none. Standard library only: joblib's ``Memory`` would add a dependency and
-pickle.
+pickle. Memory plans (``plan.predict``) are kept the same way, under their own keys: every run's launcher, each
+notebook kernel and each CLI call traced its run's plan again (a second or more each).
 """
 
 from __future__ import annotations
@@ -62,30 +63,43 @@ def key_for(spec_text: str, seq_len: int) -> str:
 
 def load(key: str) -> OpCosts | None:
     """The traced ops kept under ``key``, or None (not there, unreadable, another layout)."""
-    folder = cache_dir()
-    if folder is None:
-        return None
+    data = load_json(key)
     try:
-        data = json.loads((folder / f"{key}.json").read_text())
         return OpCosts(
             micro_batch=_ops(data["micro_batch"]),
             optimizer_step=_ops(data["optimizer_step"]),
             notes=tuple(str(note) for note in data["notes"]),
         )
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):  # None (a miss) included
         return None
 
 
 def store(key: str, ops: OpCosts) -> None:
-    """Keep ``ops`` under ``key``: written to a temporary file and renamed, so a reader sees all of it or none."""
-    folder = cache_dir()
-    if folder is None:
-        return
-    data = {
+    """Keep ``ops`` under ``key`` (``store_json``)."""
+    store_json(key, {
         "micro_batch": [[dataclasses.asdict(op), n] for op, n in ops.micro_batch],
         "optimizer_step": [[dataclasses.asdict(op), n] for op, n in ops.optimizer_step],
         "notes": list(ops.notes),
-    }
+    })  # fmt: skip
+
+
+def load_json(key: str) -> Any:
+    """What ``store_json`` kept under ``key``, or None (no cache, not there, unreadable)."""
+    folder = cache_dir()
+    if folder is None:
+        return None
+    try:
+        return json.loads((folder / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def store_json(key: str, data: Any) -> None:
+    """Keep ``data`` under ``key``: written to a temporary file and renamed, so a reader sees all of it or none;
+    an unusable folder keeps nothing and raises nothing."""
+    folder = cache_dir()
+    if folder is None:
+        return
     temporary = None
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from lab_helpers.config.record_schema import BREAKDOWN_PARTS, GIB
 
-from . import analytic, whole_run
+from . import analytic, ops_cache, whole_run
 from ._compat import check_tracing_supported
 from .errors import PlanError, PlannerUnavailable
 from .spec import TrainingSpec, spec_from_recipe
@@ -91,8 +91,23 @@ def predict(spec: TrainingSpec) -> MemoryPlan:
     if key not in _CACHE:
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
-        _CACHE[key] = _predict(spec)
+        _CACHE[key] = _kept_on_disk(key, spec)
     return copy.deepcopy(_CACHE[key])
+
+
+def _kept_on_disk(key: str, spec: TrainingSpec) -> MemoryPlan:
+    """``_predict(spec)``, kept on disk between processes (``ops_cache``: keyed by the spec and the planner's code;
+    a miss or an unreadable file traces again)."""
+    on_disk = ops_cache.key_for(f"memory plan\0{key}", int(spec.seq_len or 0))
+    kept = ops_cache.load_json(on_disk)
+    if isinstance(kept, dict):
+        try:
+            return MemoryPlan(**kept)
+        except TypeError:  # another layout: trace again
+            pass
+    plan = _predict(spec)
+    ops_cache.store_json(on_disk, plan.to_dict())
+    return plan
 
 
 def _predict(spec: TrainingSpec) -> MemoryPlan:
