@@ -98,7 +98,8 @@ if [[ -n $wheels ]] && ! compgen -G "$wheels/*.whl" >/dev/null; then
 fi
 for done_file in chunk.log runs.jsonl results.tar.gz; do  # a second chunk would replace the first's records
     [[ ! -e $out/$done_file ]] ||
-        { echo "gpu-chunk: --out $out already holds a chunk's $done_file: give a new folder (e.g. $out/$chunk)" >&2; exit 2; }
+        { echo "gpu-chunk: --out $out already holds a chunk's $done_file: give an empty folder (on a device machine," \
+            "one chunk per call: only 8 files come back from its output folder, subfolders included)" >&2; exit 2; }
 done
 mkdir -p "$out" || { echo "gpu-chunk: cannot make --out $out" >&2; exit 2; }
 out="$(cd "$out" && pwd)"

@@ -132,7 +132,8 @@ def test_an_output_folder_that_holds_a_chunks_output_is_bad_input(tmp_path: Path
     out = _chunk(tmp_path, "speed", "--dry-run", "--out", str(out_dir), timeout=60)
     assert out.returncode == 2, out.stdout + out.stderr
     assert out.stderr.strip() == (
-        f"gpu-chunk: --out {out_dir} already holds a chunk's runs.jsonl: give a new folder (e.g. {out_dir}/speed)"
+        f"gpu-chunk: --out {out_dir} already holds a chunk's runs.jsonl: give an empty folder (on a device machine, "
+        "one chunk per call: only 8 files come back from its output folder, subfolders included)"
     )
     assert sorted(p.name for p in out_dir.iterdir()) == ["runs.jsonl"]
     assert not list((tmp_path / "tmp").glob("gpu-chunk-*"))
