@@ -468,3 +468,22 @@ def test_v100_bf16_mixed_names_its_skipped_pair_and_ci_names_adamw_8bits():
     steps, _ = decide_all("none", ["full-7b", "adamw-8bit"], profile="ci")
     assert not steps["adamw-8bit"].runs and steps["adamw-8bit"].expected_status == "skipped"
     assert "compare it with its pair full-7b in the reference results" in steps["adamw-8bit"].sentence
+
+
+def test_run_all_only_names_this_sections_experiments_or_says_which_is_wrong(tmp_path, monkeypatch):
+    """``lab.run_all(only=...)`` with a typo (or a multi experiment in the single section) ran nothing and said
+    nothing: returned []; a single name given as a string was read as its letters, the same. Now a name the section
+    lacks is one line before anything runs, and one string is one experiment."""
+    from lab_helpers import lab
+    from lab_helpers.config.config_error import LabConfigError
+    from lab_helpers.planning.decision import section_decisions
+
+    monkeypatch.setenv("LAB_RESULTS", str(tmp_path))
+    with pytest.raises(LabConfigError, match=r"'basline' is not an experiment of section 'single' \(did you mean 'baseline'"):
+        lab.run_all(section="single", profile="ci", only=["basline"], echo=False)
+    with pytest.raises(LabConfigError, match=r"'fsdp' is not an experiment of section 'single': it is in section 'multi'"):
+        lab.run_all(section="single", profile="ci", only=["baseline", "fsdp"], echo=False)
+    assert not any(tmp_path.iterdir())  # nothing ran, nothing was recorded
+    planner = FixturePlanner(node("none"))
+    chosen = section_decisions("single", node("none"), profile="ci", only="grad-accum", predict=planner)
+    assert [exp_id for exp_id, _ in chosen] == ["grad-accum"]

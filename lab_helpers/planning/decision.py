@@ -479,6 +479,23 @@ def _join(notes: list[str], last: str | None = None) -> str:
     return "; ".join(parts)
 
 
+def _chosen(only: Any, section: str, experiments: Mapping[str, Any]) -> set[str] | None:
+    """``only`` as a set of this section's experiment ids (one id alone counts as one, not as its letters); a name
+    the section does not have is one line before anything runs, not a run-all that quietly runs nothing."""
+    from lab_helpers.config.config_error import LabConfigError, did_you_mean
+    from lab_helpers.config.experiments import load_experiments
+
+    if not only:
+        return None
+    chosen = {only} if isinstance(only, str) else set(only)
+    for name in sorted(chosen - set(experiments), key=str):
+        elsewhere = load_experiments().get(name) if isinstance(name, str) else None
+        where = (f": it is in section {elsewhere.section!r} (section={elsewhere.section!r})" if elsewhere
+                 else did_you_mean(str(name), experiments))  # fmt: skip
+        raise LabConfigError(f"only: {name!r} is not an experiment of section {section!r}{where}")
+    return chosen
+
+
 def section_decisions(
     section: str,
     node: NodeFacts,
@@ -492,7 +509,8 @@ def section_decisions(
     asked lazily, so the first run does not wait for the last decision): what ``run-all`` runs."""
     from lab_helpers.config.experiments import load_experiments
 
-    chosen = set(only) if only else None
-    for exp_id in load_experiments(section):
+    experiments = load_experiments(section)
+    chosen = _chosen(only, section, experiments)
+    for exp_id in experiments:
         if chosen is None or exp_id in chosen:
             yield exp_id, decide(exp_id, node, profile=profile, predict=predict, oom_overrides=oom_overrides)
