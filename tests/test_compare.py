@@ -328,7 +328,10 @@ def test_load_reference(tmp_path, monkeypatch):
     assert sorted(both["reference"]) == ["NVIDIA-A100", "NVIDIA-H100-80GB-HBM3"]
     assert one["experiment"].tolist() == ["lora-7b"]
     with pytest.warns(UserWarning, match="shipped: NVIDIA-A100"):
-        assert tables.load_reference("V100").empty
+        typo = tables.load_reference("V100")
+    assert typo.empty
+    # 03 with REFERENCE_NAME misspelt drew its empty figures and comparison.csv over your own in results/figures
+    assert figures.figures_dir(typo) == figures.figures_dir() / "reference-none"
     assert isinstance(tables.comparison_table(both), pd.DataFrame)
     (folder / "NVIDIA-L4.jsonl").touch()  # named, and empty: the message was that every shipped file held none
     with pytest.warns(UserWarning, match=r"NVIDIA-L4\.jsonl holds no records"):

@@ -42,8 +42,9 @@ def figures_dir(frame: pd.DataFrame | None = None) -> Path:
     shipped reference results (rows tagged ``reference`` by ``load_reference``), so that looking at the reference
     never overwrites your own figures or ``comparison.csv``."""
     base = results_dir() / "figures"
-    names = sorted(set(frame["reference"].dropna())) if frame is not None and "reference" in frame else []
-    return base / f"reference-{'+'.join(names)}" if names else base
+    if frame is None or "reference" not in frame:
+        return base
+    return base / f"reference-{'+'.join(sorted(set(frame['reference'].dropna()))) or 'none'}"  # none: none loaded
 
 
 def figures_folder(out_dir: Path | str | None, frame: pd.DataFrame | None = None) -> Path:

@@ -326,7 +326,7 @@ def load_reference(name: str | None = None) -> pd.DataFrame:
                 + (f"; shipped: {', '.join(shipped)}" if shipped else "; none are shipped yet"),
                 stacklevel=2,
             )
-            return empty_runs_frame().drop(columns="rank_n")
+            return _no_reference()
     else:
         files = [folder / f"{stem}.jsonl" for stem in shipped]
         if not files:
@@ -335,7 +335,7 @@ def load_reference(name: str | None = None) -> pd.DataFrame:
                 "run the experiments on a GPU node, or ask the instructor for the reference files",
                 stacklevel=2,
             )
-            return empty_runs_frame().drop(columns="rank_n")
+            return _no_reference()
     frames = []
     for path in files:
         frame = load_results(path)
@@ -344,7 +344,7 @@ def load_reference(name: str | None = None) -> pd.DataFrame:
     if not frames:
         which = f"{files[0]} holds" if name is not None else f"the reference files in {folder} hold"
         warnings.warn(f"{which} no records", stacklevel=2)
-        return empty_runs_frame().drop(columns="rank_n")
+        return _no_reference()
     if name is None and any(_is_gpu(frame) for frame in frames):
         frames = [frame for frame in frames if _is_gpu(frame)]
         if len(frames) > 1:  # two GPUs never share a table: the course's GPU first (DEFAULT_GPU_REFERENCE)
@@ -355,6 +355,12 @@ def load_reference(name: str | None = None) -> pd.DataFrame:
                           f"name one to see it, e.g. REFERENCE_NAME = {others.split(', ')[0]!r})", stacklevel=2)  # fmt: skip
             frames = [by_name[chosen]]
     return pd.concat(frames, ignore_index=True)
+
+
+def _no_reference() -> pd.DataFrame:
+    """An empty frame that is still the reference's (a ``reference`` column), so that 03's figures of it go to a
+    reference folder (``figures.figures_dir``) and a REFERENCE_NAME typo never overwrites your own figures."""
+    return empty_runs_frame().drop(columns="rank_n").assign(reference=pd.Series(dtype=object))
 
 
 def _is_gpu(frame: pd.DataFrame) -> bool:
