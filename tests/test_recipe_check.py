@@ -32,6 +32,9 @@ MISTAKES = [  # (--set pair, the start of the one line both commands print)
     ("precision=bf17", "precision 'bf17' is not one of"),
     ("train.lr_warmup_steps=0", "train.lr_warmup_steps must be a whole number >= 1"),
     ("train.micro_batch_size=64", "train.micro_batch_size (64) is larger than train.global_batch_size (32)"),
+    # litgpt's getattr(torch.optim, name) failed in the run, after the process start and the model load
+    ("optimizer=adamw", "optimizer: torch.optim has no optimizer 'adamw' (did you mean 'AdamW'?)"),
+    ("optimizer.class_path=torch.optim.SDG", "optimizer.class_path: torch.optim has no optimizer 'SDG' (did you mean"),
     # what only litgpt's CLI parser (jsonargparse) refuses: a PromptStyle is a class the lab's walk cannot check
     ("data.prompt_style=5", "data.prompt_style: litgpt's parser refuses 5 ("),
     # what only the finetune script's validate_args refuses: finetune_full has no gradient clipping

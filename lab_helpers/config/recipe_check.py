@@ -68,6 +68,7 @@ def check_recipe(
     _check_types(recipe, command, recipe if examples is None else examples)
     _check_keys(recipe, command)
     _check_ranges(recipe)
+    _check_optimizer(recipe.get("optimizer"))
     _check_batch_and_precision(recipe, command, devices=devices, num_nodes=num_nodes)
     _parse_with_litgpt(recipe, command)
     if litgpt_script:
@@ -309,6 +310,25 @@ def _check_ranges(recipe: Mapping[str, Any]) -> None:
     dropout = _dotted(recipe, "lora_dropout")[1]
     if isinstance(dropout, int | float) and not isinstance(dropout, bool) and not 0 <= dropout < 1:
         raise LabConfigError(f"lora_dropout must be in [0, 1); got {dropout!r} (e.g. --set lora_dropout=0.05)")
+
+
+def _check_optimizer(optimizer: Any) -> None:
+    """A ``torch.optim`` optimizer torch does not have (``optimizer=adamw``, ``torch.optim.Adamw``): litgpt's
+    ``getattr(torch.optim, name)`` failed after the process start and the model load. Other modules' optimizers
+    (bitsandbytes', maybe not installed here: a skip, decided later) are not imported."""
+    import torch.optim
+
+    class_path = optimizer.get("class_path") if isinstance(optimizer, Mapping) else optimizer
+    if not isinstance(class_path, str):
+        return  # litgpt's parser says what is wrong with it
+    module, _, name = class_path.rpartition(".")
+    known = [n for n, c in vars(torch.optim).items()
+             if isinstance(c, type) and issubclass(c, torch.optim.Optimizer) and c is not torch.optim.Optimizer]
+    if module in ("", "torch.optim") and name not in known:
+        same = [n for n in known if n.lower() == name.lower()]  # adamw: AdamW, where difflib offers Adam
+        hint = f" (did you mean {same[0]!r}?)" if same else did_you_mean(name, known)
+        key = "optimizer.class_path" if isinstance(optimizer, Mapping) else "optimizer"
+        raise LabConfigError(f"{key}: torch.optim has no optimizer {name!r}{hint}")
 
 
 def _dotted(recipe: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:
