@@ -238,6 +238,14 @@ def test_what_if_notebook_runs_the_callback_once_and_offers_the_widgets():
     assert "what_if.widgets" in called
 
 
+def test_what_if_notebook_prepares_the_ci_models_before_it_asks_the_planner():
+    """04 run before 01 on a fresh ci node failed at its first answer (PlanError: no model_config.yaml for
+    ci-llama-xs): the tiny models are built by prepare, which only 01 and 02 called."""
+    called = _calls(_read(NOTEBOOKS_DIR / "04_what_if.ipynb"))
+    assert ("lab.prepare", "ci") in called
+    assert called.index(("lab.prepare", "ci")) < [name for name, _ in called].index("what_if.show")
+
+
 def test_what_if_notebook_draws_two_charts_which_nbval_checks_for_images():
     """04 draws the explorer's answer and the time check: exactly two drawing cells. Every nbval run checks that each
     drawing cell shows an image (notebooks/conftest.py), so 04 is not executed a second time here for that."""
