@@ -134,6 +134,9 @@ def test_bad_choices_are_one_line():
         what_if.spec_for({**values, "optimizer": "Lion"}, "ci")
     with pytest.raises(ValueError, match="sharding 'hybrid'"):
         what_if.spec_for({**values, "strategy": "fsdp", "sharding": "hybrid"}, "ci")
+    # a misspelt setting was ignored, and the defaults' answer shown as if it were the one asked for
+    with pytest.raises(ValueError, match=r"no setting 'micro_batch' \(did you mean 'micro_batch_size'\?\)"):
+        what_if.explore(profile="ci", draw=False, micro_batch=8)
 
 
 @pytest.mark.slow  # eight predictions of the ci 7b stand-in: ~20 s on 2 cores

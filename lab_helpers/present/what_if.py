@@ -197,7 +197,12 @@ def explore(*, profile: str, draw: bool = True, **values: Any) -> Answer:
     from lab_helpers.planning.planner import PlanError, fit, predict
     from lab_helpers.present.plan_command import predict_step_time
 
-    values = {**defaults(profile), **values}
+    start = defaults(profile)
+    if unknown := sorted(set(values) - set(start)):  # micro_batch=8 was ignored: the defaults' answer, unchanged
+        from lab_helpers.config.config_error import did_you_mean
+
+        raise ValueError(f"what_if: no setting {unknown[0]!r}{did_you_mean(unknown[0], start)}")
+    values = {**start, **values}
     spec = spec_for(values, profile)
     plan = predict(spec)
     per_device = spec.micro_batch_size * spec.gradient_accumulation_iters
