@@ -236,3 +236,19 @@ def test_profiled_steps_after_the_timing_train_on_into_the_next_pass():
     assert list(watched) == batches  # the next pass trains on
     watched._held = batches[0]  # the profiled window ended the loop on this batch
     assert list(watched) == [batches[0]]
+
+
+@pytest.mark.parametrize("value", ["2", "y", "quick", "0n"])
+def test_a_lab_quick_typo_is_one_line_not_the_courses_full_runs(value, monkeypatch):
+    """LAB_QUICK=2 (or y) read as off: the course's full step counts, minutes of a paid GPU lease, without a word."""
+    from lab_helpers.config.config_error import LabConfigError
+    from lab_helpers.training.quick_mode import QUICK_ENV, quick_from_env
+
+    for on, off in (("1", "0"), ("Yes", "off"), (" true ", "")):
+        monkeypatch.setenv(QUICK_ENV, on)
+        assert quick_from_env() is True
+        monkeypatch.setenv(QUICK_ENV, off)
+        assert quick_from_env() is False
+    monkeypatch.setenv(QUICK_ENV, value)
+    with pytest.raises(LabConfigError, match=f"LAB_QUICK='{value}': give 1 for quick mode"):
+        quick_from_env()

@@ -43,6 +43,7 @@ import random
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from lab_helpers.config.config_error import LabConfigError
 from lab_helpers.config.recipe_defaults import BATCH_ORDERS
 
 QUICK_ENV = "LAB_QUICK"
@@ -100,7 +101,15 @@ def warmup_steps(max_steps: int | None, *, quick: bool) -> int:
 
 
 def quick_from_env() -> bool:
-    return os.environ.get(QUICK_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    """``$LAB_QUICK``: 1/true/yes/on, or 0/false/no/off (unset: off). Anything else is a LabConfigError: a typo
+    (``LAB_QUICK=2``, ``y``) ran the course's full step counts without a word, minutes of a paid GPU lease."""
+    value = os.environ.get(QUICK_ENV, "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise LabConfigError(f"{QUICK_ENV}={os.environ[QUICK_ENV]!r}: give 1 for quick mode, or 0 (or leave it unset) "
+                         "for the course's full runs")  # fmt: skip
 
 
 def quick_max_steps(accumulation: int, *, stopping_rule: bool = False) -> int:
