@@ -219,3 +219,14 @@ def test_every_resolve_gets_its_own_run_and_an_edited_file_is_read_again(tmp_pat
     assert load_experiments()["a"].method == "full"
     (folder / "single.yaml").write_text("a: {model: 1b, method: lora, devices: 1}\n")
     assert load_experiments()["a"].method == "lora"
+
+
+def test_a_plan_before_prepare_says_to_prepare(tmp_path, monkeypatch):
+    """04, or a plan cell, before the ci models are built: the planner's 'unknown model ... no model_config.yaml'
+    did not say what to do, where a run before prepare does."""
+    from lab_helpers import lab
+    from lab_helpers.planning.planner import PlanError
+
+    monkeypatch.setenv("LAB_CHECKPOINTS", str(tmp_path / "none yet"))
+    with pytest.raises(PlanError, match=r"build it first: python -m lab_helpers prepare --profile ci \(in a notebook"):
+        lab.predict_experiment("baseline", profile="ci")
