@@ -64,3 +64,18 @@ def test_a_memory_plan_is_kept_and_read_back_equal_in_a_new_process(spec, tmp_pa
     monkeypatch.setattr(plan_module, "_CACHE", {})
     with pytest.raises(AssertionError, match="traced"):
         plan_module.predict(spec)
+
+
+def test_a_plan_json_cannot_hold_is_answered_and_not_kept(spec, tmp_path, monkeypatch):
+    """A GPU size given as a numpy number made the plan's ``fits`` numpy's bool, which JSON cannot hold: keeping
+    the plan raised a TypeError and lost the answer (fa27540). The answer stands; nothing is kept."""
+    import dataclasses
+
+    import numpy as np
+
+    from lab_helpers.planning.planner import plan as plan_module
+
+    monkeypatch.setenv(ops_cache.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(plan_module, "_CACHE", {})
+    planned = plan_module.predict(dataclasses.replace(spec, gpu_memory_gib=np.int64(24)))
+    assert planned.fits and not list(tmp_path.glob("*.json"))

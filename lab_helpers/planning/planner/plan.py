@@ -106,7 +106,11 @@ def _kept_on_disk(key: str, spec: TrainingSpec) -> MemoryPlan:
         except TypeError:  # another layout: trace again
             pass
     plan = _predict(spec)
-    ops_cache.store_json(on_disk, plan.to_dict())
+    try:
+        data = plan.to_dict()
+    except (TypeError, ValueError):  # a value JSON cannot hold (numpy's bool, from a GPU size given as numpy): not kept
+        return plan
+    ops_cache.store_json(on_disk, data)
     return plan
 
 
