@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
+from math import inf
+from numbers import Real
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -338,12 +340,23 @@ def predict_experiment(
     exp_id: str,
     *,
     profile: str | None = None,
-    overrides: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, Any] | list[str] | None = None,
     gpu_memory_gib: float | None = None,
 ):
-    """The planner's MemoryPlan for an experiment as it would run here (``.summary()`` prints the verdict)."""
+    """The planner's MemoryPlan for an experiment as it would run here (``.summary()`` prints the verdict).
+    ``overrides`` as ``run_experiment`` takes them (a mapping, or ``KEY=VALUE`` strings); ``gpu_memory_gib`` a GPU
+    size in GiB above 0 (default: this node's)."""
+    if isinstance(overrides, list):
+        overrides = parse_set_args(overrides)
+    if gpu_memory_gib is not None and not (
+        isinstance(gpu_memory_gib, Real) and not isinstance(gpu_memory_gib, bool) and 0 < gpu_memory_gib < inf
+    ):  # numpy's numbers too (a table's cell)
+        raise LabConfigError(f"gpu_memory_gib is a GPU's size in GiB above 0 (e.g. 80); got {gpu_memory_gib!r}")
     return predict.predict_experiment(
-        exp_id, profile=profile or default_profile(), overrides=overrides, gpu_memory_gib=gpu_memory_gib
+        exp_id,
+        profile=profile or default_profile(),
+        overrides=overrides,
+        gpu_memory_gib=None if gpu_memory_gib is None else float(gpu_memory_gib),
     )
 
 

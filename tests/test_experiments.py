@@ -230,3 +230,18 @@ def test_a_plan_before_prepare_says_to_prepare(tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_CHECKPOINTS", str(tmp_path / "none yet"))
     with pytest.raises(PlanError, match=r"build it first: python -m lab_helpers prepare --profile ci \(in a notebook"):
         lab.predict_experiment("baseline", profile="ci")
+
+
+def test_predict_experiment_takes_overrides_as_run_experiment_does_and_refuses_a_gpu_size_that_is_none(ci_assets):
+    """A list of KEY=VALUE overrides (as run_experiment takes) was a TypeError from inside; a GPU size of '80' too,
+    and -1 or NaN answered 'will OOM' on a GPU of -1.0 GiB."""
+    from lab_helpers import lab
+
+    as_list = lab.predict_experiment("baseline", profile="ci", overrides=["train.micro_batch_size=2"])
+    assert as_list == lab.predict_experiment("baseline", profile="ci", overrides={"train.micro_batch_size": 2})
+    import numpy as np
+
+    assert lab.predict_experiment("baseline", profile="ci", gpu_memory_gib=np.int64(24)).fits  # a table's cell
+    for size in ("80", -1, float("nan"), True):
+        with pytest.raises(LabConfigError, match=r"gpu_memory_gib is a GPU's size in GiB above 0 \(e.g. 80\)"):
+            lab.predict_experiment("baseline", profile="ci", gpu_memory_gib=size)

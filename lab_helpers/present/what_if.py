@@ -166,6 +166,8 @@ def spec_for(values: dict[str, Any], profile: str):
     recipe["checkpoint_dir"] = str(resolve_path(recipe["checkpoint_dir"]))
     train = recipe.setdefault("train", {})
     micro, devices = int(values["micro_batch_size"]), int(values["devices"])
+    if micro < 1 or devices < 1:  # the recipe reader takes 0 as "not given": micro batch 0 'fitted' in 0.01 GiB
+        raise ValueError(f"micro batch {micro}, devices {devices}: each a whole number >= 1")
     train["micro_batch_size"] = micro
     train["global_batch_size"] = max(int(train.get("global_batch_size") or 16), micro * devices)
     train["max_seq_length"] = int(values["seq_len"])
