@@ -438,3 +438,14 @@ def test_a_results_folder_with_two_gpus_runs_names_each_rows_gpu_and_says_so(tmp
         warnings.simplefilter("always")
         one = tables.comparison_table(tables.load_reference("h200-141gb"), profile="gpu")
     assert "gpu" not in one.columns and not [w for w in caught if "GPUs" in str(w.message)]
+
+
+def test_steps_and_samples_names_a_misspelt_experiment_and_takes_one_name():
+    """A typo ('small-bach') gave an empty table without a word; one name as a string was read as its letters."""
+    from lab_helpers.config.config_error import LabConfigError
+
+    reference = tables.load_reference("ci-cpu")
+    with pytest.raises(LabConfigError, match=r"no experiment 'small-bach' \(did you mean 'small-batch'\?\)"):
+        tables.steps_and_samples(reference, ["small-batch", "small-bach"], profile="ci")
+    one = tables.steps_and_samples(reference, "small-batch", profile="ci")
+    assert one["experiment"].tolist() == ["small-batch"]

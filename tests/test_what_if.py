@@ -136,6 +136,8 @@ def test_bad_choices_are_one_line():
         what_if.spec_for({**values, "strategy": "fsdp", "sharding": "hybrid"}, "ci")
     with pytest.raises(ValueError, match="micro batch 0, devices 2: each a whole number >= 1"):
         what_if.spec_for({**values, "micro_batch_size": 0}, "ci")  # was read as 'not given': 'fits' in 0.01 GiB
+    with pytest.raises(ValueError, match="unknown profile None: ci or gpu"):  # was a TypeError from a path join
+        what_if.host_or_device(None)
     # a misspelt setting was ignored, and the defaults' answer shown as if it were the one asked for
     with pytest.raises(ValueError, match=r"no setting 'micro_batch' \(did you mean 'micro_batch_size'\?\)"):
         what_if.explore(profile="ci", draw=False, micro_batch=8)

@@ -495,7 +495,16 @@ def speed_words(exp_id: str, pair: str, df: pd.DataFrame | None = None) -> str:
 
 def steps_and_samples(df: pd.DataFrame, experiments: Sequence[str], *, profile: str | None = None) -> pd.DataFrame:
     """Per experiment, from its latest rank-0 record: micro-batches timed, the optimizer steps they make
-    (micro-batches / accumulation) and the samples seen -- what ``train_s`` alone hides when runs differ in them."""
+    (micro-batches / accumulation) and the samples seen -- what ``train_s`` alone hides when runs differ in them.
+    A name that is no experiment of the lab is a LabConfigError (a typo gave an empty table without a word)."""
+    from lab_helpers.config.config_error import LabConfigError, did_you_mean
+    from lab_helpers.config.experiments import load_experiments
+
+    experiments = [experiments] if isinstance(experiments, str) else list(experiments)
+    known = load_experiments()
+    for exp_id in experiments:
+        if exp_id not in known:
+            raise LabConfigError(f"no experiment {exp_id!r}{did_you_mean(str(exp_id), known)}")
     rows = []
     for exp_id, record in rank0_records(df, order=list(experiments), profile=profile).items():
         if exp_id not in experiments:

@@ -78,6 +78,8 @@ class Answer:
 
 def models(profile: str) -> list[str]:
     """The models this profile has recipes for, smallest first (the folders of configs/<profile>/)."""
+    if not isinstance(profile, str) or not profile:  # None was a TypeError from the path join
+        raise ValueError(f"unknown profile {profile!r}: ci or gpu")
     folder = configs_dir() / profile
     names = [p.name for p in folder.iterdir() if (p / "full.yaml").is_file()] if folder.is_dir() else []
     if not names:
