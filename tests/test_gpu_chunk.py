@@ -33,6 +33,13 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return {**env, "LAB_PYTHON": os.environ.get("LAB_PYTHON", sys.executable), "TMPDIR": str(tmp)}
 
 
+def _in_background(tmp_path: Path, *args: str) -> subprocess.Popen:
+    """The chunk started in its own session (os.killpg then reaches the script and everything in its process
+    group at once, as the device's limit does), its output discarded."""
+    return subprocess.Popen(["bash", str(SCRIPT), *args], env=_env(tmp_path), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+
+
 def _chunk(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["bash", str(SCRIPT), *args], env=_env(tmp_path), capture_output=True, text=True, timeout=timeout
@@ -199,15 +206,8 @@ def test_a_dry_run_leaves_ok_records_within_the_limits_of_what_comes_back(tmp_pa
 @pytest.mark.slow  # one ci run to the end, a second one killed: ~1 minute on 2 cores
 def test_a_sigkill_mid_chunk_keeps_the_finished_runs_records(tmp_path: Path) -> None:
     out_dir = tmp_path / "out"
-    # Its own session: os.killpg reaches the script and everything in its process group at once, as the device's
-    # limit does; the training processes (their own sessions) must then end with their launchers.
-    proc = subprocess.Popen(
-        ["bash", str(SCRIPT), "speed", "--dry-run", "--steps", "2", "--out", str(out_dir)],
-        env=_env(tmp_path),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    # the training processes (their own sessions) must end with their launchers
+    proc = _in_background(tmp_path, "speed", "--dry-run", "--steps", "2", "--out", str(out_dir))
     try:
         deadline = time.monotonic() + 300
         while not _records(out_dir) and proc.poll() is None and time.monotonic() < deadline:
@@ -244,13 +244,7 @@ def test_a_sigterm_mid_step_ships_the_interrupted_runs_record_and_says_what_it_c
     removed its work folder while the run's launcher, signalled too, was still recording the run: that record was
     lost, the work folder left behind, and chunk.log did not say which step was cut short."""
     out_dir = tmp_path / "out"
-    proc = subprocess.Popen(
-        ["bash", str(SCRIPT), "padding", "--dry-run", "--steps", "1", "--out", str(out_dir)],
-        env=_env(tmp_path),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = _in_background(tmp_path, "padding", "--dry-run", "--steps", "1", "--out", str(out_dir))
     try:
         deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline:  # until the step's training process runs

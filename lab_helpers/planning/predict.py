@@ -55,17 +55,15 @@ def planner_inputs(run: ResolvedRun, gpu_memory_gib: float | None, *, device: st
 
 def plan_for(run: ResolvedRun, gpu_memory_gib: float | None, *, device: str | None = None):
     """The planner's MemoryPlan for ``run`` (memoized by the planner: the notebook's second ask costs nothing)."""
-    from lab_helpers.planning.planner import PlanError, plan_recipe
+    from lab_helpers.planning.planner import plan_recipe
+    from lab_helpers.planning.planner.errors import UnknownModel
 
     inputs = planner_inputs(run, gpu_memory_gib, device=device)
     try:
         return plan_recipe(inputs.pop("recipe"), **inputs)
-    except PlanError as err:
-        if str(err).startswith("unknown model") and "no model_config.yaml" in str(err):
-            # the ci stand-ins are no litgpt config: their plan needs the built checkpoint, as their run does
-            raise PlanError(f"{err}: build it first: python -m lab_helpers prepare --profile {run.profile} "
-                            f"(in a notebook: lab.prepare(profile={run.profile!r}))") from None  # fmt: skip
-        raise
+    except UnknownModel as err:  # the ci stand-ins are no litgpt config: their plan needs the built checkpoint
+        raise UnknownModel(f"{err}: build it first: python -m lab_helpers prepare --profile {run.profile} "
+                           f"(in a notebook: lab.prepare(profile={run.profile!r}))") from None  # fmt: skip
 
 
 def gpu_memory_gib() -> float | None:

@@ -10,6 +10,11 @@ class PlanError(ValueError):
     """
 
 
+class UnknownModel(PlanError):
+    """A ``checkpoint_dir`` that names no litgpt config and holds no ``model_config.yaml``: a model not built or
+    downloaded yet (the ci stand-ins), which the caller may know how to fetch."""
+
+
 class PlannerUnavailable(RuntimeError):
     """The tracing machinery (private torch APIs) does not behave as this planner was built for.
 

@@ -21,7 +21,7 @@ from lab_helpers.config.recipe_defaults import lora_settings
 from lab_helpers.config.record_schema import PLANNED_PRECISIONS as PRECISIONS
 from lab_helpers.config.yaml_values import load_yaml
 
-from .errors import PlanError
+from .errors import PlanError, UnknownModel
 
 _DTYPE_BYTES = {"32": 4, "bf16": 2, "16": 2}
 
@@ -326,7 +326,7 @@ def resolve_model_config(checkpoint_dir: str | Path, lora: dict | None = None):
             return LoRAConfig.from_name(name, **kwargs)
         return Config.from_name(name)
     except ValueError:
-        raise PlanError(
+        raise UnknownModel(
             f"unknown model {name!r}: not a litgpt config name and no model_config.yaml in {path}"
         ) from None
 
