@@ -9,7 +9,7 @@ plan     RECIPE.yaml [...]                      predict memory before a run (--t
 bandwidth [--ranks N]                           measure the bus bandwidth between GPUs (gloo on a CPU)
 launch-cost [--device cuda|cpu]                 measure the host's cost per kernel launch (plan --time)
 doctor   [--json]                               what this node can run
-compare  [--out DIR] [--reference NAME] [--markdown] [--wide]  the comparison table and figure files
+compare  [--out DIR] [--reference NAME] [--markdown] [--wide] [--pairs]  the comparison table and figure files
 answers  --reference NAME [--notebook NN]         every notebook question answered from a reference (instructors)
 wheelhouse --python 3.12 --dest DIR [--with qlora|notebooks]  the wheels an offline GPU node needs
 """
@@ -98,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="compare a shipped reference file (reference_results/NAME.jsonl) instead of your runs")
     compare.add_argument("--markdown", action="store_true", help="print the headline columns as a Markdown table")
     compare.add_argument("--wide", action="store_true", help="print every column (default: what fits the terminal)")
+    compare.add_argument("--pairs", action="store_true",
+                         help="the lesson pairs side by side: steady times, first-seen lengths, change, noise, verdict")
 
     answers = sub.add_parser("answers", help="instructors: every notebook question, answered from a reference's records")
     answers.add_argument("--reference", required=True, metavar="NAME", help="reference_results/NAME.jsonl, e.g. h100-80gb")
@@ -299,6 +301,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         if reference_stem(args.reference) not in shipped:
             raise LabConfigError(f"--reference {args.reference}: no such file in {reference_dir()}; shipped: "
                                  + (", ".join(shipped) or "none"))  # fmt: skip
+    if args.pairs:
+        from lab_helpers.present.speed_pairs import pairs_text
+        from lab_helpers.present.tables import load_reference
+        from lab_helpers.record.records import load_results
+
+        frame = load_results() if args.reference is None else load_reference(args.reference)
+        print(pairs_text(frame.to_dict("records"), markdown=args.markdown))
+        return 0
     _print_comparison(args.out, reference=args.reference, markdown=args.markdown, wide=args.wide)
     return 0
 

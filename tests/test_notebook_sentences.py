@@ -61,21 +61,26 @@ def test_activation_ratio_reads_both_plans():
 
 def test_speed_words_say_what_the_gpu_records_measured_and_which_was_faster():
     """01's speed sentences (bf16-true against fp32, a 1.1B LoRA against a full 7B, fill-gpu) come from the
-    shipped GPU records: the tokens/s and the verdict follow the records, and the node's own GPU runs come first."""
+    shipped GPU records by the lab's one rule (speed_pairs.compare): ms per sample, the interval, and a verdict only
+    beyond it; the node's own GPU runs come first."""
     import pandas as pd
 
+    from lab_helpers.present.speed_pairs import compare
+    from lab_helpers.record.records import conformed
+
     h200 = tables.load_reference("h200-141gb")
-    latest = tables.latest_runs(h200, profile="gpu").set_index("experiment")
-    lora, full = (float(latest.loc[e, "tokens_per_s"]) for e in ("lora-1b", "full-7b"))
+    verdict = compare([r for r in h200.to_dict("records") if r.get("profile") == "gpu"], "lora-1b", "full-7b")
     words = tables.speed_words("lora-1b", "full-7b")
-    verdict = "faster" if lora > full else "slower"
-    assert f"h200-141gb: lora-1b {lora:,.0f} tokens/s, full-7b {full:,.0f}: lora-1b {verdict}" in words
+    assert f"h200-141gb: {verdict.words()}" in words and "lora-1b slower" not in words  # 26 % apart between runs
     assert "GPU busy" in words and "ci-cpu" not in words  # a CPU record has no GPU speed to compare
-    mine = pd.DataFrame([
-        {"experiment": "lora-1b", "profile": "gpu", "status": "ok", "tokens_per_s": 200.0, "run_id": "a",
-         "started_at": "2026-11-26T10:00:00+00:00"},
-        {"experiment": "full-7b", "profile": "gpu", "status": "ok", "tokens_per_s": 100.0, "run_id": "b",
-         "started_at": "2026-11-26T10:01:00+00:00"},
-    ])  # fmt: skip
-    assert tables.speed_words("lora-1b", "full-7b", mine).splitlines()[1].startswith("  this node: lora-1b 200")
+
+    def run(exp: str, seconds: float, run_id: str) -> dict:
+        rows = [{"iter": i, "iter_time_s": seconds * (1 + 0.01 * (i % 3)), "tokens": 10.0 * i} for i in range(1, 9)]
+        return conformed({"experiment": exp, "profile": "gpu", "status": "ok", "run_id": run_id, "rank": None,
+                          "device_name": "NVIDIA H200", "warmup_iterations": 2, "train_s": 6 * seconds,
+                          "iterations": 6, "config": {"train": {"micro_batch_size": 4}}, "per_iteration": rows})  # fmt: skip
+
+    mine = pd.DataFrame([run("lora-1b", 0.1, "a"), run("full-7b", 0.2, "b")])
+    first = tables.speed_words("lora-1b", "full-7b", mine).splitlines()[1]
+    assert first.startswith("  this node: lora-1b 25.2 ms/sample against full-7b 50.5") and first.endswith("lora-1b faster")
     assert tables.speed_words("lora-1b", "no-such-run") == "no GPU records of both lora-1b and no-such-run yet"

@@ -90,8 +90,15 @@ def finite_number(value: Any) -> float | None:
 # ------------------------------------------------------------------------------------------- steady timing
 
 STEADY_TIMING_FIELDS: tuple[str, ...] = (
-    "iter_median_s", "iter_iqr_s", "iter_count", "iter_halves_pct", "tokens_per_s", "tokens_per_s_padded",
-    "padding_pct", "flops_per_token", "mfu",
+    "iter_median_s",
+    "iter_iqr_s",
+    "iter_count",
+    "iter_halves_pct",
+    "tokens_per_s",
+    "tokens_per_s_padded",
+    "padding_pct",
+    "flops_per_token",
+    "mfu",
 )
 """What ``steady_timing`` derives: a record's time figures, all from the median of its timed iterations."""
 
@@ -163,4 +170,88 @@ def steady_timing(record: Mapping[str, Any]) -> dict[str, Any]:
         "flops_per_token": flops_per_token,
         # = tokens_per_s_padded x flops_per_token / peak; written so that it needs no token count
         "mfu": flops_per_step / median_s / peak if flops_per_step and median_s and peak else None,
+    }
+
+
+# ------------------------------------------------------------------------------ steady and first-seen lengths
+
+MIN_STEADY_ITERATIONS = 3
+"""Fewer timed micro-batches of a length the run had already seen than this give no steady time (None)."""
+
+BOOTSTRAP_RESAMPLES = 2000
+"""Resamples of a run's steady micro-batches for the spread of its steady time (seeded: the same every read)."""
+
+LENGTH_SPLIT_FIELDS: tuple[str, ...] = (
+    "steady_iter_s", "steady_iter_count", "steady_spread_pct", "first_seen_count", "first_seen_extra_s",
+    "first_seen_pct", "steady_basis",
+)  # fmt: skip
+"""What ``length_split`` derives from ``seq_lens`` and the timed iterations."""
+
+
+def _centre(values: Sequence[float], *, mean: bool) -> float:
+    return statistics.fmean(values) if mean else statistics.median(values)
+
+
+def bootstrap_spread_pct(values: Sequence[float], *, mean: bool = False) -> float | None:
+    """Half the width of the 95 % bootstrap interval of the values' median (their mean with ``mean``), as % of it:
+    how far another run's draw of the same micro-batches could move the figure. None for fewer than two values."""
+    import random
+
+    if len(values) < 2:
+        return None
+    centre = _centre(values, mean=mean)
+    if centre <= 0:
+        return None
+    draw = random.Random(0)
+    resampled = sorted(_centre(draw.choices(values, k=len(values)), mean=mean) for _ in range(BOOTSTRAP_RESAMPLES))
+    low, high = resampled[int(0.025 * BOOTSTRAP_RESAMPLES)], resampled[int(0.975 * BOOTSTRAP_RESAMPLES) - 1]
+    return 100 * (high - low) / 2 / centre
+
+
+def length_split(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's steady time per micro-batch apart from what first-seen sequence lengths cost it.
+
+    Why: litgpt pads each micro-batch to its longest sample, so lengths vary, and a length the run has not met
+    before can cost a plan build (cuDNN attention in bf16 on Hopper: 100-150 ms) or a recompile. On the H200 a bf16
+    micro-batch of a new length took 2-3x a repeated one, and a short quick run meets mostly new lengths, so its
+    median followed its share of them. ``seq_lens`` (the padded length of each micro-batch trained, warm-up
+    included) tells them apart: ``steady_iter_s`` is the median of the timed micro-batches whose length an earlier
+    micro-batch had (a length-grouped run's mean, as ``steady_timing``), ``first_seen_extra_s`` the median
+    first-seen one over it, ``first_seen_pct`` the share of the timed micro-batches' time they took beyond a steady one.
+    ``steady_basis`` says what the steady time is of, or why there is none: never a silent fallback."""
+    timed = timed_iterations(record)
+    none = dict.fromkeys(LENGTH_SPLIT_FIELDS)
+    if not timed:
+        return {**none, "steady_basis": "no timed micro-batch"}
+    lengths = record.get("seq_lens")
+    if not isinstance(lengths, Sequence) or isinstance(lengths, str) or not lengths:
+        return {**none, "steady_basis": "lengths not recorded (a record from before seq_lens)"}
+    if len(lengths) < max(iteration for iteration, _ in timed):
+        return {**none, "steady_basis": f"seq_lens holds {len(lengths)} micro-batches, fewer than the log's"}
+    seen: set[Any] = set()
+    first_seen_at: set[int] = set()
+    for iteration, length in enumerate(lengths, start=1):
+        if length not in seen:
+            first_seen_at.add(iteration)
+        seen.add(length)
+    repeated = [seconds for iteration, seconds in timed if iteration not in first_seen_at]
+    new = [seconds for iteration, seconds in timed if iteration in first_seen_at]
+    split = {**none, "steady_iter_count": len(repeated), "first_seen_count": len(new)}
+    if len(repeated) < MIN_STEADY_ITERATIONS:
+        split["steady_basis"] = (
+            f"only {len(repeated)} of {len(timed)} timed micro-batches of a length seen before (fewer than "
+            f"{MIN_STEADY_ITERATIONS}): no steady time"
+        )
+        return split
+    mean = record.get("batch_order") == "length-grouped"
+    steady_s = _centre(repeated, mean=mean)
+    extra_s = statistics.median(new) - steady_s if new else 0.0
+    timed_s = sum(seconds for _, seconds in timed)
+    return {
+        **split,
+        "steady_iter_s": steady_s,
+        "steady_spread_pct": bootstrap_spread_pct(repeated, mean=mean),
+        "first_seen_extra_s": extra_s,
+        "first_seen_pct": 100 * sum(max(0.0, s - steady_s) for s in new) / timed_s if timed_s > 0 else None,
+        "steady_basis": f"{len(repeated)} timed micro-batches of lengths seen before",
     }

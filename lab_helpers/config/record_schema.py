@@ -84,6 +84,8 @@ REPORT_FIELDS: tuple[Field, ...] = _fields(
     ("tokens_padded", "tokens", "training tokens with padding inside train_s"),
     ("samples", "samples", "samples inside train_s"),
     ("iterations", "micro-batches", "micro-batches inside train_s"),
+    ("seq_lens", "tokens", "the padded sequence length of every micro-batch the loop trained, in order (warm-up "
+     "included; per_iteration's iter 1, 2, ...): which ones met a length for the first time (length_split)"),
     ("device_name", None, "the GPU's name, or 'cpu (<processor>)' on a CPU"),
     ("device_uuid", None, "the GPU this rank used, as NVML names it ('GPU-...'): maps NVML readings"),
     ("strategy_used", None, "e.g. 'fsdp2 (ModelParallelStrategy)' when a fallback ran"),
@@ -121,7 +123,7 @@ RECORD_FIELDS: tuple[Field, ...] = _reported(
     "peak_alloc_whole_run_gib", "peak_tensor_whole_run_gib", "peak_phase", "train_s", "warmup_s",
     "warmup_iterations", "tokens", "tokens_padded", "iterations", "device_name", "device_uuid", "strategy_used",
     "host_core_pct", "loop_monotonic_s", "torch_profile_steps", "torch_profile_iters", "torch_profile_trace_path",
-    "torch_profile_summary", "quick_stop", "quick_stop_halves_pct",
+    "torch_profile_summary", "quick_stop", "quick_stop_halves_pct", "seq_lens",
 ) + _fields(
     # who and what
     ("run_id", None, "unique: start time, experiment, random suffix"),
@@ -172,6 +174,18 @@ RECORD_FIELDS: tuple[Field, ...] = _reported(
     ("iter_count", "micro-batches", "how many timed iterations the median and IQR are of"),
     ("iter_halves_pct", "%", "|median of the first half - median of the second half| / median: quick mode's "
      "stability figure (stable below 10 %)"),
+    # steady time apart from first-seen sequence lengths (iteration_times.length_split from seq_lens; readers
+    # re-derive)
+    ("steady_iter_s", "s", "median time of the timed micro-batches of a length the run had already seen (a "
+     "length-grouped run: their mean); None where seq_lens is missing or fewer than 3 repeated: steady_basis says"),
+    ("steady_iter_count", "micro-batches", "how many timed micro-batches steady_iter_s is of"),
+    ("steady_spread_pct", "%", "half the 95 % bootstrap interval of steady_iter_s, as % of it: its own noise"),
+    ("first_seen_count", "micro-batches", "timed micro-batches of a length no earlier micro-batch had"),
+    ("first_seen_extra_s", "s", "their median time over steady_iter_s: what a first-seen length costs (plan builds, "
+     "recompiles)"),
+    ("first_seen_pct", "%", "the share of the timed micro-batches' time that first-seen ones took beyond a steady one"),
+    ("steady_basis", None, "what steady_iter_s is of, or why the record has none (lengths not recorded, too few "
+     "repeated)"),
     ("tokens_per_s", "tokens/s", "unpadded tokens of a mean timed micro-batch / iter_median_s (a length-grouped "
      "run: / the mean timed micro-batch, train_s / iterations, since its micro-batches differ in length by design)"),
     ("tokens_per_s_padded", "tokens/s", "padded tokens of a mean timed micro-batch / the same time: the ONE token "

@@ -468,29 +468,70 @@ def mfu_words() -> str:
 
 
 def speed_words(exp_id: str, pair: str, df: pd.DataFrame | None = None) -> str:
-    """``exp_id`` against ``pair`` in real tokens/s, from every shipped GPU reference that ran both (and ``df``,
-    the node's own results, where both ran on a GPU): which was faster, and how busy each GPU was and what bound
-    it where the records say. Issue 43: a speed sentence is computed from the records, never typed."""
+    """``exp_id`` against ``pair`` by the lab's one speed rule (``speed_pairs.compare``: steady time per sample, a
+    verdict only beyond the 95 % interval), from every shipped GPU reference that ran both (and ``df``, the node's
+    own results, where both ran on a GPU), with what first-seen lengths cost each and how busy each GPU was. Issue
+    43: a speed sentence is computed from the records, never typed; issue 51: never a verdict inside the noise."""
+    from lab_helpers.present.speed_pairs import compare
+
     frames = shipped_frames()
     if df is not None:
         frames.insert(0, ("this node", df))
     lines = []
     for name, frame in frames:
-        records = rank0_records(frame, order=None, profile="gpu")
-        mine, theirs = records.get(exp_id, {}), records.get(pair, {})
-        speeds = [_number(r.get("tokens_per_s")) for r in (mine, theirs)]
-        if not all(speeds):
+        records = [r for r in frame.to_dict("records") if r.get("profile") == "gpu"]
+        verdict = compare(records, exp_id, pair)
+        if isinstance(verdict, str):
             continue
-        verdict = "faster" if speeds[0] > speeds[1] else "slower"
-        line = f"{name}: {exp_id} {speeds[0]:,.0f} tokens/s, {pair} {speeds[1]:,.0f}: {exp_id} {verdict}"
-        busy = [_number(r.get("gpu_busy_pct")) for r in (mine, theirs)]
+        line = f"{name}: {verdict.words()}\n    first-seen lengths: {verdict.first_seen_words()}"
+        latest = [_latest_run(records, e) for e in (exp_id, pair)]
+        busy = [_number(r.get("gpu_busy_pct")) for r in latest]
         if all(b is not None for b in busy):
-            bound = [r.get("bound") or "?" for r in (mine, theirs)]
-            line += f" (GPU busy {busy[0]:.0f} % vs {busy[1]:.0f} %, bound {bound[0]} vs {bound[1]})"
+            bound = [r.get("bound") or "?" for r in latest]
+            line += f"\n    GPU busy {busy[0]:.0f} % vs {busy[1]:.0f} %, bound {bound[0]} vs {bound[1]}"
         lines.append(line)
     if not lines:
         return f"no GPU records of both {exp_id} and {pair} yet"
     return f"Measured speed, {exp_id} against {pair}:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def first_seen_words(exp_id: str, df: pd.DataFrame | None = None) -> str:
+    """What first-seen sequence lengths cost ``exp_id``'s latest run, here (``df``) and in every shipped reference:
+    its timed micro-batches split into lengths seen before (the steady time, with its noise) and first-seen ones
+    (what each cost over a steady one, and their share of the timed micro-batches' time), beside the median of
+    all of them that ``iter_median_s`` shows (``iteration_times.length_split``)."""
+    frames = shipped_frames()
+    if df is not None:
+        frames.insert(0, ("this node", df))
+    lines = []
+    for name, frame in frames:
+        runs = [r for r in frame.to_dict("records") if r.get("experiment") == exp_id and r.get("status") == "ok"]
+        if not runs:
+            continue
+        run = runs[-1]
+        all_ms = 1e3 * (_number(run.get("iter_median_s")) or float("nan"))
+        count = int(_number(run.get("iter_count")) or 0)
+        if _number(run.get("steady_iter_s")) is None:
+            lines.append(
+                f"{name}: median of all {count} timed micro-batches {all_ms:.1f} ms; {run.get('steady_basis')}"
+            )
+            continue
+        spread = _number(run.get("steady_spread_pct"))
+        lines.append(
+            f"{name}: {count} timed micro-batches, median {all_ms:.1f} ms. "
+            f"{int(run['steady_iter_count'])} of a length seen before: {1e3 * run['steady_iter_s']:.1f} ms (steady"
+            + (f", ±{spread:.0f} %" if spread is not None else "")
+            + "); "
+            f"{int(run['first_seen_count'])} of a first-seen length: {1e3 * run['first_seen_extra_s']:+.0f} ms each, "
+            f"{run['first_seen_pct']:.0f} % of the timed time"
+        )
+    if not lines:
+        return f"no finished run of {exp_id} yet"
+    return f"First-seen sequence lengths, {exp_id}:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def _latest_run(records: Sequence[Mapping[str, Any]], exp_id: str) -> Mapping[str, Any]:
+    return [r for r in records if r.get("experiment") == exp_id and r.get("status") == "ok"][-1]
 
 
 def steps_and_samples(df: pd.DataFrame, experiments: Sequence[str], *, profile: str | None = None) -> pd.DataFrame:
@@ -517,4 +558,6 @@ def steps_and_samples(df: pd.DataFrame, experiments: Sequence[str], *, profile: 
         steps = iterations / accumulation if iterations and accumulation else None
         rows.append({"experiment": exp_id, "mode": record.get("mode"), "micro_batches": iterations,
                      "accumulation": accumulation, "optimizer_steps": steps, "samples": _samples(record)})  # fmt: skip
-    return pd.DataFrame(rows, columns=["experiment", "mode", "micro_batches", "accumulation", "optimizer_steps", "samples"])
+    return pd.DataFrame(
+        rows, columns=["experiment", "mode", "micro_batches", "accumulation", "optimizer_steps", "samples"]
+    )

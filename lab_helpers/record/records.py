@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lab_helpers.config.iteration_times import steady_timing
+from lab_helpers.config.iteration_times import length_split, steady_timing
 from lab_helpers.config.paths import describe_os_error, open_regular, results_dir
 from lab_helpers.config.record_schema import STATUSES, conform, record_unfit
 from lab_helpers.config.secrets import redact_mapping
@@ -274,6 +274,7 @@ def conformed(record: dict[str, Any]) -> dict[str, Any]:
     stored. Measured values are never changed."""
     out = conform(record)
     out.update({key: value for key, value in steady_timing(out).items() if value is not None})
+    out.update({key: value for key, value in length_split(out).items() if value is not None})  # seq_lens' split
     return out
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lab_helpers.config.experiments import ResolvedRun, resolve_path
-from lab_helpers.config.iteration_times import steady_timing
+from lab_helpers.config.iteration_times import length_split, steady_timing
 from lab_helpers.config.paths import lab_home, results_dir
 from lab_helpers.config.secrets import for_terminal, redact_mapping
 from lab_helpers.launch.runner import ProcessOutcome
@@ -110,6 +110,7 @@ def records_from(
             "tokens": tokens,
             "tokens_padded": tokens_padded,
             "iterations": iterations,
+            "seq_lens": report.get("seq_lens"),
             "flops_per_step": mfu_inputs["flops_per_step"],
             "gpu_peak_flops": mfu_inputs["gpu_peak_flops"],
             "mfu_error": mfu_inputs["mfu_error"],
@@ -133,6 +134,7 @@ def records_from(
             ),
         }
         record.update(steady_timing(record))  # pure arithmetic on the stored inputs: cannot fail
+        record.update(length_split(record))
         records.append(record)
     return records
 

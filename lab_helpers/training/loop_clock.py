@@ -33,6 +33,7 @@ class LoopClock:
         self.excluded: list[tuple[float, float]] = []  # (perf_counter start, end) of validation and the like
         self.excluded_cpu_s: list[tuple[float, float]] = []  # (perf_counter start, process seconds) of the same
         self.batch_starts: list[float] = []  # when each trained batch was asked for
+        self.seq_lens: list[int] = []  # each trained batch's padded length: which met a length first (length_split)
         self.warmup_iterations = 0  # micro-batches of the warm-up steps, from the recipe
         self.warmup_tokens = [0, 0]  # (tokens, padded tokens) of the warm-up batches
         self.cpu_s: dict[str, float] = {}  # process_time at each mark
@@ -77,7 +78,9 @@ class LoopClock:
         return len(self.batch_starts)
 
     def count_untimed_tokens(self, batch: Mapping[str, Any]) -> None:
-        """The tokens of the batch just started, where it is not timed (warm-up, quick mode's profiled steps)."""
+        """The tokens of the batch just started, where it is not timed (warm-up, quick mode's profiled steps), and
+        its padded length, timed or not (a length met in warm-up is no longer new)."""
+        self.seq_lens.append(int(batch["input_ids"].shape[-1]))
         untimed = self.warmup_tokens if len(self.batch_starts) <= self.warmup_iterations else None
         if self.timing_ended is not None:  # quick mode's profiled steps after its timing ended
             untimed = self.after_timing_tokens
@@ -147,7 +150,7 @@ def timings(clock: LoopClock) -> dict[str, Any]:
     tokens = clock.token_counts.get("raw_tokens_plus_prompt_template")
     padded = clock.token_counts.get("raw_tokens_plus_prompt_template_and_padding")
     if clock.fit_end is None or clock.fit_start is None:
-        return {"train_s": None, "tokens": tokens, "tokens_padded": padded}
+        return {"train_s": None, "tokens": tokens, "tokens_padded": padded, "seq_lens": clock.seq_lens or None}
     if not clock.steady:
         return {
             "train_s": clock.fit_end - clock.fit_start - clock.excluded_between(clock.fit_start, clock.fit_end),
@@ -155,6 +158,7 @@ def timings(clock: LoopClock) -> dict[str, Any]:
             "iterations": len(clock.batch_starts) or None,
             "tokens": tokens,
             "tokens_padded": padded,
+            "seq_lens": clock.seq_lens or None,
         }
     first, steady_start = clock.batch_starts[0], clock.batch_starts[clock.warmup_iterations]
     profiled_after = 0  # quick mode's profiled micro-batches after the timing (their time is excluded already)
@@ -169,4 +173,5 @@ def timings(clock: LoopClock) -> dict[str, Any]:
         "iterations": len(clock.batch_starts) - clock.warmup_iterations - profiled_after,
         "tokens": None if tokens is None else tokens - untimed[0],
         "tokens_padded": None if padded is None else padded - untimed[1],
+        "seq_lens": clock.seq_lens or None,
     }

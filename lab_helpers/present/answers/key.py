@@ -13,6 +13,8 @@ from typing import Any
 
 from lab_helpers.config.iteration_times import finite_number
 from lab_helpers.config.record_schema import BREAKDOWN_PARTS
+from lab_helpers.present.speed_pairs import STEP_OVERRIDES as STEP_OVERRIDES  # single_levers names them here
+from lab_helpers.present.speed_pairs import step_variant
 
 WIDTH = 120
 MARK = "**Question.**"
@@ -166,16 +168,6 @@ class Answer:
     text: str
     missing: list[str] = field(default_factory=list)
     computed: bool = True
-
-
-STEP_OVERRIDES = ("optimizer.foreach", "optimizer.fused")
-"""Overrides that run an experiment with another optimizer step (01's lever, ``arithmetic.step_lever``): such a
-run is a variant of its experiment, never the experiment as the other questions mean it."""
-
-
-def step_variant(record: Mapping[str, Any]) -> bool:
-    overrides = record.get("overrides")
-    return isinstance(overrides, Mapping) and any(key in overrides for key in STEP_OVERRIDES)
 
 
 class Facts:

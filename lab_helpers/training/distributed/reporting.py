@@ -149,6 +149,7 @@ class ReportCallback(L.Callback):
         fields["tokens"] += tokens
         self._tokens_seen += tokens
         fields["tokens_padded"] += int(batch["input_ids"].numel())
+        fields.setdefault("seq_lens", []).append(int(batch["input_ids"].shape[-1]))  # warm-up's too: length_split
         fields["train_s"] = now - (self._train_t0 or self._iter_t0)
         if self._seen == accum * self.warmup_steps:  # the warm-up ends here: what follows is timed and counted
             self._warmup = {"t": now, **{k: fields[k] for k in ("iterations", "samples", "tokens", "tokens_padded")}}
