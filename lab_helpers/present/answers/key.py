@@ -269,6 +269,19 @@ class Facts:
         samples = self.value(exp, "iterations", world) * self.micro(exp, world)
         return 1000 * self.value(exp, "train_s", world) / samples
 
+    def verdict(self, exp: str, against: str):
+        """``exp`` against ``against`` by the lab's one speed rule (``speed_pairs.compare``), or Cannot."""
+        from lab_helpers.present.speed_pairs import compare
+
+        found = compare(self.records, exp, against)
+        if isinstance(found, str):
+            raise Cannot(f"{self.name}: {found}")
+        return found
+
+    def speed(self, exp: str, against: str) -> str:
+        """The rule's one line: both times per sample, the change with its 95 % interval, the verdict."""
+        return self.verdict(exp, against).words()
+
     def steady_ms_per_sample(self, exp: str, world: int | None = None) -> float:
         """The median micro-batch over its samples: what the memory-against-time plot draws."""
         return 1000 * self.value(exp, "iter_median_s", world) / self.micro(exp, world)

@@ -125,11 +125,11 @@ def _host_bound(f: Facts) -> Answer:
     def evidence() -> str:
         for exp, run in (("lora-1b", "fill-gpu"),):
             busy = {e: f.value(e, "gpu_busy_pct") for e in (exp, run)}
-            step = {e: f.value(e, "iter_median_s") for e in (exp, run)}
-            per = {e: f.steady_ms_per_sample(e) for e in (exp, run)}
+            verdict = f.verdict(run, exp)
+            step = {exp: verdict.against_ms * f.micro(exp), run: verdict.exp_ms * f.micro(run)}
             return (f"In {f.name}: `{exp}` (`{f.run(exp).get('bound')}`, GPU {busy[exp]:.0f} % busy) took "
-                    f"{1e3 * step[exp]:.0f} ms per micro-batch of {f.micro(exp)}; `{run}` at micro batch {f.micro(run)} "
-                    f"{1e3 * step[run]:.0f} ms: per sample {per[exp]:.1f} -> {per[run]:.1f} ms.")  # fmt: skip
+                    f"{step[exp]:.0f} ms per micro-batch of {f.micro(exp)}; `{run}` at micro batch {f.micro(run)} "
+                    f"{step[run]:.0f} ms. Per sample: {verdict.words()}.")  # fmt: skip
         return ""
 
     return f.answer(
@@ -157,24 +157,22 @@ def _memory_time(f: Facts) -> Answer:
         moved = {}
         for technique, base, run in MEMORY_TIME_PAIRS:
             try:
-                moved[technique] = (
-                    f.peak(run) - f.peak(base),
-                    f.steady_ms_per_sample(run) - f.steady_ms_per_sample(base),
-                    base,
-                    run,
-                )
+                verdict = f.verdict(run, base)
+                moved[technique] = (f.peak(run) - f.peak(base), verdict.exp_ms - verdict.against_ms, base, run,
+                                    verdict.verdict)  # fmt: skip
             except Cannot:
                 continue
         if not moved:
             raise Cannot(f"{f.name} ran none of the technique pairs")
         listed = "; ".join(
-            f"{t} (`{b}` -> `{r}`): {gib(dm)}, {dt:+.1f} ms/sample" for t, (dm, dt, b, r) in moved.items()
+            f"{t} (`{b}` -> `{r}`): {gib(dm)}, {dt:+.1f} ms/sample ({'within noise' if said == 'within noise' else said})"
+            for t, (dm, dt, b, r, said) in moved.items()
         )
-        down = {t: v for t, v in moved.items() if v[0] < 0 and v[1] <= 0}
-        paid = {t: v for t, v in moved.items() if v[0] < 0 and v[1] > 0}
+        down = {t: v for t, v in moved.items() if v[0] < 0 and v[4] != "slower"}
+        paid = {t: v for t, v in moved.items() if v[0] < 0 and v[4] == "slower"}
         best = min(down, key=lambda t: down[t][0]) if down else None
         slow = max(paid, key=lambda t: paid[t][1]) if paid else None
-        return (f"Moves (memory, steady time per sample): {listed}. "
+        return (f"Moves (memory, time per sample by the lab's speed rule): {listed}. "
                 + (f"Furthest down without moving right: {best}. " if best else "None moved down without moving right here. ")
                 + (f"Paid most time for its saving: {slow}." if slow else "None paid time for a saving here."))  # fmt: skip
 

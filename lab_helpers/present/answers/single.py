@@ -71,16 +71,14 @@ def _grad_accum(f: Facts) -> Answer:
         from lab_helpers.present.tables import steps_and_samples
 
         ga, sb = "grad-accum", "small-batch"
-        per = {e: (f.ms_per_sample(e), f.value(e, "tokens_per_s"), f.peak(e), f.value(e, "train_s")) for e in (ga, sb)}
-        cost = 100 * (per[ga][0] / per[sb][0] - 1)
+        per = {e: (f.peak(e), f.value(e, "train_s")) for e in (ga, sb)}
         frame = steps_and_samples(records_frame(f), [ga, sb]).set_index("experiment")
         samples = {e: int(frame.loc[e, "samples"]) for e in (ga, sb)}
-        return (f"`{ga}` {per[ga][0]:.1f} ms/sample, {per[ga][1]:,.0f} tokens/s, {f.mem} {gib(per[ga][2])}; `{sb}` "
-                f"{per[sb][0]:.1f} ms/sample, {per[sb][1]:,.0f} tokens/s, {gib(per[sb][2])}. Per sample accumulation "
-                f"{'cost' if cost > 0 else 'saved'} {abs(cost):.0f} %, for {gib(per[ga][2] - per[sb][2])} more memory "
+        return (f"Per sample: {f.speed(ga, sb)}. Memory: {f.mem} {gib(per[ga][0])} against {gib(per[sb][0])}, "
+                f"{gib(per[ga][0] - per[sb][0])} more "
                 f"(the summed gradients stay alive: predicted gradients {gib(f.plan(ga).part('gradients'))} against "
                 f"{gib(f.plan(sb).part('gradients'))}). `train_s` misleads because the two timed different work: "
-                f"{per[ga][3]:.2f} s for {samples[ga]} samples against {per[sb][3]:.2f} s for {samples[sb]}.")  # fmt: skip
+                f"{per[ga][1]:.2f} s for {samples[ga]} samples against {per[sb][1]:.2f} s for {samples[sb]}.")  # fmt: skip
 
     return f.answer(compared)
 
@@ -109,20 +107,18 @@ def _bf16_mixed(f: Facts) -> Answer:
     def compared() -> str:
         mixed, true = "bf16-mixed", "bf16-true"
         mem = {e: f.peak(e) for e in (mixed, true)}
-        tps = {e: f.value(e, "tokens_per_s") for e in (mixed, true)}
-        faster = max(tps, key=tps.get)
+        verdict = f.verdict(mixed, true)
         bound = {e: f.run(e).get("bound") for e in (mixed, true)}
         bounds = f" (bound: {mixed} {bound[mixed]}, {true} {bound[true]})" if all(bound.values()) else ""
-        pick = (
-            f"`{mixed}`: here it is also the faster one, and its fp32 master weights keep small updates; "
-            f"its {gib(mem[mixed] - mem[true])} more must fit"
-            if faster == mixed
-            else f"`{true}` where its {(tps[true] / tps[mixed] - 1) * 100:.0f} % more tokens/s matter and the 1-hour "
-            f"run tolerates bf16 updates; `{mixed}` where small updates must land (fp32 master weights)"
-        )
+        pick = {
+            "faster": f"`{mixed}`: here it is also the faster one, and its fp32 master weights keep small updates; "
+            f"its {gib(mem[mixed] - mem[true])} more must fit",
+            "slower": f"`{true}` where its speed matters and the 1-hour run tolerates bf16 updates; `{mixed}` where "
+            "small updates must land (fp32 master weights)",
+        }.get(verdict.verdict, f"by numerics, not speed (the two are within noise here): `{mixed}` where small updates "
+              f"must land (fp32 master weights), `{true}` where its {gib(mem[mixed] - mem[true])} less memory matters")
         return (f"Memory: `{mixed}` {gib(mem[mixed])} against `{true}` {gib(mem[true])} ({gib(mem[mixed] - mem[true])} "
-                f"more); tokens/s: {tps[mixed]:,.0f} against {tps[true]:,.0f} (x{tps[mixed] / tps[true]:.2f})"
-                f"{bounds}. Pick {pick}.")  # fmt: skip
+                f"more). Time: {verdict.words()}{bounds}. Pick {pick}.")  # fmt: skip
 
     return f.answer(compared)
 
@@ -311,14 +307,16 @@ def _lora_13b(f: Facts) -> Answer:
     def compared() -> str:
         lora, sgd = "lora-13b", "full-13b-sgd"
         mem = {e: f.peak(e) for e in (lora, sgd)}
-        ms = {e: f.ms_per_sample(e) for e in (lora, sgd)}
+        verdict = f.verdict(lora, sgd)
         trained = f.plan(lora).data.get("trainable_params") / f.plan(lora).params
-        smaller, faster = min(mem, key=mem.get), min(ms, key=ms.get)
-        return (f"Memory ({f.mem}): `{lora}` {gib(mem[lora])}, `{sgd}` {gib(mem[sgd])}; time: {ms[lora]:.1f} against "
-                f"{ms[sgd]:.1f} ms/sample. `{smaller}` is smaller and `{faster}` faster here. `{lora}` trains "
+        smaller = min(mem, key=mem.get)
+        faster = {"faster": lora, "slower": sgd}.get(verdict.verdict)
+        said = f"`{faster}` faster" if faster else "neither faster beyond the noise"
+        return (f"Memory ({f.mem}): `{lora}` {gib(mem[lora])}, `{sgd}` {gib(mem[sgd])}; time: {verdict.words()}. "
+                f"`{smaller}` is smaller and {said} here. `{lora}` trains "
                 f"{100 * trained:.2f} % of the weights (adapters) with AdamW; `{sgd}` trains them all but without "
                 f"AdamW's per-parameter step sizes, so it learns slowly: "
-                f"{f'choose `{lora}`: it wins on both here' if smaller == faster == lora else f'choose `{faster}` for time, `{smaller}` for memory'}.")  # fmt: skip
+                f"{f'choose `{lora}`: it wins on both here' if smaller == faster == lora else f'choose `{faster}` for time, `{smaller}` for memory' if faster else f'choose `{smaller}` for memory'}.")  # fmt: skip
 
     def states() -> str:
         return (
@@ -334,12 +332,11 @@ def _qlora(f: Facts) -> Answer:
     def compared() -> str:
         q, lora = f.plan("qlora-7b"), f.plan("lora-7b")
         mem = {e: f.peak(e) for e in ("qlora-7b", "lora-7b")}
-        tps = {e: f.value(e, "tokens_per_s") for e in ("qlora-7b", "lora-7b")}
+        verdict = f.verdict("qlora-7b", "lora-7b")
+        why = {"slower": " (each layer's weights are dequantised for its matmul).",
+               "faster": " here, despite dequantising each layer's weights for its matmul."}.get(verdict.verdict, ".")
         return (f"Measured: `qlora-7b` {gib(mem['qlora-7b'])} against `lora-7b` {gib(mem['lora-7b'])} "
                 f"({gib(mem['lora-7b'] - mem['qlora-7b'])} saved; predicted frozen weights {gib(lora.part('parameters'))} "
-                f"-> {gib(q.part('parameters'))}). Tokens/s {tps['qlora-7b']:,.0f} against {tps['lora-7b']:,.0f}: "
-                f"{abs(100 * (tps['qlora-7b'] / tps['lora-7b'] - 1)):.0f} % "
-                + ("slower (each layer's weights are dequantised for its matmul)." if tps["qlora-7b"] < tps["lora-7b"]
-                   else "faster here, despite dequantising each layer's weights for its matmul."))  # fmt: skip
+                f"-> {gib(q.part('parameters'))}). Time: {verdict.words()}{why}")  # fmt: skip
 
     return f.answer(compared)

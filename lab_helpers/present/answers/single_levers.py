@@ -63,18 +63,16 @@ def _moved(before: Plan, after: Plan) -> str:
 def _act_ckpt_cost(f: Facts) -> Answer:
     def cost() -> str:
         saved = f.peak("full-7b") - f.peak("act-ckpt")
-        ms = {e: f.ms_per_sample(e) for e in ("act-ckpt", "full-7b")}
-        steady = {e: f.steady_ms_per_sample(e) for e in ("act-ckpt", "full-7b")}
+        verdict = f.verdict("act-ckpt", "full-7b")
         from lab_helpers.planning.planner.timing import recompute_flops
 
         model = f.value("act-ckpt", "flops_per_token")  # model FLOPs: the recompute is not in them
         flops = (model + recompute_flops(model, str(f.run("act-ckpt").get("method")))) / model
-        time = steady["act-ckpt"] / steady["full-7b"]
-        return (f"Saved {gib(saved)} ({f.mem} {gib(f.peak('full-7b'))} -> {gib(f.peak('act-ckpt'))}). Time per sample "
-                f"{ms['full-7b']:.1f} -> {ms['act-ckpt']:.1f} ms (steady median {steady['full-7b']:.1f} -> "
-                f"{steady['act-ckpt']:.1f}: x{time:.2f}), against x{flops:.2f} FLOPs with one more forward: the time is "
-                f"{'close to' if abs(time - flops) < 0.1 else 'more than' if time > flops else 'less than'} the FLOPs' "
-                f"share{' (the run is host-bound: the recompute adds host work, its kernel launches, as well as FLOPs)' if f.run('act-ckpt').get('bound') == 'host' else ''}. "
+        inside = verdict.low <= flops <= verdict.high
+        return (f"Saved {gib(saved)} ({f.mem} {gib(f.peak('full-7b'))} -> {gib(f.peak('act-ckpt'))}). Time: "
+                f"{verdict.words()}; the FLOPs with one more forward: x{flops:.2f}, "
+                f"{'inside' if inside else 'outside'} the time's interval (x{verdict.low:.2f} to x{verdict.high:.2f})"
+                f"{' (the run is host-bound: the recompute adds host work, its kernel launches, as well as FLOPs)' if f.run('act-ckpt').get('bound') == 'host' else ''}. "
                 f"The saved memory could buy a larger micro batch (activations per sample "
                 f"{gib(f.plan('act-ckpt').part('activations') / f.micro('act-ckpt'))} with checkpointing) or longer "
                 "sequences.")  # fmt: skip
@@ -273,14 +271,15 @@ def _ran_or_not(f: Facts, exp: str) -> str:
 def _fill_gpu_rate(f: Facts) -> Answer:
     def rate() -> str:
         grew = f.micro("fill-gpu") / f.micro("lora-1b")
-        tps = f.value("fill-gpu", "tokens_per_s") / f.value("lora-1b", "tokens_per_s")
+        verdict = f.verdict("fill-gpu", "lora-1b")
+        rate = 1 / verdict.ratio  # samples per second, and tokens with them: the inverse of time per sample
         record = f.run("fill-gpu")
         bound = (
             f"`{record.get('bound')}` ({record.get('bound_reason')})" if record.get("bound") else "not recorded here"
         )
-        return (f"Micro batch {f.micro('lora-1b')} -> {f.micro('fill-gpu')} (x{grew:.2f}); tokens/s "
-                f"{f.value('lora-1b', 'tokens_per_s'):,.0f} -> {f.value('fill-gpu', 'tokens_per_s'):,.0f} (x{tps:.2f}): "
-                f"{ratio_words(tps, grew, 0.02)} the factor. The bound now: {bound}.")  # fmt: skip
+        return (f"Micro batch {f.micro('lora-1b')} -> {f.micro('fill-gpu')} (x{grew:.2f}). {verdict.words()}: "
+                f"samples (and tokens) per second x{rate:.2f} (x{1 / verdict.high:.2f} to x{1 / verdict.low:.2f}), "
+                f"{ratio_words(rate, grew, 0.02)} the factor. The bound now: {bound}.")  # fmt: skip
 
     return f.answer(rate)
 
@@ -288,7 +287,8 @@ def _fill_gpu_rate(f: Facts) -> Answer:
 @answer("01", "fill-gpu", 2)
 def _fill_gpu_sample(f: Facts) -> Answer:
     def per_sample() -> str:
-        ms = {e: f.ms_per_sample(e) for e in ("lora-1b", "fill-gpu")}
+        verdict = f.verdict("fill-gpu", "lora-1b")  # the same figures as the answer above: one rule
+        ms = {"lora-1b": verdict.against_ms, "fill-gpu": verdict.exp_ms}
         grew = f.micro("fill-gpu") / f.micro("lora-1b")
         fell = ms["lora-1b"] / ms["fill-gpu"]
         busy = {e: f.run(e).get("gpu_busy_pct") for e in ("lora-1b", "fill-gpu")}
