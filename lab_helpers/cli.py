@@ -263,6 +263,8 @@ def _print_comparison(
         from lab_helpers.present.table_display import terminal_table
 
         print(terminal_table(table, wide=wide) if len(table) else "no runs recorded yet")
+        if note := tables.steady_notes(table):
+            print(note)
     paths = figures.save_all(frame, out_dir, profile=profile)
     if len(table) and paths:
         paths.insert(0, figure_files.save_table(table, out_dir))

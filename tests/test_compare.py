@@ -381,7 +381,7 @@ def test_gpu_references_are_labelled_and_never_mixed_with_cpu_stand_ins(tmp_path
     markdown = tables.markdown_table(tables.comparison_table(default)).splitlines()
     assert markdown[0].startswith("| experiment | status | measured peak GiB | predicted GiB | error %")
     # no per_iteration, no token counts: no steady figures; the stored MFU stands (nothing to derive it from)
-    assert markdown[2] == "| lora-7b | ok | 27.8 | 27.93 | -0.5 | 3.4 |  |  |  | 9.7% |  |  |  |"
+    assert markdown[2] == "| lora-7b | ok | 27.8 | 27.93 | -0.5 | 3.4 |  |  |  |  |  | 9.7% |  |  |  |"
 
 
 def test_the_readme_table_is_what_compare_prints_from_the_shipped_gpu_records(capsys):

@@ -18,18 +18,20 @@ from typing import Any
 import pandas as pd
 
 REASON_CHARS = 72  # a reason is the first line of the record's text, cut here; the record keeps all of it
-TEXT_COLUMNS = ("experiment", "gpu", "status", "bound", "reason")
+TEXT_COLUMNS = ("experiment", "gpu", "status", "bound", "steady_basis", "reason")
 TERMINAL_WIDTH = 120  # where the terminal's width is not known (a pipe, a log, CI)
 TERMINAL_COLUMNS = (
     "experiment", "gpu", "status", "peak_alloc_gib", "peak_tensor_gib", "predicted_peak_alloc_gib", "prediction_error_pct",
-    "ms_per_sample", "tokens_per_s_padded", "gpu_busy_pct", "bound", "mfu", "padding_pct", "train_s",
+    "ms_per_sample", "steady_ms_per_sample", "first_seen_count", "tokens_per_s_padded", "gpu_busy_pct", "bound", "mfu",
+    "padding_pct", "train_s",
 )  # fmt: skip
 """What a person compares in a terminal, in the order they are kept while the width allows: memory measured and
 predicted first, then speed; the reason of a run that did not finish fills what is left. ``--wide`` shows all."""
 MIN_REASON_CHARS = 20
 TERMINAL_HEADERS = {
     "peak_alloc_gib": "peak GiB", "peak_tensor_gib": "tensors GiB", "predicted_peak_alloc_gib": "predicted GiB",
-    "prediction_error_pct": "error %", "ms_per_sample": "ms/sample", "tokens_per_s_padded": "padded tok/s",
+    "prediction_error_pct": "error %", "ms_per_sample": "ms/sample", "steady_ms_per_sample": "steady ms/sample",
+    "first_seen_count": "first-seen", "tokens_per_s_padded": "padded tok/s",
     "gpu_busy_pct": "GPU busy %", "padding_pct": "padding %", "train_s": "train s", "mfu": "MFU",
 }  # fmt: skip
 """Short headers for the terminal (the columns' names say the units; the CSV keeps the names)."""
@@ -119,7 +121,7 @@ def format_number(column: str, value: Any) -> str:
         return f"{number:.1f}" if number >= 10 else f"{number:#.3g}"
     if column in ("samples",) or column.endswith("_count"):
         return f"{number:,.0f}"
-    if column.endswith(("_s", "_ms")) or column.startswith("ms_"):
+    if column.endswith(("_s", "_ms", "_ms_per_sample")) or column.startswith("ms_"):
         return f"{number:,.0f}" if number >= 100 else f"{number:#.3g}"
     return f"{number:.4g}"
 

@@ -28,6 +28,7 @@ MEMORY_COLUMNS = ("peak_alloc_gib", "peak_tensor_gib", "peak_reserved_gib", "gpu
 RANK0_COLUMNS = (
     "train_s", "wall_s", "tokens_per_s", "tokens_per_s_padded", "mfu", "predicted_peak_alloc_gib", "iter_median_s",
     "iter_iqr_s", "iter_count", "padding_pct", "flops_per_token", "gpu_peak_flops", "gpu_busy_pct", "host_core_pct",
+    "steady_iter_s", "first_seen_count", "first_seen_pct",
 )  # fmt: skip
 TABLE_COLUMNS = (
     "experiment",
@@ -42,6 +43,10 @@ TABLE_COLUMNS = (
     "train_s",
     "samples",
     "ms_per_sample",
+    "steady_ms_per_sample",
+    "first_seen_count",
+    "first_seen_pct",
+    "steady_basis",
     "tokens_per_s",
     "iter_median_s",
     "iter_iqr_s",
@@ -68,6 +73,9 @@ ROUNDING = {
     "train_s": 1,
     "samples": 0,
     "ms_per_sample": 2,
+    "steady_ms_per_sample": 2,
+    "first_seen_count": 0,
+    "first_seen_pct": 0,
     "tokens_per_s": 1,
     "iter_median_s": 4,
     "iter_iqr_s": 4,
@@ -105,7 +113,10 @@ def comparison_table(
     share of ``train_s`` that one-off iterations took beyond a typical one (``one_offs``). The steady time figures
     (``iter_median_s`` with ``iter_iqr_s`` and ``iter_count``, both tokens/s, ``mfu``) come from the median timed
     iteration (``iteration_times.steady_timing``): MFU = tokens_per_s_padded x flops_per_token / gpu_peak_flops,
-    by hand from this table. ``gpu_busy_pct``, ``host_core_pct`` and ``bound`` say where the time went
+    by hand from this table. ``steady_ms_per_sample`` is the median micro-batch of a sequence length the run had
+    already seen, per sample, apart from the ``first_seen_count`` micro-batches of a new length (which took
+    ``first_seen_pct`` of the timed time beyond a steady one); ``steady_basis`` says what it is of, or why a run has
+    none (``iteration_times.length_split``). ``gpu_busy_pct``, ``host_core_pct`` and ``bound`` say where the time went
     (``time_bound``; None on a CPU). Missing values are NaN, never 0.
     """
     latest = latest_runs(df, profile=profile, order=order)
@@ -135,6 +146,11 @@ def comparison_table(
         row["samples"] = _samples(first.to_dict())
         row["ms_per_sample"] = _per_sample_ms(row["train_s"], row["samples"])
         row["one_off_pct"] = _one_off_pct(first.to_dict(), row["train_s"])
+        micro = _number(as_mapping(as_mapping(first.get("config")).get("train")).get("micro_batch_size"))
+        steady_s = row.pop("steady_iter_s")
+        row["steady_ms_per_sample"] = 1e3 * steady_s / micro if steady_s and micro else None
+        basis = first.get("steady_basis")  # why a run has no steady time: said in its row, never left blank unsaid
+        row["steady_basis"] = basis if isinstance(basis, str) and row["train_s"] is not None else None
         rows.append(row)
     table = pd.DataFrame(rows)
     measured = pd.to_numeric(table["peak_alloc_gib"], errors="coerce").fillna(
@@ -148,6 +164,20 @@ def comparison_table(
     for column, digits in ROUNDING.items():
         table[column] = pd.to_numeric(table[column], errors="coerce").astype(float).round(digits)
     return ComparisonTable(table.reset_index(drop=True))  # shown without empty columns (table_display)
+
+
+def steady_notes(table: pd.DataFrame) -> str:
+    """One line naming the rows whose steady time is blank and why (``steady_basis``): the terminal table cuts
+    that column, and a blank cell must not read as "not measured" (issue 51: never a silent fallback)."""
+    if "steady_basis" not in table or not len(table):
+        return ""
+    blank = table[table["steady_ms_per_sample"].isna() & table["steady_basis"].notna()]
+    if blank.empty:
+        return ""
+    said = "; ".join(
+        f"{', '.join(rows['experiment'])}: {basis}" for basis, rows in blank.groupby("steady_basis", sort=False)
+    )
+    return f"steady ms/sample blank (ms/sample is the whole timed loop, first-seen lengths included): {said}"
 
 
 def gpu_label(device_name: Any) -> str | None:
@@ -182,6 +212,8 @@ MARKDOWN_COLUMNS = {
     "prediction_error_pct": "error %",
     "train_s": "train s",
     "iter_median_s": "median iter ms",
+    "steady_ms_per_sample": "steady ms/sample",
+    "first_seen_count": "first-seen",
     "tokens_per_s_padded": "padded tokens/s",
     "padding_pct": "padding %",
     "mfu": "MFU",
@@ -218,8 +250,10 @@ def markdown_table(table: pd.DataFrame) -> str:
                 cells.append(f"{value:,.0f}")
             elif column == "iter_median_s":
                 cells.append(f"{1e3 * value:.0f}")
-            elif column in ("padding_pct", "gpu_busy_pct"):
+            elif column in ("padding_pct", "gpu_busy_pct", "first_seen_count"):
                 cells.append(f"{value:.0f}")
+            elif column == "steady_ms_per_sample":
+                cells.append(f"{value:.1f}")
             elif value is None:
                 cells.append("")
             elif column == "predicted_peak_alloc_gib":  # CPU stand-ins predict tens of MiB: 3 digits, not 0.03
