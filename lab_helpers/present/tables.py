@@ -529,6 +529,21 @@ def speed_words(exp_id: str, pair: str, df: pd.DataFrame | None = None) -> str:
     return f"Measured speed, {exp_id} against {pair}:\n" + "\n".join(f"  {line}" for line in lines)
 
 
+def pairs_words(df: pd.DataFrame | None = None, node: Mapping[str, Any] | None = None) -> str:
+    """Every lesson pair by the one speed rule (``speed_pairs.pairs_text``): this node's own runs (``df``), then
+    the shipped reference of this node's GPU (``reference_for``: the same table a GPU node would give)."""
+    from lab_helpers.config.paths import reference_dir
+    from lab_helpers.present.speed_pairs import pairs_text
+
+    parts = []
+    if df is not None and len(df):
+        parts.append("This node's runs:\n" + pairs_text(df.to_dict("records")))
+    name = reference_for(node)
+    reference = load_results(reference_dir() / f"{name}.jsonl")
+    parts.append(f"The shipped reference {name}:\n" + pairs_text(reference.to_dict("records")))
+    return "\n\n".join(parts)
+
+
 def first_seen_words(exp_id: str, df: pd.DataFrame | None = None) -> str:
     """What first-seen sequence lengths cost ``exp_id``'s latest run, here (``df``) and in every shipped reference:
     its timed micro-batches split into lengths seen before (the steady time, with its noise) and first-seen ones

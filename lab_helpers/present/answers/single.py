@@ -3,6 +3,7 @@ model's size, the 13B's routes, LoRA and QLoRA)."""
 
 from __future__ import annotations
 
+from lab_helpers.config.iteration_times import finite_number
 from lab_helpers.config.record_schema import GIB
 from lab_helpers.present.answers.key import (
     Answer,
@@ -100,6 +101,29 @@ def _bf16_true(f: Facts) -> Answer:
                 + ("; the norms' and the logits' fp32 tensors stay fp32 whatever the weights' dtype)." if part == "activations" else ")."))  # fmt: skip
 
     return f.answer(halved)
+
+
+@answer("01", "first-seen-lengths-and-a-verdict-only-beyond-the-noise")
+def _first_seen(f: Facts) -> Answer:
+    def split() -> str:
+        run = f.run("bf16-true")
+        if finite_number(run.get("steady_iter_s")) is None:
+            raise Cannot(f"{f.name}'s `bf16-true` has no steady time: {run.get('steady_basis')}")
+        timed, new = int(run["iter_count"]), int(run["first_seen_count"])
+        return (f"`bf16-true` timed {timed} micro-batches; {new} met a length for the first time and took "
+                f"{1e3 * run['first_seen_extra_s']:+.0f} ms each over a steady one ({1e3 * run['steady_iter_s']:.1f} ms, "
+                f"the median of the {int(run['steady_iter_count'])} of a length seen before): "
+                f"{run['first_seen_pct']:.0f} % of the timed time. So the median of all of them "
+                f"({1e3 * run['iter_median_s']:.0f} ms) follows the share of new lengths, not bf16's speed.")  # fmt: skip
+
+    def verdict() -> str:
+        found = f.verdict("bf16-true", "grad-accum")
+        return (f"Against fp32 at the same recipe: {found.words()}. "
+                + ("bf16 is faster here." if found.verdict == "faster" else "bf16 is slower here." if found.verdict ==
+                   "slower" else "Within noise: these runs cannot say; more steady micro-batches (a longer run, or a "
+                   "repeat) narrow the interval."))  # fmt: skip
+
+    return f.answer(split, verdict)
 
 
 @answer("01", "bf16-mixed")
