@@ -40,28 +40,13 @@ PLAN_BUILD_MS = 5.0
 
 
 def padded_lengths(record: dict, workdir: Path) -> tuple[list[int], list[int]]:
-    """Each micro-batch's padded length and raw token count, in the order the run drew them (quick mode's sampler,
-    the lab's tokenizer, litgpt's JSON data module with the record's own data settings)."""
-    from litgpt.data import JSON
-    from litgpt.tokenizer import Tokenizer
-
-    from lab_helpers.assets import make_alpaca_json
-    from lab_helpers.assets.tokenizer import write_tokenizer_files
+    """Each micro-batch's padded length and raw token count, in the order the run drew them (quick mode's sampler
+    over the samples as the run's data module had them: ``scripts/rebuild_seq_lens.sample_lengths``)."""
     from lab_helpers.training.quick_mode import QuickOrderSampler
+    from scripts.rebuild_seq_lens import sample_lengths
 
-    config, train = record["config"], record["config"]["train"]
-    data_args = dict(config["data"]["init_args"])
-    if Path(data_args.pop("json_path")).name != "alpaca2k_like.json":
-        raise SystemExit("only the generated Alpaca2k-like data (random-weights runs) can be rebuilt here")
-    tokenizer_dir = workdir / "tokenizer"
-    if not tokenizer_dir.exists():
-        tokenizer_dir.mkdir(parents=True)
-        write_tokenizer_files(tokenizer_dir)
-    json_path = make_alpaca_json(workdir / "alpaca2k_like.json", n_samples=2000, lengths="alpaca2k")
-    data = JSON(json_path=json_path, **{**data_args, "num_workers": 0})
-    data.connect(Tokenizer(tokenizer_dir), batch_size=train["micro_batch_size"], max_seq_length=train["max_seq_length"])
-    data.setup()
-    lengths = [len(item["input_ids"]) for item in data.train_dataset]
+    train = record["config"]["train"]
+    lengths = sample_lengths(record, workdir)
     accumulation = train["global_batch_size"] // train["micro_batch_size"]
     batches = list(QuickOrderSampler(lengths, batch_size=train["micro_batch_size"], accumulation=accumulation))
     return [max(lengths[i] for i in b) for b in batches], [sum(lengths[i] for i in b) for b in batches]
