@@ -210,10 +210,11 @@ def plot_time(
     share = (pd.to_numeric(table["one_off_pct"], errors="coerce").fillna(0.0) / 100).clip(0.0, 0.99)
     micro = pd.Series([_micro_batch(records.get(e, {})) for e in table["experiment"]], dtype=float)
     median_s = pd.to_numeric(table["iter_median_s"], errors="coerce")
+    unsplit = pd.to_numeric(table["steady_ms_per_sample"], errors="coerce").isna()  # no steady time: all timed
     table = table.assign(
         iter_median_ms=median_s * 1e3,
-        steady_ms_per_sample=median_s * 1e3 / micro,
-        steady_iqr_ms_per_sample=pd.to_numeric(table["iter_iqr_s"], errors="coerce") * 1e3 / micro,
+        steady_ms_per_sample=per_sample_ms(table, micro),
+        steady_iqr_ms_per_sample=(pd.to_numeric(table["iter_iqr_s"], errors="coerce") * 1e3 / micro).where(unsplit),
     )
     cpu = figure_source.on_cpu(records.values())
     note = f" -- CPU: {figure_source.CPU_TIME_NOTE}" if cpu else ""
@@ -221,7 +222,8 @@ def plot_time(
                "iter_median_ms": pd.to_numeric(table["iter_iqr_s"], errors="coerce") * 1e3}  # fmt: skip
     for ax, column, ylabel, title in (
         (axes[0], "steady_ms_per_sample", "ms / sample",
-         "Time per training sample, steady: median micro-batch / micro batch size (bars: IQR)" + note),
+         "Time per training sample, steady: micro-batches of a length seen before (light: all timed, first-seen "
+         "lengths included, where the run cannot tell them apart; bars: IQR)" + note),
         (axes[1], "iter_median_ms", "ms", "Median micro-batch after warm-up (bars: IQR; n: timed)" + note),
         (axes[2], "tokens_per_s_padded", "padded tokens / s",
          "Throughput from the median micro-batch; label: what bounds the run" + note),
@@ -229,7 +231,9 @@ def plot_time(
          "Whole timed loop, train_s: grows with the steps run, compare within one mode" + note),
     ):  # fmt: skip
         values = pd.to_numeric(table[column], errors="coerce")
-        ax.bar(range(len(table)), values.fillna(0.0), color="#4c72b0")  # missing: no bar, a label instead
+        light = unsplit if column == "steady_ms_per_sample" else pd.Series(False, index=table.index)
+        colours = ["#a6bddb" if pale else "#4c72b0" for pale in light]
+        ax.bar(range(len(table)), values.fillna(0.0), color=colours)  # missing: no bar, a label instead
         if column == "iter_median_ms":
             _iqr_bars(ax, values, spreads[column], counts=pd.to_numeric(table["iter_count"], errors="coerce"))
         if column == "steady_ms_per_sample":
@@ -252,6 +256,13 @@ def plot_time(
         axes[3].legend(fontsize=8, loc="upper left")
     figure.suptitle(f"Training time and throughput: {figure_source.describe(records.values())}", fontsize=11)
     return save_figure(figure, out_dir, "time.png")
+
+
+def per_sample_ms(table: pd.DataFrame, micro: pd.Series) -> pd.Series:
+    """Each row's time per sample as the figures draw it: the steady time (``steady_ms_per_sample``, lengths seen
+    before) where the run has one, else its median micro-batch over the micro batch (first-seen lengths included)."""
+    steady = pd.to_numeric(table["steady_ms_per_sample"], errors="coerce")
+    return steady.fillna(pd.to_numeric(table["iter_median_s"], errors="coerce") * 1e3 / micro.values)
 
 
 def _micro_batch(record: Mapping[str, Any]) -> float:
@@ -309,24 +320,28 @@ def plot_memory_vs_time(
     order: Sequence[str] | None = None,
     profile: str | None = None,
 ) -> Any:
-    """Scatter of peak memory against the steady time per training sample (median micro-batch / micro batch size:
-    comparable across quick and full mode, unlike ``train_s``), one labelled point per experiment that has both."""
+    """Scatter of peak memory against the steady time per training sample (``per_sample_ms``: comparable across
+    quick and full mode, unlike ``train_s``), one labelled point per experiment that has both; * marks a run
+    whose time includes first-seen lengths."""
     table = comparison_table(df, order=order, profile=profile)
     if table.empty:
         return _empty_plot(out_dir, "memory_vs_time.png", "Peak memory vs time per sample")
     records = rank0_records(df, order=order, profile=profile)
     column, label = measured_memory(table)
     micro = pd.Series([_micro_batch(records.get(e, {})) for e in table["experiment"]], dtype=float)
-    table = table.assign(steady_ms_per_sample=pd.to_numeric(table["iter_median_s"], errors="coerce") * 1e3 / micro)
+    unsplit = pd.to_numeric(table["steady_ms_per_sample"], errors="coerce").isna()
+    table = table.assign(steady_ms_per_sample=per_sample_ms(table, micro))
     points = table[table[column].notna() & table["steady_ms_per_sample"].notna()]
     figure, ax = new_figure(6.5, 4.8)
     ax.scatter(points["steady_ms_per_sample"], points[column], color="#4c72b0")
-    for row in points.to_dict("records"):  # the modes are in the title: a label per point would crowd them
-        ax.annotate(row["experiment"], (row["steady_ms_per_sample"], row[column]), textcoords="offset points",
+    for index, row in points.iterrows():  # the modes are in the title: a label per point would crowd them
+        name = row["experiment"] + ("*" if unsplit[index] else "")
+        ax.annotate(name, (row["steady_ms_per_sample"], row[column]), textcoords="offset points",
                     xytext=(4, 4), fontsize=8)  # fmt: skip
     missing = table.loc[~table.index.isin(points.index), "experiment"].tolist()
     cpu = figure_source.on_cpu(records.values())
-    ax.set_xlabel("ms per training sample, steady (median micro-batch)" + (" -- code path only" if cpu else ""))
+    ax.set_xlabel("ms per training sample, steady (lengths seen before; *: all timed)"
+                  + (" -- code path only" if cpu else ""))  # fmt: skip
     ax.set_ylabel(label.removeprefix("measured ") + ", GiB")
     title = f"Peak memory vs time per sample\n{figure_source.describe(records.values())}"
     if missing:
