@@ -282,10 +282,6 @@ class Facts:
         """The rule's one line: both times per sample, the change with its 95 % interval, the verdict."""
         return self.verdict(exp, against).words()
 
-    def steady_ms_per_sample(self, exp: str, world: int | None = None) -> float:
-        """The median micro-batch over its samples: what the memory-against-time plot draws."""
-        return 1000 * self.value(exp, "iter_median_s", world) / self.micro(exp, world)
-
     def gpu_memory(self) -> float:
         if not self.gpu:
             raise Cannot(f"a CPU has no GPU memory ({self.name} measures live tensor bytes)")
