@@ -67,6 +67,13 @@ def test_a_clear_difference_gets_its_verdict_both_ways():
     assert speed_pairs.compare(records, "grad-accum", "bf16-true").verdict == "slower"
 
 
+def test_one_or_two_micro_batches_are_too_few_to_tell():
+    """A bootstrap of one value has no width: 31 % apart on one micro-batch each was called 'faster' (ci)."""
+    records = [built("length-grouped", [0.069]), built("small-batch", [0.1, 0.1], run="b")]
+    verdict = speed_pairs.compare(records, "length-grouped", "small-batch")
+    assert verdict.verdict == "too few to tell" and "too few micro-batches to tell (1 and 2)" in verdict.words()
+
+
 def test_runs_that_disagree_widen_the_interval():
     """Two runs of one experiment 30 % apart: a 15 % difference that one run of each calls 'faster' is noise."""
     one = [built("lora-1b", jittered(0.085, seed=1)), built("full-7b", jittered(0.100, seed=2), run="b")]

@@ -10,7 +10,7 @@ was then often noise or a share of new lengths. The rule, in one place (``compar
   mean) micro-batch, per sample;
 * the spread is a two-level bootstrap: resample the runs, then each run's micro-batches; the 95 % interval of
   the ratio of the two times. "faster" or "slower" only when the whole interval is on one side of x1; else
-  "within noise (±N %)", N half the interval's width.
+  "within noise (±N %)", N half the interval's width; a side of fewer than 3 micro-batches is "too few to tell".
 
 The notebooks' speed sentences (``tables.speed_words``), the answer key and ``compare --pairs`` all call
 ``compare``, so the three cannot disagree.
@@ -137,8 +137,16 @@ class Verdict:
         return 100 * (self.high - self.low) / 2
 
     @property
+    def timed_counts(self) -> tuple[int, int]:
+        """Micro-batches each side's figure is of, over all its runs."""
+        return (sum(len(r.per_sample_s) for r in self.exp_runs), sum(len(r.per_sample_s) for r in self.against_runs))
+
+    @property
     def verdict(self) -> str:
-        """faster | slower | within noise: the rule."""
+        """faster | slower | within noise | too few to tell (a side with fewer than MIN_STEADY_ITERATIONS
+        micro-batches: a bootstrap of one or two values has no width to judge by): the rule."""
+        if min(self.timed_counts) < MIN_STEADY_ITERATIONS:
+            return "too few to tell"
         if self.high < 1:
             return "faster"
         if self.low > 1:
@@ -152,11 +160,10 @@ class Verdict:
             len(self.exp_runs), len(self.against_runs)) > 1 else "one run each"  # fmt: skip
         change = 100 * (self.ratio - 1)
         interval = f"95 % interval {100 * (self.low - 1):+.0f} to {100 * (self.high - 1):+.0f} %"
-        said = (
-            f"within noise (±{self.noise_pct:.0f} %)"
-            if self.verdict == "within noise"
-            else f"{self.exp} {self.verdict}"
-        )
+        said = {
+            "within noise": f"within noise (±{self.noise_pct:.0f} %)",
+            "too few to tell": "too few micro-batches to tell ({} and {})".format(*self.timed_counts),
+        }.get(self.verdict, f"{self.exp} {self.verdict}")
         return (
             f"{self.exp} {self.exp_ms:.1f} ms/sample against {self.against} {self.against_ms:.1f} ({kind}, {runs}): "
             f"{change:+.0f} % ({interval}): {said}"
@@ -167,7 +174,9 @@ class Verdict:
         parts = []
         for name, runs in ((self.exp, self.exp_runs), (self.against, self.against_runs)):
             latest = runs[-1]
-            if latest.first_seen_extra_s is None:
+            if latest.first_seen_count == 0:
+                parts.append(f"{name}: no first-seen length among its timed micro-batches")
+            elif latest.first_seen_extra_s is None:
                 parts.append(f"{name}: {latest.basis}")
             else:
                 parts.append(f"{name}: {latest.first_seen_count} of a first-seen length, "
@@ -263,13 +272,13 @@ def pairs_rows(
                 "first_seen": f"{_first_seen(a)} / {_first_seen(b)}",
                 "change_pct": 100 * (verdict.ratio - 1),
                 "interval": f"{100 * (verdict.low - 1):+.0f} to {100 * (verdict.high - 1):+.0f}",
-                "verdict": verdict.verdict if verdict.verdict != "within noise" else f"within noise (±{verdict.noise_pct:.0f} %)",
+                "verdict": f"within noise (±{verdict.noise_pct:.0f} %)" if verdict.verdict == "within noise" else verdict.verdict,
             })  # fmt: skip
     return rows
 
 
 def _first_seen(run: RunTimes) -> str:
-    if run.first_seen_extra_s is None:
+    if run.first_seen_extra_s is None or run.first_seen_count == 0:
         return "not recorded" if run.first_seen_count is None else f"{run.first_seen_count} new"
     return f"{run.first_seen_count} new {1e3 * run.first_seen_extra_s:+.0f} ms"
 
@@ -280,7 +289,8 @@ def steady_note() -> str:
         f"steady: micro-batches of a sequence length the run had already seen (at least {MIN_STEADY_ITERATIONS} "
         "in every run of both sides), else all timed ones for both sides; ms per sample, the median over runs of "
         "each run's median micro-batch (length-grouped: mean); change = first / second - 1 with its 95 % bootstrap "
-        "interval (runs, then micro-batches); faster or slower only when the interval excludes 0"
+        "interval (runs, then micro-batches); faster or slower only when the interval excludes 0, and a side of fewer than "
+        f"{MIN_STEADY_ITERATIONS} micro-batches is too few to tell"
     )
 
 

@@ -566,6 +566,9 @@ def first_seen_words(exp_id: str, df: pd.DataFrame | None = None) -> str:
             )
             continue
         spread = _number(run.get("steady_spread_pct"))
+        if not run.get("first_seen_count"):
+            lines.append(f"{name}: {count} timed micro-batches, all of a length seen before: {all_ms:.1f} ms (steady)")
+            continue
         lines.append(
             f"{name}: {count} timed micro-batches, median {all_ms:.1f} ms. "
             f"{int(run['steady_iter_count'])} of a length seen before: {1e3 * run['steady_iter_s']:.1f} ms (steady"
