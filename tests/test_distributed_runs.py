@@ -42,6 +42,7 @@ def _assert_one_ok_record_per_rank(
         assert record["device_name"].startswith("cpu (")
         assert [row["iter"] for row in record["per_iteration"]] == list(range(1, warmup + timed + 1))
         assert all(row["iter_time_s"] > 0 and row["tokens"] > 0 for row in record["per_iteration"])
+        assert len(record["seq_lens"]) == warmup + timed and min(record["seq_lens"]) > 0  # this rank's lengths
         # where the time went, as the litgpt child reports it: this rank's CPU over the timed loop, and the loop on
         # the host's clock (on a GPU, gpu_busy_pct averages NVML over it; on a CPU there is no GPU to be busy)
         start, end = record["loop_monotonic_s"]

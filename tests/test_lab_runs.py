@@ -66,6 +66,10 @@ def test_a_run_records_every_field_the_cpu_provides_and_never_a_token(grad_accum
     assert record["warmup_s"] > 0 and record["mode"] == "full"
     # steady timing from the 4 timed iterations; on a CPU no GPU figures, each with its reason (time_bound)
     assert record["iter_count"] == 4 and record["iter_median_s"] > 0 and record["iter_iqr_s"] >= 0
+    # each micro-batch's padded length, warm-up included, and the steady time apart from first-seen lengths
+    assert len(record["seq_lens"]) == 8 and all(isinstance(n, int) and n > 0 for n in record["seq_lens"])
+    assert max(record["seq_lens"]) <= record["config"]["train"]["max_seq_length"]
+    assert record["first_seen_count"] + record["steady_iter_count"] == 4 and record["steady_basis"]
     assert record["gpu_busy_pct"] is None and record["gpu_busy_reason"].startswith("no GPU")
     assert record["bound"] is None and record["bound_reason"] and record["host_core_pct"] > 0
     assert record["torch_profile_steps"] is None  # profiling is never on by default
