@@ -309,7 +309,7 @@ def _lora_7b(f: Facts) -> Answer:
         used = f.value("lora-7b", "gpu_used_peak_gib")
         left, per_sample = memory - used, plan.part("activations") / plan.micro
         extra = f.states("lora-13b").gib - f.states("lora-7b").gib  # the bigger model's extra model states
-        if f.run("lora-7b").get("bound") == "host":
+        if f.run("lora-7b").get("bound") in ("host", "both"):  # the host sets (part of) the pace
             why = "a larger micro batch is the one that also pays the host's per-micro-batch cost less often."
         elif extra < left:
             why = f"the room holds even the 13B's {gib(extra)} of extra model states: the one choice that buys a better model."

@@ -69,10 +69,11 @@ def _act_ckpt_cost(f: Facts) -> Answer:
         model = f.value("act-ckpt", "flops_per_token")  # model FLOPs: the recompute is not in them
         flops = (model + recompute_flops(model, str(f.run("act-ckpt").get("method")))) / model
         inside = verdict.low <= flops <= verdict.high
+        bound = f.run("act-ckpt").get("bound")  # host or both: the host sets (part of) the pace
         return (f"Saved {gib(saved)} ({f.mem} {gib(f.peak('full-7b'))} -> {gib(f.peak('act-ckpt'))}). Time: "
                 f"{verdict.words()}; the FLOPs with one more forward: x{flops:.2f}, "
                 f"{'inside' if inside else 'outside'} the time's interval (x{verdict.low:.2f} to x{verdict.high:.2f})"
-                f"{' (the run is host-bound: the recompute adds host work, its kernel launches, as well as FLOPs)' if f.run('act-ckpt').get('bound') == 'host' else ''}. "
+                f"{f' (the run is `{bound}` bound: the recompute adds host work, its kernel launches, as well as FLOPs)' if bound in ('host', 'both') else ''}. "
                 f"The saved memory could buy a larger micro batch (activations per sample "
                 f"{gib(f.plan('act-ckpt').part('activations') / f.micro('act-ckpt'))} with checkpointing) or longer "
                 "sequences.")  # fmt: skip
