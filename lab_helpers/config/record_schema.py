@@ -91,7 +91,8 @@ REPORT_FIELDS: tuple[Field, ...] = _fields(
     ("strategy_used", None, "e.g. 'fsdp2 (ModelParallelStrategy)' when a fallback ran"),
     ("host_core_pct", "%",
      "CPU time of the training process (every thread: Python, the autograd engine's, which launch the kernels; "
-     "not data-loader worker processes) over the timed loop's wall time, validation excluded: 100 = one host core"),
+     "not data-loader worker processes) over the timed loop's wall time, validation excluded: 100 = one host core; "
+     "no evidence of a host bound (a thread waiting in a CUDA synchronisation spins its core)"),
     ("loop_monotonic_s", None, "[start, end] seconds of the timed loop on the host's monotonic clock (time.monotonic): "
      "where in the NVML timeline gpu_busy_pct averages"),
     ("torch_profile_steps", "optimizer steps", "--profile-steps N: optimizer steps a torch.profiler trace covered "
@@ -199,13 +200,23 @@ RECORD_FIELDS: tuple[Field, ...] = _reported(
     # where the time goes (lab_helpers.record.time_bound)
     ("gpu_busy_pct", "%", "NVML utilisation of this rank's GPU averaged over the timed loop only (loop_monotonic_s); "
      "None on a CPU, with gpu_busy_reason"),
+    ("gpu_busy_spread_pct", "%", "the noise of gpu_busy_pct, in points: half the 95 % bootstrap interval of the mean "
+     "of its NVML samples inside the loop (a short loop has few 100-200 ms samples); None under 3 samples; derived "
+     "from the timeline by readers for older records"),
+    ("gpu_busy_sample_count", "samples", "the NVML samples of this rank's GPU inside the loop that gpu_busy_pct "
+     "averages"),
     ("gpu_busy_pct_per_gpu", "%", "the same per NVML GPU index"),
     ("gpu_busy_reason", None, "why gpu_busy_pct is None (no GPU, no NVML samples inside the loop)"),
-    ("bound", None, "what limits the run: communication only from a profile (several ranks, collective kernels "
-     ">= 50 % of the device's busy time: NVML counts them as busy), else gpu (gpu_busy_pct >= 80), else host "
-     "(host_core_pct >= 80, or one process: the GPU waits on Python, kernel launches or the data loader); None "
-     "on a CPU, and for several unprofiled ranks with GPU and host both below 80 % (NVML cannot tell)"),
-    ("bound_reason", None, "the figures and thresholds behind bound, or why there is none"),
+    ("bound", None, "what limits the run, judged from the device's side (lab_helpers.record.time_bound): "
+     "communication only from a profile (several ranks, collective kernels >= 50 % of the device's busy time: NVML "
+     "counts them as busy); else gpu (gpu_busy_pct >= 90: the GPU idles at most a tenth of the loop), host "
+     "(gpu_busy_pct <= 50: it waits on the host side at least half the loop), both between (neither alone sets the "
+     "pace); a profile's 100 - device_idle_pct where NVML has no sample in the loop. host_core_pct is no evidence (a "
+     "thread waiting on the GPU spins its core). Runs of one experiment on one GPU whose gpu_busy_pct agree within "
+     "their gpu_busy_spread_pct share the label of their pooled figure. Derived: readers re-derive it; None on a CPU"),
+    ("bound_reason", None, "the figures behind bound with their noise (and a profile's device idle share and kernels "
+     "per step), where a threshold lies inside the noise, and where another run of the experiment on the GPU got "
+     "another label, which figure differs and by how much beyond the noise; or why there is no bound"),
     ("loop_window_s", "s", "[start, end] of the timed loop (loop_monotonic_s) on the timeline's clock (its t_s): "
      "the timeline figure marks load + warm-up before it and teardown after it; None when either is missing"),
     ("mfu_error", None, "why flops_per_step could not be counted"),

@@ -492,12 +492,15 @@ def mfu_words() -> str:
         if len(with_mfu):
             mfu = pd.to_numeric(with_mfu["mfu"])
             bound = with_mfu.get("bound", pd.Series(dtype=object)).dropna()
-            host = f"{int((bound == 'host').sum())} of {len(bound)} host-bound" if len(bound) else "bound not recorded"
+            labels = ("host", "both", "gpu", "communication")
+            counts = ", ".join(f"{int((bound == b).sum())} {b}" for b in labels if (bound == b).any())
+            host = f"bound: {counts} of {len(bound)}" if len(bound) else "bound not recorded"
             measured.append(f"{name} {mfu.min():.2f}-{mfu.max():.2f} over {len(mfu)} records ({host})")
     found = "; ".join(measured) or "no shipped GPU records yet"
     return (
         f"MFU the lab's time model assumes where no record of a GPU says otherwise: {assumed}. "
-        f"MFU the shipped GPU runs measured: {found}; host-bound: the GPU waited on one host core."
+        f"MFU the shipped GPU runs measured: {found}; bound, from the GPU's busy share: host, it waited on the host "
+        "side at least half the loop; both, neither alone set the pace; gpu, it had work nearly all the loop."
     )
 
 

@@ -13,7 +13,8 @@ none).
 
 ``host_or_device`` splits a GPU step into the host's time (kernel launches) and the device's, says which bounds it
 and asks the traced time model what would change that: a bigger micro batch, LoRA on fewer layers, another GPU on
-the same host (notebook 04's "Host or device?").
+the same host (notebook 04's "Host or device?"). Beside each split, the GPU's busy share it implies and the label a
+run's measured ``bound`` would give it (``time_bound``: the device's side, with a middle band ``both``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 from lab_helpers.config.paths import configs_dir
 from lab_helpers.config.record_schema import BREAKDOWN_PARTS
+from lab_helpers.record.time_bound import GPU_BOUND_BUSY_PCT, HOST_BOUND_BUSY_PCT, band
 
 METHODS = ("full", "lora", "qlora")
 PRECISIONS = ("bf16-true", "bf16-mixed", "32-true", "16-true", "16-mixed")
@@ -304,6 +306,14 @@ FEWER_LORA_TARGETS = {"lora_key": False, "lora_projection": False, "lora_mlp": F
 """LoRA on the query and value alone (litgpt's defaults), against a recipe that adapts more layers."""
 
 
+def predicted_busy_pct(plan: Any) -> float:
+    """The GPU's busy share a split implies: its device time over the longer of the two (the host runs ahead until
+    the queue is full, so a micro-batch takes the longer): what a run's ``gpu_busy_pct`` measures and ``bound``
+    reads."""
+    device, host = plan.device_ms_per_micro_batch, plan.host_ms_per_micro_batch
+    return 100 * device / max(device, host) if max(device, host) > 0 else 0.0
+
+
 @dataclass
 class Variant:
     """One change to the run and the traced time model's answer for it (``plan`` a TimePlan)."""
@@ -315,9 +325,11 @@ class Variant:
     def line(self) -> str:
         p = self.plan
         fits = "" if self.fits is None else (", fits in memory" if self.fits else ", will OOM")
+        busy = predicted_busy_pct(p)
         return (
             f"{self.change}: host {p.host_ms_per_micro_batch:.0f} ms, device {p.device_ms_per_micro_batch:.0f} ms per "
-            f"micro-batch -> {p.time_bound}-bound; {p.tokens_per_s_padded:,.0f} tokens/s, step {p.step_s:.3g} s for "
+            f"micro-batch -> {p.time_bound}-bound (GPU busy {busy:.0f} %: `{band(busy)}`); "
+            f"{p.tokens_per_s_padded:,.0f} tokens/s, step {p.step_s:.3g} s for "
             f"{p.gradient_accumulation_iters} x {p.micro_batch_size} samples{fits}"
         )
 
@@ -346,14 +358,18 @@ class HostOrDevice:
             "changed one way at a time (the same host, the same fitted figures):",
             *(f"  {v.line()}" for v in self.variants),
             f"what turns it {'device' if self.base.time_bound == 'host' else 'host'}-bound: {changed}",
+            f"(GPU busy = device / the longer of the two; a run's measured `bound` reads it: gpu at >= "
+            f"{GPU_BOUND_BUSY_PCT:.0f} %, host at <= {HOST_BOUND_BUSY_PCT:.0f} %, both between: neither alone sets "
+            "the pace)",
         ]
         return "\n".join(lines + [f"note: {note}" for note in self.notes])
 
 
 def host_or_device(profile: str, values: dict[str, Any] | None = None, **time_options: Any) -> HostOrDevice:
     """The traced time model's host and device time per micro-batch for the explorer's ``values`` on a GPU, the
-    bound, and the same run changed three ways: bigger micro batches (doubled up to where the device takes longer
-    than the host, or memory runs out), LoRA on the query and value only, and the GPU in ``COMPARED_GPUS`` with
+    bound (and the GPU busy share it implies, labelled as a measured run's ``bound`` would be), and the same run
+    changed three ways: bigger micro batches (doubled up to where the device takes longer than the host, or memory
+    runs out), LoRA on the query and value only, and the GPU in ``COMPARED_GPUS`` with
     the shortest device time (the same host: its per-launch cost kept).
 
     A CPU has no split (one core is host and device), so on the ``ci`` profile this asks about the ``gpu``

@@ -27,14 +27,15 @@ import numbers
 import os
 import stat
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from lab_helpers.config.iteration_times import length_split, steady_timing
-from lab_helpers.config.paths import describe_os_error, open_regular, results_dir
+from lab_helpers.config.paths import describe_os_error, open_regular, reference_dir, results_dir
 from lab_helpers.config.record_schema import STATUSES, conform, record_unfit
 from lab_helpers.config.secrets import redact_mapping
+from lab_helpers.record.time_bound import agree_within_noise, rederived
 
 RESULTS_FILENAME = "runs.jsonl"
 
@@ -267,15 +268,25 @@ def lab_and_reference_records() -> list[dict[str, Any]]:
     return [record for path in paths for record in read_records(path)]
 
 
-def conformed(record: dict[str, Any]) -> dict[str, Any]:
+def conformed(record: dict[str, Any], folders: Sequence[Path] | None = None) -> dict[str, Any]:
     """A stored record as every reader sees it: every schema field present, the time figures derived from what it
     measured (``iteration_times.steady_timing``: the same arithmetic for a record written today and for an old
-    one, whose stored tokens/s and MFU came from ``train_s``); a figure it cannot derive keeps what the record
+    one, whose stored tokens/s and MFU came from ``train_s``), and its ``bound`` by today's rule
+    (``time_bound.rederived``: the noise of an older record's busy figure from its timeline, looked for in
+    ``folders``, by default the results and reference folders); a figure it cannot derive keeps what the record
     stored. Measured values are never changed."""
     out = conform(record)
     out.update({key: value for key, value in steady_timing(out).items() if value is not None})
     out.update({key: value for key, value in length_split(out).items() if value is not None})  # seq_lens' split
+    out.update(rederived(out, (results_dir(), reference_dir()) if folders is None else folders))
     return out
+
+
+def conformed_records(records: Iterable[dict[str, Any]], folders: Sequence[Path] | None = None) -> list[dict[str, Any]]:
+    """Records as every reader sees them (``conformed``), with one ``bound`` for the runs of one experiment on one
+    GPU whose busy figures agree within their noise (``time_bound.agree_within_noise``): a label needs the other
+    runs, so this is the step that the tables and the answer key read."""
+    return agree_within_noise([conformed(record, folders) for record in records])
 
 
 def load_results(path: Path | str | None = None):
@@ -283,7 +294,8 @@ def load_results(path: Path | str | None = None):
     field of ``record_schema`` as a column (None where an older record lacks it)."""
     import pandas as pd  # keeps `python -m lab_helpers run` from paying pandas' import time
 
-    records = [conformed(record) for record in read_records(path)]
+    folders = (results_path(path).parent, results_dir(), reference_dir())  # where its timelines are
+    records = conformed_records(read_records(path), folders)
     if not records:
         return pd.DataFrame(columns=["experiment", "profile", "status", "rank"])
     frame = pd.DataFrame(records)  # json_normalize(max_level=0) is this after a deep copy of every record

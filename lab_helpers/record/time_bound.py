@@ -1,39 +1,68 @@
 """Where a run's time goes: how busy its GPU was during the training loop, and what limits it (``bound``).
 
-Why: on the H100 the small runs kept the GPU 5-25 % busy while one host core was saturated, and nothing in a
-record said so: a student read "bf16 is slower than fp32" where the GPU was simply waiting on Python. Two
-figures tell the cases apart, both over the timed loop only (start-up, checkpoint load and teardown would
-dilute them):
+Why: on the H100 the small runs kept the GPU 5-25 % busy, and nothing in a record said so: a student read "bf16
+is slower than fp32" where the GPU was simply waiting on Python. The bound is judged from the device's side, over
+the timed loop only (start-up, checkpoint load and teardown would dilute it):
 
 * ``gpu_busy_pct``: NVML's utilisation (the share of each sample period in which at least one kernel ran)
-  averaged over the timeline samples inside the loop. It says whether the GPU had work, not how well the work
-  used it (MFU says that).
-* ``host_core_pct``: the CPU time of the training process over the loop's wall time (the child measures it),
-  100 = one core. Its Python thread and the autograd engine's launch every kernel, one after the other: near
-  100 % of one core the host is the bottleneck.
+  averaged over the timeline samples inside the loop, with its noise ``gpu_busy_spread_pct`` from those samples
+  (a short loop has few 100-200 ms samples, and one stall moves their mean). It says whether the GPU had work,
+  not how well the work used it (MFU says that).
+* a ``--profile-steps`` profile (``torch_profile_summary``), where there is one: the device-idle share of its
+  steps, exact but of other micro-batches than the timed ones, and kernels per step (many short kernels: the
+  host's launches set the pace). Its collective-kernel share alone can say ``communication``.
 
-The record layer (``run_record``) calls this with the timeline the sampler wrote (``sampler.TIMELINE_COLUMNS``)
-and the loop's window the child reported (``loop_monotonic_s``), shifted to the timeline's clock.
+``host_core_pct`` (the training process's CPU time over the loop, 100 = one core) is recorded but is no evidence:
+it is 97-100 % in every GPU record, GPU-bound ones included, since a thread waiting in a CUDA synchronisation
+spins its core.
+
+The rule (``classify``): ``gpu`` at >= GPU_BOUND_BUSY_PCT busy, ``host`` at <= HOST_BOUND_BUSY_PCT, ``both`` between
+(neither the host nor the GPU alone sets the pace: the GPU idles a share of the loop, and works most of it). Runs of
+one experiment on one GPU whose busy figures agree within their noise share one label (``agree_within_noise``);
+where they differ beyond it, each row's reason names the figure and by how much. The label is derived: readers
+re-derive it for old records (``records.conformed``), so the shipped references follow the rule.
+
+The record layer (``run_record``) calls ``where_time_goes`` with the timeline the sampler wrote
+(``sampler.TIMELINE_COLUMNS``) and the loop's window the child reported (``loop_monotonic_s``), shifted to the
+timeline's clock.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import math
-from collections.abc import Iterable, Mapping
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-GPU_BOUND_BUSY_PCT = 80.0
-"""At or above this mean NVML utilisation over the loop the GPU had work nearly all the time: ``gpu`` bound."""
+from lab_helpers.config.iteration_times import bootstrap_spread_pct, finite_number
+from lab_helpers.config.paths import regular_file_inside
 
-HOST_BOUND_CORE_PCT = 80.0
-"""At or above this share of one core the training process's host side is (nearly) always busy: ``host``."""
+GPU_BOUND_BUSY_PCT = 90.0
+"""At or above this busy share the GPU had work nearly all the loop (idle at most a tenth of it): its own work
+sets the pace, and a faster host could gain at most that tenth: ``gpu``."""
+
+HOST_BOUND_BUSY_PCT = 50.0
+"""At or below this busy share the GPU idled at least half the loop, waiting on the host side (Python, kernel
+launches, synchronisations, the data loader): ``host``. Between the two thresholds: ``both``."""
 
 COMMUNICATION_BOUND_PCT = 50.0
 """At or above this share of the device's busy time in collective kernels (a ``--profile-steps`` trace,
 ``step_profile.summarize``'s ``collective_pct``), a run of several ranks is ``communication`` bound. NVML alone
 never says so: it counts a collective kernel waiting on its peers as busy."""
+
+MIN_BUSY_SAMPLES = 3
+"""Fewer NVML samples inside the loop than this give no noise estimate (``gpu_busy_spread_pct`` None)."""
+
+BAND_WORDS = {
+    "gpu": f">= {GPU_BOUND_BUSY_PCT:.0f} %: the GPU had work nearly all the loop, its own work sets the pace",
+    "both": f"between {HOST_BOUND_BUSY_PCT:.0f} and {GPU_BOUND_BUSY_PCT:.0f} %: neither the host nor the GPU alone "
+    "sets the pace (the GPU works most of the loop and waits on the host for a share of it)",
+    "host": f"<= {HOST_BOUND_BUSY_PCT:.0f} %: the GPU waited at least half the loop on the host side (Python, "
+    "kernel launches, synchronisations, the data loader)",
+}
 
 NO_GPU_REASON = "no GPU: this run trained on the CPU, which NVML does not sample"
 
@@ -58,56 +87,105 @@ def read_gpu_utilisation(path: Path) -> list[tuple[float, int, float]]:
                     continue  # a host row (no GPU index) or an unreadable reading
                 if math.isfinite(util):
                     rows.append((t_s, gpu, util))
-    except OSError:
+    except (OSError, csv.Error, UnicodeDecodeError):  # a damaged file read on load must not break a table
         return []
     return rows
 
 
-def gpu_busy_pct_per_gpu(
-    samples: Iterable[tuple[float, int, float]], window: tuple[float, float]
-) -> dict[int, float]:
-    """Mean NVML utilisation per GPU index over the samples taken inside ``window`` (timeline seconds)."""
+def loop_samples(samples: Iterable[tuple[float, int, float]], window: tuple[float, float]) -> dict[int, list[float]]:
+    """The NVML utilisation samples per GPU index taken inside ``window`` (timeline seconds)."""
     start, end = window
     inside: dict[int, list[float]] = {}
     for t_s, gpu, util in samples:
         if start <= t_s <= end:
             inside.setdefault(gpu, []).append(util)
-    return {gpu: sum(values) / len(values) for gpu, values in inside.items()}
+    return inside
+
+
+def gpu_busy_pct_per_gpu(samples: Iterable[tuple[float, int, float]], window: tuple[float, float]) -> dict[int, float]:
+    """Mean NVML utilisation per GPU index over the samples taken inside ``window`` (timeline seconds)."""
+    return {gpu: statistics.fmean(values) for gpu, values in loop_samples(samples, window).items()}
+
+
+def busy_spread(values: Sequence[float]) -> float | None:
+    """The noise of the samples' mean busy share, in points: half its 95 % bootstrap interval (the same resampling
+    as a steady time's spread). A short loop has few samples and one stall moves their mean: the spread says how
+    far. None under MIN_BUSY_SAMPLES samples."""
+    if len(values) < MIN_BUSY_SAMPLES:
+        return None
+    mean = statistics.fmean(values)
+    spread_pct = bootstrap_spread_pct(values, mean=True)
+    return 0.0 if mean <= 0 or spread_pct is None else spread_pct * mean / 100
+
+
+def band(busy_pct: float) -> str:
+    """``gpu``, ``both`` or ``host`` for a busy share (module docstring)."""
+    return "gpu" if busy_pct >= GPU_BOUND_BUSY_PCT else "host" if busy_pct <= HOST_BOUND_BUSY_PCT else "both"
+
+
+def busy_words(busy_pct: float, spread: float | None, samples: int | None) -> str:
+    """'GPU busy 76 ± 16 % (13 NVML samples in the loop)'."""
+    noise = "" if spread is None else f" ± {spread:.0f}"
+    if samples is None:
+        return f"GPU busy {busy_pct:.0f}{noise} % over the loop"
+    few = "" if spread is not None else ", too few for a noise estimate"
+    return f"GPU busy {busy_pct:.0f}{noise} % ({samples} NVML samples in the loop{few})"
+
+
+def profile_words(profile: Mapping[str, Any]) -> str:
+    """A profile's device figures: its device-idle share and kernels per step, with the device time of a mean
+    kernel (a few us each: many short kernels, whose launches the host pays one by one); '' without them."""
+    idle = finite_number(profile.get("device_idle_pct"))
+    if idle is None:
+        return ""
+    words = f"profile: device idle {idle:.0f} % of its {profile.get('steps')} steps"
+    kernels, busy_ms = (
+        finite_number(profile.get("kernels_per_step")),
+        finite_number(profile.get("device_busy_ms_per_step")),
+    )
+    if kernels and busy_ms:
+        words += f", {kernels:,.0f} kernels per step of {1e3 * busy_ms / kernels:.0f} us device time each"
+    return f"{words} ({band(100 - idle)} there)"
 
 
 def classify(
-    gpu_busy_pct: float | None, host_core_pct: float | None, *, world_size: int, collective_pct: float | None = None
+    gpu_busy_pct: float | None,
+    spread: float | None = None,
+    *,
+    world_size: int,
+    profile: Mapping[str, Any] | None = None,
+    samples: int | None = None,
 ) -> tuple[str | None, str]:
-    """(bound, why): ``communication`` only from a profile (several ranks whose collective kernels took at least
-    COMMUNICATION_BOUND_PCT of the device's busy time); else ``gpu`` when the GPU was busy >= GPU_BOUND_BUSY_PCT;
-    otherwise ``host`` when the training process used >= HOST_BOUND_CORE_PCT of a core, or when there is one
-    process (the GPU then waits on the host side: Python, kernel launches, synchronisations, the data loader).
-    Several ranks with GPU and host both below their thresholds and no profile: None, since NVML counts
-    collective kernels as busy and cannot tell what waited. None where the GPU figure is missing."""
-    if gpu_busy_pct is None:
-        return None, "no GPU utilisation inside the training loop"
-    host = "n/a" if host_core_pct is None else f"{host_core_pct:.0f} %"
-    figures = f"GPU busy {gpu_busy_pct:.0f} %, host {host} of a core"
+    """(bound, why) from the device's side: ``communication`` only from a profile (several ranks whose collective
+    kernels took at least COMMUNICATION_BOUND_PCT of the device's busy time); else the band of the GPU's busy
+    share over the timed loop (``band``; a profile's 100 - device_idle_pct where NVML has no sample inside the
+    loop). ``why`` gives the figures with their noise and says where a threshold lies inside it. None where there
+    is no device figure."""
+    profile = profile if isinstance(profile, Mapping) else {}
+    idle, collective = finite_number(profile.get("device_idle_pct")), finite_number(profile.get("collective_pct"))
+    if gpu_busy_pct is not None:
+        figures = busy_words(gpu_busy_pct, spread, samples)
+        if words := profile_words(profile):
+            figures += f"; {words}"
+        busy = gpu_busy_pct
+    elif idle is not None:
+        figures = f"no NVML sample inside the loop; device busy {100 - idle:.0f} % of the profiled steps"
+        busy, spread = 100 - idle, None
+    else:
+        return None, "no GPU utilisation inside the training loop, and no profile"
     several = world_size > 1
-    if several and collective_pct is not None:
-        figures += f", collectives {collective_pct:.0f} % of the device's busy time (profile)"
-        if collective_pct >= COMMUNICATION_BOUND_PCT:
+    if several and collective is not None:
+        figures += f"; collectives {collective:.0f} % of the device's busy time (profile)"
+        if collective >= COMMUNICATION_BOUND_PCT:
             return "communication", f"{figures}: collectives >= {COMMUNICATION_BOUND_PCT:.0f} %"
-    unprofiled = several and collective_pct is None
-    if gpu_busy_pct >= GPU_BOUND_BUSY_PCT:
-        caveat = (
-            "; NVML counts collective kernels as busy, so part of it may be communication (a profile tells)"
-            if unprofiled else ""
-        )  # fmt: skip
-        return "gpu", f"{figures}: GPU busy >= {GPU_BOUND_BUSY_PCT:.0f} %{caveat}"
-    if host_core_pct is not None and host_core_pct >= HOST_BOUND_CORE_PCT:
-        return "host", f"{figures}: GPU busy < {GPU_BOUND_BUSY_PCT:.0f} %, host >= {HOST_BOUND_CORE_PCT:.0f} % of a core"
-    if unprofiled:
-        return None, (
-            f"{figures}: GPU and host both below {GPU_BOUND_BUSY_PCT:.0f} % with {world_size} ranks; NVML cannot tell "
-            "what waited (collective kernels count as busy): a profile (--profile-steps) can"
-        )
-    return "host", f"{figures}: GPU busy < {GPU_BOUND_BUSY_PCT:.0f} % (waits on the host side)"
+    bound = band(busy)
+    why = f"{figures}: {BAND_WORDS[bound]}"
+    near = [line for line in (HOST_BOUND_BUSY_PCT, GPU_BOUND_BUSY_PCT) if spread and abs(busy - line) <= spread]
+    if near:
+        why += f" (the {near[0]:.0f} % line is inside its noise)"
+    if several and collective is None and bound != "host":
+        why += "; NVML counts collective kernels as busy, so part of it may be communication (a profile tells)"
+    return bound, why
 
 
 def where_time_goes(
@@ -118,32 +196,163 @@ def where_time_goes(
     gpu_index: int | None,
     world_size: int,
 ) -> dict[str, Any]:
-    """The record's ``gpu_busy_pct``, ``gpu_busy_pct_per_gpu``, ``gpu_busy_reason``, ``bound`` and ``bound_reason``
-    for one rank, and ``loop_window_s``: the timed loop on the timeline's clock, on a CPU too (the timeline figure
-    marks load, loop and teardown with it). ``gpu_index``: the NVML index of this rank's GPU (None: unknown, or a
-    CPU run)."""
+    """The record's ``gpu_busy_pct`` with its ``gpu_busy_spread_pct`` and ``gpu_busy_sample_count``,
+    ``gpu_busy_pct_per_gpu``, ``gpu_busy_reason``, ``bound`` and ``bound_reason`` for one rank, and
+    ``loop_window_s``: the timed loop on the timeline's clock, on a CPU too (the timeline figure marks load, loop
+    and teardown with it). ``gpu_index``: the NVML index of this rank's GPU (None: unknown, or a CPU run)."""
     window = loop_window(report.get("loop_monotonic_s"), timeline_t0_monotonic_s)
     loop = None if window is None else [round(window[0], 3), round(window[1], 3)]
-    none = {"gpu_busy_pct": None, "gpu_busy_pct_per_gpu": None, "loop_window_s": loop}
+    none = {"gpu_busy_pct": None, "gpu_busy_spread_pct": None, "gpu_busy_sample_count": None,
+            "gpu_busy_pct_per_gpu": None, "loop_window_s": loop}  # fmt: skip
     device = str(report.get("device_name") or "")
     if not device or device.startswith("cpu"):
         return {**none, "gpu_busy_reason": NO_GPU_REASON, "bound": None, "bound_reason": NO_GPU_REASON}
     if window is None or timeline_path is None:
         why = "the run reported no timed training loop" if window is None else "no timeline was sampled"
         return {**none, "gpu_busy_reason": why, "bound": None, "bound_reason": why}
-    per_gpu = gpu_busy_pct_per_gpu(read_gpu_utilisation(timeline_path), window)
-    busy = per_gpu.get(gpu_index) if gpu_index is not None else None
+    per_gpu = loop_samples(read_gpu_utilisation(timeline_path), window)
+    mine = per_gpu.get(gpu_index, []) if gpu_index is not None else []
+    busy = statistics.fmean(mine) if mine else None
     reason = None
     if busy is None:
-        reason = "no NVML utilisation sample of this rank's GPU inside the training loop (a loop shorter than a sample?)"
-    profile = report.get("torch_profile_summary")
-    collective_pct = profile.get("collective_pct") if isinstance(profile, Mapping) else None
-    bound, why = classify(busy, report.get("host_core_pct"), world_size=world_size, collective_pct=collective_pct)
+        reason = (
+            "no NVML utilisation sample of this rank's GPU inside the training loop (a loop shorter than a sample?)"
+        )
+    spread = busy_spread(mine)
+    bound, why = classify(busy, spread, world_size=world_size, profile=report.get("torch_profile_summary"),
+                          samples=len(mine) or None)  # fmt: skip
     return {
         **none,
         "gpu_busy_pct": busy,
-        "gpu_busy_pct_per_gpu": {str(k): v for k, v in per_gpu.items()} or None,
+        "gpu_busy_spread_pct": spread,
+        "gpu_busy_sample_count": len(mine) or None,
+        "gpu_busy_pct_per_gpu": {str(k): statistics.fmean(v) for k, v in per_gpu.items()} or None,
         "gpu_busy_reason": reason,
         "bound": bound,
-        "bound_reason": reason or why,
+        "bound_reason": why if bound else reason or why,
     }
+
+
+# ------------------------------------------------------------------------------------------ on read
+
+
+def stored_loop_samples(record: Mapping[str, Any], folders: Sequence[Path]) -> list[float]:
+    """The NVML samples behind a stored record's ``gpu_busy_pct``, from its timeline (``timeline_path`` inside one
+    of ``folders``, ``loop_window_s``): a record written before ``gpu_busy_spread_pct`` holds what its noise is
+    derived from. [] where the file is not there, or its samples do not give the record's own figure."""
+    busy, window = finite_number(record.get("gpu_busy_pct")), record.get("loop_window_s")
+    raw, per_gpu = record.get("timeline_path"), record.get("gpu_busy_pct_per_gpu")
+    if busy is None or not isinstance(raw, str) or not isinstance(per_gpu, Mapping):
+        return []
+    if not isinstance(window, list | tuple) or len(window) != 2 or any(finite_number(v) is None for v in window):
+        return []
+    index = next((key for key, value in per_gpu.items() if finite_number(value) == busy), None)
+    if index is None or not str(index).isdigit():
+        return []
+    for folder in folders:
+        path = regular_file_inside(folder, raw)
+        if path is None:
+            continue
+        samples = loop_samples(read_gpu_utilisation(path), (float(window[0]), float(window[1]))).get(int(index), [])
+        if samples and math.isclose(statistics.fmean(samples), busy, abs_tol=0.01):
+            return samples
+    return []
+
+
+def rederived(record: Mapping[str, Any], folders: Sequence[Path]) -> dict[str, Any]:
+    """``bound`` and ``bound_reason`` of a stored record by today's rule, from what it holds (its busy figure, its
+    noise, a profile), and the noise itself (``gpu_busy_spread_pct``, ``gpu_busy_sample_count``) where an older
+    record lacks it and its timeline is there (``stored_loop_samples``). {} where it holds no device figure (a CPU
+    run, a record without a loop window): what it stored stays."""
+    busy = finite_number(record.get("gpu_busy_pct"))
+    profile = record.get("torch_profile_summary")
+    profile = profile if isinstance(profile, Mapping) else {}
+    if busy is None and finite_number(profile.get("device_idle_pct")) is None:
+        return {}
+    out: dict[str, Any] = {}
+    spread, count = finite_number(record.get("gpu_busy_spread_pct")), finite_number(record.get("gpu_busy_sample_count"))
+    if busy is not None and count is None and (samples := stored_loop_samples(record, folders)):
+        spread, count = busy_spread(samples), len(samples)
+        out.update(gpu_busy_spread_pct=spread, gpu_busy_sample_count=count)
+    world = int(finite_number(record.get("world_size")) or 1)
+    bound, why = classify(
+        busy, spread, world_size=world, profile=profile, samples=None if count is None else int(count)
+    )
+    return {**out, "bound": bound, "bound_reason": why}
+
+
+RUN_LENGTH_OVERRIDES = ("train.max_steps", "train.lr_warmup_steps")
+"""Overrides that set only how long a run is (quick mode's, a profile's extra steps: ``quick_mode.quick_overrides``):
+they change no kernel, so two runs that differ in them alone are runs of one experiment."""
+
+
+def _same_experiment(record: Mapping[str, Any]) -> str:
+    """What makes two records runs of one experiment on one GPU: the same experiment and overrides (but for the run's
+    length), GPU model, rank and ranks (a simulated rank 0 of 4 is not one of 8)."""
+    overrides = record.get("overrides") if isinstance(record.get("overrides"), Mapping) else {}
+    shaping = {key: value for key, value in overrides.items() if key not in RUN_LENGTH_OVERRIDES}
+    keys = ("experiment", "device_name", "profile", "rank", "world_size", "simulated_world_size")
+    return json.dumps([shaping, *(record.get(key) for key in keys)], sort_keys=True, default=str)
+
+
+def _noise(record: Mapping[str, Any]) -> float:
+    spread = finite_number(record.get("gpu_busy_spread_pct"))
+    return math.inf if spread is None else spread  # no estimate: it cannot be told apart from any other run
+
+
+def _apart(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[float, float]:
+    """(how far apart two runs' busy figures are, their joint noise: the root of the sum of their noises' squares)."""
+    return abs(a["gpu_busy_pct"] - b["gpu_busy_pct"]), math.hypot(_noise(a), _noise(b))
+
+
+def _figure(record: Mapping[str, Any]) -> str:
+    spread = finite_number(record.get("gpu_busy_spread_pct"))
+    busy = record["gpu_busy_pct"]
+    return f"{busy:.0f} % (no noise estimate)" if spread is None else f"{busy:.0f} ± {spread:.0f} %"
+
+
+def _differs(run: Mapping[str, Any], other: Mapping[str, Any], other_label: str) -> str:
+    """What sets ``run`` apart from ``other``, a run of its experiment on its GPU with another label."""
+    apart, noise = _apart(run, other)
+    if math.isinf(noise):
+        beyond = "one has no noise estimate"
+    else:
+        beyond = f"{apart - noise:.0f} beyond" if apart > noise else "within"
+        beyond += f" their joint noise (±{noise:.0f})"
+    return (
+        f"the other `{run['experiment']}` run on this GPU ({other.get('run_id')}) is `{other_label}`: GPU busy "
+        f"{_figure(other)} there against {_figure(run)} here, {apart:.0f} points apart, {beyond}"
+    )
+
+
+def agree_within_noise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``records`` (conformed) with one ``bound`` for the runs of one experiment on one GPU whose busy figures agree
+    within their joint noise: the band of their pooled figure (the mean of all their samples). A run whose figure
+    differs beyond the noise from another's keeps its own label, and where the two labels differ its reason names
+    the other run, the figure and by how much it differs beyond the noise. Why: a label read off one threshold
+    flipped between two quick runs of ``small-batch`` on one H200 (76 and 97 % busy, the same time per micro-batch)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        if (
+            record.get("status") == "ok"
+            and record.get("bound") in BAND_WORDS
+            and finite_number(record.get("gpu_busy_pct")) is not None
+        ):
+            groups.setdefault(_same_experiment(record), []).append(record)
+    for runs in (runs for runs in groups.values() if len(runs) > 1):
+        labels = []
+        for run in runs:
+            agreeing = [other for other in runs if _apart(run, other)[0] <= _apart(run, other)[1]]
+            weights = [finite_number(other.get("gpu_busy_sample_count")) or 1 for other in agreeing]
+            pooled = sum(w * o["gpu_busy_pct"] for w, o in zip(weights, agreeing, strict=True)) / sum(weights)
+            labels.append((band(pooled) if len(agreeing) > 1 else run["bound"], pooled, len(agreeing) - 1))
+        for run, (label, pooled, others) in zip(runs, labels, strict=True):
+            if label != run["bound"]:
+                run["bound_reason"] += (f"; pooled with {others} other run(s) of `{run['experiment']}` on this GPU "
+                                        f"whose busy figure agrees within the noise: {pooled:.0f} % -> {label}")  # fmt: skip
+                run["bound"] = label
+        for run, (label, _, _) in zip(runs, labels, strict=True):
+            for other, (other_label, _, _) in zip(runs, labels, strict=True):
+                if other_label != label:
+                    run["bound_reason"] += f"; {_differs(run, other, other_label)}"
+    return records

@@ -394,14 +394,14 @@ def load_facts(name: str) -> Facts:
     from lab_helpers.config.experiments import LabConfigError
     from lab_helpers.config.paths import reference_dir
     from lab_helpers.present.tables import reference_stem, shipped_references
-    from lab_helpers.record.records import conformed, read_records
+    from lab_helpers.record.records import conformed_records, read_records
 
     stem = reference_stem(name)
     shipped = shipped_references()
     if stem not in shipped:
         raise LabConfigError(f"--reference {name}: no such reference in {reference_dir()}; shipped: "
                              + (", ".join(shipped) or "none"))  # fmt: skip
-    return Facts(stem, [conformed(r) for r in read_records(reference_dir() / f"{stem}.jsonl")])
+    return Facts(stem, conformed_records(read_records(reference_dir() / f"{stem}.jsonl")))  # as the tables read them
 
 
 def records_frame(f: Facts):
