@@ -11,17 +11,18 @@
 Why leave-one-out: a figure fitted to a run predicts that run exactly, which proves nothing.
 
 On a GPU the model is the traced one: per micro-batch the larger of host time (kernels launched, counted in the
-trace, x a per-launch host cost) and device time (the roofline of the traced ops), plus the optimizer step once
-per step. Three figures are fitted, and only these: the per-launch cost (to the host-bound records of the same
+trace, x a per-launch host cost) and device time (the roofline of the traced ops), each micro-batch at its own
+padded length where the record holds them, plus the optimizer step once per step. Three figures are fitted, and only these: the per-launch cost (to the host-bound records of the same
 GPU, the node's figure) and the matmul and bandwidth efficiencies (to the device busy time of the records'
 ``--profile-steps`` summaries; the H100 records have none, so ``--calibration`` gives the H200's). Each row says
 what its figures were fitted on.
 
-What a row is compared with: where a record's padded lengths can be rebuilt exactly from its recipe
-(``benchmarks/speed_diagnosis.py``; the H200 records, not the H100's, whose quick-mode sampler was older), the
-median of its timed micro-batches of a length the run had seen before: in bf16 on Hopper a first-seen length
-builds a cuDNN attention plan (47-83 ms of host per call), which the model leaves out, and which no fitted figure
-may absorb. Elsewhere the record's steady time (an iteration over 3x its run's median counts at the median).
+What a row is compared with (``calibration.measured_step``): where a record holds each micro-batch's padded length
+(``seq_lens``: the H200 records, not the H100's), the median of its timed micro-batches (a length-grouped run's
+mean) at their own lengths; in bf16 on Hopper only those of a length the run had seen before, since a first-seen
+length builds a cuDNN attention plan (100-150 ms of host a micro-batch), which the model adds apart
+(``benchmarks/planner_padding_check.py`` checks it) and which no fitted figure may absorb. Elsewhere the record's
+steady time (an iteration over 3x its run's median counts at the median).
 
 On the CPU (reference_results/ci-cpu.jsonl, the default) the model is FLOPs / (measured matmul rate x fitted
 MFU) + a fitted overhead per micro-batch, as before: there host and device are one core.
@@ -33,7 +34,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -42,39 +42,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def repeated_length_medians(records: list[dict]) -> dict[int, tuple[float, str]]:
-    """Per record index: (the median seconds of its timed micro-batches on lengths seen before, or of all its timed
-    ones where none repeats, what it is) for the records whose lengths rebuild exactly."""
-    from speed_diagnosis import padded_lengths
-
+def basis_of(record: dict) -> str:
+    """What a record's measured time is of (``calibration.measured_step``): its timed micro-batches on lengths seen
+    before where the run builds attention plans, all its timed ones where it builds none (both read off the record's
+    ``seq_lens``), else its steady mean (a record from before ``seq_lens``)."""
     from lab_helpers.config.iteration_times import timed_iterations
+    from lab_helpers.planning.planner.calibration import builds_attention_plans, gpu_name_of, steady_micro_batches
 
-    out = {}
-    with tempfile.TemporaryDirectory(prefix="time-check-") as tmp:
-        for index, record in enumerate(records):
-            if record.get("status") != "ok" or not record.get("per_iteration") or not record.get("device_name"):
-                continue
-            try:
-                padded, tokens = padded_lengths(record, Path(tmp))
-            except (SystemExit, Exception):  # noqa: BLE001 - data this script cannot rebuild: the steady time
-                continue
-            cumulative = [row.get("tokens") for row in record["per_iteration"]]
-            if None in cumulative:
-                continue
-            recorded = [b - a for a, b in zip([0, *cumulative], cumulative, strict=False)]
-            if recorded != tokens[: len(recorded)]:
-                continue
-            timed = dict(timed_iterations(record))
-            seen, repeated = set(), []
-            for iteration, length in enumerate(padded[: len(record["per_iteration"])], start=1):
-                if iteration in timed and length in seen:
-                    repeated.append(timed[iteration])
-                seen.add(length)
-            if repeated:
-                out[index] = (statistics.median(repeated), f"repeated {len(repeated)}/{len(timed)}")
-            elif timed:
-                out[index] = (statistics.median(timed.values()), f"all {len(timed)} (none repeated)")
-    return out
+    steady = steady_micro_batches(record)
+    if steady is None:
+        return "steady mean"
+    timed = len(timed_iterations(record))
+    if builds_attention_plans(record["config"].get("precision"), gpu_name_of(record)):
+        return f"repeated {len(steady)}/{timed}"
+    return f"all {timed} (no plans)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     from lab_helpers.hardware.cpu_speed import measure_cpu_rates
-    from lab_helpers.planning.planner.calibration import CPU, REPEATED_LENGTH_FIELD, device_key
+    from lab_helpers.planning.planner.calibration import CPU, device_key
     from lab_helpers.planning.planner.timing import predicted_vs_measured
     from lab_helpers.record.records import read_records
 
@@ -105,14 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     calibration = [record for path in args.calibration for record in read_records(Path(path))]
     on_cpu = any(device_key(r.get("device_name")) == CPU for r in records if r.get("status") == "ok")
     cpu_rates = measure_cpu_rates() if on_cpu else None
-    basis: dict[int, str] = {}
-    if not on_cpu:
-        for pool in (records, calibration):
-            medians = repeated_length_medians(pool)
-            for index, (seconds, what) in medians.items():
-                pool[index][REPEATED_LENGTH_FIELD] = seconds
-                if pool is records:
-                    basis[id(pool[index])] = what
+    basis = {id(record): basis_of(record) for record in records if record.get("status") == "ok"}
     ids = {id(record): record for record in records}
     rows = predicted_vs_measured(records, mfu_records=records + calibration, cpu_rates=cpu_rates)
     print(f"# {len(records)} records from {shown(args.records)}; every fitted figure of a row from the other records")
@@ -160,8 +134,9 @@ def _gpu_table(rows: list[dict], records: list[dict], basis: dict[int, str], ids
     for record in records:
         by_experiment.setdefault(str(record.get("experiment")), []).append(record)
     print(
-        "# measured: ms per micro-batch, on lengths seen before where the record's lengths rebuild exactly "
-        "(basis), else its steady mean; predicted: step / accumulation (the optimizer step's share included)"
+        "# measured: ms per micro-batch, of the timed micro-batches that built no attention plan where the record "
+        "holds their lengths (basis), else its steady mean; predicted: step / accumulation (the optimizer step's share "
+        "included), at those micro-batches' lengths"
     )
     print(
         f"{'experiment':<12} {'prec':<10} {'mb':>3} {'acc':>3} {'measured':>9} {'basis':<18} {'predicted':>9} "

@@ -3,15 +3,16 @@ pair (small-batch, the same run in shuffled micro-batches), measured beside pred
 
 The prediction of each run is read from the batches of quick mode's own sampler on the run's own samples
 (``data_lengths.recipe_batch_padding``, ``quick_mode.batch_sampler``): the padding share and the mean padded length
-of one pass in that order, and the time model (``plan_command.predict_step_time``) asked at that mean padded
-length for the time of a micro-batch. The memory prediction is the record's own (``predicted_peak_alloc_gib``): the
-planner plans the longest batch, which both orders hold. No number in the sentences is typed (issue 43).
+of one pass in that order, and the time model (``plan_command.predict_step_time``) asked for the time of a
+micro-batch over that pass's micro-batches, each at its own padded length. The memory prediction is the record's
+own (``predicted_peak_alloc_gib``): the planner plans the longest batch, which both orders hold. No number in the
+sentences is typed (issue 43).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ def predicted_padding(record: Mapping[str, Any]) -> dict[str, Any]:
         out["why"] = why
         return out
     out["padding_pct"], out["mean_padded_length"] = found.padding_pct, found.mean_padded_length
-    plan, why = _time_plan(run, record, found.mean_padded_length)
+    plan, why = _time_plan(run, record, found.batch_lengths)
     if plan is None:
         out["why"] = why
         return out
@@ -70,10 +71,12 @@ def predicted_padding(record: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _time_plan(run: Any, record: Mapping[str, Any], seq_len: int) -> tuple[Any, str]:
-    """(the time model's ``TimePlan`` on the device the record ran on, at ``seq_len`` tokens a sample, "") or (None,
-    why not). Its micro-batch is ``step_s / gradient_accumulation_iters`` (the optimizer step included where every
-    micro-batch ends a step, as small-batch's do); on a GPU it splits a micro-batch into host and device time."""
+def _time_plan(run: Any, record: Mapping[str, Any], lengths: Sequence[int]) -> tuple[Any, str]:
+    """(the time model's ``TimePlan`` on the device the record ran on, each micro-batch at its padded length in
+    ``lengths``, "") or (None, why not). Its micro-batch is ``step_s / gradient_accumulation_iters`` (the optimizer
+    step included where every micro-batch ends a step, as small-batch's do); on a GPU it splits a micro-batch into
+    host and device time, and a length-grouped pass's long micro-batches stay device-bound where its short ones
+    are host-bound (at the mean length alone the host floor hid the padding it removed)."""
     from lab_helpers.planning.planner.spec import spec_from_recipe
     from lab_helpers.planning.predict import planner_inputs
     from lab_helpers.present.plan_command import predict_step_time
@@ -83,7 +86,7 @@ def _time_plan(run: Any, record: Mapping[str, Any], seq_len: int) -> tuple[Any, 
     try:
         inputs = planner_inputs(run, None, device="cpu" if on_cpu else "cuda")
         spec = spec_from_recipe(inputs.pop("recipe"), **inputs)
-        plan = predict_step_time(spec, gpu_name=None if on_cpu else device_name, seq_len=seq_len)
+        plan = predict_step_time(spec, gpu_name=None if on_cpu else device_name, batch_lengths=lengths)
     except Exception as err:  # noqa: BLE001 -- the time model refuses a GPU it has no peak for: say so
         return None, f"time not predicted ({str(err).splitlines()[0][:160]})"
     return plan, ""

@@ -234,8 +234,8 @@ def _time(spec: TrainingSpec, args: argparse.Namespace, recipe: dict[str, Any]) 
 
     The inputs the planner does not look up itself are gathered here: the link bandwidth (``--link-gbs``, else
     this node's measured one) and the data's sample lengths (``--sample-lengths``, else the recipe's data); with
-    ``--batch-order``, the mean padded length of the micro-batches quick mode's sampler makes of them in that order
-    (``data_lengths.batch_padding``: the same batches the run takes)."""
+    ``--batch-order``, the padded length of each micro-batch quick mode's sampler makes of them in that order
+    (``data_lengths.batch_padding``: the same batches the run takes), each timed at its own length."""
     from lab_helpers.hardware.bandwidth import measured_link_gbs
     from lab_helpers.training.data_lengths import batch_padding, read_sample_lengths, recipe_sample_lengths
 
@@ -256,7 +256,7 @@ def _time(spec: TrainingSpec, args: argparse.Namespace, recipe: dict[str, Any]) 
     try:
         plan = predict_step_time(
             spec, gpu_name=gpu_name, sample_lengths=lengths, link_gbs=link_gbs, link_gbs_source=link_source or "",
-            seq_len=batches.mean_padded_length if batches else None,
+            batch_lengths=batches.batch_lengths if batches else None,
         )  # fmt: skip
     except PlanError as err:
         return None, f"not predicted ({err})"

@@ -118,6 +118,7 @@ class BatchPadding:
     micro_batch_size: int
     batch_tokens: tuple[int, ...]  # the samples' own tokens (prompt template included) per micro-batch
     batch_tokens_padded: tuple[int, ...]  # samples x the longest one's length, per micro-batch
+    batch_lengths: tuple[int, ...] = ()  # the longest sample's length, per micro-batch: what the time model reads
 
     @property
     def micro_batches(self) -> int:
@@ -165,6 +166,7 @@ def batch_padding(
         micro_batch_size=micro_batch_size,
         batch_tokens=tuple(sum(cut[i] for i in batch) for batch in batches),
         batch_tokens_padded=tuple(len(batch) * max(cut[i] for i in batch) for batch in batches),
+        batch_lengths=tuple(max(cut[i] for i in batch) for batch in batches),
     )
 
 

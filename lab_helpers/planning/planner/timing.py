@@ -8,14 +8,18 @@ FLOPs, bytes moved and kernel launches are read off its shapes and dtypes (``op_
     device_s = sum over ops of max(FLOPs / (peak of its unit x matmul efficiency),
                                    bytes / (memory bandwidth x bandwidth efficiency))
     micro_batch_s = max(host_s, device_s)                      (the host runs ahead until the queue is full)
+                  (per micro-batch at its own padded length, where the lengths are given: the mean of the maxima)
+                  + plan builds x first-seen lengths / micro-batches  (bf16 attention on Hopper)
     step_s   = accumulation x micro_batch_s + the optimizer step's max(host, device) + communication + offload
 
-and ``time_bound`` says which of the two is larger. Three figures are fitted, and only these: the per-launch
+and ``time_bound`` says which of the two is larger. Four figures are fitted, and only these: the per-launch
 cost (``fit_launch_cost``: host-bound records of this GPU, else of any GPU, a default that says so; or measured
-on the node by ``python -m lab_helpers launch-cost`` and passed in) and the two efficiencies
-(``fit_efficiencies``: the device busy time of the records' profiles). Limits: no overlap of communication with
-compute, no kernel fusion (each op is one kernel at its own roofline), a per-launch cost that depends on the node,
-and bf16's cuDNN attention plan per first-seen sequence length on Hopper is left out (a note says so).
+on the node by ``python -m lab_helpers launch-cost`` and passed in), the two efficiencies (``fit_efficiencies``:
+the device busy time of the records' profiles) and, for bf16 on Hopper, a cuDNN attention plan build's host time
+per first-seen padded length (``fit_plan_build_s``). Why per micro-batch: a short micro-batch can be host-bound
+where a long one is device-bound, so at the mean length alone a length-grouped pass's long micro-batches average
+away (``benchmarks/planner_padding_check_h200.out.txt``). Limits: no overlap of communication with compute, no
+kernel fusion (each op is one kernel at its own roofline), a per-launch cost that depends on the node.
 
 **The FLOPs model** (a CPU; a GPU given ``mfu``, or without records to fit the traced model to):
 FLOPs / (dense peak x MFU), plus offload.
@@ -142,6 +146,10 @@ class TimePlan:
     optimizer_step_ms: float | None = None  # once per optimizer step: the larger of its host and device time
     launch_cost_us: float | None = None  # host seconds per kernel launch x 1e6
     launch_cost_source: str = ""
+    plan_build_ms: float | None = None  # host ms a first-seen padded length adds (bf16 attention on Hopper)
+    plan_build_source: str = ""
+    first_seen_lengths: int | None = None  # micro-batches of a length not met before, among the ones predicted
+    micro_batches_predicted: int | None = None  # how many micro-batch lengths the prediction averaged
     matmul_efficiency: float | None = None
     bandwidth_efficiency: float | None = None
     efficiency_source: str = ""
@@ -170,11 +178,15 @@ class TimePlan:
         """Host against device per micro-batch, and which one bounds it (the traced model only)."""
         if self.time_bound is None:
             return ""
+        plans = ""
+        if self.first_seen_lengths and self.plan_build_ms:
+            plans = (f"; {self.first_seen_lengths} of {self.micro_batches_predicted} micro-batches of a first-seen "
+                     f"length, +{self.plan_build_ms:.0f} ms each (attention plan builds)")  # fmt: skip
         return (
             f"per micro-batch: host {self.host_ms_per_micro_batch:.1f} ms ({self.kernels_per_micro_batch:,.0f} "
             f"kernel launches x {self.launch_cost_us:.1f} us), device {self.device_ms_per_micro_batch:.1f} ms "
             f"(roofline of the traced ops at matmul efficiency {self.matmul_efficiency:.2f}, bandwidth efficiency "
-            f"{self.bandwidth_efficiency:.2f} of {self.memory_bandwidth_gbs:,.0f} GB/s): {self.time_bound}-bound; "
+            f"{self.bandwidth_efficiency:.2f} of {self.memory_bandwidth_gbs:,.0f} GB/s): {self.time_bound}-bound{plans}; "
             f"optimizer step {self.optimizer_step_ms:.1f} ms once per step"
         )
 
@@ -201,6 +213,8 @@ def predict_time(
     mfu: float | None = None,
     seq_len: int | None = None,
     sample_lengths: Sequence[int] | None = None,
+    batch_lengths: Sequence[int] | None = None,
+    first_seen: int | None = None,
     link_gbs: float | None = None,
     link_gbs_source: str = "given",
     host_link_gbs: float = PCIE4_X16_GBS,
@@ -222,14 +236,22 @@ def predict_time(
     offload's host step). ``records`` are run records to take the MFU from (none: the assumption table);
     ``mfu`` overrides it. ``seq_len`` is the mean padded length of a micro-batch
     (time follows the mean; memory follows the worst case, ``spec.seq_len``, the default); ``sample_lengths``
-    (the data's samples in tokens) gives it instead (``mean_padded_length``). ``link_gbs`` is the bus bandwidth
+    (the data's samples in tokens) gives it instead (``mean_padded_length``). ``batch_lengths`` (each micro-batch's
+    padded length, in the order the run takes them: ``data_lengths.BatchPadding.batch_lengths``) gives each
+    micro-batch its own time (``traced_model``); ``first_seen`` of them have a length the run had not met (default:
+    each distinct length once), which costs a plan build where the GPU makes one. ``link_gbs`` is the bus bandwidth
     between the devices in GB/s (nccl-tests' "busbw", what ``python -m lab_helpers bandwidth`` measures):
     without it a multi-device step has no communication term, and a note says so. ``host_link_gbs`` is the
     host-device bandwidth optimizer offload's transfers cross.
     """
     spec.validate()
     records = list(records)
-    if seq_len is None and sample_lengths is not None:
+    if batch_lengths is not None:
+        if not batch_lengths or min(batch_lengths) < 1:
+            raise PlanError("batch_lengths must be a non-empty list of padded lengths >= 1")
+        seq_len = max(1, round(sum(batch_lengths) / len(batch_lengths)))
+        first_seen = len(set(batch_lengths)) if first_seen is None else first_seen
+    elif seq_len is None and sample_lengths is not None:
         seq_len = mean_padded_length(sample_lengths, spec.micro_batch_size, spec.seq_len)
     seq = int(seq_len or spec.seq_len)
     if link_gbs is not None and not link_gbs > 0:
@@ -267,11 +289,13 @@ def predict_time(
             launch_cost_s=launch_cost_s,
             launch_cost_source=launch_cost_source,
             efficiency=device_efficiency,
+            lengths=batch_lengths,
+            first_seen=first_seen or 0,
         )
     optimizer_s = 0.0
     if traced is not None:
         optimizer_s = traced["optimizer_step_s"]
-        micro_s = max(traced["host_s"], traced["device_s"])
+        micro_s = traced["micro_s"]
         compute_micro_s = traced["device_s"]
         used_mfu = model_flops / (peak * micro_s)
         source = "the traced model (host and device per micro-batch)"
@@ -397,6 +421,10 @@ def _traced_fields(traced: dict[str, Any] | None, optimizer_s: float) -> dict[st
             "optimizer_step_ms": optimizer_s * 1e3,
             "launch_cost_us": traced["launch_cost_s"] * 1e6,
             "launch_cost_source": traced["launch_cost_source"],
+            "plan_build_ms": traced["plan_build_s"] * 1e3 if traced["plan_build_source"] else None,
+            "plan_build_source": traced["plan_build_source"],
+            "first_seen_lengths": traced["first_seen"],
+            "micro_batches_predicted": traced["micro_batches"],
             "matmul_efficiency": traced["matmul_efficiency"],
             "bandwidth_efficiency": traced["bandwidth_efficiency"],
             "efficiency_source": traced["efficiency_source"],
@@ -478,7 +506,8 @@ def predicted_vs_measured(
 ) -> list[dict[str, Any]]:
     """Per finished record: measured and predicted optimizer-step time (s) and the error.
 
-    The prediction uses the record's own recipe at its measured mean padded length. Its MFU comes from
+    The prediction uses the record's own recipe at its measured mean padded length, or, where the record holds
+    them, at the padded lengths of the micro-batches its steady time is of (``measured_step``). Its MFU comes from
     ``mfu_records`` (default: ``records``); with ``leave_one_out`` the record itself is left out of them, so the
     comparison is an honest prediction, not the record fitted to itself. Records the planner cannot read, or
     with no other record to take an MFU from, are left out."""
@@ -502,6 +531,8 @@ def predicted_vs_measured(
                 records=others,
                 cpu_rates=cpu_rates,
                 seq_len=measured["seq_len"],
+                batch_lengths=measured["lengths"],
+                first_seen=0,  # the measured time is a steady one: no plan builds in it (measured_step)
             )
         except PlanError:
             continue
@@ -524,6 +555,7 @@ def predicted_vs_measured(
                 "kernels_per_micro_batch": plan.kernels_per_micro_batch,
                 "launch_cost_us": plan.launch_cost_us,
                 "launch_cost_source": plan.launch_cost_source,
+                "plan_build_ms": plan.plan_build_ms,
                 "matmul_efficiency": plan.matmul_efficiency,
                 "bandwidth_efficiency": plan.bandwidth_efficiency,
                 "efficiency_source": plan.efficiency_source,
