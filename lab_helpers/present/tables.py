@@ -504,11 +504,12 @@ def mfu_words() -> str:
     )
 
 
-def speed_words(exp_id: str, pair: str, df: pd.DataFrame | None = None) -> str:
+def speed_words(exp_id: str, pair: str, df: pd.DataFrame | None = None, *, cpu: bool = False) -> str:
     """``exp_id`` against ``pair`` by the lab's one speed rule (``speed_pairs.compare``: steady time per sample, a
     verdict only beyond the 95 % interval), from every shipped GPU reference that ran both (and ``df``, the node's
-    own results, where both ran on a GPU), with what first-seen lengths cost each and how busy each GPU was. Issue
-    43: a speed sentence is computed from the records, never typed; issue 51: never a verdict inside the noise."""
+    own results, where both ran on a GPU; with ``cpu`` its CPU runs too, as the code path's own: a lever's mechanism
+    shows there), with what first-seen lengths cost each and how busy each GPU was. Issue 43: a speed sentence is
+    computed from the records, never typed; issue 51: never a verdict inside the noise."""
     from lab_helpers.present.speed_pairs import compare
 
     frames = shipped_frames()
@@ -516,11 +517,13 @@ def speed_words(exp_id: str, pair: str, df: pd.DataFrame | None = None) -> str:
         frames.insert(0, ("this node", df))
     lines = []
     for name, frame in frames:
-        records = [r for r in frame.to_dict("records") if r.get("profile") == "gpu"]
+        own_cpu = cpu and name == "this node"
+        records = [r for r in frame.to_dict("records") if r.get("profile") == "gpu" or own_cpu]
         verdict = compare(records, exp_id, pair)
         if isinstance(verdict, str):
             continue
-        line = f"{name}: {verdict.words()}\n    first-seen lengths: {verdict.first_seen_words()}"
+        where = f"{name} (CPU: the code path, not a GPU's speed)" if verdict.device.startswith("cpu") else name
+        line = f"{where}: {verdict.words()}\n    first-seen lengths: {verdict.first_seen_words()}"
         latest = [_latest_run(records, e) for e in (exp_id, pair)]
         busy = [_number(r.get("gpu_busy_pct")) for r in latest]
         if all(b is not None for b in busy):
