@@ -78,19 +78,22 @@ def test_the_course_settings_reach_the_command_and_the_planner(ci_assets, tmp_pa
 
 
 def test_communication_per_optimizer_step_from_the_4_gpu_recipes():
-    """DDP 2Ψ, FSDP 6Ψ and SHARD_GRAD_OP 4Ψ on the 4-GPU 32/4 recipes, derived from the recipe's numbers:
-    32 samples / (4 per GPU x 4 GPUs) = 2 micro-batches per optimizer step; DDP syncs once (no_sync before the
-    last), FSDP gathers and reduce-scatters in every micro-batch."""
-    for exp_id, per_micro_batch, per_step in (("ddp", 0, 2), ("fsdp", 3, 0), ("fsdp-grad-op", 2, 0)):
+    """DDP 2Ψ, FSDP (2a + 1)Ψ − aΨ_root and SHARD_GRAD_OP 2Ψ on the 4-GPU 32/4 recipes, derived from the recipe's
+    numbers: 32 samples / (4 per GPU x 4 GPUs) = 2 micro-batches per optimizer step; DDP and FSDP1 sync once (no_sync
+    before the last), FSDP gathers each block twice and the root unit once in every micro-batch, SHARD_GRAD_OP
+    keeps what it gathered until the step's last backward."""
+    for exp_id in ("ddp", "fsdp", "fsdp-grad-op"):
         train = resolve(exp_id, "gpu", check_files=False).recipe["train"]
         micro_batches = train["global_batch_size"] // (train["micro_batch_size"] * 4)
         assert (train["global_batch_size"], train["micro_batch_size"], micro_batches) == (32, 4, 2)
         found = arithmetic.communication(exp_id, ranks=4)
         assert found.micro_batches == micro_batches
-        assert found.psi_multiple == per_micro_batch * micro_batches + per_step
+        a, root = micro_batches, found.root_share
+        expected = {"ddp": 2, "fsdp": 2 * a + 1 - a * root, "fsdp-grad-op": 2}[exp_id]
+        assert found.psi_multiple == pytest.approx(expected)
         assert found.per_gpu_gib == pytest.approx(found.psi_multiple * found.psi_gib * 3 / 4)  # ring, N = 4
     text = arithmetic.communication("fsdp").markdown()
-    assert "6Ψ per optimizer step" in text and "lower bound" in text and "GPU-to-GPU link" in text
+    assert "4.92Ψ per optimizer step" in text and "lower bound" in text and "GPU-to-GPU link" in text
     offload = arithmetic.communication("deepspeed-offload").markdown()
     assert "GPU→host" in offload and "PCIe" in offload  # the offload's host-device transfers, over their link
 

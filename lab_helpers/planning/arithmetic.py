@@ -108,6 +108,7 @@ class ParamCounts:
     total: int
     trainable: int
     linear_weights: int  # plain nn.Linear weights: what bitsandbytes quantizes for QLoRA (lm_head included)
+    outside_blocks: int = 0  # what no transformer block holds (embedding, final norm, head): FSDP's root unit
 
 
 @functools.lru_cache(maxsize=16)
@@ -137,7 +138,8 @@ def count_params(checkpoint_dir: str, lora_items: tuple[tuple[str, Any], ...] = 
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     linear = sum(m.weight.numel() for m in model.modules() if type(m) is nn.Linear)
-    return ParamCounts(str(config.name), total, trainable, linear)
+    in_blocks = sum(p.numel() for p in model.transformer.h.parameters())
+    return ParamCounts(str(config.name), total, trainable, linear, total - in_blocks)
 
 
 @dataclass(frozen=True)
@@ -239,6 +241,16 @@ def model_states(exp_id: str, *, profile: str = "gpu", overrides: Mapping[str, A
     )
 
 
+def fsdp_bytes_per_param(exp_id: str = "fsdp", *, profile: str = "gpu") -> dict[str, str]:
+    """Model states per GPU of a fully sharded experiment, in bytes per parameter as formulas in N (the prose's
+    figures, computed): ``sharded`` between optimizer steps, everything split (``8/N`` in bf16-true), and
+    ``accumulating`` while FSDP1 accumulates under Lightning's ``no_sync``: the gradients whole on every GPU, the
+    weights and optimizer states split (``2 + 6/N``)."""
+    bytes_per = model_states(exp_id, profile=profile).trained
+    rest = bytes_per.weights + bytes_per.optimizer_states
+    return {"sharded": f"{bytes_per.total:g}/N", "accumulating": f"{bytes_per.gradients:g} + {rest:g}/N"}
+
+
 def _optimizer(value: Any) -> tuple[str, dict[str, Any]]:
     if value is None:
         return "AdamW", {}
@@ -254,11 +266,15 @@ def _optimizer(value: Any) -> tuple[str, dict[str, Any]]:
 class Communication:
     """What one optimizer step of a section-02 experiment moves, per GPU, with the recipe's own accumulation.
 
-    The byte counts are ``planner.communication``'s (derived once there, for the time model too): Ψ is the model's
-    weights in the training precision; per optimizer step of m micro-batches DDP all-reduces the gradients once
-    (Lightning accumulates under ``no_sync``): 2Ψ whatever m; FSDP FULL_SHARD gathers the weights for forward
-    and again for backward and reduce-scatters the gradients in *every* micro-batch: 3mΨ; SHARD_GRAD_OP 2mΨ;
-    ZeRO-2 (m + 1)Ψ; ZeRO-3 3mΨ. Ring collectives: each GPU sends (N - 1)/N of each; that total is a lower bound of
+    The counts are ``planner.communication``'s (derived once there, for the time model too; its docstring says
+    where in torch and Lightning each was read): Ψ is the model's weights in the training precision, a the
+    micro-batches per optimizer step. DDP all-reduces the gradients once per step (Lightning accumulates under
+    ``no_sync``): 2Ψ whatever a. FSDP1 under Lightning (the GPU path) accumulates under ``no_sync`` too: one
+    reduce-scatter per step; FULL_SHARD per block gathers each block for forward and again for backward and the root
+    unit (embedding, final norm, head: Ψ_root) once, in every micro-batch: (2a + 1)Ψ − aΨ_root; one unit (the
+    course's) (a + 1)Ψ; SHARD_GRAD_OP keeps the weights gathered from the first forward to the last backward: 2Ψ.
+    FSDP2 (the CPU ranks) reduce-scatters every micro-batch: 3aΨ − aΨ_root per block, 2aΨ one unit or grad-op.
+    ZeRO-2 (a + 1)Ψ; ZeRO-3 3aΨ. Ring collectives: each GPU sends (N - 1)/N of each; that total is a lower bound of
     what crosses each GPU's GPU-to-GPU link (NVLink, PCIe peer or the network between nodes): tree algorithms,
     headers and padding only add. The optimizer offload's copies between GPU and host (PCIe) are apart.
     """
@@ -266,15 +282,22 @@ class Communication:
     exp_id: str
     volume: CommunicationVolume
     host_device: HostDeviceTraffic | None  # the offload's GPU<->host bytes per step, None without offload
+    strategy_words: str = ""  # "FSDP1 FULL_SHARD, wrapped per block, Lightning's FSDPStrategy", ...
+    root_bytes: int = 0  # FSDP per block: the root unit's weights (Ψ_root); 0 elsewhere
 
     @property
     def psi_multiple(self) -> float:
-        """Model-sized transfers per optimizer step (an all-reduce counted as 2): 2.0 for DDP, 6.0 for FSDP at m=2."""
+        """Model-sized transfers per optimizer step (an all-reduce counted as 2): 2.0 for DDP."""
         return self.volume.psi_multiple
 
     @property
     def psi_gib(self) -> float:
         return self.volume.psi_bytes / GIB
+
+    @property
+    def root_share(self) -> float:
+        """Ψ_root / Ψ: the root unit's share of the weights (0 where there is no separate root unit)."""
+        return self.root_bytes / self.volume.psi_bytes if self.volume.psi_bytes else 0.0
 
     @property
     def ranks(self) -> int:
@@ -289,14 +312,33 @@ class Communication:
         """GiB each GPU sends over the GPU-to-GPU link per optimizer step (ring collectives: a lower bound)."""
         return self.volume.link_bytes_per_gpu / GIB
 
+    def formula_words(self) -> str:
+        """``(2a + 1)Ψ − aΨ_root at a = 2``: the count's formula where it depends on a ("" where it does not)."""
+        formula = self.volume.formula
+        if "a" not in formula.replace("Ψ_root", ""):
+            return ""
+        return f"{formula} at a = {self.micro_batches}"
+
+    def total_words(self) -> str:
+        """``(2a + 1)Ψ − aΨ_root at a = 2 = 4.92Ψ``: the formula (where it depends on a) and the value."""
+        value = f"{self.psi_multiple:.3g}Ψ"
+        return f"{self.formula_words()} = {value}" if self.formula_words() else value
+
     def markdown(self) -> str:
         n, m = self.ranks, self.micro_batches
         parts = " + ".join(f"{c.name} of {c.purpose} × {c.times_per_step}" for c in self.volume.collectives)
-        strategy = _STRATEGY_WORDS.get(self.volume.strategy, self.volume.strategy)
+        strategy = self.strategy_words or self.volume.strategy
+        root = ""
+        if self.root_bytes:
+            root = (
+                f", Ψ_root = {self.root_bytes / GIB:.2f} GiB ({100 * self.root_share:.1f} % of Ψ: the embedding, "
+                "final norm and head, the root unit, which FSDP does not reshard after forward)"
+            )
         text = (
             f"**{self.exp_id}** ({strategy}), {m} micro-batch{'es' if m > 1 else ''} per optimizer step "
-            f"on each of {n} GPUs: {parts} = **{self.psi_multiple:g}Ψ per optimizer step**, Ψ = {self.psi_gib:.1f} GiB "
-            f"(the weights in the training precision); with ring collectives each GPU sends at least "
+            f"on each of {n} GPUs: {parts} = {self.formula_words() + ' = ' if self.formula_words() else ''}"
+            f"**{self.psi_multiple:.3g}Ψ per optimizer step**, Ψ = {self.psi_gib:.1f} GiB (the weights in the "
+            f"training precision){root}; with ring collectives each GPU sends at least "
             f"**{self.per_gpu_gib:.1f} GiB** per step over its GPU-to-GPU link (a lower bound)"
         )
         if self.host_device is not None:
@@ -308,13 +350,31 @@ class Communication:
         return text
 
 
-_STRATEGY_WORDS = {"fsdp (full)": "FSDP FULL_SHARD", "fsdp (grad-op)": "FSDP SHARD_GRAD_OP", "ddp": "DDP"}
+def _strategy_words(strategy: str, options: Mapping[str, Any], fsdp_impl: str | None) -> str:
+    """How the run's strategy reads in a sentence: which FSDP, which sharding, which units."""
+    if strategy == "ddp":
+        return "DDP"
+    if strategy != "fsdp":
+        return {"deepspeed-zero2": "DeepSpeed ZeRO-2", "deepspeed-zero3": "DeepSpeed ZeRO-3"}.get(strategy, strategy)
+    sharding = "FULL_SHARD" if options["sharding"] != "grad-op" else "SHARD_GRAD_OP"
+    units = "wrapped per block" if options["wrap"] == "block" else "one unit"
+    where = "Lightning's FSDPStrategy" if fsdp_impl == "fsdp1" else "fully_shard under ModelParallelStrategy"
+    return f"{fsdp_impl.upper()} {sharding}, {units}, {where}"
 
 
-def communication(exp_id: str, *, profile: str = "gpu", ranks: int = 4) -> Communication:
+def communication(
+    exp_id: str,
+    *,
+    profile: str = "gpu",
+    ranks: int = 4,
+    micro_batches: int | None = None,
+    fsdp_impl: str | None = None,
+) -> Communication:
     """Communication per optimizer step of a section-02 experiment on ``ranks`` GPUs (LAB.md's reference: 4), with
-    the accumulation its recipe has there (global batch / (micro batch x ranks))."""
+    the accumulation its recipe has there (global batch / (micro batch x ranks)) unless ``micro_batches`` is given.
+    ``fsdp_impl`` (FSDP only): default what the profile runs, FSDP1 on ``gpu`` (CUDA), FSDP2 on ``ci`` (a CPU)."""
     from lab_helpers.config.experiments import gradient_accumulation_steps, resolve, resolve_path
+    from lab_helpers.config.recipe_defaults import resolve_fsdp_impl
 
     run = resolve(exp_id, profile, check_files=False)
     strategy = run.experiment.strategy
@@ -322,15 +382,22 @@ def communication(exp_id: str, *, profile: str = "gpu", ranks: int = 4) -> Commu
         raise ValueError(f"{exp_id} runs {strategy!r}: no communication between GPUs to count")
     counts = count_params(str(resolve_path(run.recipe["checkpoint_dir"])))
     bytes_per = precision_bytes(str(run.recipe.get("precision") or "bf16-true"))
-    micro_batches = gradient_accumulation_steps(run.recipe, world_size=ranks)
+    if micro_batches is None:
+        micro_batches = gradient_accumulation_steps(run.recipe, world_size=ranks)
+    fsdp = strategy == "fsdp"
+    impl = (fsdp_impl or resolve_fsdp_impl(run.options["fsdp_impl"], on_cuda=profile != "ci")) if fsdp else None
+    per_block = fsdp and run.options["wrap"] == "block"
     volume = communication_per_optimizer_step(
         strategy=strategy,
         parameter_count=counts.total,
         bytes_per_parameter=bytes_per,
         world_size=ranks,
         micro_batches_per_step=micro_batches,
-        sharding=run.options["sharding"] if strategy == "fsdp" else None,
+        sharding=run.options["sharding"] if fsdp else None,
         trainable_parameter_count=counts.trainable,
+        wrapping=run.options["wrap"] if fsdp else None,
+        root_parameter_count=counts.outside_blocks if per_block else 0,
+        fsdp_impl=impl,
     )
     host_device = None
     if run.options["offload_optimizer"]:
@@ -340,7 +407,8 @@ def communication(exp_id: str, *, profile: str = "gpu", ranks: int = 4) -> Commu
             world_size=ranks,
             micro_batches_per_step=micro_batches,
         )
-    return Communication(exp_id, volume, host_device)
+    root = counts.outside_blocks * bytes_per if per_block and run.options["sharding"] != "grad-op" else 0
+    return Communication(exp_id, volume, host_device, _strategy_words(strategy, run.options, impl), root)
 
 
 def show_communication(*exp_ids: str, profile: str = "gpu", ranks: int = 4) -> None:

@@ -141,9 +141,9 @@ def fsdp(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
     it computes (one block, with the next one prefetched) plus the root unit (embedding, head), which FSDP keeps
     unsharded between forward and backward. Without per-block wrapping the whole model is one unit.
     SHARD_GRAD_OP (``fsdp_reshard_after_forward=False``, ZeRO-2): a unit gathered for the forward stays whole
-    until its backward, so at the turn from forward to backward every rank holds the whole model's weights --
-    one all-gather per step saved (2 instead of 3 model-sized transfers), the parameter sharding's saving lost
-    while the step runs."""
+    until its backward (under FSDP1's no_sync until the step's last backward), so while the step runs every rank
+    holds the whole model's weights: the parameter sharding's saving lost, the backward's all-gathers saved
+    (``communication.py`` counts them)."""
     n = spec.devices
     block, root, full = trace.block_param_bytes, trace.root_param_bytes, trace.param_bytes
     if spec.precision.endswith("-mixed"):  # fp32 shards, bf16 gathered copies

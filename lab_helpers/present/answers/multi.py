@@ -70,24 +70,32 @@ def _ddp_course(f: Facts) -> Answer:
     return f.answer(extra)
 
 
+def _reduce_scatter_words(volume) -> str:
+    """When the gradients are reduce-scattered: once per step under FSDP1's no_sync (Lightning's FSDPStrategy), every
+    micro-batch under FSDP2 (no no_sync under the Trainer)."""
+    if volume.strategy.endswith("fsdp1)"):  # "fsdp (full, per block, fsdp1)"
+        return "reduce-scatters the gradients once per step (Lightning accumulates under FSDP1's `no_sync`)"
+    return "reduce-scatters the gradients in every micro-batch (FSDP2 under the Trainer has no `no_sync`)"
+
+
 @answer("02", "fsdp")
 def _fsdp_communication(f: Facts) -> Answer:
-    from lab_helpers.planning.planner.communication import communication_per_optimizer_step
+    from lab_helpers.planning.arithmetic import communication
 
     def times() -> str:
         ddp, fsdp = f.communication("ddp"), f.communication("fsdp")
-        psi = fsdp.volume.psi_bytes
 
         def multiple(m: int) -> float:
-            volume = communication_per_optimizer_step(strategy="fsdp", parameter_count=psi, bytes_per_parameter=1,
-                                                      world_size=fsdp.ranks, micro_batches_per_step=m)  # fmt: skip
-            return volume.psi_multiple
+            return communication("fsdp", profile=f.profile, ranks=fsdp.ranks, micro_batches=m).psi_multiple
 
-        return (f"Per optimizer step on {fsdp.ranks} GPUs: `fsdp` {fsdp.psi_multiple:g}Ψ at {fsdp.micro_batches} "
-                f"micro-batch{'es' if fsdp.micro_batches > 1 else ''} against DDP's {ddp.psi_multiple:g}Ψ: x{fsdp.psi_multiple / ddp.psi_multiple:g} "
-                f"(Ψ = {gib(fsdp.psi_gib)}). With 4 micro-batches {multiple(4):g}Ψ (x{multiple(4) / ddp.psi_multiple:g}), "
-                f"with one {multiple(1):g}Ψ (x{multiple(1) / ddp.psi_multiple:g}): FSDP pays per micro-batch, DDP per "
-                "step. In a real N-GPU run the price shows as a longer `train_s` and lower `tokens_per_s` than a "
+        root = f", Ψ_root {100 * fsdp.root_share:.1f} % of it" if fsdp.root_bytes else ""
+        return (f"Per optimizer step on {fsdp.ranks} GPUs: `fsdp` ({fsdp.strategy_words}) {fsdp.total_words()} "
+                f"against DDP's {ddp.psi_multiple:g}Ψ: x{fsdp.psi_multiple / ddp.psi_multiple:.3g} (Ψ = "
+                f"{gib(fsdp.psi_gib)}{root}). With 4 micro-batches {multiple(4):.3g}Ψ "
+                f"(x{multiple(4) / ddp.psi_multiple:.3g}), with one {multiple(1):.3g}Ψ "
+                f"(x{multiple(1) / ddp.psi_multiple:.3g}): FSDP gathers the weights in every micro-batch (each block "
+                f"twice, the root unit once) and {_reduce_scatter_words(fsdp.volume)}; DDP all-reduces once per step. "
+                "In a real N-GPU run the price shows as a longer `train_s` and lower `tokens_per_s` than a "
                 "simulated rank's; prefetching the next block's all-gather during the current block's compute hides "
                 "it as far as compute per block lasts longer than its gather.")  # fmt: skip
 
@@ -101,29 +109,25 @@ def _fsdp_communication(f: Facts) -> Answer:
 
 @answer("02", "fsdp-course")
 def _fsdp_course(f: Facts) -> Answer:
-    from lab_helpers.planning.planner.communication import communication_per_optimizer_step
+    from lab_helpers.planning.arithmetic import communication
 
     def grew() -> str:
         world = f.world(f.run("fsdp-course"))
         course, block = f.plan("fsdp-course", world), f.plan("fsdp", world)
         part = max(course.parts, key=lambda p: course.part(p) - block.part(p))
-        psi = f.communication("fsdp").volume.psi_bytes
-        one = communication_per_optimizer_step(
-            strategy="fsdp",
-            sharding="grad-op",
-            parameter_count=psi,
-            bytes_per_parameter=1,
-            world_size=world,
-            micro_batches_per_step=1,
-        )
-        per_block = communication_per_optimizer_step(strategy="fsdp", parameter_count=psi, bytes_per_parameter=1,
-                                                     world_size=world, micro_batches_per_step=1)  # fmt: skip
+        one = f.communication("fsdp-course")
+        per_block = communication("fsdp", profile=f.profile, ranks=one.ranks, micro_batches=one.micro_batches)
+        psi = one.volume.psi_bytes
+        a = one.micro_batches
         return (f"{f.label('fsdp-course', world)} against {f.label('fsdp', world)}: {words(part)} grew "
                 f"{gib(course.part(part))} against {gib(block.part(part))} (+{gib(course.part(part) - block.part(part))}); "
                 f"measured {gib(f.peak('fsdp-course', world))} against {gib(f.peak('fsdp', world))}. The one unit is "
-                f"gathered whole (Ψ = {gib(psi / GIB)}, whatever N), so more GPUs do not shrink it. Per-block wrapping "
-                f"buys holding one block at a time; it costs {per_block.psi_multiple:g}Ψ per micro-batch (gathered "
-                f"again for backward) against the one unit's {one.psi_multiple:g}Ψ.")  # fmt: skip
+                f"gathered whole (Ψ = {gib(psi / GIB)}) and its whole gradient (another Ψ) lives until its backward "
+                f"ends, when the reduce-scatter runs: {gib(2 * psi / GIB)} whatever N, so more GPUs do not shrink it. "
+                f"Per-block wrapping buys holding one block at a time; it costs traffic: at the course's {a} "
+                f"micro-batch{'es' if a > 1 else ''} per step {per_block.total_words()} (each block gathered again "
+                f"for backward) against the one unit's {one.total_words()} (gathered once and kept through the "
+                "backward).")  # fmt: skip
 
     return f.answer(grew)
 
@@ -149,15 +153,22 @@ def _fsdp_grad_op(f: Facts) -> Answer:
     def memory() -> str:
         world = f.world(f.run("fsdp-grad-op"))
         plan, base = f.plan("fsdp-grad-op", world), f.plan("fsdp", world)
+        fsdp1 = f.communication("fsdp-grad-op").volume.strategy.endswith("fsdp1)")
+        held = (
+            "from the step's first forward to its last backward (FSDP1 under `no_sync` does not free a "
+            "SHARD_GRAD_OP unit after backward)"
+            if fsdp1
+            else "from each forward to its backward"
+        )
         return (f"{f.label('fsdp-grad-op', world)} needs {gib(f.peak('fsdp-grad-op', world) - f.peak('fsdp', world))} "
                 f"more than `fsdp` ({gib(f.peak('fsdp-grad-op', world))} against {gib(f.peak('fsdp', world))}; predicted "
                 f"communication buffers, the gathered weights, {gib(plan.part('communication_buffers'))} against "
-                f"{gib(base.part('communication_buffers'))}).")  # fmt: skip
+                f"{gib(base.part('communication_buffers'))}): every GPU holds the whole weights {held}.")  # fmt: skip
 
     def saved() -> str:
         full, grad_op = f.communication("fsdp"), f.communication("fsdp-grad-op")
-        return (f"Communication per step and GPU: {gib(full.per_gpu_gib)} ({full.psi_multiple:g}Ψ) against "
-                f"{gib(grad_op.per_gpu_gib)} ({grad_op.psi_multiple:g}Ψ) on {full.ranks} GPUs: "
+        return (f"Communication per step and GPU: {gib(full.per_gpu_gib)} ({full.total_words()}) against "
+                f"{gib(grad_op.per_gpu_gib)} ({grad_op.total_words()}) on {full.ranks} GPUs: "
                 f"{gib(full.per_gpu_gib - grad_op.per_gpu_gib)} saved. Worth it where those GiB take long: PCIe or "
                 "between nodes, far more than over NVLink, and only while the memory is there.")  # fmt: skip
 
@@ -258,7 +269,7 @@ def _multi_node(f: Facts) -> Answer:
         names = [e for e, x in load_experiments("multi").items() if x.strategy != "single" and e != "multi-node"]
         sent = {e: f.communication(e) for e in names}
         worst = max(sent, key=lambda e: sent[e].per_gpu_gib)
-        listed = ", ".join(f"`{e}` {gib(c.per_gpu_gib)} ({c.psi_multiple:g}Ψ)" for e, c in sent.items())
+        listed = ", ".join(f"`{e}` {gib(c.per_gpu_gib)} ({c.psi_multiple:.3g}Ψ)" for e, c in sent.items())
         return (f"Bytes each GPU sends per optimizer step on {sent[worst].ranks} GPUs, with each recipe's "
                 f"accumulation: {listed}. `{worst}` sends the most, so it suffers most when the all-gathers cross the "
                 "network; DDP, one all-reduce per step, least.")  # fmt: skip
