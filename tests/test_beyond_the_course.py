@@ -187,17 +187,20 @@ def test_grad_op_reaches_the_command_the_strategy_and_the_lightning_lines(tmp_pa
         make_strategy("fsdp", on_cuda=False, world_size=2, sharding="half")
 
 
-def test_communication_per_optimizer_step_counts_every_micro_batch_for_fsdp_and_one_sync_for_ddp():
-    """The 4-GPU recipes accumulate 32 / (4 x 4) = 2 micro-batches: FULL_SHARD 3Ψ and SHARD_GRAD_OP 2Ψ per
-    micro-batch, DDP 2Ψ per step (no_sync) -- 3x, not 1.5x (tests/test_distributed_simulated.py derives them)."""
+def test_communication_per_optimizer_step_counts_fsdp1_as_lightning_runs_it():
+    """The 4-GPU recipes accumulate 32 / (4 x 4) = 2 micro-batches, and Lightning runs FSDP1's accumulation under
+    no_sync: FULL_SHARD per block gathers in every micro-batch (each block twice, the root unit once) and
+    reduce-scatters once per step, (2a + 1)Ψ − aΨ_root; SHARD_GRAD_OP keeps the weights gathered through the step,
+    2Ψ; DDP 2Ψ (tests/test_communication.py pins every count and checks them against torch's collectives)."""
     full, grad_op, ddp = (arithmetic.communication(e) for e in ("fsdp", "fsdp-grad-op", "ddp"))
-    assert (full.psi_multiple, grad_op.psi_multiple, ddp.psi_multiple) == (6, 4, 2)
+    assert full.psi_multiple == pytest.approx(2 * 2 + 1 - 2 * full.root_share)
+    assert (grad_op.psi_multiple, ddp.psi_multiple) == (2, 2)
     states = arithmetic.model_states("fsdp")
     assert full.psi_gib == pytest.approx(states.counts.total * 2 / GIB)  # bf16 weights
-    assert full.per_gpu_gib == pytest.approx(6 * full.psi_gib * 3 / 4)  # ring: (N - 1)/N on the reference 4
-    assert full.per_gpu_gib / ddp.per_gpu_gib == pytest.approx(3)
+    assert full.per_gpu_gib == pytest.approx(full.psi_multiple * full.psi_gib * 3 / 4)  # ring: (N - 1)/N on 4
+    assert grad_op.per_gpu_gib == pytest.approx(ddp.per_gpu_gib)
     assert arithmetic.communication("deepspeed-zero2-offload").psi_multiple == 5  # 4 reduce-scatters + 1 gather
-    assert "6Ψ per optimizer step" in full.markdown() and "SHARD_GRAD_OP" in grad_op.markdown()
+    assert "4.92Ψ per optimizer step" in full.markdown() and "SHARD_GRAD_OP" in grad_op.markdown()
     with pytest.raises(ValueError, match="no communication"):
         arithmetic.communication("one-gpu")
 
