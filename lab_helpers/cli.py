@@ -5,7 +5,7 @@ run      ID --profile P [--set key=value ...]    run one experiment and record i
 run-all  --section single|multi --profile P     every experiment of a section, then the comparison
 results  [--format json|csv]                    every record
 merge-records FILE                              append a fallback file's records to the results file
-plan     RECIPE.yaml [...]                      predict memory before a run (--time: step time)
+plan     RECIPE.yaml|ID [--profile P] [...]     predict memory before a run (--time: step time)
 bandwidth [--ranks N]                           measure the bus bandwidth between GPUs (gloo on a CPU)
 launch-cost [--device cuda|cpu]                 measure the host's cost per kernel launch (plan --time)
 doctor   [--json]                               what this node can run
@@ -333,9 +333,10 @@ def _cmd_export_reference(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    from lab_helpers.lab import default_profile
     from lab_helpers.present.plan_command import run as run_plan
 
-    return run_plan(args)
+    return run_plan(args, default_profile=default_profile)
 
 
 def _cmd_bandwidth(args: argparse.Namespace) -> int:

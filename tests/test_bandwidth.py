@@ -73,5 +73,5 @@ def test_plan_time_takes_this_nodes_measured_figure(tmp_path, monkeypatch):
         str(bandwidth.Path(__file__).parent.parent / "configs/gpu/open_llama_7b/full.yaml"), devices=4, strategy="ddp"
     )
     monkeypatch.setattr("lab_helpers.training.data_lengths.recipe_sample_lengths", lambda recipe: (None, "no data"))
-    assert plan_cli._time(spec, args, recipe={}) == (None, "not predicted (stop here)")
+    assert plan_cli._time(spec, args, recipe={}) == (None, "not predicted (stop here)", None)
     assert seen["link_gbs"] == 20.0 and "measured" in seen["link_gbs_source"]

@@ -1,4 +1,10 @@
-"""``python -m lab_helpers plan RECIPE.yaml [...]``: print a memory plan, or one clear line on bad input."""
+"""``python -m lab_helpers plan RECIPE.yaml|EXPERIMENT [...]``: print a memory plan, or one clear line on bad input.
+
+An experiment id is planned exactly as it runs: its recipe for the profile, its ``set`` and its options, through
+``predict.planner_inputs``, the translation ``lab.predict_experiment`` uses; with ``--time`` its micro-batches are one
+pass of quick mode's sampler in its batch order, padded as its ``pad_multiple`` says, and its levers (compiled blocks,
+CUDA graphs, the attention backend) reach the time model (``planner.levers``).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,13 @@ import argparse
 import json
 import math
 import sys
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lab_helpers.config.config_error import LabConfigError
+from lab_helpers.config.config_error import LabConfigError, did_you_mean
+from lab_helpers.config.experiments import PROFILES
 from lab_helpers.config.recipe_defaults import BATCH_ORDERS
 from lab_helpers.config.record_schema import BREAKDOWN_PARTS
 from lab_helpers.config.secrets import for_terminal
@@ -16,13 +26,25 @@ from lab_helpers.planning.planner.errors import PlanError, PlannerUnavailable
 from lab_helpers.planning.planner.spec import STRATEGIES, TrainingSpec, load_recipe, spec_from_recipe
 
 if TYPE_CHECKING:
+    from lab_helpers.config.experiments import ResolvedRun
+    from lab_helpers.planning.planner.levers import Levers
     from lab_helpers.planning.planner.timing import TimePlan
+    from lab_helpers.training.data_lengths import BatchPadding
 
 MAX_GPU_MEMORY_GIB = 100_000  # the largest GPU of 2026 has 288 GiB: beyond this, a typo (1e308 overflowed)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recipe", help="a litgpt finetune_full / finetune_lora recipe (YAML)")
+    parser.add_argument(
+        "recipe",
+        help="a litgpt finetune_full / finetune_lora recipe (YAML), or an experiment id (planned as it runs on --profile)",
+    )
+    parser.add_argument(
+        "--profile",
+        choices=PROFILES,
+        default=None,
+        help="an experiment's profile (default: $LAB_PROFILE, else gpu with CUDA, ci without)",
+    )
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -39,8 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device",
         choices=("cuda", "cpu"),
-        default="cuda",
-        help="cpu: the live tensor bytes of the step on a CPU (the ci profile), no CUDA context or cuBLAS workspace",
+        default=None,
+        help="cpu: the live tensor bytes of the step on a CPU (the ci profile), no CUDA context or cuBLAS workspace "
+        "(default: cuda; an experiment: where its profile runs)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
@@ -102,7 +125,9 @@ def _print_table(plan) -> None:
         print(f"  note: {note}")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, default_profile: Callable[[], str] | None = None) -> int:
+    """The command; ``default_profile`` gives an experiment's profile where ``--profile`` does not (the CLI's
+    ``lab.default_profile``: ``$LAB_PROFILE``, else what this node runs)."""
     try:
         if args.devices is not None and args.devices < 1:
             raise PlanError(f"--devices must be at least 1, got {args.devices}")
@@ -123,44 +148,192 @@ def run(args: argparse.Namespace) -> int:
         for flag in ("gpu_name", "link_gbs", "sample_lengths", "batch_order"):
             if getattr(args, flag, None) is not None and not getattr(args, "time", False):
                 raise PlanError(f"--{flag.replace('_', '-')} is an input of the time prediction: add --time")
-        strategy = args.strategy
-        if args.offload_optimizer and strategy is None:
-            strategy = "deepspeed-zero3"
-        recipe, devices = _checked_recipe(args, strategy)
-        spec = spec_from_recipe(
-            recipe,
-            devices=devices,
-            strategy=strategy,
-            offload_optimizer=args.offload_optimizer,
-            gpu_memory_gib=_gpu_memory_gib(args),
-            data_max_len=args.data_max_len,
-            device=args.device,
-        )
+        experiment = _experiment_run(args, default_profile)
+        if experiment is not None:
+            recipe, spec = _experiment_spec(experiment, args)
+        else:
+            strategy = args.strategy
+            if args.offload_optimizer and strategy is None:
+                strategy = "deepspeed-zero3"
+            recipe, devices = _checked_recipe(args, strategy)
+            spec = spec_from_recipe(
+                recipe,
+                devices=devices,
+                strategy=strategy,
+                offload_optimizer=args.offload_optimizer,
+                gpu_memory_gib=_gpu_memory_gib(args),
+                data_max_len=args.data_max_len,
+                device=args.device or "cuda",
+            )
         if getattr(args, "fit", False):
             return _run_fit(spec, args)
         from lab_helpers.planning.planner.plan import predict  # torch: imported once there is something to trace
 
         plan = predict(spec)
-        time_plan, time_note = (None, "")
+        time_plan, time_note, batches = (None, "", None)
         if getattr(args, "time", False):
-            time_plan, time_note = _time(spec, args, recipe)
+            time_plan, time_note, batches = _time(spec, args, recipe, experiment)
     except (PlanError, PlannerUnavailable, LabConfigError) as err:
         print(f"error: {for_terminal(str(err))}", file=sys.stderr)
         return 2
     if args.json:
         extra = {"time": time_plan.to_dict() if time_plan else None} if getattr(args, "time", False) else {}
+        if experiment is not None:
+            extra["experiment"] = {"id": experiment.experiment.id, "profile": experiment.profile,
+                                   "options": _lever_options(experiment), "batches": batches}  # fmt: skip
         print(json.dumps({**plan.to_dict(), **extra}))
     else:
+        if experiment is not None:
+            print(f"{experiment.experiment.id} on the {experiment.profile} profile, as it runs: {experiment.recipe_path}"
+                  f"{_words(_lever_options(experiment))}")  # fmt: skip
         _print_table(plan)
         if getattr(args, "time", False):
-            print(f"  time: {time_plan.summary() if time_plan else time_note}")
-            if time_plan:
-                if time_plan.split():
-                    print(f"  time: {time_plan.split()}")
-                print(f"  time: {time_plan.terms()}")
-                for note in time_plan.notes:
-                    print(f"  time note: {note}")
+            _print_time(time_plan, time_note, batches)
     return 0
+
+
+def _print_time(time_plan: TimePlan | None, time_note: str, batches: dict[str, Any] | None) -> None:
+    print(f"  time: {time_plan.summary() if time_plan else time_note}")
+    if time_plan is None:
+        return
+    if time_plan.split():
+        print(f"  time: {time_plan.split()}")
+    print(f"  time: {time_plan.terms()}")
+    if batches:
+        print(f"  batches: {batches['words']}")
+    for note in time_plan.notes:
+        print(f"  time note: {note}")
+    for part, source in time_plan.sources.items():
+        print(f"  source: {part}: {source}")
+
+
+def _words(options: dict[str, Any]) -> str:
+    return " with " + ", ".join(f"{key} {value}" for key, value in options.items()) if options else ""
+
+
+# ------------------------------------------------------------------------------------------------ experiments
+
+
+REFUSED_WITH_EXPERIMENT = ("devices", "strategy", "offload_optimizer", "data_max_len", "batch_order")
+"""Flags that would plan another run than the experiment's: it is planned as it runs (``--set`` changes it the
+way ``run --set`` does)."""
+
+
+def _experiment_run(args: argparse.Namespace, default_profile: Callable[[], str] | None) -> ResolvedRun | None:
+    """The run ``args.recipe`` names where it is an experiment id (None: a recipe file); PlanError for neither."""
+    from lab_helpers.config.experiments import load_experiments, parse_set_args, resolve
+
+    name = args.recipe
+    if Path(name).is_file():
+        if getattr(args, "profile", None):
+            raise PlanError(f"--profile picks an experiment's recipe; {name} is a recipe file")
+        return None
+    known = load_experiments()
+    if name not in known and (Path(name).suffix in (".yaml", ".yml") or "/" in name):
+        raise PlanError(f"recipe file not found: {name}")
+    if name not in known:
+        raise PlanError(f"{name!r} is neither a recipe file nor an experiment id{did_you_mean(name, known)}")
+    for flag in REFUSED_WITH_EXPERIMENT:
+        if getattr(args, flag, None) not in (None, False):
+            raise PlanError(f"--{flag.replace('_', '-')} belongs to a recipe file: {name} is planned as it runs")
+    profile = getattr(args, "profile", None) or (default_profile() if default_profile else "ci")
+    return resolve(name, profile, parse_set_args(args.overrides), check_files=False)
+
+
+def experiment_time(
+    exp_id: str, *, profile: str, sets: Sequence[str] = (), gpu_name: str | None = None
+) -> tuple[TimePlan | None, str, dict[str, Any] | None]:
+    """What ``plan EXPERIMENT --profile P --time`` predicts, for a notebook: (the TimePlan or None, why not, one
+    pass of the sampler's batches or None). ``sets`` are ``--set`` pairs ("train.micro_batch_size=2")."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    gpu = ["--gpu-name", gpu_name] if gpu_name else []
+    args = parser.parse_args([exp_id, "--profile", profile, "--time", *gpu, *(f"--set={pair}" for pair in sets)])
+    run = _experiment_run(args, None)
+    recipe, spec = _experiment_spec(run, args)
+    return _time(spec, args, recipe, run)
+
+
+def _experiment_spec(run: ResolvedRun, args: argparse.Namespace) -> tuple[dict[str, Any], TrainingSpec]:
+    """(the run's recipe, its TrainingSpec): ``predict.planner_inputs``, as ``lab.predict_experiment`` asks; on the
+    device the profile trains on (a CUDA profile on a GPU, ci where torch has CUDA or not) unless ``--device``."""
+    from lab_helpers.config.experiments import check_profile
+    from lab_helpers.planning.predict import planner_inputs
+
+    device = args.device
+    if device is None:
+        import torch
+
+        device = "cuda" if check_profile(run.profile).get("needs_cuda") or torch.cuda.is_available() else "cpu"
+    inputs = planner_inputs(run, _gpu_memory_gib(args), device=device)
+    recipe = inputs.pop("recipe")
+    return recipe, spec_from_recipe(recipe, **inputs)
+
+
+def _lever_options(run: ResolvedRun) -> dict[str, Any]:
+    """The run's options the time model reads beyond its recipe (the levers and the batch order), where set."""
+    keys = ("compile", "compile_mode", "pad_multiple", "attention_backend", "batch_order")
+    return {key: run.options[key] for key in keys if run.options.get(key) not in (None, "default", "shuffle")}
+
+
+def experiment_levers(run: ResolvedRun, device: str) -> Levers:
+    """The levers ``run`` switches on, as the time model takes them: compiled blocks with their launches measured on
+    the ci profile's model of the experiment on this CPU (``compile_launches.compiled_block``, kept on disk), CUDA
+    graphs where its compile mode records them on CUDA, its attention backend."""
+    from lab_helpers.config.experiments import resolve
+    from lab_helpers.config.recipe_defaults import CUDA_GRAPH_MODES
+    from lab_helpers.planning.compile_launches import compiled_block
+    from lab_helpers.planning.planner.levers import Levers
+    from lab_helpers.planning.predict import planner_inputs
+
+    options = run.options
+    compiled = None
+    if options.get("compile"):
+        twin = resolve(run.experiment.id, "ci", run.overrides, check_files=False)  # the ci profile's model
+        inputs = planner_inputs(twin, None, device="cpu")
+        try:
+            compiled = compiled_block(spec_from_recipe(inputs.pop("recipe"), **inputs))
+        except PlanError as err:
+            raise PlanError(f"the compile factor is measured on the ci profile's model: {err} "
+                            "(python -m lab_helpers prepare --profile ci)") from None  # fmt: skip
+    return Levers(
+        compiled=compiled,
+        cuda_graphs=compiled is not None and options.get("compile_mode") in CUDA_GRAPH_MODES and device == "cuda",
+        attention_backend=options.get("attention_backend"),
+    )
+
+
+def padded_pass(batches: BatchPadding, pad_multiple: int | str | None, limit: int) -> tuple[list[int], int]:
+    """(each micro-batch's length, the padded tokens of the pass) with each micro-batch padded up as the training
+    process pads it (``recipe_defaults.padded_length``: to the multiple, or ``max`` to ``limit``, the longest
+    training sample)."""
+    from lab_helpers.config.recipe_defaults import padded_length
+
+    lengths = [padded_length(n, pad_multiple, limit) for n in batches.batch_lengths]
+    samples = [padded // n for padded, n in zip(batches.batch_tokens_padded, batches.batch_lengths, strict=True)]
+    return lengths, sum(k * n for k, n in zip(samples, lengths, strict=True))
+
+
+def _batches(batches: BatchPadding, pad_multiple: int | str | None, limit: int) -> tuple[list[int], dict[str, Any]]:
+    """(the padded lengths, what one pass of the sampler is: micro-batches, distinct lengths, tokens, padding)."""
+    lengths, padded = padded_pass(batches, pad_multiple, limit)
+    how = f", padded to a multiple of {pad_multiple}" if isinstance(pad_multiple, int) else (
+        ", padded to the longest sample" if pad_multiple else "")  # fmt: skip
+    summary = {
+        "batch_order": batches.batch_order,
+        "pad_multiple": pad_multiple,
+        "micro_batches": len(lengths),
+        "distinct_lengths": len(set(lengths)),
+        "tokens": batches.tokens,
+        "tokens_padded": padded,
+        "padding_pct": 100 * (padded - batches.tokens) / padded,
+    }
+    summary["words"] = (
+        f"one pass of the sampler ({batches.batch_order}{how}): {len(lengths)} micro-batches of "
+        f"{len(set(lengths))} distinct lengths, {padded:,} padded tokens for {batches.tokens:,} real "
+        f"({summary['padding_pct']:.1f} % padding)"
+    )
+    return lengths, summary
 
 
 def _checked_recipe(args: argparse.Namespace, strategy: str | None) -> tuple[dict[str, Any], int]:
@@ -229,13 +402,17 @@ def predict_step_time(spec: TrainingSpec, *, gpu_name: str | None = None, **opti
     )
 
 
-def _time(spec: TrainingSpec, args: argparse.Namespace, recipe: dict[str, Any]) -> tuple[TimePlan | None, str]:
-    """(TimePlan, "") or (None, why not): a plan without a known GPU still prints its memory.
+def _time(
+    spec: TrainingSpec, args: argparse.Namespace, recipe: dict[str, Any], run: ResolvedRun | None = None
+) -> tuple[TimePlan | None, str, dict[str, Any] | None]:
+    """(TimePlan, "", the pass's batches) or (None, why not, None): a plan without a known GPU still prints its
+    memory.
 
     The inputs the planner does not look up itself are gathered here: the link bandwidth (``--link-gbs``, else
     this node's measured one) and the data's sample lengths (``--sample-lengths``, else the recipe's data); with
-    ``--batch-order``, the padded length of each micro-batch quick mode's sampler makes of them in that order
-    (``data_lengths.batch_padding``: the same batches the run takes), each timed at its own length."""
+    ``--batch-order``, or for an experiment (``run``) in its own order, the padded length of each micro-batch quick
+    mode's sampler makes of them (``data_lengths.batch_padding``: the same batches the run takes), each timed at its
+    own length; an experiment's micro-batches padded further as its ``pad_multiple`` says, and its levers."""
     from lab_helpers.hardware.bandwidth import measured_link_gbs
     from lab_helpers.training.data_lengths import batch_padding, read_sample_lengths, recipe_sample_lengths
 
@@ -248,25 +425,56 @@ def _time(spec: TrainingSpec, args: argparse.Namespace, recipe: dict[str, Any]) 
         lengths, lengths_note = read_sample_lengths(path), ""
     else:
         lengths, lengths_note = recipe_sample_lengths(recipe)
-    order = getattr(args, "batch_order", None)
-    batches = None
+    order = getattr(args, "batch_order", None) or (run.options.get("batch_order") or "shuffle" if run else None)
+    batches, summary, padded = None, None, None
     if order and lengths:
         batches = batch_padding(lengths, micro_batch_size=spec.micro_batch_size, batch_order=order,
                                 max_seq_length=spec.seq_len)  # fmt: skip
+        padded = list(batches.batch_lengths)
+        if run is not None:
+            limit = min(max(lengths), spec.seq_len)  # the longest training sample, as litgpt cuts it
+            padded, summary = _batches(batches, run.options.get("pad_multiple"), limit)
+    gpu_note = ""
+    if run is not None and gpu_name is None and spec.device == "cuda":
+        gpu_name, gpu_note = _gpu_for_experiment()
     try:
+        levers = experiment_levers(run, spec.device) if run is not None else None
         plan = predict_step_time(
             spec, gpu_name=gpu_name, sample_lengths=lengths, link_gbs=link_gbs, link_gbs_source=link_source or "",
-            batch_lengths=batches.batch_lengths if batches else None,
+            batch_lengths=padded, levers=levers,
         )  # fmt: skip
     except PlanError as err:
-        return None, f"not predicted ({err})"
-    if batches:
+        return None, f"not predicted ({err})", None
+    if batches and run is None:
         lengths_note = (
             f"mean padded length {plan.seq_len} tokens over the {batches.micro_batches} {order} micro-batches quick "
             f"mode makes of {len(lengths)} samples: {batches.padding_pct:.1f}% of their padded tokens are padding"
         )
+    elif summary:
+        lengths_note = f"mean padded length {plan.seq_len} tokens over the pass's micro-batches (batches)"
     plan.notes.append(lengths_note or f"mean padded length {plan.seq_len} tokens from {len(lengths)} samples' lengths")
-    return plan, ""
+    if gpu_note:
+        plan.notes.append(gpu_note)
+    return plan, "", summary
+
+
+def _gpu_for_experiment() -> tuple[str | None, str]:
+    """(the GPU to time an experiment of a CUDA profile on where this node has none, a note saying so): this node's
+    GPU where it has one (None: ``predict_step_time`` reads it), else the GPU most of the lab's and the shipped
+    records with a profile ran on, whose figures the time model is fitted to."""
+    from lab_helpers.hardware.node import describe_node
+    from lab_helpers.record.records import lab_and_reference_records
+
+    if describe_node().get("gpus"):
+        return None, ""
+    profiled = Counter(
+        record.get("device_name") for record in lab_and_reference_records() if record.get("torch_profile_summary")
+    )
+    profiled.pop(None, None)
+    if not profiled:
+        return None, ""
+    gpu = profiled.most_common(1)[0][0]
+    return gpu, f"no GPU here: timed on the {gpu}, the GPU of the records with profiles (--gpu-name names another)"
 
 
 def _run_fit(spec: TrainingSpec, args: argparse.Namespace) -> int:

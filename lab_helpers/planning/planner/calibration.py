@@ -348,6 +348,7 @@ class DeviceEfficiency:
     matmul: float
     bandwidth: float
     source: str
+    gpus: tuple[str, ...] = ()  # the GPU models (``device_key``) of the profiles fitted to: where they are carried from
 
 
 _OPS_CACHE: dict[str, Any] = {}
@@ -428,7 +429,7 @@ def fit_efficiencies(records: Iterable[Mapping[str, Any]]) -> DeviceEfficiency |
     from .op_costs import Ops
 
     points: list[tuple[list[tuple[float, float, float]], float]] = []
-    names = []
+    names, gpus = [], set()
     for record in map(without_nan, records):
         summary = record.get("torch_profile_summary")
         if not isinstance(summary, Mapping) or not summary.get("device_busy_ms_per_step"):
@@ -454,6 +455,7 @@ def fit_efficiencies(records: Iterable[Mapping[str, Any]]) -> DeviceEfficiency |
         add(ops.optimizer_step, 1)
         points.append((rows, float(summary["device_busy_ms_per_step"]) / 1e3))
         names.append(f"{record.get('experiment')} ({device_key(gpu_name_of(record))})")
+        gpus.add(device_key(gpu_name_of(record)))
     if not points:
         return None
     grid = np.arange(0.1, 1.0001, 0.02)
@@ -470,6 +472,7 @@ def fit_efficiencies(records: Iterable[Mapping[str, Any]]) -> DeviceEfficiency |
         float(grid[i]),
         float(grid[j]),
         f"fitted to the device busy time of {len(points)} profiled record(s): {', '.join(names)}",
+        tuple(sorted(gpus)),
     )
 
 
@@ -581,6 +584,8 @@ def traced_model(
     efficiency: DeviceEfficiency | None = None,
     lengths: Sequence[int] | None = None,
     first_seen: int = 0,
+    launches_saved: float = 0.0,
+    plan_builds: bool = True,
 ) -> dict[str, Any] | None:
     """Host and device seconds of a micro-batch and of the optimizer step of ``spec`` on ``gpu_name``, from its
     trace; None where the GPU's bandwidth or peaks are unknown or nothing calibrates the efficiencies and the
@@ -590,7 +595,8 @@ def traced_model(
     own host and device time, and ``micro_s`` is their mean, since a short micro-batch is host-bound where a long
     one is device-bound and the mean length would hide it. ``first_seen`` of them have a length the run had not
     met: where the GPU builds attention plans, each adds ``plan_build_s`` (``fit_plan_build_s``), spread over
-    the micro-batches."""
+    the micro-batches. ``launches_saved`` per micro-batch come off the host's launches (compiled blocks:
+    ``levers.launches_saved``); ``plan_builds`` False: the attention backend builds none (``levers.Levers``)."""
     import numpy as np
 
     peaks, bandwidth = _gpu_rates(gpu_name)
@@ -608,12 +614,13 @@ def traced_model(
     lengths = list(lengths or [seq_len])
     ops = traced_ops(spec, max(lengths))  # its optimizer step and notes do not depend on the length
     kernels, device = length_costs(spec, gpu_name, eff, lengths)
+    kernels = kernels - launches_saved
     host = kernels * launch_cost_s
     kernels_step = ops.kernels_per_optimizer_step()
     device_step = _device_s(ops.optimizer_step, gpu_name, eff)
     notes = list(ops.notes)
     plan_build_s, plan_source = 0.0, ""
-    if builds_attention_plans(spec.precision, gpu_name):
+    if builds_attention_plans(spec.precision, gpu_name) and plan_builds:
         plan_build_s, plan_source, note = _plan_builds(records, gpu_name, first_seen, len(lengths))
         notes.append(note)
     return {
@@ -632,6 +639,7 @@ def traced_model(
         "matmul_efficiency": eff.matmul,
         "bandwidth_efficiency": eff.bandwidth,
         "efficiency_source": eff.source,
+        "efficiency_gpus": eff.gpus,
         "bandwidth": bandwidth,
         "notes": notes,
     }

@@ -123,6 +123,15 @@ def _attention_flops(args, backward: bool) -> float:
     return float((5 if backward else 2) * per_matmul)
 
 
+def launches_kernel(name: str) -> bool:
+    """Whether the aten op ``name`` ("mm", "detach") launches a kernel by ``op_cost``'s rule (views, metadata and
+    allocations do not): for ops known by name only, as a profiler's events name them."""
+    if name in _NO_KERNEL:
+        return False
+    packet = getattr(torch.ops.aten, name, None)
+    return packet is None or not any(getattr(packet, overload).is_view for overload in packet.overloads())
+
+
 def op_cost(func, args, kwargs, out) -> OpCost | None:
     """The cost of one dispatched op, or None for what launches nothing and moves nothing (metadata, views,
     allocations)."""

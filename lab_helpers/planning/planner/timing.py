@@ -12,7 +12,9 @@ FLOPs, bytes moved and kernel launches are read off its shapes and dtypes (``op_
                   + plan builds x first-seen lengths / micro-batches  (bf16 attention on Hopper)
     step_s   = accumulation x micro_batch_s + the optimizer step's max(host, device) + communication + offload
 
-and ``time_bound`` says which of the two is larger. Four figures are fitted, and only these: the per-launch
+and ``time_bound`` says which of the two is larger. The levers (``levers``: compiled blocks, CUDA graphs, the
+attention backend) take launches off the host (a block's launches x its measured compiled / eager factor, or two
+graph replays a block) and plan builds off first-seen lengths (flash attention). Four figures are fitted, and only these: the per-launch
 cost (``fit_launch_cost``: host-bound records of this GPU, else of any GPU, a default that says so; or measured
 on the node by ``python -m lab_helpers launch-cost`` and passed in), the two efficiencies (``fit_efficiencies``:
 the device busy time of the records' profiles) and, for bf16 on Hopper, a cuDNN attention plan build's host time
@@ -81,20 +83,24 @@ from lab_helpers.planning.flops import train_flops_per_step
 from .calibration import (
     CPU,
     Efficiency,
+    builds_attention_plans,
     device_key,
     gpu_name_of,
     measured_step,
     mfu_for,
     record_spec,
     traced_model,
+    traced_ops,
     without_nan,
 )
 from .communication import CommunicationVolume, communication_per_optimizer_step, host_device_bytes_per_optimizer_step
 from .errors import PlanError
+from .levers import launches_saved
 from .spec import TrainingSpec, precision_bytes
 
 if TYPE_CHECKING:  # annotations only: no import at run time
     from .calibration import DeviceEfficiency
+    from .levers import Levers
 
 
 PCIE4_X16_GBS = 31.5
@@ -154,6 +160,9 @@ class TimePlan:
     bandwidth_efficiency: float | None = None
     efficiency_source: str = ""
     memory_bandwidth_gbs: float | None = None
+    launches_saved_per_micro_batch: float | None = None  # what the levers take off the host (compiled blocks)
+    compile_factor: float | None = None  # a block's launches compiled / eager, measured (levers.CompiledBlock)
+    sources: dict[str, str] = field(default_factory=dict)  # each part of the prediction: measured here or carried
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -175,7 +184,15 @@ class TimePlan:
         )
 
     def split(self) -> str:
-        """Host against device per micro-batch, and which one bounds it (the traced model only)."""
+        """Host against device per micro-batch, and which one bounds it (the traced model; on a CPU, where its
+        launches were counted, the two parts, which add up)."""
+        if self.time_bound is None and self.kernels_per_micro_batch is not None:
+            return (
+                f"per micro-batch: host {self.host_ms_per_micro_batch:.1f} ms ({self.kernels_per_micro_batch:,.0f} "
+                f"kernel launches; the fitted overhead in proportion), compute {self.device_ms_per_micro_batch:.1f} "
+                f"ms: one core does both, so they add up (no bound); optimizer step {self.kernels_per_optimizer_step:,.0f} "
+                "launches (inside the fitted overhead, not timed apart)"
+            )
         if self.time_bound is None:
             return ""
         plans = ""
@@ -221,6 +238,7 @@ def predict_time(
     launch_cost_s: float | None = None,
     launch_cost_source: str = "measured on this node",
     device_efficiency: DeviceEfficiency | None = None,
+    levers: Levers | None = None,
 ) -> TimePlan:
     """Predict one optimizer step of ``spec`` (see the module docstring for the model).
 
@@ -242,7 +260,10 @@ def predict_time(
     each distinct length once), which costs a plan build where the GPU makes one. ``link_gbs`` is the bus bandwidth
     between the devices in GB/s (nccl-tests' "busbw", what ``python -m lab_helpers bandwidth`` measures):
     without it a multi-device step has no communication term, and a note says so. ``host_link_gbs`` is the
-    host-device bandwidth optimizer offload's transfers cross.
+    host-device bandwidth optimizer offload's transfers cross. ``levers`` (``levers.Levers``: compiled blocks,
+    CUDA graphs, the attention backend) change the launches and plan builds; given, a CPU's prediction also
+    counts its launches, its host time (the fitted overhead) shrinking with them. ``sources`` says of each part
+    whether it was measured or traced on this machine or carried from records.
     """
     spec.validate()
     records = list(records)
@@ -279,6 +300,11 @@ def predict_time(
     compute_micro_s = hardware_flops / (peak * used_mfu)
     micro_s = compute_micro_s + efficiency.overhead_s
     accumulation = spec.gradient_accumulation_iters
+    saved, saved_note = launches_saved(spec, seq, levers) if levers is not None else (0.0, "")
+    if saved_note:
+        notes.append(saved_note)
+    if levers is not None and not levers.builds_plans and builds_attention_plans(spec.precision, device):
+        notes.append(f"attention backend {levers.attention_backend}: no cuDNN plan build per first-seen length")
     traced = None
     if device != CPU and mfu is None:
         traced = traced_model(
@@ -291,7 +317,13 @@ def predict_time(
             efficiency=device_efficiency,
             lengths=batch_lengths,
             first_seen=first_seen or 0,
+            launches_saved=saved,
+            plan_builds=levers is None or levers.builds_plans,
         )
+    cpu_split = {}
+    if device == CPU and levers is not None:
+        efficiency, cpu_split = _cpu_launches(spec, seq, efficiency, compute_micro_s, saved)
+        micro_s = compute_micro_s + efficiency.overhead_s
     optimizer_s = 0.0
     if traced is not None:
         optimizer_s = traced["optimizer_step_s"]
@@ -305,9 +337,12 @@ def predict_time(
     host_s, transfer_s = _offload_s(spec, device, cpu_rates, accumulation, host_link_gbs, notes)
     step_s = accumulation * micro_s + optimizer_s + communication_s + host_s + transfer_s
     tokens = spec.micro_batch_size * seq * accumulation
-    split = _traced_fields(traced, optimizer_s)
+    split = _traced_fields(traced, optimizer_s) or cpu_split
     return TimePlan(
         **split,
+        launches_saved_per_micro_batch=saved if levers is not None else None,
+        compile_factor=levers.compiled.factor if levers is not None and levers.compiled is not None else None,
+        sources=_sources(device, traced, levers, source, cpu_rates),
         compute_s=accumulation * compute_micro_s + (optimizer_s if traced is not None else 0.0),
         host_overhead_s=accumulation * efficiency.overhead_s,
         communication_s=communication_s,
@@ -335,6 +370,52 @@ def predict_time(
         seq_len=seq,
         notes=notes,
     )
+
+
+def _cpu_launches(
+    spec: TrainingSpec, seq: int, efficiency: Efficiency, compute_s: float, saved: float
+) -> tuple[Efficiency, dict[str, Any]]:
+    """A CPU step's launches and host time: the kernels traced, and the overhead fitted per micro-batch taken as
+    their host time, so it shrinks in proportion where a lever launches fewer (one core is host and device: the
+    two add up, no bound)."""
+    eager = traced_ops(spec, seq).kernels_per_micro_batch()
+    kernels = max(eager - saved, 0.0)
+    overhead = efficiency.overhead_s * kernels / eager if eager else efficiency.overhead_s
+    fields = {
+        "kernels_per_micro_batch": kernels,
+        "host_ms_per_micro_batch": overhead * 1e3,
+        "device_ms_per_micro_batch": compute_s * 1e3,
+        "kernels_per_optimizer_step": traced_ops(spec, seq).kernels_per_optimizer_step(),
+    }
+    return dataclasses.replace(efficiency, overhead_s=overhead), fields
+
+
+def _sources(
+    device: str, traced: dict[str, Any] | None, levers: Levers | None, fitted: str, cpu_rates: CpuRates | None
+) -> dict[str, str]:
+    """Each part of the prediction and where it comes from: measured or traced on this machine, or carried from
+    records (which GPU's, as the fits name them)."""
+    here = "measured on this machine"
+    sources = {"kernels per micro-batch": "traced on this machine (the real step on fake tensors)"}
+    if levers is not None and levers.compiled is not None:
+        carried = "" if device == CPU else f"; carried over to the {device} (CUDA's inductor fuses its own way)"
+        sources["compile factor"] = f"{levers.compiled.source}{carried}"
+        if levers.cuda_graphs:
+            sources["CUDA graphs"] = (
+                "a model, not a measurement: one graph replay per compiled block, forward and backward"
+            )
+    if traced is None:
+        if device == CPU and cpu_rates is not None:
+            sources["compute rate"] = f"{here} (fp32 matmul rate, cpu_speed)"
+        sources["MFU and host overhead"] = f"carried from records: {fitted}"
+        return sources
+    cost = traced["launch_cost_source"]
+    sources["per-launch host cost"] = cost if cost.startswith("measured") else f"carried from records: {cost}"
+    gpus = " and ".join(traced["efficiency_gpus"]) or "other GPUs"
+    sources["device efficiencies"] = f"carried from the {gpus}'s profiles: {traced['efficiency_source']}"
+    if traced["plan_build_source"]:
+        sources["plan build"] = f"carried from records: {traced['plan_build_source']}"
+    return sources
 
 
 def _peak_flops(spec: TrainingSpec, device: str, cpu_rates: CpuRates | None) -> float:

@@ -1,0 +1,179 @@
+"""What compiling a transformer block does to the kernels it launches, measured on this machine: one real litgpt
+Block, eager and compiled by torch's inductor on the CPU (``plan --time``'s ``compile`` lever;
+``benchmarks/compile_launches.py`` prints it).
+
+Why measured: the time model's host time is kernels launched x a per-launch cost (``planner.timing``), and how
+many launches compiling removes is what inductor's fusion decides for this block's code, which no table says.
+``plan`` measures it on the ci profile's model of the experiment (the same Block code as the GPU's model, at a size
+a CPU compiles and runs in seconds) and carries the factor to a GPU's prediction, saying so.
+
+How: a model of one block (``trace_setup.build_model``, real fp32 CPU tensors), a micro-batch of the spec's size
+and length. Eager: every aten op of the block's forward and of its backward, classified as the planner classifies
+traced ops (``op_costs.op_cost``: views and allocations launch nothing). Compiled: ``block.compile()``, as the
+training process compiles each block (``training.compile_blocks``), then a profile of one forward and one backward
+counting what the compiled graphs call: each kernel inductor generated (its kernel profiling on) and each aten op
+they call outside them (matmuls, attention, random numbers), the same classifier deciding which launch. The result
+is kept on disk (``planner.ops_cache``) under the block's spec, this file and torch's version: compiling takes
+tens of seconds on 2 cores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from lab_helpers.planning.planner.levers import CompiledBlock
+from lab_helpers.planning.planner.spec import TrainingSpec
+
+GENERATED = ("cpp_fused", "triton_")
+"""What inductor names the kernels it generates (the CPU's C++, a GPU's Triton): a profile's events of them."""
+
+
+def compiled_block(spec: TrainingSpec) -> CompiledBlock:
+    """``measure(spec)``, kept on disk: the first ask compiles, every later one (any process) reads it."""
+    from lab_helpers.planning.planner import ops_cache
+
+    key = _key(spec)
+    kept = ops_cache.load_json(key)
+    try:
+        return CompiledBlock(**kept)
+    except TypeError:  # None (not kept) or another layout
+        found = measure(spec)
+        ops_cache.store_json(key, dataclasses.asdict(found))
+        return found
+
+
+def measure(spec: TrainingSpec) -> CompiledBlock:
+    """One block of ``spec``'s model, its launches per micro-batch eager and compiled (see the module docstring)."""
+    import torch
+
+    block, inputs = _one_block(spec)
+    eager_forward, eager_backward = _eager_launches(block, inputs)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch({"cpp.enable_kernel_profile": True}):
+        block.compile()
+        _forward_backward(block, inputs)  # compiles the forward, then the backward
+        compiled_forward, compiled_backward = _compiled_launches(block, inputs)
+    config = spec.model_config
+    return CompiledBlock(
+        eager_forward,
+        eager_backward,
+        compiled_forward,
+        compiled_backward,
+        f"measured on this machine (CPU inductor, torch {torch.__version__}): one {config.name} {spec.method} block, "
+        f"micro-batch {spec.micro_batch_size} x {spec.seq_len} tokens",
+    )
+
+
+def _one_block(spec: TrainingSpec) -> tuple[Any, tuple[Any, ...]]:
+    """(the first Block of a one-block model of ``spec``, its inputs: activations, RoPE cos and sin)."""
+    import copy
+
+    import torch
+
+    from lab_helpers.planning.planner.trace_setup import build_model
+
+    one = dataclasses.replace(spec, model_config=copy.deepcopy(spec.model_config))
+    one.model_config.n_layer = 1
+    torch.manual_seed(0)
+    model = build_model(one, torch.float32)
+    model.max_seq_length = spec.seq_len
+    length, width = spec.seq_len, spec.model_config.n_embd
+    x = torch.randn(spec.micro_batch_size, length, width, requires_grad=True)
+    return model.transformer.h[0], (x, model.cos[:length].unsqueeze(0), model.sin[:length].unsqueeze(0))
+
+
+def _forward_backward(block: Any, inputs: tuple[Any, ...]) -> None:
+    _fresh(block, inputs)
+    out = block(*inputs)
+    out.backward(_ones(out))
+
+
+def _fresh(block: Any, inputs: tuple[Any, ...]) -> None:
+    """No gradients yet (the first micro-batch's backward: nothing accumulated into ``.grad``)."""
+    for tensor in [*block.parameters(), inputs[0]]:
+        tensor.grad = None
+
+
+def _ones(out: Any) -> Any:
+    import torch
+
+    return torch.ones_like(out)
+
+
+def _eager_launches(block: Any, inputs: tuple[Any, ...]) -> tuple[float, float]:
+    """(forward, backward) kernels of the eager block, each op classified by ``op_costs.op_cost``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from lab_helpers.planning.planner.op_costs import op_cost
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.kernels = 0.0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            cost = op_cost(func, args, kwargs, out)
+            self.kernels += cost.kernels if cost is not None else 0.0
+            return out
+
+    _fresh(block, inputs)
+    with Count() as forward:
+        out = block(*inputs)
+    grad = _ones(out)
+    with Count() as backward:
+        out.backward(grad)
+    return forward.kernels, backward.kernels
+
+
+def _compiled_launches(block: Any, inputs: tuple[Any, ...]) -> tuple[float, float]:
+    """(forward, backward) launches of the compiled block: a profile's generated kernels and the kernel-launching
+    aten ops called outside any other aten op (``launched``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _fresh(block, inputs)
+    with profile(activities=[ProfilerActivity.CPU]) as forward:
+        out = block(*inputs)
+    grad = _ones(out)
+    with profile(activities=[ProfilerActivity.CPU]) as backward:
+        out.backward(grad)
+    return launched(forward.events()), launched(backward.events())
+
+
+def launched(events: Any) -> float:
+    """Kernels launched among a profile's CPU events: each generated kernel (``GENERATED``) and each aten op that
+    launches one (``op_costs.launches_kernel``), counted where no aten op encloses it (an op's own inner ops are
+    its kernels, not more launches)."""
+    from lab_helpers.planning.planner.op_costs import launches_kernel
+
+    count = 0
+    for event in events:
+        parent = event.cpu_parent
+        while parent is not None and not parent.name.startswith("aten::"):
+            parent = parent.cpu_parent
+        if parent is not None:
+            continue
+        name = event.name
+        if any(mark in name for mark in GENERATED):
+            count += 1
+        elif name.startswith("aten::") and launches_kernel(name.removeprefix("aten::")):
+            count += 1
+    return float(count)
+
+
+def _key(spec: TrainingSpec) -> str:
+    """The cache key: the spec (every field, the model's config included), this file, the planner's code and
+    torch's version (``ops_cache.code_digest``)."""
+    from lab_helpers.planning.planner import ops_cache
+
+    text = f"compiled-block\0{ops_cache.code_digest()}\0{_this_file()}\0{spec!r}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@functools.cache
+def _this_file() -> str:
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
