@@ -59,8 +59,9 @@ method that measured runs give directly (every GPU record carries ``mfu``). So::
   reads no records file and probes no hardware (``plan_command.predict_step_time`` gathers them for this node).
 
 * **Communication.** ``communication.communication_per_optimizer_step`` counts the bytes each device sends per
-  optimizer step for the spec's strategy, devices and accumulation (DDP 2Ψ whatever the accumulation; FSDP
-  FULL_SHARD 3Ψ and SHARD_GRAD_OP 2Ψ per micro-batch; DeepSpeed ZeRO-2/3 as that module says), divided by the
+  optimizer step for the spec's strategy, wrapping, FSDP version, devices and accumulation (DDP 2Ψ whatever the
+  accumulation; FSDP1 under Lightning's no_sync FULL_SHARD per block (2a + 1)Ψ - aΨ_root, one unit (a + 1)Ψ,
+  SHARD_GRAD_OP 2Ψ; FSDP2 and DeepSpeed ZeRO-2/3 as that module says), divided by the
   bus bandwidth given (``link_gbs``: an argument, stated or measured by ``python -m lab_helpers bandwidth``;
   the planner reads no file and probes no link). It is added, not overlapped with compute: DDP and FSDP overlap
   part of it with backward, so this is an upper bound of the step when the link is the stated one. MFU and
@@ -542,6 +543,9 @@ def step_communication(spec: TrainingSpec) -> CommunicationVolume:
         micro_batches_per_step=spec.gradient_accumulation_iters,
         sharding=None if spec.strategy != "fsdp" else ("full" if spec.fsdp_reshard_after_forward else "grad-op"),
         trainable_parameter_count=trainable,
+        wrapping=None if spec.strategy != "fsdp" else ("block" if spec.fsdp_wrap_blocks else "none"),
+        root_parameter_count=_outside_blocks(spec) if spec.strategy == "fsdp" and spec.fsdp_wrap_blocks else 0,
+        fsdp_impl=spec.fsdp_impl if spec.strategy == "fsdp" else None,
     )
 
 
@@ -558,6 +562,18 @@ def recompute_flops(model_flops: float, method: str) -> float:
 def trainable_params(spec: TrainingSpec) -> int:
     """Parameters the optimizer steps, counted on the real litgpt model built on the meta device (no memory)."""
     return _parameter_counts(spec)[1]
+
+
+def _outside_blocks(spec: TrainingSpec) -> int:
+    """Parameters no transformer block holds (embedding, final norm, head): FSDP's root unit when it wraps per
+    block, gathered once per micro-batch since FSDP never frees the root after forward (communication.py)."""
+    import torch
+    from litgpt import GPT
+
+    with torch.device("meta"):
+        model = GPT(spec.model_config)
+    inside = sum(p.numel() for p in model.transformer.h.parameters())
+    return sum(p.numel() for p in model.parameters()) - inside
 
 
 def _parameter_counts(spec: TrainingSpec) -> tuple[int, int]:
