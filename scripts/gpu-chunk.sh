@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # One slice of GPU time is one command: bash scripts/gpu-chunk.sh CHUNK --out DIR [--wheels DIR] [--dry-run] [--steps N]
+#                                       bash scripts/gpu-chunk.sh CHUNK --list [--dry-run]   (the steps and their costs)
 #
 # Why: GPU time comes in slices of 15 minutes (machine start included), at most 10 minutes a command, the machine
 # handed back seconds after it ends, and only DIR comes back (8 files of 16 MiB, 2 folders deep). So a chunk does
@@ -7,14 +8,14 @@
 # copies what is done into DIR: a kill at the limit loses at most the step in flight, and one oversized file
 # (a profile trace) never takes the records with it.
 #
-#   CHUNK          speed | ranks | single-7b | 13b | offload | notebooks | padding   (the GPU issues; steps below, costs in
-#                  configs/gpu-chunk-costs.tsv; docs/measuring-on-a-gpu.md has the table)
+#   CHUNK          speed | ranks | single-7b | 13b | offload | notebooks | padding | levers   (the GPU issues; steps below,
+#                  costs in configs/gpu-chunk-costs.tsv; docs/measuring-on-a-gpu.md has the table)
 #   --out DIR      the folder that comes back (default: $OUT), without another chunk's files; it holds at most 7:
 #                    chunk.log             preflight, every step's time and outcome, the summary
 #                    runs.jsonl            the records so far (the lab's schema)
 #                    results.tar.gz        LAB_RESULTS without traces: timelines, logs, preflight, prepare log
 #                    trace-<run>.json.gz   one per profiled run, if it fits (else the log says so)
-#                    measurement-overhead.txt   benchmarks/measurement_overhead.py's table (speed)
+#                    measurement-overhead.txt   benchmarks/measurement_overhead.py's table (speed, levers)
 #                    NAME.ipynb            each executed notebook (notebooks: 00, 04, 01; wheels --with notebooks)
 #   --wheels DIR   install these wheels first (from `python -m lab_helpers wheelhouse --node-has ...`)
 #   --deadline-s S S seconds from the script's start (default 540; dry run 900): a step starts only while its
@@ -22,13 +23,18 @@
 #                  first step's row is bad input
 #   --dry-run      the same chunk on the ci profile on a CPU: tiny models, same streaming and limits
 #   --steps N      run only the chunk's first N steps (CI's short dry runs: tests/test_gpu_chunk.py)
-# Exit status: 0 every step ran and exited 0; 1 a step failed, a step was not started (deadline) or the preflight
-# stopped the chunk; 2 bad input (one line on stderr, nothing done).
+#   --list         print the chunk's steps, each with its row's seconds on this profile (gpu; ci with --dry-run) and
+#                  where the figure comes from, then exit 0 having run nothing (no --out needed)
+# A chunk's last steps may run only if time is left (levers: the repeats): the deadline drops them first, and a
+# dropped one fails nothing.
+# Exit status: 0 every step ran and exited 0 (those run only if time is left: every one started did); 1 a step
+# failed, a step was not started (deadline) or the preflight stopped the chunk; 2 bad input (one line on stderr,
+# nothing done).
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo" || exit 1
 
-chunk="" out="${OUT:-}" wheels="" deadline_s="" dry=0 first_n=""
+chunk="" out="${OUT:-}" wheels="" deadline_s="" dry=0 first_n="" list=0
 while (($#)); do
     case "$1" in
         --out|--wheels|--deadline-s|--steps)  # a value must follow (a bare `shift 2` at the end would loop forever)
@@ -38,6 +44,7 @@ while (($#)); do
         --deadline-s) deadline_s="${2:-}"; shift 2 ;;
         --dry-run) dry=1; shift ;;
         --steps) first_n="${2:-}"; shift 2 ;;
+        --list) list=1; shift ;;
         -h|--help) sed -n '2,/^set /p' "$0" | sed '$d'; exit 0 ;;
         -*) echo "gpu-chunk: unknown option $1 (see --help)" >&2; exit 2 ;;
         *) [[ -z $chunk ]] || { echo "gpu-chunk: one chunk per command; got $chunk and $1" >&2; exit 2; }
@@ -47,7 +54,8 @@ done
 
 # The chunks: each step is `run ID [ARGS]` (python -m lab_helpers run, quick mode), `overhead ID [REPEAT]`, or
 # `notebook NAME` (notebooks/NAME.ipynb executed by scripts/execute_notebook.py, its copy shipped as NAME.ipynb).
-models="" steps=()
+# if_time: steps after those, each started only while its row's seconds are left; one not started fails nothing.
+models="" steps=() if_time=()
 case "$chunk" in
     speed) models=1b
         steps=("run lora-1b --profile-steps 2" "run bf16-true --profile-steps 2" "run small-batch --profile-steps 2"
@@ -68,10 +76,17 @@ case "$chunk" in
     offload) models=7b
         steps=("run deepspeed-zero2-offload --set checkpoint_dir=checkpoints/openlm-research/open_llama_7b"
                "run deepspeed-offload --set checkpoint_dir=checkpoints/openlm-research/open_llama_7b") ;;
-    "") echo "gpu-chunk: name a chunk: speed, ranks, single-7b, 13b, offload, notebooks or padding (see --help)" >&2; exit 2 ;;
-    *) echo "gpu-chunk: unknown chunk '$chunk': speed, ranks, single-7b, 13b, offload, notebooks or padding" >&2; exit 2 ;;
+    levers) models=1b  # issues 52 and 57: each lever beside its pair, a pair that another step runs run once
+        # (compile-static's is compile; fused-adamw's is small-batch), compile and its pair profiled, the cost of
+        # measuring in 3 tries; then, if time is left, the repeats that the speed-verdict rule needs
+        steps=("run compile --profile-steps 2" "run lora-1b --profile-steps 2" "run pad-64" "run small-batch"
+               "run compile-static" "run fused-adamw" "run attention-flash" "run bf16-true" "overhead lora-1b 3")
+        if_time=("run small-batch" "run bf16-true" "run lora-1b") ;;
+    "") echo "gpu-chunk: name a chunk: speed, ranks, single-7b, 13b, offload, notebooks, padding or levers (see --help)" >&2; exit 2 ;;
+    *) echo "gpu-chunk: unknown chunk '$chunk': speed, ranks, single-7b, 13b, offload, notebooks, padding or levers" >&2; exit 2 ;;
 esac
-[[ -n $out ]] || { echo "gpu-chunk: give --out DIR (or set OUT): the folder that comes back" >&2; exit 2; }
+required=${#steps[@]}  # the steps after these are if_time's
+steps+=("${if_time[@]}")
 deadline_s="${deadline_s:-$((dry ? 900 : 540))}"
 [[ $deadline_s =~ ^[0-9]+$ ]] || { echo "gpu-chunk: --deadline-s $deadline_s: give whole seconds" >&2; exit 2; }
 deadline_s=$((10#$deadline_s))  # decimal: bash reads 08 as octal and fails
@@ -79,17 +94,32 @@ if [[ -n $first_n ]]; then
     [[ $first_n =~ ^[1-9][0-9]*$ ]] || { echo "gpu-chunk: --steps $first_n: give a whole number from 1" >&2; exit 2; }
     steps=("${steps[@]:0:first_n}")
 fi
-python="${LAB_PYTHON:-python3}"
-command -v "$python" >/dev/null || { echo "gpu-chunk: LAB_PYTHON $python: no such command" >&2; exit 2; }
 profile=gpu; ((dry)) && profile=ci
-min_s_for() {  # the committed cost table's seconds for this step on this profile (60 when unlisted)
+costs="${LAB_CHUNK_COSTS:-configs/gpu-chunk-costs.tsv}"  # another table: the tests' deadlines that start no step
+row_for() {  # the step's row in the cost table on this profile: SECONDS<tab>WHERE, nothing when none
     local kind id key
     read -r kind id _ <<<"$1"
     key="$id"; [[ $1 == *--profile-steps* ]] && key="$id+profile"; [[ $kind == overhead ]] && key="overhead-$id"
     [[ $kind == notebook ]] && key="notebook-$id"
-    awk -v id="$key" -v p="$profile" -F'\t' '$1 == id && $2 == p {print $3; found=1; exit} END {if (!found) print 60}' \
-        configs/gpu-chunk-costs.tsv
+    awk -v id="$key" -v p="$profile" -F'\t' '$1 == id && $2 == p {print $3 "\t" $4; exit}' "$costs"
 }
+min_s_for() {  # the row's seconds for this step (60 when it has none)
+    local row
+    row=$(row_for "$1")
+    echo "${row%%$'\t'*}" | awk '{print ($1 == "" ? 60 : $1)}'
+}
+if ((list)); then  # what the chunk would run, in order, and the least time left at which each starts
+    for i in "${!steps[@]}"; do
+        where=$(row_for "${steps[i]}" | cut -f2)
+        when=""; ((i >= required)) && when="[if time is left] "
+        printf '%2d  %-40s %4s s  %s%s\n' $((i + 1)) "${steps[i]}" "$(min_s_for "${steps[i]}")" "$when" \
+            "${where:-(no row in $costs: 60 s)}"
+    done
+    exit 0
+fi
+[[ -n $out ]] || { echo "gpu-chunk: give --out DIR (or set OUT): the folder that comes back" >&2; exit 2; }
+python="${LAB_PYTHON:-python3}"
+command -v "$python" >/dev/null || { echo "gpu-chunk: LAB_PYTHON $python: no such command" >&2; exit 2; }
 need_s=$(min_s_for "${steps[0]}")  # a deadline that starts no step would spend the slice on preflight and builds
 ((deadline_s >= need_s)) ||
     { echo "gpu-chunk: --deadline-s $deadline_s starts no step: the first (${steps[0]}) needs ~${need_s} s" >&2; exit 2; }
@@ -173,6 +203,11 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch
 if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
     print("gpu", p.name, f"{p.total_memory / 2**30:.1f} GiB", "sms", p.multi_processor_count)
+try:  # the node's own, never carried (docs/gpu-image-packages.txt): torch.compile on CUDA needs it (levers)
+    import triton
+    print("triton", triton.__version__)
+except ImportError:
+    print("triton none")
 EOF
 say "preflight: $(tr '\n' ' ' <"$pre/torch.txt"); 512 MiB written in ${write_s}s; $(awk '/^Mem:/ {print "RAM " $2 " GiB, free " $7}' "$pre/host.txt"); /dev/shm free $(df -BG --output=avail /dev/shm 2>/dev/null | tail -1 | tr -d ' ')"
 if ((!dry)) && ! grep -q "available True" "$pre/torch.txt"; then
@@ -229,12 +264,14 @@ fi
 stream
 
 # --- the steps, in value order, under the one deadline -----------------------------------------------------
-status=0 number=0 not_run=()
+status=0 number=0 not_run=() not_left=()
 for step in "${steps[@]}"; do
     number=$((number + 1))
     read -r kind id rest <<<"$step"
     need_s=$(min_s_for "$step") left=$(left_s)
-    if ((left < need_s)); then
+    if ((left < need_s && number > required)); then  # if time is left: not started fails nothing
+        say "not started (if time is left): $step (needs ~${need_s} s, ${left} s left)"; not_left+=("$step"); continue
+    elif ((left < need_s)); then
         say "not started: $step (needs ~${need_s} s, ${left} s left)"; not_run+=("$step"); status=1; continue
     fi
     step_log="$LAB_RESULTS/steps/$(printf %02d "$number")-$id.log"
@@ -285,6 +322,7 @@ for line in lines:
           f"quick_stop {r.get('quick_stop')}  {r.get('reason') or ''}")
 EOF
 ((${#not_run[@]})) && say "not run (deadline): ${not_run[*]}"
+((${#not_left[@]})) && say "not run (if time is left; none was): ${not_left[*]}"
 ((unshipped)) && status=1
 say "done in $((SECONDS - started)) s. Export on the CPU: python -m lab_helpers export-reference --from $out/runs.jsonl"
 exit $status

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -279,3 +280,52 @@ def test_the_notebooks_chunk_ships_each_executed_notebook_with_every_cell_run(tm
         assert code and all(c.execution_count for c in code), name  # every code cell ran, in the copy shipped
         assert not [o for c in code for o in c.outputs if o.output_type == "error"], name
     assert "code cells ran" in (out_dir / "chunk.log").read_text()  # each step's line says how many of its cells ran
+
+
+def _listed(tmp_path: Path, *args: str) -> list[tuple[str, int, bool, str]]:
+    """``--list``: each step as (step, seconds, only if time is left, where the figure comes from)."""
+    out = _chunk(tmp_path, *args, "--list", timeout=60)
+    assert out.returncode == 0 and out.stderr == "", out.stdout + out.stderr
+    steps = []
+    for line in out.stdout.splitlines():
+        number, step, seconds, where = re.fullmatch(r" *(\d+)  (.+?) +(\d+) s  (.*)", line).groups()
+        steps.append((step, int(seconds), where.startswith("[if time is left] "), where))
+        assert int(number) == len(steps), line
+    return steps
+
+
+def test_list_is_every_chunks_steps_and_needs_no_output_folder(tmp_path: Path) -> None:
+    speed = _listed(tmp_path, "speed", "--steps", "2")
+    assert [(s, seconds) for s, seconds, *_ in speed] == [
+        ("run lora-1b --profile-steps 2", 90), ("run bf16-true --profile-steps 2", 70)
+    ]  # fmt: skip
+    assert not any(if_time for _, _, if_time, _ in speed)
+
+
+@pytest.mark.slow  # a dry run's preflight and the ci models, no step (its deadline): ~15 s
+def test_a_step_run_only_if_time_is_left_is_said_apart_from_those_the_deadline_cut(tmp_path: Path) -> None:
+    """levers with a deadline that the preflight and checkpoints use up (a cost table where the first step needs the
+    whole deadline, every other step more): every step is left out, the chunk fails for the required ones, and the
+    repeats are named as run only if time is left, not as steps the deadline cut."""
+    steps = _listed(tmp_path, "levers", "--dry-run")
+    costs = tmp_path / "costs.tsv"
+    rows = {}  # each step's key as the script makes it (its row_for)
+    for step, *_ in steps:
+        kind, exp_id = step.split()[:2]
+        key = f"overhead-{exp_id}" if kind == "overhead" else exp_id + ("+profile" if "--profile-steps" in step else "")
+        rows[key] = 20 if key == "compile+profile" else 9999
+    costs.write_text("".join(f"{key}\tci\t{seconds}\ttest\n" for key, seconds in rows.items()))
+    out_dir = tmp_path / "out"
+    env = {**_env(tmp_path), "LAB_CHUNK_COSTS": str(costs)}
+    try:
+        out = subprocess.run(["bash", str(SCRIPT), "levers", "--dry-run", "--deadline-s", "20", "--out", str(out_dir)],
+                             env=env, capture_output=True, text=True, timeout=180)  # fmt: skip
+    finally:
+        stragglers = _end_ours(tmp_path, timeout_s=30)
+    assert out.returncode == 1 and not stragglers, out.stdout[-3000:] + out.stderr[-2000:]
+    log = (out_dir / "chunk.log").read_text()
+    assert "not run (deadline): run compile --profile-steps 2 run lora-1b --profile-steps 2 run pad-64" in log, log
+    assert "not run (if time is left; none was): run small-batch run bf16-true run lora-1b\n" in log, log
+    assert "not started (if time is left): run lora-1b (needs ~9999 s" in log, log
+    assert _records(out_dir) == []
+    _within_the_limits(out_dir)

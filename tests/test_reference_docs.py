@@ -33,7 +33,7 @@ def test_the_route_is_the_chunk_table_and_keeps_the_sessions_commands():
         "the host-RAM gate now speaks first",
     ):
         assert needed in text, needed
-    for chunk in ("speed", "ranks", "single-7b", "13b", "offload", "notebooks"):  # one table line each
+    for chunk in ("speed", "ranks", "single-7b", "13b", "offload", "notebooks", "padding", "levers"):  # one line each
         assert len(re.findall(rf"^\| `{re.escape(chunk)}` \|", text, flags=re.M)) == 1, chunk
 
 
