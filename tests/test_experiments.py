@@ -17,6 +17,7 @@ SHARED_LAB_SINGLE = [
     "act-ckpt", "adamw-8bit",  # LAB.md's "Beyond the course", after the course's own matrix
     "fill-gpu",  # the lab's own speed experiment (issue 25): lora-1b at the largest micro batch that fits
     "length-grouped",  # issue 43's padding experiment: small-batch in micro-batches of samples of similar length
+    "compile", "pad-64", "compile-static", "fused-adamw", "attention-flash",  # issue 52: the levers of a host bound
 ]  # fmt: skip
 
 

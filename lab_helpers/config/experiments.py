@@ -21,7 +21,7 @@ import yaml
 
 from lab_helpers.config.config_error import LabConfigError, did_you_mean
 from lab_helpers.config.paths import checkpoints_dir, configs_dir, data_dir, lab_home
-from lab_helpers.config.recipe_defaults import BATCH_ORDERS, launch_options
+from lab_helpers.config.recipe_defaults import BATCH_ORDERS, CHILD_LEVERS, launch_options, lever_problem
 from lab_helpers.config.record_schema import LAUNCHERS, LEGACY_KIND_TO_LAUNCHER
 from lab_helpers.config.secrets import mask_secret_keys
 from lab_helpers.config.yaml_values import load_yaml, shown
@@ -423,6 +423,7 @@ def resolve(
     experiment = get_experiment(exp_id)
     check_simulated_world(experiment, simulate_world)
     check_batch_order(experiment)
+    check_levers(experiment)
     check_profile(profile)
     recipe_path = recipe_path_for(experiment, profile)
     merged = {**experiment.set, **(experiment.set_by_profile.get(profile) or {}), **(overrides or {})}
@@ -488,6 +489,20 @@ def check_batch_order(experiment: Experiment) -> None:
         raise LabConfigError(
             f"experiment {experiment.id!r}: batch_order {order!r} runs on one device (launcher litgpt-cli) only; "
             "the Lightning path deals one shuffle to its ranks in rounds and does not group samples by length"
+        )
+
+
+def check_levers(experiment: Experiment) -> None:
+    """An experiment's levers (``recipe_defaults.CHILD_LEVERS``: compile, padding, attention backend) are known values,
+    asked only of the single-GPU launcher, whose training process applies them (LabConfigError)."""
+    options = experiment.options or {}
+    if (problem := lever_problem(options)) is not None:
+        raise LabConfigError(f"experiment {experiment.id!r}: {problem}")
+    asked = [key for key in CHILD_LEVERS if options.get(key) is not None]
+    if asked and experiment.distributed:
+        raise LabConfigError(
+            f"experiment {experiment.id!r}: {', '.join(asked)} runs on one device (launcher litgpt-cli) only; "
+            "the litgpt child applies it, the Lightning path does not"
         )
 
 

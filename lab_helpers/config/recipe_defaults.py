@@ -48,9 +48,41 @@ LAUNCH_OPTION_DEFAULTS: Mapping[str, Any] = {
     # the order of the training samples in micro-batches (BATCH_ORDERS): litgpt-cli only; the length-grouped
     # experiment's "length-grouped" (quick_mode.LengthGroupedSampler, applied by the child: --batch-order)
     "batch_order": "shuffle",
+    # the levers of an overhead-bound loop, applied by the litgpt child (litgpt-cli only; issue 52):
+    # "blocks": each transformer Block compiled before fit (regional torch.compile; --compile)
+    "compile": None,
+    # torch.compile's mode (COMPILE_MODES); "reduce-overhead" (CUDA graphs) needs CUDA: plain compile elsewhere
+    "compile_mode": "default",
+    # each training micro-batch padded to a multiple of this many tokens, or "max": to the longest the model takes
+    # (None: litgpt's own padding, to the micro-batch's longest sample; --pad-multiple)
+    "pad_multiple": None,
+    # scaled-dot-product attention restricted to one backend around fit (ATTENTION_BACKENDS; --attention-backend)
+    "attention_backend": None,
 }
 """Launch settings of an experiment (``options:`` in configs/experiments/*.yaml); all but
-``activation_checkpointing``, ``fill_gpu`` and ``batch_order`` concern ``lightning-strategy`` experiments only."""
+``activation_checkpointing``, ``fill_gpu``, ``batch_order`` and the levers (``CHILD_LEVERS``) concern
+``lightning-strategy`` experiments only."""
+
+CHILD_LEVERS: tuple[str, ...] = ("compile", "compile_mode", "pad_multiple", "attention_backend")
+"""Options only the litgpt child applies (``child_litgpt``): a ``lightning-strategy`` experiment cannot ask for them."""
+
+COMPILE_TARGETS: tuple[str, ...] = ("blocks",)
+"""``compile``: what is compiled. ``blocks``: each transformer ``Block`` on its own (regional compilation, as
+torchtune does): one block's code is compiled once and reused by every block, so compile time stays short."""
+
+COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+"""``compile_mode``: ``torch.compile``'s ``mode``."""
+
+CUDA_GRAPH_MODES: tuple[str, ...] = ("reduce-overhead", "max-autotune")
+"""Modes that record CUDA graphs: on a CPU the child compiles with ``default`` instead and its record says so."""
+
+ATTENTION_BACKENDS: Mapping[str, str] = MappingProxyType(
+    {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION", "math": "MATH"}
+)
+"""``attention_backend``: the lab's name -> ``torch.nn.attention.SDPBackend``'s member."""
+
+PAD_TO_MAX = "max"
+"""``pad_multiple: max``: every micro-batch at one fixed length, the longest the model takes."""
 
 BATCH_ORDERS: tuple[str, ...] = ("shuffle", "length-grouped")
 """``batch_order``: ``shuffle`` -- samples in random order (quick mode: the lab's fixed shuffle,
@@ -79,9 +111,37 @@ def launch_options(strategy: str, options: Mapping[str, Any] | None) -> dict[str
     merged = {**LAUNCH_OPTION_DEFAULTS, **(options or {})}
     if merged["batch_order"] not in BATCH_ORDERS:
         raise ValueError(f"batch_order {merged['batch_order']!r} is not one of {', '.join(BATCH_ORDERS)}")
+    if (problem := lever_problem(merged)) is not None:
+        raise ValueError(problem)
     if merged["offload_optimizer"] is None:
         merged["offload_optimizer"] = strategy in OFFLOADING_STRATEGIES
     return merged
+
+
+def lever_problem(options: Mapping[str, Any]) -> str | None:
+    """What is wrong with the levers of ``options`` (``CHILD_LEVERS``), or None: checked before anything starts."""
+    compile_target, mode = options.get("compile"), options.get("compile_mode", "default")
+    pad, backend = options.get("pad_multiple"), options.get("attention_backend")
+    if compile_target is not None and compile_target not in COMPILE_TARGETS:
+        return f"compile {compile_target!r} is not one of {', '.join(COMPILE_TARGETS)} (or null: none)"
+    if mode not in COMPILE_MODES:
+        return f"compile_mode {mode!r} is not one of {', '.join(COMPILE_MODES)}"
+    if pad is not None and pad != PAD_TO_MAX and (isinstance(pad, bool) or not isinstance(pad, int) or pad < 1):
+        return f"pad_multiple {pad!r} is not a whole number of tokens >= 1, {PAD_TO_MAX!r} or null"
+    if backend is not None and backend not in ATTENTION_BACKENDS:
+        return f"attention_backend {backend!r} is not one of {', '.join(ATTENTION_BACKENDS)} (or null: torch's choice)"
+    return None
+
+
+def padded_length(longest: int, pad_multiple: int | str | None, limit: int) -> int:
+    """The length a micro-batch whose longest sample has ``longest`` tokens is trained at: litgpt's own (``longest``)
+    without ``pad_multiple``; rounded up to the multiple; ``limit`` for ``"max"``. Never beyond ``limit``, the
+    longest the model takes (litgpt's ``model.max_seq_length``: its rope cache refuses a longer batch)."""
+    if pad_multiple is None:
+        return longest
+    if pad_multiple == PAD_TO_MAX:
+        return max(longest, limit)
+    return max(longest, min(-(-longest // int(pad_multiple)) * int(pad_multiple), limit))
 
 
 def lora_settings(recipe: Mapping[str, Any]) -> dict[str, Any]:

@@ -105,6 +105,15 @@ REPORT_FIELDS: tuple[Field, ...] = _fields(
      "medians of the two halves agree within quick_mode.STABLE_HALVES_PCT) | iteration_cap | time_cap | run_end (the "
      "recipe's steps or data ended first); None in full mode and on the Lightning path (a fixed count)"),
     ("quick_stop_halves_pct", "%", "the halves' disagreement the training process judged when it stopped"),
+    ("compiled", None, "what torch.compile compiled before fit and with which mode, e.g. 'blocks (22, mode default)' "
+     "(compile_blocks; a CUDA-graph mode asked for on a CPU says it ran 'default'); None: nothing compiled"),
+    ("compile_s", "s", "seconds torch spent compiling over the whole run, from its own records (torch._dynamo.utils."
+     "get_compilation_metrics: each frame's compile with its forward code, and each backward compiled at its first "
+     "backward): the first compile falls in warm-up, outside train_s; a recompile after warm-up falls inside a timed "
+     "micro-batch, where length_split shows it as a first-seen length's cost. None: nothing compiled"),
+    ("recompiles", "compilations", "how many times a compiled block was compiled again after one of its guards failed "
+     "(a new sequence length, until torch compiles one graph for any length): the compilations torch records with a "
+     "recompile reason (the run's log prints each reason). None: nothing compiled"),
 )
 """What every training process (the litgpt child, each Lightning rank) reports back to the launcher."""
 
@@ -124,7 +133,7 @@ RECORD_FIELDS: tuple[Field, ...] = _reported(
     "peak_alloc_whole_run_gib", "peak_tensor_whole_run_gib", "peak_phase", "train_s", "warmup_s",
     "warmup_iterations", "tokens", "tokens_padded", "iterations", "device_name", "device_uuid", "strategy_used",
     "host_core_pct", "loop_monotonic_s", "torch_profile_steps", "torch_profile_iters", "torch_profile_trace_path",
-    "torch_profile_summary", "quick_stop", "quick_stop_halves_pct", "seq_lens",
+    "torch_profile_summary", "quick_stop", "quick_stop_halves_pct", "seq_lens", "compiled", "compile_s", "recompiles",
 ) + _fields(
     # who and what
     ("run_id", None, "unique: start time, experiment, random suffix"),
@@ -135,6 +144,10 @@ RECORD_FIELDS: tuple[Field, ...] = _reported(
     ("batch_order", None, "the order of the samples in micro-batches (recipe_defaults.BATCH_ORDERS): shuffle (quick "
      "mode: the lab's fixed shuffle; a full run: litgpt's shuffled loader) | length-grouped (micro-batches of samples "
      "of similar length, quick_mode.LengthGroupedSampler); None: a record from before the field, shuffled"),
+    ("pad_multiple", None, "training micro-batches padded to a multiple of this many tokens, or 'max': each to the "
+     "longest sample (pad_batches; seq_lens shows the lengths); None: litgpt's padding, to each one's longest sample"),
+    ("attention_backend", None, "the one scaled-dot-product attention backend the loop was restricted to "
+     "(recipe_defaults.ATTENTION_BACKENDS, e.g. flash); None: torch's choice"),
     ("started_at", None, "ISO time, UTC"),
     ("method", None, "full | lora | qlora"),
     ("strategy", None, "single | ddp | fsdp | deepspeed-zero2 | deepspeed-zero3"),
@@ -232,7 +245,7 @@ RECORD_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in RECORD_FIELDS)
 UNITS: dict[str, str | None] = {f.name: f.unit for f in RECORD_FIELDS}
 
 _NUMERIC_UNITS = {"GiB", "s", "tokens", "tokens/s", "micro-batches", "FLOP", "FLOP/s", "fraction", "processes", "%",
-                  "FLOP/token", "optimizer steps"}
+                  "FLOP/token", "optimizer steps", "compilations"}
 
 
 def record_problems(record: Mapping[str, Any]) -> list[str]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -31,7 +33,22 @@ class LitgptCliLauncher:
             from lab_helpers.training.quick_mode import BATCH_ORDER_FLAG
 
             argv += [BATCH_ORDER_FLAG, run.options["batch_order"]]
-        return argv
+        return argv + lever_flags(run.options)
 
     def ranks(self, run: ResolvedRun) -> list[int | None]:
         return [None]
+
+
+def lever_flags(options: Mapping[str, Any]) -> list[str]:
+    """The child's switches for the levers an experiment asks for (``recipe_defaults.CHILD_LEVERS``): litgpt has no
+    such settings, the child applies them and removes the switches before litgpt's CLI reads the argv."""
+    from lab_helpers.training import attention_backend, compile_blocks, pad_batches
+
+    argv: list[str] = []
+    if options["compile"] is not None:
+        argv += [compile_blocks.FLAG, options["compile"], compile_blocks.MODE_FLAG, options["compile_mode"]]
+    if options["pad_multiple"] is not None:
+        argv += [pad_batches.FLAG, str(options["pad_multiple"])]
+    if options["attention_backend"] is not None:
+        argv += [attention_backend.FLAG, options["attention_backend"]]
+    return argv

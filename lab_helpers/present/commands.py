@@ -16,6 +16,7 @@ from typing import Any
 
 from lab_helpers.config.experiments import get_experiment, resolve
 from lab_helpers.config.paths import lab_home, results_dir
+from lab_helpers.config.recipe_defaults import ATTENTION_BACKENDS
 from lab_helpers.config.secrets import redact, redact_mapping
 from lab_helpers.training.quick_mode import MEGA_BATCH_BATCHES
 
@@ -112,6 +113,31 @@ LENGTH_GROUPED_NOTE = "\n".join(
 )
 
 
+def lever_notes(options: Mapping[str, Any]) -> list[str]:
+    """What the litgpt command leaves out of an experiment with levers (``recipe_defaults.CHILD_LEVERS``): the lab's
+    switch of the training process, and the lines that do the same in the student's own script."""
+    child = "python -m lab_helpers.training.child_litgpt finetune_... --config ..."
+    notes = []
+    if options.get("compile"):
+        mode = options.get("compile_mode", "default")
+        notes.append(f"plus every transformer block compiled, which litgpt's finetune scripts do not do; the lab runs `{child} "
+                     f"--compile blocks --compile-mode {mode}` (lab_helpers/training/compile_blocks.py). In your own "
+                     f'script, before training:\n  for block in model.transformer.h:\n      block.compile(mode="{mode}")')  # fmt: skip
+    if options.get("pad_multiple") is not None:
+        pad = options["pad_multiple"]
+        notes.append(f"plus each training micro-batch padded further than litgpt pads it; the lab runs `{child} "
+                     f"--pad-multiple {pad}` (lab_helpers/training/pad_batches.py). In your own script: a collate_fn "
+                     "that pads input_ids with 0 and labels with -100 (no loss) up to "
+                     + ("one fixed length" if pad == "max" else f"the next multiple of {pad} tokens"))  # fmt: skip
+    if options.get("attention_backend"):
+        backend = ATTENTION_BACKENDS[options["attention_backend"]]
+        notes.append(f"plus attention restricted to one backend; the lab runs `{child} --attention-backend "
+                     f"{options['attention_backend']}` (lab_helpers/training/attention_backend.py). In your own "
+                     f"script:\n  from torch.nn.attention import SDPBackend, sdpa_kernel\n  with sdpa_kernel("
+                     f"SDPBackend.{backend}):\n      train()")  # fmt: skip
+    return notes
+
+
 def show_commands(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None) -> None:
     """Print the equivalent litgpt command (and, for 02, the Lightning strategy lines)."""
     lightning = get_experiment(exp_id).distributed
@@ -121,6 +147,8 @@ def show_commands(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | N
         print(ACTIVATION_CHECKPOINTING_NOTE)
     if get_experiment(exp_id).options.get("batch_order", "shuffle") != "shuffle":
         print(LENGTH_GROUPED_NOTE)
+    for note in lever_notes(resolve(exp_id, profile, overrides, check_files=False).options):
+        print(note)
     if lightning:
         print("in your own Lightning script, the lines that change:\n  " + strategy_lines(exp_id).replace("\n", "\n  "))
 

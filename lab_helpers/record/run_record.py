@@ -49,6 +49,8 @@ def base_record(run: ResolvedRun, node: Mapping[str, Any] | None = None) -> dict
         "method": run.experiment.method,
         "strategy": run.experiment.strategy,
         "batch_order": run.options["batch_order"],  # the child is told it (--batch-order) and cannot run another
+        "pad_multiple": run.options["pad_multiple"],  # likewise (--pad-multiple)
+        "attention_backend": run.options["attention_backend"],  # likewise (--attention-backend)
         "recipe_path": str(
             run.recipe_path.relative_to(lab_home()) if run.recipe_path.is_relative_to(lab_home()) else run.recipe_path
         ),
@@ -125,6 +127,9 @@ def records_from(
             **_torch_profile_fields(report),
             "quick_stop": report.get("quick_stop"),
             "quick_stop_halves_pct": report.get("quick_stop_halves_pct"),
+            "compiled": report.get("compiled"),  # what compiled, with its seconds and recompiles
+            "compile_s": report.get("compile_s"),
+            "recompiles": report.get("recompiles"),
             **where_time_goes(
                 report,
                 timeline_path=outcome.timeline.path,

@@ -1,7 +1,8 @@
 """Entry point of a single-GPU training process: litgpt's own CLI, plus what only this process can measure.
 
     python -m lab_helpers.training.child_litgpt finetune_full --config RUN_DIR/recipe.yaml [--activation-checkpointing]
-        [--batch-order length-grouped]
+        [--batch-order length-grouped] [--compile blocks [--compile-mode MODE]] [--pad-multiple N|max]
+        [--attention-backend flash]
 
 litgpt prints memory only on CUDA, only allocated, and in GB, and its "training time" includes validation.
 This wrapper runs litgpt's unmodified CLI but wraps the finetune module's ``fit``, ``validate`` and
@@ -14,7 +15,11 @@ the timing stops at an optimizer step's end once quick mode's stopping rule says
 the loop is ended through litgpt's own epoch check). No weights are saved unless asked. ``--activation-checkpointing`` (the lab's switch, not litgpt's) wraps every transformer block
 in ``torch.utils.checkpoint`` before ``fit`` (``activation_checkpointing``). ``--batch-order length-grouped`` (the
 lab's too) trains on micro-batches of samples of similar length (``quick_mode.LengthGroupedSampler``), in quick and
-full mode; its quick run is never ``stable`` by the rule (its micro-batches differ in length by design). A CUDA OOM
+full mode; its quick run is never ``stable`` by the rule (its micro-batches differ in length by design). The levers
+of an overhead-bound loop are the lab's switches too: ``--compile blocks`` compiles every block before ``fit``
+(``compile_blocks``; the report says what compiled, its seconds and recompiles), ``--pad-multiple`` pads the training
+micro-batches further (``pad_batches``), ``--attention-backend`` restricts attention to one backend around ``fit``
+(``attention_backend``). A CUDA OOM
 ends the process with status ``oom`` and the allocator's message; the GPU is freed because the process is gone.
 
 The loop's parts live in their own modules: the clock (``loop_clock``), quick mode's stop (``quick_stop``, which
@@ -25,16 +30,18 @@ which phase of the loop the training peak is reached: ``peak_phase``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import signal
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from lab_helpers.config.recipe_defaults import BATCH_ORDERS
+from lab_helpers.config.recipe_defaults import ATTENTION_BACKENDS, BATCH_ORDERS, COMPILE_MODES, COMPILE_TARGETS
 from lab_helpers.config.record_schema import GIB
-from lab_helpers.training import activation_checkpointing, loop_clock
+from lab_helpers.training import activation_checkpointing, attention_backend, compile_blocks, loop_clock, pad_batches
 from lab_helpers.training.child_report import (
     cuda_peaks_gib,
     device_name,
@@ -105,7 +112,9 @@ class _Training:
 
 class _FitWrapper:
     """What happens around litgpt's ``fit``: the CUDA peaks reset (the checkpoint load's peak kept apart),
-    activation checkpointing of every block (``--activation-checkpointing``), the CPU's tensor peak seeded with
+    activation checkpointing of every block (``--activation-checkpointing``), every block compiled (``compile_mode``:
+    ``--compile blocks``, watched by ``compile_watch``), attention restricted to one backend (``attention``:
+    ``--attention-backend``), the CPU's tensor peak seeded with
     the model, the phase of the loop in which the training peak is reached watched, the loop clock started and
     stopped, and the profiler's trace written once the clock has stopped.
 
@@ -117,10 +126,14 @@ class _FitWrapper:
     """
 
     def __init__(
-        self, training: _Training, *, checkpoint_blocks: bool = False, whole_run_tensors: LiveTensorPeak | None = None
-    ) -> None:
+        self, training: _Training, *, checkpoint_blocks: bool = False, whole_run_tensors: LiveTensorPeak | None = None,
+        compile_mode: tuple[str, str] | None = None, attention: str | None = None,
+    ) -> None:  # fmt: skip
         self.training = training
         self.checkpoint_blocks = checkpoint_blocks
+        self.compile_mode = compile_mode  # (mode torch.compile is given, why it is not the one asked for or "")
+        self.compile_watch = compile_blocks.CompileWatch()
+        self.attention = attention
         self.whole_run_tensors = whole_run_tensors
         self.tensor_peak_bytes: int | None = None
         self.alloc_before_fit_gib: float | None = None  # on CUDA: max_memory_allocated before fit's reset
@@ -134,12 +147,15 @@ class _FitWrapper:
             if self.checkpoint_blocks:
                 wrapped = activation_checkpointing.checkpoint_blocks(model)
                 print(f"lab: activation checkpointing on {wrapped} blocks (torch.utils.checkpoint, non-reentrant)")
+            if self.compile_mode is not None:
+                self._compile(model)
             if self.whole_run_tensors is not None and model is not None:
                 self.whole_run_tensors.seed([*model.parameters(), *model.buffers()])  # the training peak starts here
             self._watch_peak_phases(args, kwargs)
             self.training.clock.start_fit()
             try:
-                result = fit(*args, **kwargs)
+                with attention_backend.only_backend(self.attention) if self.attention else contextlib.nullcontext():
+                    result = fit(*args, **kwargs)
             finally:
                 if self.peak_phases is not None:
                     self.peak_phases.boundary("end of training")
@@ -150,6 +166,22 @@ class _FitWrapper:
             return result
 
         return timed_fit
+
+    def _compile(self, model: Any) -> None:
+        """Every block compiled (``compile_blocks``), the compile watch started before the first forward compiles."""
+        mode, why = self.compile_mode
+        count = compile_blocks.compile_blocks(model, mode)
+        self.compile_watch.start(f"blocks ({count}, mode {mode}{'; ' + why if why else ''})")
+        print(f"lab: compiled {self.compile_watch.compiled}: torch.compile per block, compiling at the first forward")
+
+    def outside_the_loop(self, function: Callable) -> Callable:
+        """``function`` (litgpt's validate, generate_example) without the loop's levers: eager where blocks are
+        compiled, every attention backend where one is asked for."""
+        if self.compile_mode is not None:
+            function = compile_blocks.eager(function)
+        if self.attention:
+            function = attention_backend.any_backend(function)
+        return function
 
     def _watch_peak_phases(self, args: tuple, kwargs: dict) -> None:
         """Cut the loop at ``fabric.backward`` and ``optimizer.step`` (the objects litgpt's ``fit`` calls) so that
@@ -185,12 +217,13 @@ class _FitWrapper:
         return watched
 
     def report_fields(self) -> dict[str, Any]:
-        """peak_tensor_gib, peak_tensor_whole_run_gib and peak_phase for the report."""
+        """peak_tensor_gib, peak_tensor_whole_run_gib, peak_phase and the compile fields for the report."""
         tensors = self.whole_run_tensors
         return {
             "peak_tensor_gib": None if self.tensor_peak_bytes is None else self.tensor_peak_bytes / GIB,
             "peak_tensor_whole_run_gib": None if tensors is None else tensors.whole_run_peak_gib,
             "peak_phase": None if self.peak_phases is None else self.peak_phases.phase,
+            **self.compile_watch.fields(),
         }
 
 
@@ -237,9 +270,11 @@ class _WatchedBatches:
         return getattr(self._dataloader, name)
 
 
-def _wrap_get_dataloaders(get_dataloaders, training: _Training, *, quick: bool, batch_order: str = "shuffle"):
+def _wrap_get_dataloaders(
+    get_dataloaders, training: _Training, *, quick: bool, batch_order: str = "shuffle", pad: int | str | None = None
+):
     """litgpt's ``get_dataloaders``, with the training batches watched (and, in quick mode or in another order than
-    litgpt's shuffle, reordered: ``quick_mode.batch_sampler``)."""
+    litgpt's shuffle, reordered: ``quick_mode.batch_sampler``; with ``pad``, padded: ``pad_batches``)."""
     judge_stable = batch_order == "shuffle"  # length-grouped micro-batches differ in length by design
 
     def wrapped(fabric, data, tokenizer, train):
@@ -248,6 +283,8 @@ def _wrap_get_dataloaders(get_dataloaders, training: _Training, *, quick: bool, 
             put_longest_batch_in_second_step(
                 data, train.micro_batch_size, accumulation, batch_order=batch_order, warmup=quick
             )
+        if pad is not None:
+            pad_batches.pad_train_batches(data, pad)
         train_loader, val_loader = get_dataloaders(fabric, data, tokenizer, train)
         steps = warmup_steps(train.max_steps, quick=quick)  # quick: the peak step is warm-up too
         watched = training.watch_batches(
@@ -298,25 +335,39 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint_blocks = activation_checkpointing.FLAG in argv
     if checkpoint_blocks:  # the lab's switch, not litgpt's: litgpt's CLI never sees it
         argv.remove(activation_checkpointing.FLAG)
+    levers = take_levers(argv)
     whole_run_tensors = None
-    if not _on_cuda() and os.environ.get(TENSOR_PEAK_ENV) != "0":
+    count_tensors = not _on_cuda() and os.environ.get(TENSOR_PEAK_ENV) != "0"
+    if count_tensors and levers.compile_target:
+        # the count is a TorchDispatchMode, and torch.compile runs a frame called under one eagerly, for good
+        print("lab: no live-tensor count (peak_tensor_gib) on a compiled CPU run: its dispatch mode would keep "
+              f"torch.compile from compiling; compare times with runs made with {TENSOR_PEAK_ENV}=0", flush=True)  # fmt: skip
+        count_tensors = False
+    if count_tensors:
         # a CPU has no max_memory_allocated: count live tensors from before the checkpoint is loaded
         # (LAB_TENSOR_PEAK=0 turns it off)
         whole_run_tensors = LiveTensorPeak()
-    fit = _FitWrapper(training, checkpoint_blocks=checkpoint_blocks, whole_run_tensors=whole_run_tensors)
+    fit = _FitWrapper(
+        training, checkpoint_blocks=checkpoint_blocks, whole_run_tensors=whole_run_tensors, attention=levers.attention,
+        compile_mode=compile_blocks.effective_mode(levers.compile_mode, on_cuda=_on_cuda())
+        if levers.compile_target else None,
+    )  # fmt: skip
     module.fit = fit.wrap(module.fit)
-    # validation and example generation: out of the clock's time, and phases of the peak watch (inside that window)
-    module.validate = training.clock.wrap_excluded(fit.watch_phase(module.validate, "validation"))
+    # validation and example generation: out of the clock's time, phases of the peak watch (inside that window), and
+    # without the loop's levers
+    module.validate = training.clock.wrap_excluded(fit.watch_phase(fit.outside_the_loop(module.validate), "validation"))
     module.generate_example = training.clock.wrap_excluded(
-        fit.watch_phase(module.generate_example, "example generation")
+        fit.watch_phase(fit.outside_the_loop(module.generate_example), "example generation")
     )
     module.get_dataloaders = _wrap_get_dataloaders(
-        module.get_dataloaders, training, quick=quick_from_env(), batch_order=_take_batch_order(argv)
+        module.get_dataloaders, training, quick=quick_from_env(), batch_order=levers.batch_order, pad=levers.pad
     )
     if os.environ.get(SAVE_ENV) != "1":
         _skip_final_save(module)
 
     status, error, code = _run_litgpt(argv, whole_run_tensors)
+    for reason in fit.compile_watch.reasons():
+        print(f"lab: recompiled: {reason.strip()}")
     peak_alloc_gib, peak_reserved_gib = cuda_peaks_gib()
     write_report(
         {
@@ -394,16 +445,48 @@ def optimizer_words(optimizer: Any) -> str:
     return f"lab: optimizer {name} foreach={foreach} fused={fused} on {device}: the {implementation} step"
 
 
-def _take_batch_order(argv: list[str]) -> str:
-    """``--batch-order ORDER`` taken out of ``argv`` (litgpt's CLI never sees it); ``shuffle`` without it."""
-    if BATCH_ORDER_FLAG not in argv:
-        return "shuffle"
-    at = argv.index(BATCH_ORDER_FLAG)
-    order = argv[at + 1] if at + 1 < len(argv) else ""
+@dataclass(frozen=True)
+class Levers:
+    """The lab's switches of one run that litgpt's CLI does not know (``recipe_defaults.LAUNCH_OPTION_DEFAULTS``)."""
+
+    batch_order: str = "shuffle"
+    compile_target: str | None = None
+    compile_mode: str = "default"
+    pad: int | str | None = None
+    attention: str | None = None
+
+
+def take_levers(argv: list[str]) -> Levers:
+    """The lab's switches taken out of ``argv`` (``litgpt_cli.LitgptCliLauncher.command`` wrote them), so that
+    litgpt's CLI never sees them; SystemExit for a value the child cannot run."""
+    batch_order = _take_choice(argv, BATCH_ORDER_FLAG, BATCH_ORDERS) or "shuffle"
+    compile_target = _take_choice(argv, compile_blocks.FLAG, COMPILE_TARGETS)
+    compile_mode = _take_choice(argv, compile_blocks.MODE_FLAG, COMPILE_MODES) or "default"
+    pad_text = _take_value(argv, pad_batches.FLAG)
+    try:
+        pad = None if pad_text is None else pad_batches.parse_pad(pad_text)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    attention = _take_choice(argv, attention_backend.FLAG, tuple(ATTENTION_BACKENDS))
+    return Levers(batch_order, compile_target, compile_mode, pad, attention)
+
+
+def _take_value(argv: list[str], flag: str) -> str | None:
+    """``flag VALUE`` taken out of ``argv`` (litgpt's CLI never sees the lab's switches): VALUE, or None without it."""
+    if flag not in argv:
+        return None
+    at = argv.index(flag)
+    value = argv[at + 1] if at + 1 < len(argv) else ""
     del argv[at : at + 2]
-    if order not in BATCH_ORDERS:
-        raise SystemExit(f"{BATCH_ORDER_FLAG} {order!r}: expected one of {', '.join(BATCH_ORDERS)}")
-    return order
+    return value
+
+
+def _take_choice(argv: list[str], flag: str, choices: tuple[str, ...]) -> str | None:
+    """``_take_value`` of a switch whose value is one of ``choices`` (SystemExit otherwise)."""
+    value = _take_value(argv, flag)
+    if value is not None and value not in choices:
+        raise SystemExit(f"{flag} {value!r}: expected one of {', '.join(choices)}")
+    return value
 
 
 def _model_of(args: tuple, kwargs: dict) -> Any:
