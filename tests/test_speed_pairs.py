@@ -74,6 +74,19 @@ def test_one_or_two_micro_batches_are_too_few_to_tell():
     assert verdict.verdict == "too few to tell" and "too few micro-batches to tell (1 and 2)" in verdict.words()
 
 
+def test_a_cpu_pair_timed_unalike_gets_no_verdict():
+    """On a CPU a compiled run cannot count live tensors (TorchDispatchMode stops torch.compile), its eager pair
+    does, and the count slows a run: the lever's time difference is not a verdict (issue 52's ci compile)."""
+    cpu = "cpu (x86_64)"
+    compiled = built("compile", jittered(0.05), device=cpu)
+    eager = built("lora-1b", jittered(0.10, seed=2), device=cpu, run="b")
+    eager["peak_tensor_gib"] = 0.02
+    verdict = speed_pairs.compare([compiled, eager], "compile", "lora-1b")
+    assert verdict.verdict == "not like for like" and "LAB_TENSOR_PEAK=0" in verdict.words()
+    compiled["peak_tensor_gib"] = 0.02  # both counted: a verdict again
+    assert speed_pairs.compare([compiled, eager], "compile", "lora-1b").verdict == "faster"
+
+
 def test_runs_that_disagree_widen_the_interval():
     """Two runs of one experiment 30 % apart: a 15 % difference that one run of each calls 'faster' is noise."""
     one = [built("lora-1b", jittered(0.085, seed=1)), built("full-7b", jittered(0.100, seed=2), run="b")]

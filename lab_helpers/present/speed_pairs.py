@@ -123,6 +123,7 @@ class Verdict:
     ratio: float  # exp's time / against's: below 1 is faster
     low: float
     high: float
+    unlike: str = ""  # why the two were not timed alike (on a CPU: the live-tensor count on one side only)
 
     @property
     def steady(self) -> bool:
@@ -150,6 +151,8 @@ class Verdict:
     def verdict(self) -> str:
         """faster | slower | within noise | too few to tell (a side with fewer than MIN_STEADY_ITERATIONS
         micro-batches: a bootstrap of one or two values has no width to judge by): the rule."""
+        if self.unlike:
+            return "not like for like"
         if min(self.timed_counts) < MIN_STEADY_ITERATIONS:
             return "too few to tell"
         if self.high < 1:
@@ -168,6 +171,7 @@ class Verdict:
         said = {
             "within noise": f"within noise (±{self.noise_pct:.0f} %)",
             "too few to tell": "too few micro-batches to tell ({} and {})".format(*self.timed_counts),
+            "not like for like": f"not like for like ({self.unlike})",
         }.get(self.verdict, f"{self.exp} {self.verdict}")
         return (
             f"{self.exp} {self.exp_ms:.1f} ms/sample against {self.against} {self.against_ms:.1f} ({kind}, {runs}): "
@@ -248,7 +252,21 @@ def compare(records: Iterable[Mapping[str, Any]], exp: str, against: str, *, ran
     )
     tail = (1 - CONFIDENCE) / 2
     low, high = ratios[int(tail * BOOTSTRAP_RESAMPLES)], ratios[int((1 - tail) * BOOTSTRAP_RESAMPLES) - 1]
-    return Verdict(exp, against, device, ranks, tuple(a), tuple(b), ratio, low, high)
+    return Verdict(exp, against, device, ranks, tuple(a), tuple(b), ratio, low, high, _unlike(mine, theirs))
+
+
+def _unlike(mine: Sequence[Mapping[str, Any]], theirs: Sequence[Mapping[str, Any]]) -> str:
+    """Why two sets of CPU runs were not timed alike, or "": the lab's live-tensor count (LAB_TENSOR_PEAK, CPU
+    only) slows a run severalfold and cannot run beside torch.compile, so a compiled CPU run has none."""
+    counted = {
+        finite_number(r.get("peak_tensor_gib")) is not None for r in (*mine, *theirs) if _device(r).startswith("cpu")
+    }
+    if len(counted) < 2:
+        return ""
+    return (
+        "on a CPU the live-tensor count, which slows a run, ran on one side only (it cannot run beside "
+        "torch.compile): the time difference is not the lever's; LAB_TENSOR_PEAK=0 times both alike"
+    )
 
 
 def pairs_rows(

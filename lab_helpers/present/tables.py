@@ -535,6 +535,71 @@ def speed_words(exp_id: str, pair: str, df: pd.DataFrame | None = None, *, cpu: 
     return f"Measured speed, {exp_id} against {pair}:\n" + "\n".join(f"  {line}" for line in lines)
 
 
+def lever_plan_words(exp_id: str, pair: str, *, profile: str) -> str:
+    """What the time model predicts for a lever and its pair before either runs (``plan EXPERIMENT --time``:
+    ``plan_command.experiment_time``), one line each: kernels launched, host and device time per micro-batch, the
+    bound, the first-seen lengths and the pass's padding, then where each part comes from. On the ci profile the
+    gpu profile's prediction follows (timed on the GPU the shipped profiles ran on): what a GPU would change."""
+    from lab_helpers.present.plan_command import experiment_time
+
+    lines = []
+    for where in dict.fromkeys((profile, "gpu")):
+        for exp in (exp_id, pair):
+            plan, why, batches = experiment_time(exp, profile=where)
+            if plan is None:
+                lines.append(f"{where} {exp}: {why}")
+                continue
+            parts = [f"{plan.micro_batch_s * 1e3:.1f} ms per micro-batch"]
+            if plan.kernels_per_micro_batch is not None:
+                parts.append(f"{plan.kernels_per_micro_batch:,.0f} kernel launches")
+            if plan.host_ms_per_micro_batch is not None and plan.device_ms_per_micro_batch is not None:
+                bound = f", {plan.time_bound}-bound" if plan.time_bound else " (one core does both)"
+                parts.append(f"host {plan.host_ms_per_micro_batch:.1f} + device {plan.device_ms_per_micro_batch:.1f} "
+                             f"ms{bound}")  # fmt: skip
+            if batches:
+                parts.append(str(batches.get("words") or ""))
+            lines.append(f"{where} {exp} on {plan.device_name}: " + "; ".join(p for p in parts if p))
+        if plan is not None and plan.sources:
+            lines.append("  sources: " + "; ".join(f"{k}: {v}" for k, v in plan.sources.items()))
+    return f"Predicted, {exp_id} beside {pair}:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def regime_words(df: pd.DataFrame | None = None, node: Mapping[str, Any] | None = None) -> str:
+    """Where each finished run sits, from the device's side: ``overhead`` where the GPU waited on the host
+    (``bound: host``), ``device`` where it was busy (``gpu``), ``both`` between (the bound rule,
+    ``time_bound.classify``), with its busy share and MFU; this node's runs first, then the shipped reference of
+    this node's GPU, else the shipped GPU reference with the most runs whose device figures say a bound (a CPU
+    has none)."""
+    from lab_helpers.config.paths import reference_dir
+
+    name = reference_for(node)
+    if name == "ci-cpu":
+        counts = {n: int(f["bound"].notna().sum()) for n, f in shipped_frames() if "bound" in f and n != "ci-cpu"}
+        name = max(counts, key=counts.get) if counts and max(counts.values()) else DEFAULT_GPU_REFERENCE
+    frames = [("this node", df)] if df is not None and len(df) else []
+    frames.append((name, load_results(reference_dir() / f"{name}.jsonl")))
+    regime = {"host": "overhead-bound", "gpu": "device-bound", "both": "overhead and device"}
+    lines = []
+    for label, frame in frames:
+        table = comparison_table(frame)
+        rows, without = [], []
+        for row in table.to_dict("records"):
+            if row.get("status") != "ok":
+                continue
+            bound = row.get("bound") if isinstance(row.get("bound"), str) else None
+            if bound is None:
+                without.append(row["experiment"])
+                continue
+            mfu = _number(row.get("mfu"))
+            rows.append(f"{row['experiment']}: {regime.get(bound, bound)} (GPU busy {row['gpu_busy_pct']:.0f} %"
+                        + (f", MFU {mfu:.0%}" if mfu is not None else "") + ")")  # fmt: skip
+        if without:
+            rows.append(f"no device figures (a CPU run, or no NVML sample in the loop): {', '.join(without)}")
+        if rows:
+            lines.append(f"{label}:\n    " + "\n    ".join(rows))
+    return "Where each run sits:\n  " + "\n  ".join(lines)
+
+
 def pairs_words(df: pd.DataFrame | None = None, node: Mapping[str, Any] | None = None) -> str:
     """Every lesson pair by the one speed rule (``speed_pairs.pairs_text``): this node's own runs (``df``), then
     the shipped reference of this node's GPU (``reference_for``: the same table a GPU node would give)."""

@@ -328,3 +328,47 @@ def _length_grouped(f: Facts) -> Answer:
         )  # fmt: skip
 
     return f.answer(padding, grouped)
+
+
+# ------------------------------------------------------------------------------------------------ the levers
+
+
+def _lever_run(f: Facts, exp: str, pair: str) -> str:
+    """The lever's measured verdict against its pair (the one speed rule), and what its record says ran."""
+    record = f.run(exp)
+    ran = []
+    if record.get("compiled"):
+        ran.append(f"compiled {record['compiled']}")
+    if finite_number(record.get("compile_s")) is not None:
+        ran.append(f"{record['compile_s']:.1f} s compiling (in warm-up)")
+    if finite_number(record.get("recompiles")) is not None:
+        ran.append(f"{int(record['recompiles'])} recompiles")
+    lengths = [record, f.run(pair)]
+    distinct = [len(set(r["seq_lens"])) if isinstance(r.get("seq_lens"), list) else None for r in lengths]
+    if all(d is not None for d in distinct):
+        ran.append(f"{distinct[0]} distinct lengths against {distinct[1]}")
+    return f"Measured: {f.speed(exp, pair)}" + (f"; {', '.join(ran)}." if ran else ".")
+
+
+def _lever_entry(exp: str, pair: str, why: str):
+    def entry(f: Facts) -> Answer:
+        return f.answer(lambda: _lever_run(f, exp, pair), why)
+
+    return entry
+
+
+for _exp, _pair, _why in (
+    ("compile", "lora-1b", "A compiled block launches fewer, fused kernels and skips Python's dispatch of each op: the "
+     "host's time per micro-batch falls where the host set the pace; each new sequence length recompiles, a cost "
+     "paid once per length."),
+    ("pad-64", "small-batch", "Fewer distinct lengths mean fewer plan builds and recompiles, paid for with padded "
+     "tokens: it pays where a new length is expensive (bf16 attention plans on a Hopper GPU, a compiled model), "
+     "not on a CPU, where a new length costs nothing extra."),
+    ("compile-static", "compile", "One fixed length: no recompiles, and on CUDA each block replays as a CUDA graph "
+     "(launches nearly gone); the price is the padding up to the longest sample. What is left is the GPU's work."),
+    ("fused-adamw", "small-batch", "The fused step saves launches once per optimizer step, so at most the step's "
+     "share of the time; with accumulation that share shrinks."),
+    ("attention-flash", "bf16-true", "Flash attention builds no plan per new length: the first-seen cost should "
+     "fall toward the steady time; the steady time itself changes only as much as the kernels differ."),
+):
+    answer("01", _exp)(_lever_entry(_exp, _pair, _why))
