@@ -558,6 +558,8 @@ def lever_plan_words(exp_id: str, pair: str, *, profile: str) -> str:
                              f"ms{bound}")  # fmt: skip
             if batches:
                 parts.append(str(batches.get("words") or ""))
+            else:  # no batches: the data's lengths are not here (the gpu profile's on a CPU): say what stood in
+                parts += [note for note in plan.notes if "length" in note][:1]
             lines.append(f"{where} {exp} on {plan.device_name}: " + "; ".join(p for p in parts if p))
         if plan is not None and plan.sources:
             lines.append("  sources: " + "; ".join(f"{k}: {v}" for k, v in plan.sources.items()))
