@@ -282,6 +282,9 @@ def test_the_notebooks_chunk_ships_each_executed_notebook_with_every_cell_run(tm
     assert "code cells ran" in (out_dir / "chunk.log").read_text()  # each step's line says how many of its cells ran
 
 
+LEVERS = ["compile", "pad-64", "compile-static", "fused-adamw", "attention-flash"]  # issue 52's experiments
+
+
 def _listed(tmp_path: Path, *args: str) -> list[tuple[str, int, bool, str]]:
     """``--list``: each step as (step, seconds, only if time is left, where the figure comes from)."""
     out = _chunk(tmp_path, *args, "--list", timeout=60)
@@ -294,12 +297,54 @@ def _listed(tmp_path: Path, *args: str) -> list[tuple[str, int, bool, str]]:
     return steps
 
 
+@pytest.mark.parametrize("profile", ["gpu", "ci"])
+def test_the_levers_chunk_runs_each_lever_beside_its_pair_once_and_every_step_has_a_cost_row(
+    tmp_path: Path, profile: str
+) -> None:
+    """Issues 52 and 57: the five levers and their pairs on 1.1B (a pair that another step runs, once), compile
+    and its pair profiled, the cost of measuring in 3 tries, then the repeats the speed-verdict rule needs, each
+    only if time is left (last, so that the deadline drops them first). Every step has its row in
+    configs/gpu-chunk-costs.tsv on both profiles (a step without one starts with 60 s left, whatever it costs)."""
+    import yaml
+
+    steps = _listed(tmp_path, "levers", *(["--dry-run"] if profile == "ci" else []))
+    assert [s for s, *_ in steps] == [
+        "run compile --profile-steps 2", "run lora-1b --profile-steps 2", "run pad-64", "run small-batch",
+        "run compile-static", "run fused-adamw", "run attention-flash", "run bf16-true", "overhead lora-1b 3",
+        "run small-batch", "run bf16-true", "run lora-1b",
+    ]  # fmt: skip
+    assert [if_time for _, _, if_time, _ in steps] == [False] * 9 + [True] * 3
+    assert not [s for s, *_, where in steps if "no row" in where], steps
+    required = [s.split()[1] for s, _, if_time, _ in steps if not if_time and s.startswith("run ")]
+    assert len(required) == len(set(required)), required  # each run once before the repeats
+    experiments = yaml.safe_load((REPO / "configs" / "experiments" / "single.yaml").read_text())
+    for lever in LEVERS:
+        assert lever in required and experiments[lever]["pair"] in required, (lever, experiments[lever]["pair"])
+    assert all(s.endswith("--profile-steps 2") for s, *_ in steps[:2])  # compile and its pair
+    compiled = [(s, seconds, where) for s, seconds, _, where in steps if s.split()[1].startswith("compile")]
+    if profile == "gpu":  # never timed on a GPU: the row says its allowance
+        assert all("ALLOWANCE" in where for *_, where in compiled), compiled
+    assert not list((tmp_path / "tmp").glob("gpu-chunk-*"))  # --list runs nothing
+
+
 def test_list_is_every_chunks_steps_and_needs_no_output_folder(tmp_path: Path) -> None:
     speed = _listed(tmp_path, "speed", "--steps", "2")
     assert [(s, seconds) for s, seconds, *_ in speed] == [
         ("run lora-1b --profile-steps 2", 90), ("run bf16-true --profile-steps 2", 70)
     ]  # fmt: skip
     assert not any(if_time for _, _, if_time, _ in speed)
+
+
+@pytest.mark.slow  # one compiled ci run, profiled, its compile cache cold (a private TMPDIR): ~90 s on 2 cores
+def test_the_levers_chunks_compiled_run_records_its_compilation_and_ships_its_trace(tmp_path: Path) -> None:
+    """The chunk's first step, as on a bare GPU node (nothing compiled before): the compiled run ends ok with what
+    was compiled and how long it took in its record, and its profile trace comes back beside it."""
+    out_dir = _dry_run_passes(tmp_path, "levers", steps=1)
+    [record] = _records(out_dir)
+    assert (record["experiment"], record["status"], record["profile"]) == ("compile", "ok", "ci"), record
+    assert record["compiled"] and record["compile_s"] > 0, record
+    _within_the_limits(out_dir)
+    assert len(list(out_dir.glob("trace-*-compile-*.json.gz"))) == 1
 
 
 @pytest.mark.slow  # a dry run's preflight and the ci models, no step (its deadline): ~15 s
