@@ -208,6 +208,17 @@ def bootstrap_spread_pct(values: Sequence[float], *, mean: bool = False) -> floa
     return 100 * (high - low) / 2 / centre
 
 
+def first_seen_iterations(lengths: Sequence[Any]) -> set[int]:
+    """The iterations (1-based, as ``per_iteration``'s) whose micro-batch had a length no earlier one had."""
+    seen: set[Any] = set()
+    first: set[int] = set()
+    for iteration, length in enumerate(lengths, start=1):
+        if length not in seen:
+            first.add(iteration)
+        seen.add(length)
+    return first
+
+
 def length_split(record: Mapping[str, Any]) -> dict[str, Any]:
     """A run's steady time per micro-batch apart from what first-seen sequence lengths cost it.
 
@@ -228,12 +239,7 @@ def length_split(record: Mapping[str, Any]) -> dict[str, Any]:
         return {**none, "steady_basis": "lengths not recorded (a record from before seq_lens)"}
     if len(lengths) < max(iteration for iteration, _ in timed):
         return {**none, "steady_basis": f"seq_lens holds {len(lengths)} micro-batches, fewer than the log's"}
-    seen: set[Any] = set()
-    first_seen_at: set[int] = set()
-    for iteration, length in enumerate(lengths, start=1):
-        if length not in seen:
-            first_seen_at.add(iteration)
-        seen.add(length)
+    first_seen_at = first_seen_iterations(lengths)
     repeated = [seconds for iteration, seconds in timed if iteration not in first_seen_at]
     new = [seconds for iteration, seconds in timed if iteration in first_seen_at]
     split = {**none, "steady_iter_count": len(repeated), "first_seen_count": len(new)}

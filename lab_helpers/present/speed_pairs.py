@@ -28,6 +28,7 @@ from lab_helpers.config.iteration_times import (
     BOOTSTRAP_RESAMPLES,
     MIN_STEADY_ITERATIONS,
     finite_number,
+    first_seen_iterations,
     length_split,
     timed_iterations,
 )
@@ -86,7 +87,8 @@ class RunTimes:
 
 def run_times(record: Mapping[str, Any], *, steady: bool) -> RunTimes | None:
     """The record's steady micro-batches (``steady``), else all its timed ones, per sample; None without them."""
-    micro = finite_number(((record.get("config") or {}).get("train") or {}).get("micro_batch_size"))
+    config = record.get("config") if isinstance(record.get("config"), Mapping) else {}
+    micro = finite_number((config.get("train") or {}).get("micro_batch_size"))
     timed = timed_iterations(record)
     if not micro or not timed:
         return None
@@ -94,9 +96,8 @@ def run_times(record: Mapping[str, Any], *, steady: bool) -> RunTimes | None:
     if steady:
         if split["steady_iter_s"] is None:
             return None
-        lengths = record["seq_lens"]
-        seen_before = {i for i in range(2, len(lengths) + 1) if lengths[i - 1] in lengths[: i - 1]}
-        chosen = [seconds for iteration, seconds in timed if iteration in seen_before]
+        first_seen = first_seen_iterations(record["seq_lens"])  # the split length_split made, the same rule
+        chosen = [seconds for iteration, seconds in timed if iteration not in first_seen]
     else:
         chosen = [seconds for _, seconds in timed]
     return RunTimes(
