@@ -11,6 +11,7 @@ half of that run's ``train_s``. The record keeps every iteration's time (``per_i
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -192,9 +193,22 @@ def _centre(values: Sequence[float], *, mean: bool) -> float:
     return statistics.fmean(values) if mean else statistics.median(values)
 
 
+def interval_95(draws: Sequence[float]) -> tuple[float, float]:
+    """(low, high) of the 95 % percentile interval of BOOTSTRAP_RESAMPLES bootstrap draws: every bootstrap of the
+    lab (a steady time's spread, a busy share's, a speed verdict's ratio) cuts its draws here."""
+    ordered = sorted(draws)
+    return ordered[int(0.025 * len(ordered))], ordered[int(0.975 * len(ordered)) - 1]
+
+
 def bootstrap_spread_pct(values: Sequence[float], *, mean: bool = False) -> float | None:
     """Half the width of the 95 % bootstrap interval of the values' median (their mean with ``mean``), as % of it:
-    how far another run's draw of the same micro-batches could move the figure. None for fewer than two values."""
+    how far another run's draw of the same micro-batches could move the figure. None for fewer than two values.
+    Remembered per values: readers derive it for every record on every load (2,000 resamples each)."""
+    return _bootstrap_spread_pct(tuple(float(v) for v in values), mean)
+
+
+@functools.lru_cache(maxsize=4096)
+def _bootstrap_spread_pct(values: tuple[float, ...], mean: bool) -> float | None:
     import random
 
     if len(values) < 2:
@@ -203,8 +217,9 @@ def bootstrap_spread_pct(values: Sequence[float], *, mean: bool = False) -> floa
     if centre <= 0:
         return None
     draw = random.Random(0)
-    resampled = sorted(_centre(draw.choices(values, k=len(values)), mean=mean) for _ in range(BOOTSTRAP_RESAMPLES))
-    low, high = resampled[int(0.025 * BOOTSTRAP_RESAMPLES)], resampled[int(0.975 * BOOTSTRAP_RESAMPLES) - 1]
+    low, high = interval_95(
+        [_centre(draw.choices(values, k=len(values)), mean=mean) for _ in range(BOOTSTRAP_RESAMPLES)]
+    )
     return 100 * (high - low) / 2 / centre
 
 

@@ -29,6 +29,7 @@ from lab_helpers.config.iteration_times import (
     MIN_STEADY_ITERATIONS,
     finite_number,
     first_seen_iterations,
+    interval_95,
     length_split,
     timed_iterations,
 )
@@ -55,8 +56,6 @@ LESSON_PAIRS: tuple[tuple[str, str, str], ...] = (
 )
 """(experiment, against, what differs): the speed comparisons the notebooks teach, in their order. Every
 ``pair:`` of configs/experiments is one of them (tests/test_speed_pairs.py)."""
-
-CONFIDENCE = 0.95
 
 STEP_OVERRIDES = ("optimizer.foreach", "optimizer.fused")
 """Overrides that run an experiment with another optimizer step (01's lever, ``arithmetic.step_lever``): such a
@@ -162,6 +161,11 @@ class Verdict:
             return "slower"
         return "within noise"
 
+    @property
+    def label(self) -> str:
+        """The verdict as a table cell: 'within noise' with its ±N %, else the verdict itself."""
+        return f"within noise (±{self.noise_pct:.0f} %)" if self.verdict == "within noise" else self.verdict
+
     def words(self) -> str:
         """One line: both times, what they are of, the change with its interval, the verdict."""
         kind = "steady" if self.steady else "all timed micro-batches (first-seen lengths included)"
@@ -170,7 +174,7 @@ class Verdict:
         change = 100 * (self.ratio - 1)
         interval = f"95 % interval {100 * (self.low - 1):+.0f} to {100 * (self.high - 1):+.0f} %"
         said = {
-            "within noise": f"within noise (±{self.noise_pct:.0f} %)",
+            "within noise": self.label,
             "too few to tell": "too few micro-batches to tell ({} and {})".format(*self.timed_counts),
             "not like for like": f"not like for like ({self.unlike})",
         }.get(self.verdict, f"{self.exp} {self.verdict}")
@@ -214,7 +218,7 @@ def world(record: Mapping[str, Any]) -> int:
     return int(finite_number(record.get("simulated_world_size")) or finite_number(record.get("world_size")) or 1)
 
 
-def _finished_runs(records: Iterable[Mapping[str, Any]], exp: str) -> list[Mapping[str, Any]]:
+def finished_runs(records: Iterable[Mapping[str, Any]], exp: str) -> list[Mapping[str, Any]]:
     """``exp``'s finished rank-0 runs, in the order stored (a table's NaN rank is a single process's None); a run
     with another optimizer step (01's lever) is a variant, not the experiment."""
     return [
@@ -228,12 +232,12 @@ def compare(records: Iterable[Mapping[str, Any]], exp: str, against: str, *, ran
     """``exp`` against ``against`` by the rule (module docstring), on the device of ``exp``'s latest run and at its
     ranks (or ``ranks``); a string saying why not where the records cannot compare them."""
     records = list(records)
-    mine = [r for r in _finished_runs(records, exp) if ranks is None or world(r) == ranks]
+    mine = [r for r in finished_runs(records, exp) if ranks is None or world(r) == ranks]
     if not mine:
         return f"no finished run of {exp}" + (f" at {ranks} ranks" if ranks else "")
     device, ranks = _device(mine[-1]), world(mine[-1])
     mine = [r for r in mine if _device(r) == device and world(r) == ranks]
-    theirs = [r for r in _finished_runs(records, against) if _device(r) == device and world(r) == ranks]
+    theirs = [r for r in finished_runs(records, against) if _device(r) == device and world(r) == ranks]
     if not theirs:
         return f"no finished run of {against} on {device}" + (f" at {ranks} ranks" if ranks > 1 else "")
     for steady in (True, False):
@@ -247,12 +251,10 @@ def compare(records: Iterable[Mapping[str, Any]], exp: str, against: str, *, ran
     a_mean, b_mean = a[0].mean, b[0].mean
     ratio = _experiment_s(a_times, mean=a_mean) / _experiment_s(b_times, mean=b_mean)
     draw = random.Random(0)  # the same interval on every read
-    ratios = sorted(
+    low, high = interval_95([
         _resampled_s(draw, a_times, mean=a_mean) / _resampled_s(draw, b_times, mean=b_mean)
         for _ in range(BOOTSTRAP_RESAMPLES)
-    )
-    tail = (1 - CONFIDENCE) / 2
-    low, high = ratios[int(tail * BOOTSTRAP_RESAMPLES)], ratios[int((1 - tail) * BOOTSTRAP_RESAMPLES) - 1]
+    ])  # fmt: skip
     return Verdict(exp, against, device, ranks, tuple(a), tuple(b), ratio, low, high, _unlike(mine, theirs))
 
 
@@ -278,7 +280,7 @@ def pairs_rows(
     records = list(records)
     rows = []
     for exp, against, what in pairs:
-        for ranks in sorted({world(r) for r in _finished_runs(records, exp)}):
+        for ranks in sorted({world(r) for r in finished_runs(records, exp)}):
             verdict = compare(records, exp, against, ranks=ranks)
             name = f"{exp} vs {against}" + (f" (rank 0 of {ranks})" if ranks > 1 else "")
             if isinstance(verdict, str):
@@ -296,7 +298,7 @@ def pairs_rows(
                 "first_seen": f"{_first_seen(a)} / {_first_seen(b)}",
                 "change_pct": 100 * (verdict.ratio - 1),
                 "interval": f"{100 * (verdict.low - 1):+.0f} to {100 * (verdict.high - 1):+.0f}",
-                "verdict": f"within noise (±{verdict.noise_pct:.0f} %)" if verdict.verdict == "within noise" else verdict.verdict,
+                "verdict": verdict.label,
             })  # fmt: skip
     return rows
 

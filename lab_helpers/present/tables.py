@@ -510,7 +510,7 @@ def speed_words(exp_id: str, pair: str, df: pd.DataFrame | None = None, *, cpu: 
     own results, where both ran on a GPU; with ``cpu`` its CPU runs too, as the code path's own: a lever's mechanism
     shows there), with what first-seen lengths cost each and how busy each GPU was. Issue 43: a speed sentence is
     computed from the records, never typed; issue 51: never a verdict inside the noise."""
-    from lab_helpers.present.speed_pairs import compare
+    from lab_helpers.present.speed_pairs import compare, finished_runs
 
     frames = shipped_frames()
     if df is not None:
@@ -524,7 +524,8 @@ def speed_words(exp_id: str, pair: str, df: pd.DataFrame | None = None, *, cpu: 
             continue
         where = f"{name} (CPU: the code path, not a GPU's speed)" if verdict.device.startswith("cpu") else name
         line = f"{where}: {verdict.words()}\n    first-seen lengths: {verdict.first_seen_words()}"
-        latest = [_latest_run(records, e) for e in (exp_id, pair)]
+        latest = [[r for r in finished_runs(records, e) if r.get("device_name") == verdict.device][-1]
+                  for e in (exp_id, pair)]  # the runs the verdict compared: its device, rank 0, not a variant
         busy = [_number(r.get("gpu_busy_pct")) for r in latest]
         if all(b is not None for b in busy):
             bound = [r.get("bound") or "?" for r in latest]
@@ -653,10 +654,6 @@ def first_seen_words(exp_id: str, df: pd.DataFrame | None = None) -> str:
     if not lines:
         return f"no finished run of {exp_id} yet"
     return f"First-seen sequence lengths, {exp_id}:\n" + "\n".join(f"  {line}" for line in lines)
-
-
-def _latest_run(records: Sequence[Mapping[str, Any]], exp_id: str) -> Mapping[str, Any]:
-    return [r for r in records if r.get("experiment") == exp_id and r.get("status") == "ok"][-1]
 
 
 def steps_and_samples(df: pd.DataFrame, experiments: Sequence[str], *, profile: str | None = None) -> pd.DataFrame:
