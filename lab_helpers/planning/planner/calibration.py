@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lab_helpers.config.iteration_times import length_split, steady_train_s, timed_iterations
+from lab_helpers.config.iteration_times import first_seen_iterations, length_split, steady_train_s, timed_iterations
 from lab_helpers.hardware.cpu_speed import CpuRates
 from lab_helpers.hardware.gpu_peaks import find_gpu
 from lab_helpers.planning.flops import train_flops_per_step
@@ -307,12 +307,9 @@ def steady_micro_batches(record: Mapping[str, Any]) -> list[tuple[float, int]] |
         return None
     if len(lengths) < max(iteration for iteration, _ in timed):
         return None
-    repeated_only = builds_attention_plans(_precision(record), gpu_name_of(record))
-    return [
-        (seconds, int(lengths[i - 1]))
-        for i, seconds in timed
-        if not repeated_only or lengths[i - 1] in lengths[: i - 1]
-    ]
+    plans = builds_attention_plans(_precision(record), gpu_name_of(record))
+    first_seen = first_seen_iterations(lengths) if plans else set()  # the split length_split makes, one rule
+    return [(seconds, int(lengths[i - 1])) for i, seconds in timed if i not in first_seen]
 
 
 def record_spec(record: Mapping[str, Any]) -> TrainingSpec:
