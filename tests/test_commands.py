@@ -29,6 +29,28 @@ def test_litgpt_command_runs_the_same_recipe_as_the_lab():
     assert "--optimizer SGD" in commands.litgpt_command("full-13b-sgd", profile="gpu")
 
 
+@pytest.mark.parametrize("exp_id", ["fsdp-course", "deepspeed-offload", "ddp"])
+def test_one_gpu_line_is_one_ranks_share_of_the_run(exp_id, capsys):
+    """The 02 line runs what one rank of the run runs: its micro batch and its micro-batches per step (the course
+    rows and the 13B set no global batch of their own), and a sharding strategy's line says every state is whole."""
+    run = resolve(exp_id, "gpu", check_files=False)
+    commands.show_commands(exp_id, profile="gpu")
+    words, command = capsys.readouterr().out.split(":\n  ", 1)
+    train = _recipe_from(command.splitlines()[0])["train"]
+    assert train["micro_batch_size"] == run.recipe["train"]["micro_batch_size"]
+    assert train["global_batch_size"] // train["micro_batch_size"] == run.gradient_accumulation
+    assert ("nothing is sharded" in words) == (run.experiment.strategy != "ddp")
+
+
+def test_offloaded_deepspeed_lines_build_deepspeeds_cpu_adam(capsys):
+    """On CUDA the training process builds DeepSpeedCPUAdam for an offloaded optimizer (optimizer_class_path);
+    the student's lines say so with the recipe's lr and betas, and the runs that do not offload say nothing."""
+    commands.show_commands("deepspeed-offload", profile="gpu")
+    out = capsys.readouterr().out
+    assert "from deepspeed.ops.adam import DeepSpeedCPUAdam" in out and "betas=(0.9, 0.95)" in out
+    assert commands.cpu_adam_lines("fsdp") == []
+
+
 def _lesson(strategy) -> tuple:
     """What a strategy object is, as the lesson sees it: its class and the arguments the student's line sets."""
     name = type(strategy).__name__ if strategy != "auto" else "auto"

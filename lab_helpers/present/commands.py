@@ -29,17 +29,25 @@ def _cli_value(value: Any) -> str:
     return shlex.quote(str(value))
 
 
-def litgpt_command(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None) -> str:
+def litgpt_command(
+    exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None, one_rank: Mapping[str, Any] | None = None
+) -> str:
     """``litgpt finetune_full --config configs/... --precision ... --train.micro_batch_size ...`` for ``exp_id``.
 
     The recipe file plus every key the experiment (and this node's overrides) set on top of it; for section
     02 this is the single-GPU litgpt run of the same recipe (litgpt's CLI cannot run DDP or DeepSpeed).
     Secrets are masked as records mask them (``secrets``): ``--access_token '***'``; the run uses the real value.
+    ``one_rank``: keys printed on top, after the run is resolved (one rank's batch, ``one_rank_words``).
     """
     experiment = get_experiment(exp_id)
     run = resolve(exp_id, profile, overrides, check_files=False)
     merged = redact_mapping(
-        {**experiment.set, **(experiment.set_by_profile.get(profile) or {}), **dict(overrides or {})}
+        {
+            **experiment.set,
+            **(experiment.set_by_profile.get(profile) or {}),
+            **dict(overrides or {}),
+            **dict(one_rank or {}),
+        }
     )
     recipe = run.recipe_path.relative_to(lab_home()) if run.recipe_path.is_relative_to(lab_home()) else run.recipe_path
     words = ["litgpt", run.litgpt_command, "--config", str(recipe)]
@@ -87,6 +95,24 @@ def strategy_lines(exp_id: str) -> str:
     if experiment.num_nodes > 1:
         lines.append("# every node runs the same script with MASTER_ADDR, MASTER_PORT and NODE_RANK set")
     return "\n".join(lines)
+
+
+def cpu_adam_lines(exp_id: str) -> list[str]:
+    """The optimizer a DeepSpeed run with an offloaded optimizer builds on CUDA (``optimizer_class_path``): DeepSpeed's
+    C++ Adam, which steps the states in host memory; the recipe's torch AdamW would be several times slower there."""
+    from lab_helpers.training.distributed.deepspeed_config import CPU_ADAM_CLASS, cpu_adam_kwargs, optimizer_class_path
+
+    run = resolve(exp_id, "gpu", check_files=False)
+    offload = bool(run.options.get("offload_optimizer"))
+    path = optimizer_class_path(run.recipe, strategy=run.experiment.strategy, offload_optimizer=offload, on_cuda=True)
+    if path != CPU_ADAM_CLASS:
+        return []
+    kwargs = ", ".join(f"{key}={value!r}" for key, value in cpu_adam_kwargs(run.recipe).items())
+    return [
+        "and in your LightningModule's configure_optimizers, DeepSpeed's C++ Adam for the states it keeps in host memory:",
+        "  from deepspeed.ops.adam import DeepSpeedCPUAdam",
+        f"  return DeepSpeedCPUAdam(self.parameters(), {kwargs})",
+    ]
 
 
 ACTIVATION_CHECKPOINTING_NOTE = "\n".join(
@@ -138,11 +164,42 @@ def lever_notes(options: Mapping[str, Any]) -> list[str]:
     return notes
 
 
+def one_rank_words(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None) -> tuple[str, dict]:
+    """What one rank of a section-02 run does, as a one-GPU litgpt run: the words before the command, and the batch
+    overrides that make the command that rank's share (its micro batch, its micro-batches per step).
+
+    Why: the one-GPU line used to print the recipe without the run's global batch (the course rows set none: micro
+    x ranks), and a sharding strategy's model on one GPU needs every state whole, which the line now says."""
+    from lab_helpers.planning.arithmetic import model_states
+
+    run = resolve(exp_id, profile, overrides, check_files=False)
+    micro, accumulation = int(run.recipe["train"]["micro_batch_size"]), run.gradient_accumulation
+    share = {"train.global_batch_size": micro * accumulation, "train.micro_batch_size": micro}
+    steps = "micro-batch" if accumulation == 1 else "micro-batches"
+    words = [
+        f"one rank's share on one GPU with litgpt's CLI ({accumulation} {steps} of {micro} per optimizer step; "
+        f"the run's global batch is {run.recipe['train']['global_batch_size']} over {run.world_size} ranks)"
+    ]
+    if run.world_size == 1:
+        words = [f"the same recipe on one GPU with litgpt's CLI ({accumulation} {steps} of {micro} per optimizer step)"]
+    if run.experiment.strategy not in ("single", "ddp"):
+        states = model_states(exp_id, profile=profile, overrides=overrides)
+        words.append(
+            f"on one GPU nothing is sharded or offloaded: {states.model}'s weights, gradients and optimizer "
+            f"states are all on it ({states.trained.formula()}), {states.gib:.1f} GiB before any activation"
+        )
+    return "; ".join(words), share
+
+
 def show_commands(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None) -> None:
     """Print the equivalent litgpt command (and, for 02, the Lightning strategy lines)."""
     lightning = get_experiment(exp_id).distributed
-    what = "the same recipe on one GPU with litgpt's CLI" if lightning else "the same run with litgpt's CLI"
-    print(f"{what}:\n  " + litgpt_command(exp_id, profile=profile, overrides=overrides))
+    if lightning:
+        what, share = one_rank_words(exp_id, profile=profile, overrides=overrides)
+        command = litgpt_command(exp_id, profile=profile, overrides=overrides, one_rank=share)
+    else:
+        what, command = "the same run with litgpt's CLI", litgpt_command(exp_id, profile=profile, overrides=overrides)
+    print(f"{what}:\n  {command}")
     if get_experiment(exp_id).options.get("activation_checkpointing"):
         print(ACTIVATION_CHECKPOINTING_NOTE)
     if get_experiment(exp_id).options.get("batch_order", "shuffle") != "shuffle":
@@ -151,6 +208,8 @@ def show_commands(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | N
         print(note)
     if lightning:
         print("in your own Lightning script, the lines that change:\n  " + strategy_lines(exp_id).replace("\n", "\n  "))
+        for line in cpu_adam_lines(exp_id):
+            print(line)
 
 
 def closing_text(*, host: str | None = None, on_gpu_node: bool | None = None, in_container: bool | None = None) -> str:
