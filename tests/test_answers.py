@@ -168,6 +168,23 @@ def test_h200_figures_are_the_records_own(outputs):
     assert "moves back to the backward" in lever and "did not run `act-ckpt` with the for-loop step" in lever
 
 
+def test_the_profile_regime_is_the_records_own(outputs):
+    """03's profiler question: the H200's profiled small-batch, by the bound rule on its device-idle share; the
+    references without a profiled run say so."""
+    from lab_helpers.present.tables import REGIME_WORDS
+    from lab_helpers.record.time_bound import band
+
+    summary = next(
+        r["torch_profile_summary"] for r in map(json.loads, (reference_dir() / "h200-141gb.jsonl").open())
+        if r["experiment"] == "small-batch" and r.get("torch_profile_summary")
+    )  # fmt: skip
+    busy = 100 - summary["device_idle_pct"]
+    said = _answer(outputs["h200-141gb"][1], "one-profiler-trace-which-regime")
+    assert f"{REGIME_WORDS[band(busy)]} (`bound: {band(busy)}`): device busy {busy:.0f} % of the step" in said
+    for name in ("ci-cpu", "h100-80gb"):
+        assert "has no profiled run" in _answer(outputs[name][1], "one-profiler-trace-which-regime")
+
+
 def test_h100_figures_are_the_records_own(outputs):
     out, r = outputs["h100-80gb"][1], _records("h100-80gb")
     parts = r["baseline"]["predicted"]["breakdown_gib"]

@@ -184,23 +184,33 @@ def test_profile_steps_is_checked_in_one_line():
 
 @pytest.mark.slow
 def test_a_profiled_cpu_run_writes_a_trace_and_a_summary_and_says_so(ci_assets, results):
-    """The real thing on the ci profile: litgpt on a CPU, profiled for one optimizer step after warm-up."""
+    """The real thing on the ci profile: litgpt on a CPU, profiled for two optimizer steps after warm-up (03's
+    profiler exercise), and the words 03 prints of it."""
     from lab_helpers.lab import run_experiment
+    from lab_helpers.present import tables
 
     [record] = run_experiment("small-batch", profile="ci", overrides={"train.max_steps": 3}, echo=False,
-                              profile_steps=1)  # fmt: skip
-    assert record["status"] == "ok" and record["torch_profile_steps"] == 1
-    assert record["config"]["train"]["max_steps"] == 5  # 1 profiled + 1 that stops the profiler, added
+                              profile_steps=2)  # fmt: skip
+    assert record["status"] == "ok" and record["torch_profile_steps"] == 2
+    assert record["config"]["train"]["max_steps"] == 6  # 2 profiled + 1 that stops the profiler, added
     trace = results / record["torch_profile_trace_path"]
     assert any(e.get("cat") == "cpu_op" for e in json.loads(trace.read_text())["traceEvents"])
     summary = record["torch_profile_summary"]
     assert summary["device_idle_pct"] is None and summary["kernels_per_step"] is None  # a CPU: no device figures
     assert summary["top_ops_by"].startswith("CPU time") and any(op["name"] == "aten::mm" for op in summary["top_ops"])
     assert json.loads((trace.parent / step_profile.SUMMARY_FILENAME).read_text()) == summary
-    # micro-batch 1 is warm-up, 2 profiled, 3 stopped the profiler: the time figures are of 4 and 5
-    assert record["torch_profile_iters"] == [2, 3] and record["iter_count"] == 2
+    # micro-batch 1 is warm-up, 2 and 3 profiled (a step each), 4 stopped the profiler: the time figures are of 5, 6
+    assert record["torch_profile_iters"] == [2, 4] and record["iter_count"] == 2 and summary["steps"] == 2
     assert record["gpu_busy_pct"] is None and record["gpu_busy_reason"] == time_bound.NO_GPU_REASON
     assert record["bound"] is None and record["host_core_pct"] > 0
+    words = tables.profile_words(record)
+    assert f"wall {summary['wall_ms_per_step']:.1f} ms" in words and "a CPU run has no device" in words
+    assert "device busy" not in words and "matrix multiplies and attention" in words
+    table = tables.profile_table(record)
+    assert list(table.columns) == ["op", "kind", "calls_per_step", "self_cpu_ms_per_step"]
+    for shown, op in zip(table["op"], summary["top_ops"], strict=True):  # a long name is cut, marked with …
+        assert shown == op["name"] or (shown.endswith("…") and op["name"].startswith(shown[:-1]))
+    assert tables.profile_regime(record)[0] is None  # no device: no regime from the device's side
 
 
 @pytest.mark.slow

@@ -581,7 +581,7 @@ def regime_words(df: pd.DataFrame | None = None, node: Mapping[str, Any] | None 
         name = max(counts, key=counts.get) if counts and max(counts.values()) else DEFAULT_GPU_REFERENCE
     frames = [("this node", df)] if df is not None and len(df) else []
     frames.append((name, load_results(reference_dir() / f"{name}.jsonl")))
-    regime = {"host": "overhead-bound", "gpu": "device-bound", "both": "overhead and device"}
+    regime = REGIME_WORDS
     lines = []
     for label, frame in frames:
         table = comparison_table(frame)
@@ -601,6 +601,123 @@ def regime_words(df: pd.DataFrame | None = None, node: Mapping[str, Any] | None 
         if rows:
             lines.append(f"{label}:\n    " + "\n    ".join(rows))
     return "Where each run sits:\n  " + "\n  ".join(lines)
+
+
+REGIME_WORDS = {
+    "host": "overhead-bound",
+    "gpu": "device-bound",
+    "both": "overhead and device",
+    "communication": "communication-bound",
+}
+"""The lab's words for a ``bound`` label (``time_bound.classify``): the regimes 01's levers section names."""
+
+MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"})
+"""Matrix multiplies: with attention (an op with ``attention`` in its name), the ops whose time is arithmetic; the
+other ops (elementwise, copies, concatenations) mostly move memory."""
+
+
+def profiled_run(records: Sequence[Mapping[str, Any]], experiment: str | None = None) -> dict[str, Any] | None:
+    """The latest finished rank-0 record with a ``--profile-steps`` summary, of ``experiment`` where one has it."""
+    profiled = sorted(
+        (r for r in records if _number(r.get("rank")) in (None, 0) and r.get("status") == "ok"
+         and isinstance(r.get("torch_profile_summary"), Mapping)),
+        key=lambda r: r["started_at"] if isinstance(r.get("started_at"), str) else "",
+    )  # fmt: skip
+    return ([r for r in profiled if r.get("experiment") == experiment] or profiled or [None])[-1]
+
+
+def reference_profile(experiment: str, node: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any] | None]:
+    """(reference name, its profiled run): this node's GPU's shipped reference first (``reference_for``), else the
+    first shipped file that holds a profile; ("no shipped reference", None) where none does."""
+    first = reference_for(node)
+    for name, frame in sorted(shipped_frames(), key=lambda nf: nf[0] != first):
+        if (record := profiled_run(frame.to_dict("records"), experiment)) is not None:
+            return name, record
+    return "no shipped reference", None
+
+
+def _top_ops(summary: Mapping[str, Any]) -> tuple[bool, list[tuple[str, str, float, float]]]:
+    """(on a device, [(name, kind, calls per step, self ms per step)]): device time on a GPU, CPU time on a CPU.
+    ``kind``: an aten ``op``; a device ``kernel`` (torch lists it on its own and inside the op that launched it);
+    a ``range`` the code marked (the optimizer step, the data loader), which holds ops listed too."""
+    device = summary.get("top_ops_by") == "device time"
+    rows = []
+    for op in summary.get("top_ops") or []:
+        name, cpu_ms = str(op.get("name")), _number(op.get("self_cpu_ms_per_step")) or 0.0
+        kind = "op" if name.startswith("aten::") else "range" if "#" in name or not device or cpu_ms else "kernel"
+        ms = _number(op.get("self_device_ms_per_step")) if device else cpu_ms
+        rows.append((name, kind, _number(op.get("calls_per_step")) or 0.0, ms or 0.0))
+    return device, rows
+
+
+def _matmul_pct(rows: Sequence[tuple[str, str, float, float]]) -> float | None:
+    """Matrix multiplies' and attention's share of the top aten ops' time (kernels and ranges would count twice)."""
+    ops = [(name, ms) for name, kind, _, ms in rows if kind == "op"]
+    total = sum(ms for _, ms in ops)
+    matmul = sum(ms for name, ms in ops if name in MATMUL_OPS or "attention" in name)
+    return 100 * matmul / total if total else None
+
+
+def profile_table(record: Mapping[str, Any] | None) -> pd.DataFrame:
+    """A profiled run's top ops per optimizer step (``step_profile.top_ops_from``): self device time on a GPU, self
+    CPU time on a CPU; ``kind`` as ``_top_ops`` says. Empty without a profile."""
+    summary = as_mapping(as_mapping(record).get("torch_profile_summary"))
+    device, rows = _top_ops(summary)
+    column = "self_device_ms_per_step" if device else "self_cpu_ms_per_step"
+    shown = [(name if len(name) <= 60 else name[:59] + "…", kind, calls, ms) for name, kind, calls, ms in rows]
+    return pd.DataFrame(shown, columns=["op", "kind", "calls_per_step", column]).round({"calls_per_step": 1, column: 2})
+
+
+def profile_words(record: Mapping[str, Any] | None, where: str = "this node") -> str:
+    """A profiled run's figures per optimizer step: wall time, the device's busy time and idle share, kernels and
+    their mean length (a GPU), else that a CPU has no device; and the matrix multiplies' share of the top ops. The
+    figures 03's regime question reads; the verdict is ``profile_regime``'s."""
+    summary = as_mapping(as_mapping(record).get("torch_profile_summary"))
+    if not summary:
+        why = f": {record.get('status')}, {record.get('reason') or 'no trace'}" if record else ""
+        return f"{where}: no profiled run" + (f" of `{record.get('experiment')}`{why}" if record else "")
+    device, rows = _top_ops(summary)
+    lines = [f"{where}: `{record.get('experiment')}` on {record.get('device_name')}, {summary.get('steps')} steady "
+             f"optimizer step(s) profiled; per step: wall {summary['wall_ms_per_step']:.1f} ms, host inside PyTorch "
+             f"ops {summary['host_op_ms_per_step']:.1f} ms"]  # fmt: skip
+    idle, busy = _number(summary.get("device_idle_pct")), _number(summary.get("device_busy_ms_per_step"))
+    kernels = _number(summary.get("kernels_per_step"))
+    if idle is None or busy is None:
+        lines.append("a CPU run has no device: no kernels and no device-idle share; its top ops are by CPU time, the "
+                     "host's ops being the computation itself")  # fmt: skip
+    else:
+        lines.append(f"device busy {busy:.1f} ms: idle {idle:.0f} % of the step"
+                     + (f"; {kernels:,.0f} kernels launched, {1e3 * busy / kernels:.0f} us of device time each on "
+                        "average" if kernels else ""))  # fmt: skip
+    if (pct := _matmul_pct(rows)) is not None:
+        by = "device" if device else "CPU"
+        lines.append(f"matrix multiplies and attention: {pct:.0f} % of the top aten ops' {by} time; elementwise ops, "
+                     f"copies and the rest {100 - pct:.0f} %")  # fmt: skip
+    return "\n  ".join(lines)
+
+
+def profile_regime(record: Mapping[str, Any]) -> tuple[str | None, str]:
+    """(bound, words): the regime a profiled run's own figures put it in, by the lab's bound rule on its device-idle
+    share (``time_bound.classify``) and, where the device worked, what it worked on: matrix multiplies and attention
+    (compute) or the rest (bandwidth). None on a CPU, with why."""
+    from lab_helpers.record.time_bound import BAND_WORDS, classify
+
+    summary = as_mapping(record.get("torch_profile_summary"))
+    world = int(_number(record.get("world_size")) or 1)
+    bound, _ = classify(None, world_size=world, profile=summary)
+    if bound is None:
+        return None, "a CPU run has no device-idle share: no regime from the device's side"
+    if bound == "communication":
+        return bound, f"{REGIME_WORDS[bound]}: collectives {summary['collective_pct']:.0f} % of the device's busy time"
+    idle, pct = summary["device_idle_pct"], _matmul_pct(_top_ops(summary)[1])
+    words = f"{REGIME_WORDS[bound]} (`bound: {bound}`): device busy {100 - idle:.0f} % of the step, {BAND_WORDS[bound]}"
+    if bound == "host" and (kernels := _number(summary.get("kernels_per_step"))):
+        words += (f"; {kernels:,.0f} kernels a step of {1e3 * summary['device_busy_ms_per_step'] / kernels:.0f} us "
+                  "each on average: the host's launches set the pace")  # fmt: skip
+    if pct is not None and bound != "host":
+        side = "compute-bound" if pct >= 50 else "bandwidth-bound"
+        words += f"; while busy, {side}: matrix multiplies and attention {pct:.0f} % of the top ops' device time"
+    return bound, words
 
 
 def pairs_words(df: pd.DataFrame | None = None, node: Mapping[str, Any] | None = None) -> str:

@@ -212,13 +212,33 @@ def _before_training(f: Facts) -> Answer:
 
 def _timeline_experiment() -> str:
     """The run 03 draws (its parameters cell's ``TIMELINE_EXPERIMENT``)."""
+    return _compare_parameter("TIMELINE_EXPERIMENT")
+
+
+def _compare_parameter(name: str) -> str:
+    """An experiment 03's parameters cell names (``NAME = "exp"``)."""
     path = notebooks_dir() / "03_compare.ipynb"
-    found = (
-        re.search(r'TIMELINE_EXPERIMENT = \\?"([\w.-]+)', path.read_text(encoding="utf-8")) if path.is_file() else None
-    )
+    found = re.search(rf'{name} = \\?"([\w.-]+)', path.read_text(encoding="utf-8")) if path.is_file() else None
     if not found:
-        raise Cannot("03 names no TIMELINE_EXPERIMENT")
+        raise Cannot(f"03 names no {name}")
     return found.group(1)
+
+
+@answer("03", "one-profiler-trace-which-regime")
+def _profile_regime(f: Facts) -> Answer:
+    from lab_helpers.present.tables import profile_regime, profiled_run
+
+    def regime() -> str:
+        record = profiled_run(f.records, _compare_parameter("PROFILED_EXPERIMENT"))
+        if record is None:
+            cpu = "" if f.gpu else "; a CPU run would have no device-idle share"
+            raise Cannot(f"{f.name} has no profiled run (`profile_steps`){cpu}")
+        bound, words = profile_regime(record)
+        if bound is None:
+            raise Cannot(f"{f.name}'s `{record['experiment']}`: {words}")
+        return f"`{record['experiment']}`'s profile in {f.name}: {words}."
+
+    return f.answer(regime)
 
 
 # -- 04
