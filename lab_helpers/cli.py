@@ -9,7 +9,8 @@ plan     RECIPE.yaml|ID [--profile P] [...]     predict memory before a run (--t
 bandwidth [--ranks N]                           measure the bus bandwidth between GPUs (gloo on a CPU)
 launch-cost [--device cuda|cpu]                 measure the host's cost per kernel launch (plan --time)
 doctor   [--json]                               what this node can run
-compare  [--out DIR] [--reference NAME] [--markdown] [--wide] [--pairs]  the comparison table and figure files
+compare  [--out DIR] [--reference NAME] [--markdown] [--wide] [--pairs] [--usd-per-gpu-hour PRICE]
+                                                the comparison table and figure files (PRICE: a cost column)
 answers  --reference NAME [--notebook NN]         every notebook question answered from a reference (instructors)
 wheelhouse --python 3.12 --dest DIR [--with qlora|notebooks]  the wheels an offline GPU node needs
 """
@@ -100,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--wide", action="store_true", help="print every column (default: what fits the terminal)")
     compare.add_argument("--pairs", action="store_true",
                          help="the lesson pairs side by side: steady times, first-seen lengths, change, noise, verdict")
+    compare.add_argument("--usd-per-gpu-hour", default=None, metavar="PRICE",
+                         help="add cost_usd: each run's wall_s (launch to exit) x the GPUs it held x PRICE, your "
+                         "lease's US dollars per GPU-hour (no default: without it, no cost)")
 
     answers = sub.add_parser("answers", help="instructors: every notebook question, answered from a reference's records")
     answers.add_argument("--reference", required=True, metavar="NAME", help="reference_results/NAME.jsonl, e.g. h100-80gb")
@@ -247,8 +251,10 @@ def _print_comparison(
     reference: str | None = None,
     markdown: bool = False,
     wide: bool = False,
+    usd_per_gpu_hour: float | None = None,
 ) -> None:
-    """The comparison table on stdout, the figures (and a CSV of the table) in the figures folder."""
+    """The comparison table on stdout, the figures (and a CSV of the table) in the figures folder; with
+    ``usd_per_gpu_hour``, its measured cost column (``tables.comparison_table``) in all three."""
     from lab_helpers.present import figure_files, figures, tables
     from lab_helpers.record.records import load_results
 
@@ -256,7 +262,7 @@ def _print_comparison(
     out_dir = figures.figures_folder(out_dir, frame)  # one line and exit 2 before anything is printed
     if reference is not None:
         print(tables.reference_label(frame))
-    table = tables.comparison_table(frame, profile=profile)
+    table = tables.comparison_table(frame, profile=profile, usd_per_gpu_hour=usd_per_gpu_hour)
     if markdown:
         print(tables.markdown_table(table))
     else:
@@ -265,6 +271,9 @@ def _print_comparison(
         print(terminal_table(table, wide=wide) if len(table) else "no runs recorded yet")
         if note := tables.steady_notes(table):
             print(note)
+        if usd_per_gpu_hour is not None and len(table):
+            print(f"cost USD: each run's wall_s (launch to exit, loading included) x the GPUs it held x "
+                  f"${usd_per_gpu_hour:g} per GPU-hour / 3,600 s (a CPU run: its CPU stands in for the GPU)")  # fmt: skip
     paths = figures.save_all(frame, out_dir, profile=profile)
     if len(table) and paths:
         paths.insert(0, figure_files.save_table(table, out_dir))
@@ -293,7 +302,23 @@ def _cmd_merge_records(args: argparse.Namespace) -> int:
     return 1 if result.kept_because is not None else 0
 
 
+def _compare_price(args: argparse.Namespace) -> float | None:
+    """compare's ``--usd-per-gpu-hour`` checked (``cost.checked_price``: one line naming the flag), or None."""
+    if args.usd_per_gpu_hour is None:
+        return None
+    from lab_helpers.planning.cost import checked_price
+
+    try:
+        price = checked_price(args.usd_per_gpu_hour)
+    except ValueError as exc:
+        raise LabConfigError(str(exc)) from None
+    if args.pairs:
+        raise LabConfigError("--usd-per-gpu-hour prices the comparison table's runs; --pairs compares step times")
+    return price
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
+    price = _compare_price(args)
     if args.reference is not None:
         from lab_helpers.config.experiments import LabConfigError
         from lab_helpers.config.paths import reference_dir
@@ -311,7 +336,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         frame = load_results() if args.reference is None else load_reference(args.reference)
         print(pairs_text(frame.to_dict("records"), markdown=args.markdown))
         return 0
-    _print_comparison(args.out, reference=args.reference, markdown=args.markdown, wide=args.wide)
+    _print_comparison(args.out, reference=args.reference, markdown=args.markdown, wide=args.wide,
+                      usd_per_gpu_hour=price)  # fmt: skip
     return 0
 
 

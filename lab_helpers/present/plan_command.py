@@ -13,7 +13,7 @@ import json
 import math
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,7 @@ from lab_helpers.config.experiments import PROFILES
 from lab_helpers.config.recipe_defaults import BATCH_ORDERS
 from lab_helpers.config.record_schema import BREAKDOWN_PARTS
 from lab_helpers.config.secrets import for_terminal
+from lab_helpers.planning.cost import PRICE_FLAG, RunCost, checked_price
 from lab_helpers.planning.planner.errors import PlanError, PlannerUnavailable
 from lab_helpers.planning.planner.spec import STRATEGIES, TrainingSpec, load_recipe, spec_from_recipe
 
@@ -106,6 +107,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "length-grouped experiment's), at their mean padded length; default: a micro-batch of random samples "
         "(the expected longest of micro-batch-size samples)",
     )
+    parser.add_argument(
+        PRICE_FLAG,
+        dest="usd_per_gpu_hour",
+        default=None,
+        metavar="PRICE",
+        help="--time: also the run's predicted cost: its optimizer steps x the predicted step time x the GPUs it "
+        "holds x PRICE, your lease's US dollars per GPU-hour (no default: without it, no cost)",
+    )
 
 
 def _print_table(plan) -> None:
@@ -145,9 +154,10 @@ def run(args: argparse.Namespace, *, default_profile: Callable[[], str] | None =
             getattr(args, "margin", None) is not None or getattr(args, "max_micro_batch", None) is not None
         ):
             raise PlanError("--margin and --max-micro-batch belong to --fit")
-        for flag in ("gpu_name", "link_gbs", "sample_lengths", "batch_order"):
+        for flag in ("gpu_name", "link_gbs", "sample_lengths", "batch_order", "usd_per_gpu_hour"):
             if getattr(args, flag, None) is not None and not getattr(args, "time", False):
                 raise PlanError(f"--{flag.replace('_', '-')} is an input of the time prediction: add --time")
+        price = _price(args)
         experiment = _experiment_run(args, default_profile)
         if experiment is not None:
             recipe, spec = _experiment_spec(experiment, args)
@@ -173,6 +183,9 @@ def run(args: argparse.Namespace, *, default_profile: Callable[[], str] | None =
         time_plan, time_note, batches = (None, "", None)
         if getattr(args, "time", False):
             time_plan, time_note, batches = _time(spec, args, recipe, experiment)
+        cost = None if price is None else run_cost(time_plan, recipe, experiment, spec.devices, price)
+        if cost is not None and time_plan is None:
+            cost = (None, f"not priced: the step time was {time_note}")
     except (PlanError, PlannerUnavailable, LabConfigError) as err:
         print(f"error: {for_terminal(str(err))}", file=sys.stderr)
         return 2
@@ -181,6 +194,9 @@ def run(args: argparse.Namespace, *, default_profile: Callable[[], str] | None =
         if experiment is not None:
             extra["experiment"] = {"id": experiment.experiment.id, "profile": experiment.profile,
                                    "options": _lever_options(experiment), "batches": batches}  # fmt: skip
+        if price is not None:  # no price given: nothing about cost
+            extra["cost"] = cost[0].to_dict() if cost[0] else {"usd_per_gpu_hour": price, "cost_usd": None,
+                                                               "why_not": cost[1]}  # fmt: skip
         print(json.dumps({**plan.to_dict(), **extra}))
     else:
         if experiment is not None:
@@ -189,7 +205,63 @@ def run(args: argparse.Namespace, *, default_profile: Callable[[], str] | None =
         _print_table(plan)
         if getattr(args, "time", False):
             _print_time(time_plan, time_note, batches)
+        if price is not None:
+            print(f"  cost: {cost[0].words() if cost[0] else cost[1]}")
     return 0
+
+
+def _price(args: argparse.Namespace) -> float | None:
+    """``--usd-per-gpu-hour`` checked (``cost.checked_price``: one line naming the flag), or None."""
+    value = getattr(args, "usd_per_gpu_hour", None)
+    if value is None:
+        return None
+    try:
+        return checked_price(value)
+    except ValueError as err:
+        raise PlanError(str(err)) from None
+
+
+def run_steps(recipe: Mapping[str, Any], run: ResolvedRun | None, *, quick: bool | None = None) -> tuple[int | None, str]:
+    """(the optimizer steps the run takes, which ones in words), or (None, why not): an experiment's as the lab
+    settles them (``lab.settled_overrides``: quick mode's, ``quick`` default ``$LAB_QUICK``, as ``run`` reads it),
+    else the recipe's ``max_steps``."""
+    from lab_helpers.training.quick_mode import quick_from_env, quick_overrides
+
+    if run is None:
+        steps = (recipe.get("train") or {}).get("max_steps")
+        return (int(steps), "the recipe's max_steps") if steps else (None, "the recipe sets no max_steps")
+    quick = quick_from_env() if quick is None else quick
+    train = run.train_with(dict(run.overrides))
+    words = "the recipe's max_steps"
+    stopping_rule = not run.experiment.distributed
+    short = quick_overrides(train, run.world_size, stopping_rule=stopping_rule) if quick else {}
+    if short:  # {}: the recipe's run is already as short as a quick one
+        train = run.train_with({**run.overrides, **short})
+        words = ("at most: quick mode's cap; its stopping rule usually ends the run sooner" if stopping_rule
+                 else "quick mode's fixed count")  # fmt: skip
+    steps = train.get("max_steps") or (1 if run.experiment.distributed else None)  # the Lightning script: or 1
+    return (int(steps), words) if steps else (None, "the run trains by epochs (no max_steps)")
+
+
+def run_cost(
+    time_plan: TimePlan | None, recipe: Mapping[str, Any], run: ResolvedRun | None, gpus: int,
+    usd_per_gpu_hour: float | None, *, quick: bool | None = None,
+) -> tuple[RunCost | None, str]:
+    """(the predicted run's RunCost, "") or (None, why not): its optimizer steps (``run_steps``) x the predicted
+    step time, on ``gpus`` GPUs; a simulated rank (``run.simulated_world_size``) without the communication term
+    (it sends nothing). The training steps only: launch, loading and the record are not predicted."""
+    if time_plan is None:
+        return None, "not predicted (no step time)"
+    steps, words = run_steps(recipe, run, quick=quick)
+    if steps is None:
+        return None, f"not predicted: {words} (the cost of one optimizer step: {time_plan.step_s:.3g} s)"
+    step_s = time_plan.step_s
+    simulated = ""
+    if run is not None and run.simulated_world_size:
+        step_s, simulated = step_s - time_plan.communication_s, ", a simulated rank: no communication"
+    what = (f"predicted: {steps} optimizer steps ({words}) x {step_s:.3g} s{simulated}; the training steps only, "
+            "launch and loading not predicted")  # fmt: skip
+    return RunCost(steps * step_s, gpus, what, usd_per_gpu_hour), ""
 
 
 def _print_time(time_plan: TimePlan | None, time_note: str, batches: dict[str, Any] | None) -> None:
@@ -219,7 +291,9 @@ REFUSED_WITH_EXPERIMENT = ("devices", "strategy", "offload_optimizer", "data_max
 way ``run --set`` does)."""
 
 
-def _experiment_run(args: argparse.Namespace, default_profile: Callable[[], str] | None) -> ResolvedRun | None:
+def _experiment_run(
+    args: argparse.Namespace, default_profile: Callable[[], str] | None, *, simulate_world: int | None = None
+) -> ResolvedRun | None:
     """The run ``args.recipe`` names where it is an experiment id (None: a recipe file); PlanError for neither."""
     from lab_helpers.config.experiments import load_experiments, parse_set_args, resolve
 
@@ -237,7 +311,7 @@ def _experiment_run(args: argparse.Namespace, default_profile: Callable[[], str]
         if getattr(args, flag, None) not in (None, False):
             raise PlanError(f"--{flag.replace('_', '-')} belongs to a recipe file: {name} is planned as it runs")
     profile = getattr(args, "profile", None) or (default_profile() if default_profile else "ci")
-    return resolve(name, profile, parse_set_args(args.overrides), check_files=False)
+    return resolve(name, profile, parse_set_args(args.overrides), check_files=False, simulate_world=simulate_world)
 
 
 def experiment_time(
@@ -252,6 +326,23 @@ def experiment_time(
     run = _experiment_run(args, None)
     recipe, spec = _experiment_spec(run, args)
     return _time(spec, args, recipe, run)
+
+
+def experiment_cost(
+    exp_id: str, *, profile: str, sets: Sequence[str] = (), simulate_world: int | None = None,
+    usd_per_gpu_hour: float | None = None, quick: bool | None = None,
+) -> tuple[RunCost | None, str]:
+    """What ``plan EXPERIMENT --profile P --time --usd-per-gpu-hour PRICE`` prices (``run_cost``), for a notebook:
+    (the RunCost, "") or (None, why not); ``simulate_world=N``: rank 0 of N alone on one GPU, as the notebooks run
+    a multi-GPU experiment on a node with fewer GPUs; ``usd_per_gpu_hour`` None: the GPU-hours only."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([exp_id, "--profile", profile, "--time", *(f"--set={pair}" for pair in sets)])
+    run = _experiment_run(args, None, simulate_world=simulate_world)
+    recipe, spec = _experiment_spec(run, args)
+    time_plan, why, _ = _time(spec, args, recipe, run)
+    cost = run_cost(time_plan, recipe, run, run.ranks_run, usd_per_gpu_hour, quick=quick)
+    return cost if cost[0] else (None, why or cost[1])
 
 
 def _experiment_spec(run: ResolvedRun, args: argparse.Namespace) -> tuple[dict[str, Any], TrainingSpec]:

@@ -17,22 +17,26 @@ from typing import Any
 
 import pandas as pd
 
+from lab_helpers.planning.cost import usd_text
+
 REASON_CHARS = 72  # a reason is the first line of the record's text, cut here; the record keeps all of it
 TEXT_COLUMNS = ("experiment", "gpu", "status", "bound", "steady_basis", "reason")
 TERMINAL_WIDTH = 120  # where the terminal's width is not known (a pipe, a log, CI)
 TERMINAL_COLUMNS = (
-    "experiment", "gpu", "status", "peak_alloc_gib", "peak_tensor_gib", "predicted_peak_alloc_gib", "prediction_error_pct",
-    "ms_per_sample", "steady_ms_per_sample", "first_seen_count", "tokens_per_s_padded", "gpu_busy_pct", "bound", "mfu",
-    "padding_pct", "train_s",
+    "experiment", "gpu", "status", "cost_usd", "peak_alloc_gib", "peak_tensor_gib", "predicted_peak_alloc_gib",
+    "prediction_error_pct", "ms_per_sample", "steady_ms_per_sample", "first_seen_count", "tokens_per_s_padded",
+    "gpu_busy_pct", "bound", "mfu", "padding_pct", "train_s",
 )  # fmt: skip
 """What a person compares in a terminal, in the order they are kept while the width allows: memory measured and
-predicted first, then speed; the reason of a run that did not finish fills what is left. ``--wide`` shows all."""
+predicted first, then speed; the reason of a run that did not finish fills what is left. ``--wide`` shows all.
+``cost_usd`` is there only where ``compare --usd-per-gpu-hour`` asked for it, and then kept after the status."""
 MIN_REASON_CHARS = 20
 TERMINAL_HEADERS = {
     "peak_alloc_gib": "peak GiB", "peak_tensor_gib": "tensors GiB", "predicted_peak_alloc_gib": "predicted GiB",
     "prediction_error_pct": "error %", "ms_per_sample": "ms/sample", "steady_ms_per_sample": "steady ms/sample",
     "first_seen_count": "first-seen", "tokens_per_s_padded": "padded tok/s",
     "gpu_busy_pct": "GPU busy %", "padding_pct": "padding %", "train_s": "train s", "mfu": "MFU",
+    "cost_usd": "cost USD",
 }  # fmt: skip
 """Short headers for the terminal (the columns' names say the units; the CSV keeps the names)."""
 SIMULATED_LABEL = re.compile(r" \(simulated rank 0 of (\d+), no communication\)")
@@ -109,6 +113,8 @@ def format_number(column: str, value: Any) -> str:
     number = float(value)
     if column == "mfu":
         return f"{number:.1%}"
+    if column == "cost_usd":
+        return usd_text(number)
     if column.startswith("tokens_per_s"):
         return f"{number:,.0f}"
     if "flops" in column:

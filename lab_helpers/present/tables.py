@@ -21,6 +21,7 @@ from lab_helpers.config.iteration_times import ONE_OFF_FACTOR as ONE_OFF_FACTOR 
 from lab_helpers.config.iteration_times import finite_number as _number
 from lab_helpers.config.iteration_times import one_off_excess_s, one_off_iterations
 from lab_helpers.config.paths import reference_dir
+from lab_helpers.planning.cost import cost_usd, usd_text
 from lab_helpers.present.table_display import ComparisonTable
 from lab_helpers.record.records import empty_runs_frame, latest_runs, load_results
 
@@ -102,7 +103,11 @@ STATUS_LABEL = {
 
 
 def comparison_table(
-    df: pd.DataFrame, *, order: Sequence[str] | None = None, profile: str | None = None
+    df: pd.DataFrame,
+    *,
+    order: Sequence[str] | None = None,
+    profile: str | None = None,
+    usd_per_gpu_hour: float | None = None,
 ) -> pd.DataFrame:
     """One row per experiment: status, measured and predicted peak memory, prediction error, time, throughput.
 
@@ -117,7 +122,10 @@ def comparison_table(
     already seen, per sample, apart from the ``first_seen_count`` micro-batches of a new length (which took
     ``first_seen_pct`` of the timed time beyond a steady one); ``steady_basis`` says what it is of, or why a run has
     none (``iteration_times.length_split``). ``gpu_busy_pct``, ``host_core_pct`` and ``bound`` say where the time went
-    (``time_bound``; None on a CPU). Missing values are NaN, never 0.
+    (``time_bound``; None on a CPU). Missing values are NaN, never 0. With ``usd_per_gpu_hour`` (the user's price;
+    the lab has none), ``cost_usd`` after ``status``: rank 0's ``wall_s`` (launch to exit) x the GPUs the run held
+    (its ranks: ``world_size``, 1 for a simulated rank; on the ci profile the CPU stands in) x the price
+    (``cost.cost_usd``); a run without a ``wall_s`` has none.
     """
     latest = latest_runs(df, profile=profile, order=order)
     if latest.empty:
@@ -151,6 +159,9 @@ def comparison_table(
         row["steady_ms_per_sample"] = 1e3 * steady_s / micro if steady_s and micro else None
         basis = first.get("steady_basis")  # why a run has no steady time: said in its row, never left blank unsaid
         row["steady_basis"] = basis if isinstance(basis, str) and row["train_s"] is not None else None
+        if usd_per_gpu_hour is not None:
+            gpus = _number(first.get("world_size")) or len(ranks)
+            row["cost_usd"] = None if row["wall_s"] is None else cost_usd(row["wall_s"], gpus, usd_per_gpu_hour)
         rows.append(row)
     table = pd.DataFrame(rows)
     measured = pd.to_numeric(table["peak_alloc_gib"], errors="coerce").fillna(
@@ -160,7 +171,8 @@ def comparison_table(
     # only a finished run has a true peak: an OOM'd run stopped at whatever it reached before failing
     finished = table["status"] == "ok"
     table["prediction_error_pct"] = ((measured - predicted) / predicted.where(predicted > 0) * 100).where(finished)
-    table = table[[*TABLE_COLUMNS[:1], *_gpu_column(table), *TABLE_COLUMNS[1:]]]
+    cost = ["cost_usd"] if usd_per_gpu_hour is not None else []
+    table = table[[*TABLE_COLUMNS[:1], *_gpu_column(table), *TABLE_COLUMNS[1:2], *cost, *TABLE_COLUMNS[2:]]]
     for column, digits in ROUNDING.items():
         table[column] = pd.to_numeric(table[column], errors="coerce").astype(float).round(digits)
     return ComparisonTable(table.reset_index(drop=True))  # shown without empty columns (table_display)
@@ -231,6 +243,9 @@ def markdown_table(table: pd.DataFrame) -> str:
     columns = dict(MARKDOWN_COLUMNS)
     if "gpu" in table.columns:  # rows of more than one GPU (_gpu_column)
         columns = {"experiment": "experiment", "gpu": "GPU", **columns}
+    if "cost_usd" in table.columns:  # compare --usd-per-gpu-hour: after the status, as in the table
+        at = list(columns).index("status") + 1
+        columns = dict([*list(columns.items())[:at], ("cost_usd", "cost USD"), *list(columns.items())[at:]])
     headers = dict(columns)
     if measured != "peak_alloc_gib":
         table = table.assign(peak_alloc_gib=table[measured])
@@ -254,6 +269,8 @@ def markdown_table(table: pd.DataFrame) -> str:
                 cells.append(f"{value:.0f}")
             elif column == "steady_ms_per_sample":
                 cells.append(f"{value:.1f}")
+            elif column == "cost_usd" and value is not None:
+                cells.append(usd_text(value))
             elif value is None:
                 cells.append("")
             elif column == "predicted_peak_alloc_gib":  # CPU stand-ins predict tens of MiB: 3 digits, not 0.03
