@@ -125,3 +125,17 @@ def test_the_h200_answer_key_says_arithmetics_counts(h200_key, counts):
     assert f"{full.per_gpu_gib - two.per_gpu_gib:.2f} GiB saved" in grad_op
     assert "first forward to its last backward" in grad_op
     assert not re.search(r"\b3Ψ\b", fsdp + course + grad_op)
+
+
+def test_02_named_not_run_compares_tensor_parallel_with_fsdps_sharded_bytes():
+    """The "Named, not run" question says FSDP and tensor parallel both leave 8/N between steps: FSDP's sharded
+    figure (arithmetic), and tensor parallel's formula in the table (planning.parallelisms) has the same 8/N."""
+    from lab_helpers.planning import parallelisms
+
+    sharded = arithmetic.fsdp_bytes_per_param("fsdp")["sharded"]
+    question = " ".join(c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells
+                        if c.cell_type == "markdown" and "Tensor parallel and FSDP" in c.source).split()  # fmt: skip
+    assert f"{sharded} bytes/param per GPU between steps" in " ".join(question)
+    rows = {r.name: r for r in parallelisms.rows(parallelisms.reference_setting())}
+    assert rows["FSDP full shard (runs: `fsdp`)"].formula.startswith(sharded)
+    assert rows["Tensor parallel"].formula.startswith(f"{sharded};")

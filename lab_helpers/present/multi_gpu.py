@@ -131,3 +131,76 @@ def strategy_words(strategy: str, options: Mapping[str, Any]) -> list[str]:
         words = [f"deepspeed zero{strategy.removeprefix('deepspeed-zero')}"]
         return words + (["cpu offload"] if options.get("offload_optimizer") else [])
     return {"single": ["single device"]}.get(strategy, [strategy])
+
+
+SCALING_GPUS = (2, 4, 8)
+"""The GPU counts ``batch_words`` spells a multi-GPU recipe out for: multi.yaml's global batches divide by the micro
+batch times each."""
+
+
+def batch_words(steps: Mapping[str, Any], *exp_ids: str, gpus: Sequence[int] = SCALING_GPUS) -> str:
+    """What one optimizer step of each of ``exp_ids`` takes: global batch = micro batch x micro-batches per step
+    (accumulation) x GPUs, read from the recipes (issue 53: 02 typed "16 samples ... 32 for ddp"). First the gpu
+    profile's recipe (on 1 GPU, or on each of ``gpus`` for a multi-GPU experiment), then the run as this node makes
+    it (``steps``: node_plan's decisions, by experiment)."""
+    from lab_helpers.config.experiments import resolve
+
+    def spelled(run) -> str:
+        return f"{run.recipe['train']['micro_batch_size']} × {run.gradient_accumulation} × {run.world_size}"
+
+    def global_batch(run) -> int:
+        return int(run.recipe["train"]["global_batch_size"])
+
+    lines = ["Samples per optimizer step = micro batch × micro-batches per step × GPUs; the gpu profile's recipes:"]
+    for exp_id in exp_ids:
+        run = resolve(exp_id, "gpu", check_files=False)
+        runs = (
+            [run]
+            if not run.experiment.distributed or run.experiment.strategy == "single"
+            else [resolve(exp_id, "gpu", check_files=False, simulate_world=n) for n in gpus]
+        )
+        sizes = {global_batch(r) for r in runs}
+        if len(sizes) == 1:
+            lines.append(f"  {exp_id}: {sizes.pop()} = " + " = ".join(spelled(r) for r in runs))
+        else:
+            lines.append(f"  {exp_id}: " + "; ".join(f"{global_batch(r)} = {spelled(r)}" for r in runs))
+    here = []
+    for exp_id in exp_ids:
+        step = steps.get(exp_id)
+        if step is None:
+            continue
+        if not step.runs:
+            here.append(f"{exp_id} not run")
+            continue
+        run = resolve(exp_id, step.profile, step.overrides, check_files=False, simulate_world=step.simulate_world)
+        simulated = f" (rank 0 of {run.simulated_world_size}, simulated)" if run.simulated_world_size else ""
+        here.append(f"{exp_id} {global_batch(run)} = {spelled(run)}{simulated}")
+    if here:
+        lines.append(f"As this node runs them ({steps[next(iter(steps))].profile} profile): " + "; ".join(here))
+    return "\n".join(lines)
+
+
+def offload_time_words(exp_id: str = "deepspeed-offload") -> str:
+    """The time model's step of an optimizer-offload run as the gpu profile runs it (``plan EXPERIMENT --profile gpu
+    --time``): the GPUs' compute, then the host's optimizer step and the copies over PCIe, which the model adds to
+    the step, overlapping none of it (issue 53: 02 said "the GPUs wait while the CPU steps" with no record behind
+    it). A prediction, said so; never raises (advice before a run)."""
+    from lab_helpers.present.plan_command import experiment_time
+
+    try:
+        plan, why, _ = experiment_time(exp_id, profile="gpu")
+    except Exception as exc:  # noqa: BLE001
+        return f"{exp_id}: no time prediction ({type(exc).__name__}: {exc})"
+    if plan is None:
+        return f"{exp_id}: no time prediction ({why})"
+    text = (
+        f"Predicted by the time model, not measured: `{exp_id}` as the gpu profile runs it on {plan.devices} x "
+        f"{plan.device_name}, {plan.gradient_accumulation_iters} micro-batches of {plan.micro_batch_size} per "
+        f"optimizer step: the GPUs compute {plan.compute_s:.3g} s, then wait {plan.offload_s:.3g} s for the offload "
+        f"(the CPU's Adam step {plan.optimizer_host_s:.3g} s, at torch Adam's rate measured on this machine's CPU, "
+        f"and the copies over PCIe {plan.offload_transfer_s:.3g} s): {100 * plan.offload_s / plan.step_s:.0f} % of "
+        f"the {plan.step_s:.3g} s step"
+    )
+    if plan.communication_s:
+        return text + f" (communication between the GPUs {plan.communication_s:.3g} s of it)"
+    return text + " (communication between the GPUs not included: no link bandwidth measured here)"

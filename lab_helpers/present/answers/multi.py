@@ -43,6 +43,9 @@ def _ddp(f: Facts) -> Answer:
                 f"states per rank {gib(plan.model_states())} against {gib(f.plan(base).model_states())}: every rank "
                 "holds the whole model, its gradients and optimizer states, so adding GPUs adds copies, not room.")  # fmt: skip
 
+    def accumulation() -> str:
+        return _accumulation_words(f, _one_gpu(f))
+
     def efficiency() -> str:
         if f.simulated("ddp"):
             raise Cannot(
@@ -50,9 +53,34 @@ def _ddp(f: Facts) -> Answer:
             )
         n, base = f.world(f.run("ddp")), _one_gpu(f)
         eff = f.value("ddp", "tokens_per_s") * n / (n * f.value(base, "tokens_per_s"))
-        return f"Scaling efficiency on {n} GPUs: {eff:.2f}; the rest is the all-reduce not hidden behind backward."
+        return (f"Scaling efficiency on {n} GPUs: {eff:.2f}; the rest is the all-reduce not hidden behind backward, "
+                "and the optimizer steps `ddp` takes more often where it accumulates less.")  # fmt: skip
 
-    return f.answer(memory, efficiency)
+    return f.answer(memory, accumulation, efficiency)
+
+
+def _accumulation_words(f: Facts, base: str) -> str:
+    """`ddp`'s and the one-GPU run's micro-batches per optimizer step, from their records' recipes (issue 53: the
+    scaling question compared `one-gpu`, accumulating 4, with `ddp`, accumulating 2 on 4 GPUs, without saying so)."""
+    from lab_helpers.config.experiments import gradient_accumulation_steps
+
+    runs = {exp: f.run(exp) for exp in (base, "ddp")}
+    train = {exp: r["config"]["train"] for exp, r in runs.items()}
+    worlds = {exp: f.world(r) for exp, r in runs.items()}
+    steps = {exp: gradient_accumulation_steps(r["config"], world_size=worlds[exp]) for exp, r in runs.items()}
+    spelled = {exp: f"{t['global_batch_size']} / ({t['micro_batch_size']} × {worlds[exp]} GPU{'s' if worlds[exp] > 1 else ''})"
+               for exp, t in train.items()}  # fmt: skip
+    text = (f"`{base}` accumulates {steps[base]} micro-batches per optimizer step ({spelled[base]}), `ddp` on "
+            f"{worlds['ddp']} GPUs {steps['ddp']} ({spelled['ddp']}); the course ran the 7B on one GPU at batch "
+            f"{train[base]['micro_batch_size']} with no accumulation.")  # fmt: skip
+    if steps[base] == steps["ddp"]:
+        return text + " Like for like: the same optimizer steps per micro-batch, so the gap to 1 is the all-reduce."
+    even, left = divmod(int(train["ddp"]["global_batch_size"]), int(train["ddp"]["micro_batch_size"]) * steps[base])
+    alike = f" (`ddp` accumulates {steps[base]} too on {even} GPUs)" if not left and even > 1 else ""
+    return (text + f" Not like for like: a `ddp` rank runs the optimizer step every {steps['ddp']} micro-batches "
+            f"against every {steps[base]}, so even with free communication its tokens/s per rank falls short of "
+            f"`{base}`'s by the extra steps' time; compare at equal accumulation{alike}, or count the optimizer "
+            "step's share apart.")  # fmt: skip
 
 
 @answer("02", "ddp-course")
@@ -275,3 +303,34 @@ def _multi_node(f: Facts) -> Answer:
                 "network; DDP, one all-reduce per step, least.")  # fmt: skip
 
     return f.answer(most)
+
+
+@answer("02", "named-not-run-the-parallelisms-beyond-this-lab")
+def _named_not_run(f: Facts) -> Answer:
+    """Always the gpu profile's 7B, as 02's table (``parallelisms.show``) is, whatever the reference ran on."""
+    from lab_helpers.planning import arithmetic, parallelisms
+    from lab_helpers.planning.decision import SIMULATED_WORLD
+
+    def split() -> str:
+        rows = {r.name.split(" (")[0]: r for r in parallelisms.rows(parallelisms.reference_setting())}
+        fsdp, tp = rows["FSDP full shard"], rows["Tensor parallel"]
+        return ("Activations: tensor parallel splits those inside attention and the MLP, sequence parallel (with it) "
+                "the rest, context parallel all of them along the sequence; pipeline parallel holds only its stage's "
+                "layers, but several micro-batches in flight. FSDP, HSDP, ZeRO++, expert parallel and parameter "
+                "offload split or move only model states, and context parallel splits no model states. Between steps "
+                f"on {SIMULATED_WORLD} GPUs the 7B's model states are {gib(fsdp.per_gpu_gib)} per GPU under FSDP and "
+                f"{gib(tp.per_gpu_gib)} under tensor parallel (its norms whole).")  # fmt: skip
+
+    def sent() -> str:
+        fsdp = arithmetic.communication("fsdp", profile="gpu", ranks=SIMULATED_WORLD)
+        tp = parallelisms.tensor_parallel_traffic(SIMULATED_WORLD)
+        per_step = tp.link_bytes_per_gpu * fsdp.micro_batches / GIB
+        return (f"Per optimizer step of {fsdp.micro_batches} micro-batches on {fsdp.ranks} GPUs, FSDP sends weights: "
+                f"{fsdp.total_words()} ({gib(fsdp.per_gpu_gib)} per GPU), in all-gathers it prefetches while the "
+                f"previous block computes. Tensor parallel sends activations: {tp.all_reduces} all-reduces per "
+                f"micro-batch (2 per block forward, 2 backward) of micro batch {tp.micro_batch} × {tp.tokens} tokens × "
+                f"hidden, {gib(tp.tensor_bytes / GIB)} each, {gib(per_step)} per GPU per step. Fewer bytes here, but "
+                f"each of the {tp.all_reduces} sits between one layer and the next with nothing to overlap it, so only "
+                "a link as fast as NVLink inside a node keeps it from stalling the GPUs.")  # fmt: skip
+
+    return f.answer(split, sent)
