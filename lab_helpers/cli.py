@@ -110,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     answers.add_argument("--notebook", default=None, metavar="NN", help="only this notebook's questions, e.g. 01")
     answers.add_argument("--markdown", action="store_true", help="Markdown headings and bold labels")
 
+    minutes = sub.add_parser("minutes", help="each notebook's predicted minutes on this node, and the whole path's")
+    minutes.add_argument("--profile", default=None, help="gpu or ci (default: $LAB_PROFILE, else what this node runs)")
+    minutes.add_argument("--path", default=None, choices=("all", "core"),
+                         help="which runs 01 makes (default: $LAB_PATH, else all); the table shows both")  # fmt: skip
+
     plan = sub.add_parser("plan", help="predict peak memory of a litgpt recipe before running it")
     try:
         from lab_helpers.present.plan_command import add_arguments as add_plan_arguments
@@ -341,6 +346,19 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_minutes(args: argparse.Namespace) -> int:
+    from lab_helpers import node_plan
+    from lab_helpers.hardware.node import describe_node
+    from lab_helpers.lab import default_profile
+    from lab_helpers.present import lease
+
+    node, profile = describe_node(), args.profile or default_profile()
+    print("predicting each notebook's runs on this node...", file=sys.stderr, flush=True)
+    print(node_plan.lease_table(node, profile=profile, path=args.path).to_string(index=False))
+    print(lease.table_note(profile))
+    return 0
+
+
 def _cmd_answers(args: argparse.Namespace) -> int:
     from lab_helpers.present.answers import report
 
@@ -415,6 +433,7 @@ COMMANDS = {
     "compare": _cmd_compare,
     "export-reference": _cmd_export_reference,
     "answers": _cmd_answers,
+    "minutes": _cmd_minutes,
     "plan": _cmd_plan,
     "bandwidth": _cmd_bandwidth,
     "launch-cost": _cmd_launch_cost,

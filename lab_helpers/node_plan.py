@@ -17,7 +17,9 @@ from lab_helpers.planning import decision, node_limits
 from lab_helpers.planning.decision import FP16_ROUTE, LAB_GPU_GIB, LOSS_SCALING, SIMULATED_WORLD, Decision
 from lab_helpers.planning.node_limits import bf16_native, gpu_words, reference_hint
 
-__all__ = ["Step", "decide", "overview", "section_note", "offload_words"]
+__all__ = [
+    "Step", "decide", "notebook_minutes", "minutes_words", "lease_table", "overview", "section_note", "offload_words"
+]
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,52 @@ class Step(Decision):
         return replace(self, overrides={**self.overrides, **more})
 
 
-def decide(exp_id: str, node: Mapping[str, Any], **how: Any) -> Step:
+def decide(exp_id: str, node: Mapping[str, Any], *, path: str | None = None, **how: Any) -> Step:
     """:func:`lab_helpers.planning.decision.decide` (``how``: its keywords, ``profile`` and the test stand-ins), as a step
-    the notebook cell runs."""
+    the notebook cell runs; on the core path (``path`` or ``$LAB_PATH``: ``lease.run_path``) an optional experiment is
+    a skip that says what it would have added."""
+    from lab_helpers.present.lease import core_path_skip
+
+    sentence = core_path_skip(exp_id, path)
+    if sentence:
+        return Step(exp_id=exp_id, profile=how["profile"], runs=False, expected_status="skipped", sentence=sentence)
     return Step(**asdict(decision.decide(exp_id, node, **how)))
+
+
+def notebook_minutes(notebook: str, node: Mapping[str, Any], *, profile: str, path: str | None = None):
+    """``lease.notebook_minutes``: the notebook's predicted minutes on ``node``."""
+    from lab_helpers.present.lease import notebook_minutes as minutes
+
+    return minutes(notebook, node, profile=profile, path=path)
+
+
+def lease_table(node: Mapping[str, Any], *, profile: str, path: str | None = None):
+    """Every notebook's predicted minutes on ``node`` and the path's sum (00's table, ``python -m lab_helpers
+    minutes``): runs, reading, in all and on the core path."""
+    from lab_helpers.present import lease
+
+    return lease.path_table({nb: notebook_minutes(nb, node, profile=profile, path=path) for nb in lease.NOTEBOOKS})
+
+
+def minutes_words(notebook: str, node: Mapping[str, Any], *, profile: str, path: str | None = None) -> str:
+    """The line at a notebook's top: its predicted minutes on this node (:func:`notebook_minutes`)."""
+    where = f"{gpu_words(node)}, {profile} profile" if node.get("gpus") else f"this machine's CPU, {profile} profile"
+    return notebook_minutes(notebook, node, profile=profile, path=path).words_line(where)
+
+
+def _full_mode_s(step: Step, node: Mapping[str, Any], resolve: Any) -> float:
+    """The course's micro-batches of ``step`` at the time model's seconds per micro-batch on this GPU (0 where the
+    run trains by epochs or the model cannot time it: the figure then counts the quick-mode cost alone)."""
+    from lab_helpers.present.plan_command import experiment_time
+
+    iterations = resolve(step.exp_id, step.profile, step.overrides, check_files=False).total_iterations
+    gpus = node.get("gpus") or []
+    sets = [f"{key}={value}" for key, value in step.overrides.items()]
+    try:
+        plan, _, _ = experiment_time(step.exp_id, profile=step.profile, sets=sets, gpu_name=gpus[0]["name"] if gpus else None)
+    except Exception:  # noqa: BLE001 -- a prediction the model cannot make leaves the measured cost
+        return 0.0
+    return float(iterations * plan.micro_batch_s) if plan is not None and iterations else 0.0
 
 
 # ----------------------------------------------------------------------------------------------- overviews

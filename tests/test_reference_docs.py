@@ -42,6 +42,7 @@ def test_every_script_benchmark_and_doc_the_two_files_name_exists():
         STUDENT,
         ROUTE,
         ROOT / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
         ROOT / "scripts" / "gpu-measure.sh",
         ROOT / "scripts" / "gpu-chunk.sh",
     ):
@@ -50,3 +51,14 @@ def test_every_script_benchmark_and_doc_the_two_files_name_exists():
         )
         missing = sorted(p for p in named if not (ROOT / p).exists())
         assert not missing, (doc.name, missing)
+
+
+def test_the_readme_is_one_a_newcomer_reads():
+    """At most 2,000 words (issue 53): what the lab is, the quick start, the student's and the instructor's path,
+    tests, layout; the rest lives in docs/ pages that it links, and each of those exists."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.split()) <= 2000, len(text.split())
+    for heading in ("## Quick start", "## A student's path", "## Instructor's path", "## Tests", "## Layout"):
+        assert heading in text, heading
+    for page in ("reliability", "quick-mode", "speed", "nodes", "layout", "measuring-on-a-gpu"):
+        assert f"docs/{page}.md" in text and (ROOT / "docs" / f"{page}.md").exists(), page

@@ -41,6 +41,9 @@ class Experiment:
     method: str
     teaches: str = ""
     expect: str = ""
+    # What the run adds, for a student on a short lease: a non-empty line makes it optional (LAB_PATH=core skips
+    # it); "" is the core path, which every student runs
+    optional: str = ""
     set: Mapping[str, Any] = field(default_factory=dict)
     set_by_profile: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     needs: tuple[str, ...] = ()

@@ -299,20 +299,21 @@ def show(*, profile: str, **values: Any) -> Answer:
 
 COST_EXPERIMENT = "lora-1b"
 """The run 04's cost cell prices alone: the smallest model's LoRA run, the one the notebook starts from."""
-PATH_SECTIONS = {"single": "01", "multi": "02"}
-"""The notebooks that train, each with the section of configs/experiments it runs (``decision.section_decisions``)."""
+PATH_NOTEBOOKS = ("01_single_gpu", "02_multi_gpu")
+"""The notebooks whose runs 04's path cost prices (the experiments their cells decide: ``lease.decided_experiments``)."""
 
 
 @dataclass
 class PathCost:
-    """The predicted cost of one run and of every run the notebooks make on this node (``plan --time
-    --usd-per-gpu-hour``'s figure, ``plan_command.run_cost``), at the user's price, or in GPU-hours without one."""
+    """The predicted cost of one run's training steps (``plan --time --usd-per-gpu-hour``) and of every run the
+    notebooks make on this node, launch to record (``lease.notebook_minutes``: the seconds each notebook's top
+    prints), at the user's price, or in GPU-hours without one."""
 
     profile: str
     usd_per_gpu_hour: float | None
     run: tuple[str, Any, str]  # (experiment, its RunCost or None, why not)
     runs: dict[str, Any] = field(default_factory=dict)  # experiment -> RunCost, every run the path makes here
-    not_priced: dict[str, str] = field(default_factory=dict)  # experiment -> why (skipped here, not predicted)
+    not_priced: dict[str, str] = field(default_factory=dict)  # experiment -> why (not run here)
 
     @property
     def gpu_hours(self) -> float:
@@ -324,56 +325,48 @@ class PathCost:
 
     def text(self) -> str:
         from lab_helpers.planning.cost import usd_text
+        from lab_helpers.present.lease import COSTS_FILE
 
         exp_id, run, why = self.run
-        lines = [f"{exp_id} on the {self.profile} profile: {run.words() if run else why}"]
+        lines = [f"{exp_id}'s training steps on the {self.profile} profile: {run.words() if run else why}"]
         seconds = sum(cost.seconds for cost in self.runs.values())
         gpu_seconds = sum(cost.seconds * cost.gpus for cost in self.runs.values())
         price = "" if self.usd is None else f" x ${self.usd_per_gpu_hour:g} per GPU-hour = {usd_text(self.usd)}"
-        notebooks = " and ".join(PATH_SECTIONS.values())
+        notebooks = " and ".join(nb[:2] for nb in PATH_NOTEBOOKS)
         lines.append(
-            f"the notebook path ({notebooks}: {len(self.runs)} runs here, {len(self.not_priced)} not run or not "
-            f"predicted): {seconds:,.1f} s of training steps, {gpu_seconds:,.1f} GPU-seconds (a run on N GPUs counts "
-            f"N times) = {self.gpu_hours:.2g} GPU-hours{price}"
+            f"the notebook path ({notebooks}: {len(self.runs)} runs here, {len(self.not_priced)} not run here): "
+            f"{seconds / 60:,.1f} min of runs, launch to record: {gpu_seconds:,.0f} GPU-seconds (a run on N GPUs "
+            f"counts N times) = {self.gpu_hours:.2g} GPU-hours{price}"
         )
-        lines.append("training steps only (the time model x each run's optimizer steps): launch, loading and "
-                     "reading are not in it; compare --usd-per-gpu-hour prices each measured run, launch to exit")  # fmt: skip
+        lines.append(f"each run at its measured cost ({COSTS_FILE}), in full mode plus the course's micro-batches at "
+                     "the time model's step: the minutes each notebook prints at its top; reading time is not in it")  # fmt: skip
         if self.profile == "ci":
             lines.append("ci profile: the CPU stands in for the GPU, so this is the arithmetic, not a bill")
         if self.usd_per_gpu_hour is None:
             lines.append("no price set: put your lease's price per GPU-hour in USD_PER_GPU_HOUR; the cost is the "
                          "GPU-hours above x that price")  # fmt: skip
-        if self.not_priced:
-            lines.append("not in the sum: " + "; ".join(f"{e}: {why}" for e, why in self.not_priced.items()))
         return "\n".join(lines)
 
 
 def path_cost(profile: str, usd_per_gpu_hour: float | None = None, node: Any = None) -> PathCost:
-    """The predicted cost of ``COST_EXPERIMENT`` and of every run 01 and 02 make on ``node`` (default: this one),
-    each as the node's decision runs it (its overrides; a multi-GPU run as one simulated rank where the node has
-    too few GPUs), at ``usd_per_gpu_hour`` (checked: ``cost.checked_price``), or in GPU-hours where it is None."""
+    """The predicted cost of ``COST_EXPERIMENT``'s training steps and of every run 01 and 02 make on ``node``
+    (default: this one), at ``usd_per_gpu_hour`` (checked: ``cost.checked_price``), or in GPU-hours where it is
+    None. The path's seconds are the lease's (``lease.notebook_minutes``), so 04's cost and the notebooks' minutes
+    are one prediction."""
     from lab_helpers.hardware.node import describe_node
-    from lab_helpers.planning.cost import checked_price
-    from lab_helpers.planning.decision import section_decisions
+    from lab_helpers.planning.cost import RunCost, checked_price
+    from lab_helpers.present.lease import notebook_minutes
     from lab_helpers.present.plan_command import experiment_cost
 
     price = None if usd_per_gpu_hour is None else checked_price(usd_per_gpu_hour, source="USD_PER_GPU_HOUR")
     node = describe_node() if node is None else node
     answer = PathCost(profile, price, (COST_EXPERIMENT, *experiment_cost(COST_EXPERIMENT, profile=profile,
                                                                          usd_per_gpu_hour=price)))  # fmt: skip
-    for section in PATH_SECTIONS:
-        for exp_id, step in section_decisions(section, node, profile=profile):
-            if not step.runs:
-                answer.not_priced[exp_id] = "not run here"
-                continue
-            cost, why = experiment_cost(
-                exp_id, profile=profile, sets=[f"{key}={value}" for key, value in step.overrides.items()],
-                simulate_world=step.simulate_world, usd_per_gpu_hour=price,
-            )  # fmt: skip
-            if cost is None:
-                answer.not_priced[exp_id] = why
-            else:
-                answer.runs[exp_id] = cost
+    for notebook in PATH_NOTEBOOKS:
+        minutes = notebook_minutes(notebook, node, profile=profile)
+        for exp_id, seconds in minutes.run_s.items():
+            answer.runs[exp_id] = RunCost(seconds, minutes.gpus[exp_id], "launch to record", price)
+        answer.not_priced.update((exp_id, "not run here") for exp_id in minutes.skipped)
     return answer
 
 
