@@ -47,31 +47,7 @@ _EXPORTS = {
     "train_tokenizer": "tokenizer",
 }
 
-__all__ = [
-    "CI_BASE_CONFIG",
-    "CI_DATASETS",
-    "CI_MODELS",
-    "CI_MODEL_FOR",
-    "CI_ORG",
-    "DEFAULT_VOCAB_SIZE",
-    "MARKER",
-    "REAL_CONFIG_FOR",
-    "alpaca_is_built",
-    "build_checkpoint",
-    "checkpoint_is_built",
-    "ci_config",
-    "ci_paths",
-    "download_path",
-    "generate_alpaca",
-    "is_random_checkpoint",
-    "make_alpaca_json",
-    "prepare_ci",
-    "prepare_random_weights",
-    "random_state_dict",
-    "resolve_config",
-    "tokenizer_is_built",
-    "train_tokenizer",
-]
+__all__ = sorted(_EXPORTS)
 
 
 __getattr__, __dir__ = attach(__name__, {name: f".{module}" for name, module in _EXPORTS.items()})
