@@ -18,13 +18,13 @@ import math
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from lab_helpers.config.experiments import METHODS
 from lab_helpers.config.recipe_defaults import LORA_LAYER_KEYS, lora_defaults
 from lab_helpers.hardware.gpu_peaks import dense_peak_flops
 
 if TYPE_CHECKING:
     import litgpt
 
-METHODS = ("full", "lora", "qlora")
 LORA_LAYERS = tuple(key.removeprefix("lora_") for key in LORA_LAYER_KEYS)  # query, key, value, ... head
 
 

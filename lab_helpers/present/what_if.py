@@ -23,11 +23,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from lab_helpers.config.experiments import METHODS
 from lab_helpers.config.paths import configs_dir
 from lab_helpers.config.record_schema import BREAKDOWN_PARTS
 from lab_helpers.record.time_bound import GPU_BOUND_BUSY_PCT, HOST_BOUND_BUSY_PCT, band
 
-METHODS = ("full", "lora", "qlora")
 PRECISIONS = ("bf16-true", "bf16-mixed", "32-true", "16-true", "16-mixed")
 STRATEGIES = ("single", "ddp", "fsdp", "deepspeed")
 OPTIMIZERS: dict[str, str | None] = {
