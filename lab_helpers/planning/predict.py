@@ -66,14 +66,6 @@ def plan_for(run: ResolvedRun, gpu_memory_gib: float | None, *, device: str | No
                            f"(in a notebook: lab.prepare(profile={run.profile!r}))") from None  # fmt: skip
 
 
-def gpu_memory_gib() -> float | None:
-    """This node's GPU memory in GiB, the one reading the decision uses too (``node.this_gpu_memory_gib``: NVML,
-    torch where NVML cannot read); None without a GPU."""
-    from lab_helpers.hardware.node import this_gpu_memory_gib
-
-    return this_gpu_memory_gib()
-
-
 def predict_experiment(
     exp_id: str,
     *,
@@ -91,9 +83,11 @@ def predict_experiment(
 
 
 def _gpu_gib() -> float | None:
-    """This GPU's memory, behind one name the functions below share (their ``gpu_memory_gib`` argument shadows
-    the public function), so a test can stand in a GPU's size on a CPU."""
-    return gpu_memory_gib()
+    """This GPU's memory in GiB (None without one), the reading the decision uses too; one name, so that a test can
+    stand in a GPU's size on a CPU."""
+    from lab_helpers.hardware.node import this_gpu_memory_gib
+
+    return this_gpu_memory_gib()
 
 
 def prediction_fields(run: ResolvedRun) -> dict[str, Any]:
