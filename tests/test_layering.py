@@ -84,3 +84,18 @@ def test_the_linter_catches_an_upward_import_and_a_cycle(tmp_path):
     result = _lint(config, cwd=tmp_path, pythonpath=tmp_path)
     assert result.returncode != 0
     assert "toy.bottom is not allowed to import toy.top" in result.stdout
+
+
+def test_no_cycles_even_through_annotations(tmp_path):
+    """The contracts skip imports under ``TYPE_CHECKING``; ``farm-studio look`` does not. A circle made only of
+    annotation imports (planning's decision -> micro_batch / pairs -> decision, for ``Predict`` and ``Decision``)
+    is still a circle: the shared types live below the modules that use them (``planning.decision_types``)."""
+    config = tmp_path / "acyclic.ini"
+    config.write_text(
+        "[importlinter]\nroot_package = lab_helpers\nexclude_type_checking_imports = False\n\n"
+        "[importlinter:contract:acyclic]\nname = No cycles, annotations counted\ntype = acyclic_siblings\n"
+        "ancestors =\n    lab_helpers\n"
+    )
+    result = _lint(config, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "1 kept, 0 broken" in result.stdout

@@ -38,11 +38,11 @@ before anything starts, so a direct ``run`` and the decision never disagree abou
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any
 
 from lab_helpers.hardware.node import NodeFacts, bitsandbytes_install_command, gpu_memory_gib
+from lab_helpers.planning.decision_types import Decision, OomOverrides, PlanLike, Predict
 from lab_helpers.planning.micro_batch import largest_micro_batch, lesson_substitute, named_elsewhere
 from lab_helpers.planning.node_limits import (
     bf16_native,
@@ -70,29 +70,6 @@ LOSS_SCALING = (
 )
 OFFLOAD_EXPERIMENT = "deepspeed-offload"
 """The experiment whose host RAM the doctor checks (LAB.md: the 13B with its optimizer offloaded to the CPU)."""
-
-
-class PlanLike(Protocol):
-    gpu_used_gib: float
-    peak_alloc_gib: float
-
-
-Predict = Callable[[str, Mapping[str, Any]], PlanLike]
-OomOverrides = Callable[[str], tuple[dict[str, Any], str]]
-
-
-@dataclass(frozen=True)
-class Decision:
-    """One experiment on this node: whether it runs, with which overrides, what status to expect, and why."""
-
-    exp_id: str
-    profile: str
-    runs: bool
-    overrides: dict[str, Any] = field(default_factory=dict)
-    expected_status: str = "ok"  # ok | oom | skipped
-    sentence: str = ""
-    # run as rank 0 of this many ranks alone on one device (lab_helpers.training.distributed.simulated), or None
-    simulate_world: int | None = None
 
 
 # ----------------------------------------------------------------------------------------------- the gate

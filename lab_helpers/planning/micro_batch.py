@@ -13,7 +13,7 @@ from lab_helpers.hardware.node import gpu_memory_gib
 from lab_helpers.planning.node_limits import gpu_words, smaller_model_checkpoint
 
 if TYPE_CHECKING:  # annotations only: no import at run time
-    from lab_helpers.planning.decision import Predict
+    from lab_helpers.planning.decision_types import Predict
 
 
 SMALLER_MODEL_SUBSTITUTES = ("act-ckpt", "adamw-8bit", "full-13b-sgd")

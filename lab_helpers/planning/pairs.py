@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from lab_helpers.planning.node_limits import smaller_model_checkpoint
 
 if TYPE_CHECKING:  # annotations only: no import at run time
-    from lab_helpers.planning.decision import Decision
+    from lab_helpers.planning.decision_types import Decision
 
 
 # ----------------------------------------------------------------------------------------------- pairs
