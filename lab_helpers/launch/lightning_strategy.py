@@ -1,5 +1,3 @@
-"""The multi-GPU launcher: the Lightning Trainer with a strategy, one process per rank (``lab_helpers.training.distributed``)."""
-
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,3 @@
-"""The single-GPU launcher: litgpt's own CLI in one process, wrapped by ``child_litgpt`` to report what it measures."""
-
 from __future__ import annotations
 
 import sys
@@ -40,8 +38,7 @@ class LitgptCliLauncher:
 
 
 def lever_flags(options: Mapping[str, Any]) -> list[str]:
-    """The child's switches for the levers an experiment asks for (``recipe_defaults.CHILD_LEVERS``): litgpt has no
-    such settings, the child applies them and removes the switches before litgpt's CLI reads the argv."""
+    """litgpt has no such settings: the child applies them and removes the switches before litgpt reads the argv."""
     from lab_helpers.training import attention_backend, compile_blocks, pad_batches
 
     argv: list[str] = []

@@ -1,14 +1,8 @@
-"""One training run at a time on a node: a second run is refused with one line while another is in flight.
+"""One training run at a time on a node: two runs at once share its GPUs and cores, so each record's time, GPU-busy
+figure and OOM would be the pair's, silently.
 
-Why: two runs at once (01 in one tab and 02 in another, or a terminal's ``run`` beside a notebook) share the
-node's GPUs and CPU cores. Each record's time would be the pair's, NVML's GPU-busy figure would count both, and an
-OOM could be the other run's memory: wrong results that say nothing of it. So every run holds one lock file per
-node (``flock``, which the kernel lets go of when its holder dies, ``kill -9`` included, so it is never stale)
-from before its training starts until its record is stored, and writes who holds it there for the one line.
-
-``$LAB_RUN_LOCK``: the lock file (default ``<tmp>/lab_helpers-runs.lock``, one for every user of the node: the GPUs
-are shared). Where the file cannot be opened at all (a link planted there, a read-only /tmp), the run goes on and
-says it could not check: a lock that fails must not cost a run.
+``flock`` is let go by the kernel when its holder dies (``kill -9`` too), so the lock is never stale. One file for
+every user of the node, since the GPUs are shared. A lock that cannot be opened must not cost a run: it goes on.
 """
 
 from __future__ import annotations
@@ -30,13 +24,11 @@ LOCK_ENV = "LAB_RUN_LOCK"
 
 
 def lock_path() -> Path:
-    """The node's run lock: ``$LAB_RUN_LOCK``, else one file in the system's temporary folder."""
     return Path(os.environ.get(LOCK_ENV) or Path(tempfile.gettempdir()) / "lab_helpers-runs.lock")
 
 
 def _open(path: Path) -> int:
-    """The lock file opened for reading and writing, never through a link; made (0666: every user's runs share
-    the node) only where it is missing, so that a file another user made in sticky /tmp is opened, not re-made
+    """Made only where missing: a file another user made in sticky /tmp must be opened, not re-made
     (``fs.protected_regular`` refuses O_CREAT there)."""
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(2):
@@ -57,7 +49,6 @@ def _open(path: Path) -> int:
 
 
 def _holder(fd: int) -> str:
-    """Who holds the lock, as its holder wrote it; empty where it has not written yet."""
     try:
         held = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
     except (OSError, ValueError):
@@ -69,9 +60,7 @@ def _holder(fd: int) -> str:
 
 @contextlib.contextmanager
 def one_run_at_a_time(what: str, where: Path) -> Iterator[None]:
-    """Hold this node's run lock for the block: LabConfigError at once where another run holds it. ``what`` (the
-    experiment, or a measurement such as ``launch-cost``) and ``where`` (its results folder) are named in a refusal,
-    so that the student can find the run in flight."""
+    """``what`` and ``where`` are named in another run's refusal, so that the student can find the run in flight."""
     path = lock_path()
     try:
         fd = _open(path)

@@ -1,9 +1,7 @@
 """Run one training command in its own process group, live, and never leave a process behind.
 
-Why a separate process group: a CUDA OOM or a crash must not take the notebook kernel with it, and an
-interrupt (Ctrl-C in a terminal, "interrupt kernel" in Jupyter -- both arrive here as KeyboardInterrupt)
-must end every rank and data-loader worker at once. The child's output is shown as it comes, with a progress
-bar, and written line by line (secrets masked) to the run's log, so a crash never costs the log.
+Its own group, so that a CUDA OOM or a crash cannot take the notebook kernel with it, and one interrupt ends every
+rank and data-loader worker at once. The log is written line by line, so a crash never costs it.
 """
 
 from __future__ import annotations
@@ -40,8 +38,6 @@ _TAIL_LINES = 60
 
 @dataclass
 class ProcessOutcome:
-    """What the launching side saw of a run; the training side's own view is in ``reports``."""
-
     returncode: int | None
     interrupted: bool
     wall_s: float
@@ -62,7 +58,7 @@ class ProcessOutcome:
 
 
 def _progress_bar(total: int | None, label: str, enabled: bool):
-    """A bar in Jupyter or a terminal; none in a piped log (CI), where the printed iter lines are the progress."""
+    """None in a piped log (CI), where the printed iter lines are the progress."""
     if not enabled or not (sys.stdout.isatty() or "ipykernel" in sys.modules):
         return None
     from tqdm.auto import tqdm  # a widget in Jupyter, a text bar in a terminal
@@ -71,7 +67,6 @@ def _progress_bar(total: int | None, label: str, enabled: bool):
 
 
 def terminate_grace_s() -> float:
-    """Seconds the ranks get after SIGTERM to write their reports (``$LAB_TERMINATE_GRACE_S``, default 10)."""
     try:
         return max(0.0, float(os.environ.get(GRACE_ENV, TERMINATE_GRACE_S)))
     except ValueError:
@@ -79,11 +74,8 @@ def terminate_grace_s() -> float:
 
 
 def _end_group(proc: subprocess.Popen | WarmProcess, pgid: int) -> None:
-    """SIGTERM the whole group, give it a moment to write its reports, then SIGKILL whatever is left.
-
-    The SIGKILL is in a ``finally``: whatever happens while waiting, a rank that ignores SIGTERM (one stuck in
-    a collective) never outlives the run.
-    """
+    """The grace lets the ranks write their reports; the SIGKILL is in a ``finally`` so that a rank stuck in a
+    collective (which ignores SIGTERM) never outlives the run."""
     kill_group(pgid, signal.SIGTERM)
     try:
         proc.wait(timeout=terminate_grace_s())
@@ -95,14 +87,6 @@ def _end_group(proc: subprocess.Popen | WarmProcess, pgid: int) -> None:
 
 
 class _Deadline:
-    """The run's wall-clock limit: when it passes, the group is ended (SIGTERM, grace, SIGKILL) from a thread.
-
-    A run that hangs outside a collective (a dead data loader, a stuck file system) never ends on its own;
-    ending its group ends the process, and the runner's read loop (``_Output``) finishes at EOF, or at most
-    ``EXIT_GRACE_S`` after the process exited when something outside the group still holds its output, so the
-    run is recorded as timeout.
-    """
-
     def __init__(self, proc: subprocess.Popen | WarmProcess, pgid: int, limit_s: float | None) -> None:
         self.passed = threading.Event()
         self._done = threading.Event()
@@ -125,15 +109,8 @@ class _Deadline:
 
 
 class _Output:
-    """The training process's output, line by line, until EOF -- or until what the process left behind lets go.
-
-    A process that exits while a child of its own (a data-loader worker, a helper, one that left the group with
-    ``setsid``) still holds its stdout would keep the pipe open, and a plain read loop waiting for EOF would wait
-    for that child however long it lives: past the time limit, forever. So the pipe is read with a timeout, and
-    once the process has exited its leftovers get ``EXIT_GRACE_S`` to finish writing; then every process still
-    holding the pipe's write end (found by the pipe's inode in /proc/*/fd) and the whole process group are
-    SIGKILLed, what is already in the pipe is read, and reading stops. ``cut_note`` then says so in one line.
-    """
+    """Read with a timeout, not to EOF: a child that outlives the process (a data-loader worker, one that left the
+    group with ``setsid``) keeps the pipe open, and a read to EOF would wait for it past the time limit, forever."""
 
     def __init__(self, proc: subprocess.Popen | WarmProcess) -> None:
         assert proc.stdout is not None
@@ -159,7 +136,6 @@ class _Output:
         yield from lines.end()
 
     def _cut(self) -> bytes:
-        """Kill what holds the pipe past the grace, then return what is already in it (never waiting for EOF)."""
         holders = _pipe_writers(self._fd)
         for pid, _ in holders:
             try:
@@ -183,15 +159,11 @@ class _Output:
 
 
 MAX_LINE_BYTES = 64 * 1024
-"""A longer line is cut here (what follows is counted, not kept): one 300 MB line must cost the launcher no more
-than this, in the log, the echo and the error tail alike."""
+"""One 300 MB line must cost the launcher no more than this, in the log, the echo and the error tail alike."""
 _CUT_SLACK = 256  # a cut falls on whitespace within this many bytes, or that many bytes earlier: never in a token
 
 
 class _BoundedLines:
-    """Bytes in, whole lines out (each with its newline), none longer than ``MAX_LINE_BYTES``: past that, a line's
-    bytes are counted up to its end and one note stands for them. Memory is bounded by one line's cap."""
-
     def __init__(self) -> None:
         self._pending = bytearray()
         self._left_out = 0
@@ -227,7 +199,6 @@ class _BoundedLines:
 
 
 def _pipe_writers(read_fd: int) -> list[tuple[int, str]]:
-    """(pid, command) of every other process with the pipe of ``read_fd`` open (our own user's: /proc/PID/fd)."""
     try:
         link = f"pipe:[{os.fstat(read_fd).st_ino}]"
         pids = [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) != os.getpid()]
@@ -247,12 +218,8 @@ def _pipe_writers(read_fd: int) -> list[tuple[int, str]]:
 
 
 class Echo:
-    """The run's output on this process's stdout; when stdout goes away (``| head`` closed the pipe, the SSH
-    terminal dropped: EPIPE, EIO), the echo stops and the run goes on -- losing a view must never lose a run.
-
-    Once stdout failed it is pointed at /dev/null (when it is fd 1), so that no later print of this process
-    (the result line, Python's flush at exit) fails again.
-    """
+    """When stdout goes away (``| head`` closed, the SSH terminal dropped) the echo stops and the run goes on: losing a
+    view must never lose a run."""
 
     def __init__(self, enabled: bool, bar=None) -> None:
         self.enabled = enabled
@@ -283,7 +250,7 @@ class Echo:
 
 
 def silence_stdout() -> None:
-    """Point fd 1 at /dev/null: after EPIPE or EIO every write there would fail again."""
+    """After EPIPE or EIO every later print (the result line, Python's flush at exit) would fail again."""
     try:
         if sys.stdout is not None and sys.stdout.fileno() == 1:
             devnull = os.open(os.devnull, os.O_WRONLY)
@@ -294,7 +261,6 @@ def silence_stdout() -> None:
 
 
 def say(line: str, *, file=None) -> bool:
-    """print(line) that never raises for a vanished stdout or stderr (the record matters more than the line)."""
     try:
         print(line, file=file or sys.stdout, flush=True)
         return True
@@ -306,12 +272,10 @@ def say(line: str, *, file=None) -> bool:
 
 LOG_MAX_ENV = "LAB_LOG_MAX_MIB"
 LOG_MAX_MIB = 16.0
-"""``output.log``'s cap: its first quarter and its last three quarters are kept, what is between is left out with
-one line that counts it, so a chatty run cannot fill the results disk (``$LAB_LOG_MAX_MIB``, default 16)."""
+"""So that a chatty run cannot fill the results disk; the log keeps its first quarter and last three quarters."""
 
 
 def log_cap_bytes() -> int:
-    """``$LAB_LOG_MAX_MIB`` in bytes (from 0.01 MiB to 1 TiB; anything else: the default)."""
     try:
         mib = float(os.environ.get(LOG_MAX_ENV, LOG_MAX_MIB))
     except ValueError:
@@ -320,13 +284,8 @@ def log_cap_bytes() -> int:
 
 
 class _Log:
-    """The run's log file, with a size cap that keeps its head and its tail (``log_cap_bytes``).
-
-    Lines are written as they come, so a crash never costs the log. Past the head, the file grows to at most the
-    head and twice the tail; then the last tail's worth of lines is moved up behind the head and one line that
-    counts what was left out, and the file is cut there: at most ``cap`` bytes more on disk than the cap, and each
-    byte is moved at most once (the move copies a tail only after as many new bytes). A write that fails (the disk
-    filled up) stops the log, never the run or its record."""
+    """Past the head the file grows to twice the tail before the last tail is moved up, so each byte is moved at
+    most once. A write that fails (a full disk) stops the log, never the run."""
 
     def __init__(self, path: Path, cap_bytes: int | None = None) -> None:
         self.error: str | None = None
@@ -353,7 +312,6 @@ class _Log:
             self._stop(f"the log stopped here: {exc.strerror or exc}")
 
     def _compact(self) -> None:
-        """Keep the head, a note counting what is left out, and the last ``tail_cap`` bytes (from a line start)."""
         assert self._fd is not None and self._head_end is not None
         start = self._size - self._tail_cap
         tail = os.pread(self._fd, self._tail_cap, start)
@@ -413,13 +371,8 @@ def run_command(
     time_limit_s: float | None = None,
     shield: InterruptShield | None = None,
 ) -> ProcessOutcome:
-    """Run ``command`` to the end (or to an interrupt, or to ``time_limit_s``) and return what happened.
-
-    Raises nothing for a failed run: the caller decides what a non-zero exit means. A KeyboardInterrupt is
-    turned into ``interrupted=True`` after the whole process group is gone. From the first interrupt on (and
-    once the process has ended) ``shield`` is armed: further interrupts are counted, not raised, so that the
-    caller can store the record first. Without a ``shield`` the runner uses its own and releases it on return.
-    """
+    """Raises nothing for a failed run or an interrupt. ``shield`` is armed from the first interrupt (and once the
+    process ended) and left armed, so that the caller can store the record before any further interrupt."""
     own_shield = shield is None
     shield = shield if shield is not None else InterruptShield()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -520,8 +473,6 @@ def run_command(
 
 
 def _child_env(env: Mapping[str, str] | None, report_dir: Path) -> dict[str, str]:
-    """The training process's environment: the launcher's and the run's, where the process reports, and whose it is
-    (orphan_guard checks that its launcher is still there)."""
     return {
         **os.environ,
         **(env or {}),

@@ -1,8 +1,7 @@
 """A background sampler of the GPU timeline (NVML) and of the run's host CPU and memory.
 
-Why in the launching process and not in the training one: it must see every rank's GPU at once, keep going
-while a rank is stuck or dying, and survive an OOM in the child. Rows go to a CSV file as they are taken
-(flushed every second), so a crash still leaves the timeline up to that moment.
+In the launching process, not the training one: it must see every rank's GPU at once and outlive a stuck, dying or
+OOM-killed rank.
 """
 
 from __future__ import annotations
@@ -24,23 +23,16 @@ TIMELINE_COLUMNS = ("t_s", "gpu", "util_pct", "mem_used_gib", "power_w", "host_c
 
 @dataclass
 class TimelineSummary:
-    """Peaks over the run, per GPU by NVML index; GPU figures are None where there is no GPU (never 0).
-
-    ``gpu_uuids`` names each sampled GPU (NVML index -> "GPU-..."), ``visible_order`` lists the NVML indices in
-    the order the run's processes see them as cuda:0, cuda:1, ... (through ``CUDA_VISIBLE_DEVICES``).
-    """
-
     path: Path
     samples: int = 0
     gpu_used_peak_gib: dict[int, float] = field(default_factory=dict)
     gpu_uuids: dict[int, str] = field(default_factory=dict)
-    visible_order: list[int] = field(default_factory=list)
+    visible_order: list[int] = field(default_factory=list)  # NVML indices in the order the ranks see cuda:0, 1, ...
     host_rss_peak_gib: float | None = None
     t0_monotonic_s: float | None = None  # time.monotonic() of the timeline's t_s = 0: maps a rank's loop onto it
     error: str | None = None  # why the timeline file is incomplete (a full disk); the peaks above are still whole
 
     def gpu_index_for(self, local_rank: int, device_uuid: str | None = None) -> int | None:
-        """The NVML index of the GPU a rank used: by the UUID it reported, else by its place among visible GPUs."""
         if device_uuid:
             for index, uuid in self.gpu_uuids.items():
                 if uuid == device_uuid:
@@ -50,18 +42,14 @@ class TimelineSummary:
         return None
 
     def gpu_used_peak_for(self, local_rank: int, device_uuid: str | None = None) -> float | None:
-        """The NVML peak of the GPU a rank used (``gpu_index_for``)."""
         index = self.gpu_index_for(local_rank, device_uuid)
         return None if index is None else self.gpu_used_peak_gib.get(index)
 
 
 def visible_nvml_indices(visible: str | None, uuids: list[str | None]) -> list[int]:
-    """NVML indices in the order CUDA numbers them for a process with ``CUDA_VISIBLE_DEVICES=visible``.
-
-    Entries are indices or (prefixes of) UUIDs, as CUDA accepts them; like CUDA, the list ends at the first
-    entry that names no GPU. An index is taken as NVML's, which is CUDA's order with CUDA_DEVICE_ORDER=PCI_BUS_ID
-    and on nodes of identical GPUs; the rank's own reported UUID (when there is one) is exact in every case.
-    """
+    """As CUDA reads ``CUDA_VISIBLE_DEVICES``: indices or UUID prefixes, ending at the first that names no GPU. An
+    index is taken as NVML's, which is CUDA's order only with PCI_BUS_ID order or identical GPUs; a rank's own
+    reported UUID is exact."""
     if visible is None:
         return list(range(len(uuids)))
     order: list[int] = []
@@ -80,8 +68,6 @@ def visible_nvml_indices(visible: str | None, uuids: list[str | None]) -> list[i
 
 
 class _Nvml:
-    """NVML handles of the GPUs this run can see, or nothing where the driver or library is missing."""
-
     def __init__(self, visible: str | None = None) -> None:
         self.handles: list = []
         self.indices: list[int] = []
@@ -132,18 +118,11 @@ class _Nvml:
 
 
 def process_tree_rss_bytes(root_pid: int) -> int:
-    """Resident memory of a process and all its descendants (ranks, data loader workers), each page counted once.
-
-    Summing RSS counts a shared page once per process that maps it: forked DataLoader workers share their
-    parent's pages, and ranks map the same checkpoint file. The proportional set size (PSS) splits each shared
-    page among the processes that map it, so the sum over the tree is the memory the run really holds.
-    Where PSS cannot be read (not Linux, no permission) RSS is used for that process.
-    """
+    """PSS, not RSS: summed RSS counts a page shared by forked workers or a mapped checkpoint once per process."""
     return ProcessTreeMemory(root_pid).read_bytes(time.monotonic())  # a first reading is exact
 
 
 def _pss_or(proc: psutil.Process, rss: int) -> int:
-    """The process's PSS, or ``rss`` (already read) where PSS cannot be read (not Linux, no permission)."""
     try:
         return int(proc.memory_full_info().pss)
     except (psutil.Error, AttributeError, OSError):
@@ -151,14 +130,9 @@ def _pss_or(proc: psutil.Process, rss: int) -> int:
 
 
 class ProcessTreeMemory:
-    """``process_tree_rss_bytes`` at the sampler's pace without taking a core from the run it measures.
-
-    PSS is dear: the kernel walks every page of the process to split the shared ones (14 ms of CPU for a process
-    that has imported torch; read every 150 ms for two such ranks, 19 % of a core: benchmarks/sampler_cost.out.txt).
-    RSS costs 0.03 ms. So the tree and each process's PSS are read exactly every ``exact_every_s``; in
-    between, a process counts its last PSS plus what its RSS has grown (or shrunk) since: new pages are the
-    process's own, so the growth of a run's memory is seen at once and shared pages still count once.
-    """
+    """PSS is dear (14 ms of CPU per torch process; every 150 ms for two ranks, 19 % of a core:
+    benchmarks/sampler_cost.out.txt), RSS costs 0.03 ms. So PSS is read every ``exact_every_s`` and in between each
+    process adds its RSS growth: new pages are its own, so growth shows at once and shared pages still count once."""
 
     def __init__(self, root_pid: int, *, exact_every_s: float = 1.0) -> None:
         self._root_pid = root_pid
@@ -168,7 +142,6 @@ class ProcessTreeMemory:
         self._last_exact: dict[int, tuple[int, int]] = {}  # pid -> (PSS, RSS) at its last exact reading
 
     def read_bytes(self, now_s: float) -> int:
-        """The tree's memory at monotonic time ``now_s``: exact when due, else estimated from RSS."""
         exact = now_s >= self._next_exact_s
         if exact:
             self._next_exact_s = now_s + self._exact_every_s
@@ -195,8 +168,6 @@ class ProcessTreeMemory:
 
 
 class TimelineSampler:
-    """Samples every ``interval_s`` (100-200 ms per LAB.md) until stopped; use as a context manager."""
-
     def __init__(
         self,
         path: Path,
@@ -206,8 +177,6 @@ class TimelineSampler:
         visible_devices: str | None = None,
         pss_every_s: float = 1.0,
     ) -> None:
-        """``visible_devices`` is the run's ``CUDA_VISIBLE_DEVICES`` (None: every GPU of the node); ``pss_every_s``
-        how often host memory is read exactly (``ProcessTreeMemory``)."""
         if not 0.01 <= interval_s <= 10:
             raise ValueError(f"interval_s must be between 0.01 and 10 s; got {interval_s}")
         self.summary = TimelineSummary(path=path)
@@ -276,8 +245,7 @@ class TimelineSampler:
 
 
 class _Rows:
-    """The timeline CSV's writer. A write that fails (the disk filled up, the file system turned read-only) stops
-    the file, never the sampling: the peaks still reach the record, and ``summary.error`` says where the file ends."""
+    """A write that fails (a full disk) stops the file, never the sampling: the peaks still reach the record."""
 
     def __init__(self, summary: TimelineSummary) -> None:
         self._summary = summary

@@ -1,11 +1,8 @@
-"""Each run's wall-clock limit, so that a run hung outside a collective cannot block ``run-all`` forever.
+"""Each run's wall-clock limit, so that a run hung outside a collective (a dead data loader, a stuck file system)
+cannot block ``run-all`` forever.
 
-A rank stuck in a collective ends at the collective's timeout, but a dead data loader or a stuck file system
-never ends. The limit is generous -- a slow run must never be cut -- and comes from the recipe: an allowance
-for loading (checkpoint, data, DeepSpeed op builds) plus an allowance per micro-batch the run will do. The
-planner predicts memory, not time, so there is no predicted step time to scale instead. A run whose
-step count the recipe leaves open gets the profile's whole allowance. ``time_limit_s=`` (``--time-limit``)
-or ``$LAB_TIME_LIMIT_S`` override it; 0 means no limit.
+The planner predicts step time (``plan --time``), but the limit is a generous allowance per micro-batch from the
+recipe instead: a slow run must never be cut. 0 means no limit.
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ OPEN_ENDED_RUN_S = {"ci": 1800.0, "gpu": 3 * 3600.0}  # a lease is 2-3 h
 
 
 def time_limit_s(profile: str, total_iterations: int | None, override: float | None = None) -> float | None:
-    """Seconds the run may take, or None for no limit (``override`` or ``$LAB_TIME_LIMIT_S`` of 0)."""
     if override is None and os.environ.get(TIME_LIMIT_ENV):
         override = parse_time_limit(os.environ[TIME_LIMIT_ENV], source=TIME_LIMIT_ENV)
     if override is not None:
@@ -33,12 +29,10 @@ def time_limit_s(profile: str, total_iterations: int | None, override: float | N
 
 
 MAX_TIME_LIMIT_S = 365 * 24 * 3600.0
-"""The longest limit accepted: a year, well inside what the timer can wait (``threading.TIMEOUT_MAX``); a longer
-one used to overflow the timer's thread and leave the run unlimited while its record said otherwise."""
+"""A longer one overflows the timer's thread and leaves the run unlimited while its record says otherwise."""
 
 
 def parse_time_limit(text: str | float, *, source: str = "--time-limit") -> float:
-    """A number of seconds (0: no limit) the timer can hold; anything else is one clear line."""
     from lab_helpers.config.experiments import LabConfigError
 
     try:

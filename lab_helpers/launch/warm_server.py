@@ -1,10 +1,5 @@
-"""The warm server's side of ``warm_start``: ``python -m lab_helpers.launch.warm_server``, started by a launcher's
-``WarmStarter`` and ended with it.
-
-It imports torch, Lightning and litgpt once, says whether a fork of it is safe (nothing touched CUDA, no thread was
-started), then forks one run per request: a process in its own session with the run's argv, environment, working
-directory and command line, exactly as a cold start would give it, and exits once the launcher closes the socket
-and its runs have ended. It imports as little of the lab as it can: each run imports ``lab_helpers`` afresh.
+"""The warm server's side of ``warm_start``. It imports as little of the lab as it can: each run imports
+``lab_helpers`` afresh.
 """
 
 from __future__ import annotations
@@ -33,11 +28,8 @@ _INTERRUPTED = -1  # _become_run's code for an uncaught KeyboardInterrupt
 
 
 def _set_command_line(text: str) -> None:
-    """Show ``text`` as this process's command line, in the room its argv had (as setproctitle does).
-
-    The kernel reads /proc/PID/cmdline from the argv area; when its last byte is not NUL it stops at the first
-    NUL, so the text goes there NUL-terminated and the rest stays non-NUL.
-    """
+    """As setproctitle does: the kernel reads /proc/PID/cmdline from the argv area and, when its last byte is not NUL,
+    stops at the first NUL; so the text goes there NUL-terminated and the rest stays non-NUL."""
     try:
         with open("/proc/self/stat", "rb") as fh:
             fields = fh.read().rsplit(b")", 1)[1].split()
@@ -53,7 +45,6 @@ def _set_command_line(text: str) -> None:
 
 
 def _inside_stack(start: int, end: int) -> bool:
-    """The argv area lies at the top of the main thread's stack mapping; check that before writing to it."""
     try:
         with open("/proc/self/maps") as fh:
             for line in fh:
@@ -66,13 +57,10 @@ def _inside_stack(start: int, end: int) -> bool:
 
 
 class _CudaProbes:
-    """Record every call that may initialise CUDA while the server imports (torch is imported first for it)."""
-
     NAMES = ("is_available", "device_count", "init", "_lazy_init", "current_device", "get_device_properties")
     C_NAMES = ("_cuda_getDeviceCount", "_cuda_init")  # what those call in a CUDA build of torch
 
     def __init__(self, *, enabled: bool) -> None:
-        """``enabled``: torch is among the preloads (without it nothing of CUDA can be touched by them)."""
         self.enabled = enabled
         self.calls: list[str] = []
         self._originals: list[tuple[object, str, object]] = []
@@ -104,7 +92,7 @@ class _CudaProbes:
 
 
 def _cuda_driver_loaded() -> bool:
-    """libcuda is loaded on the first CUDA call of any library (torch, bitsandbytes, DeepSpeed), never before."""
+    """Catches any library's first CUDA call (bitsandbytes, DeepSpeed), not only torch's."""
     try:
         with open("/proc/self/maps") as fh:
             return "libcuda.so" in fh.read()
@@ -126,10 +114,8 @@ def _why_not_fork_safe(probes: list[str]) -> str | None:
 
 
 def _imported_files() -> dict[str, int]:
-    """Every file the server has imported, and its mtime: a reinstall or an edit of any of them (torch, litgpt,
-    the lab's own modules, what those import from elsewhere) changes one. With torch, Lightning and litgpt
-    imported that is about 2,800 files: some 30 ms of stat calls per run on 2 busy cores, against 6-9 s of cold
-    imports."""
+    """So that a reinstall or an edit is seen: about 2,800 files, some 30 ms of stat calls per run on 2 busy cores,
+    against 6-9 s of cold imports."""
     files = {}
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
@@ -152,10 +138,6 @@ def _changed(files: Mapping[str, int]) -> str | None:
 
 
 def _serve(ctl: socket.socket, files: Mapping[str, int]) -> None:
-    """Fork one run per request; send each run's pid, then its exit status once reaped.
-
-    A run is not forked once a file the server imported has changed on disk (a package upgraded or edited
-    since): the launcher is told, drops this server and starts the run cold, then a fresh server."""
     runs: dict[int, socket.socket] = {}
     pidfds: dict[int, int] = {}
     open_ctl = True
@@ -224,7 +206,6 @@ def _fork_run(request: dict, out_fd: int, *, close_in_child: list[socket.socket 
 
 
 def _become_run(request: dict, out_fd: int, close_in_child: list[socket.socket | int]) -> int:
-    """In the forked child: become the process ``python -m MODULE ARGS`` would have started, then run it."""
     os.setsid()
     for item in close_in_child:
         if isinstance(item, int):
@@ -277,7 +258,7 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 def _shutdown() -> None:
-    """What the interpreter does at exit before it is gone: join non-daemon threads, run atexit, flush."""
+    """What the interpreter does at exit; ``os._exit`` in the forked child skips it."""
     shutdown = getattr(threading, "_shutdown", None)
     if shutdown is not None:
         try:
@@ -295,7 +276,6 @@ def _shutdown() -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    """``python -m lab_helpers.launch.warm_server CTL_FD PRELOAD,... PADDING``: started by ``_Server`` only."""
     ctl = socket.socket(fileno=int(argv[0]))
     from lab_helpers.training.orphan_guard import die_with_parent
 

@@ -1,29 +1,10 @@
 """Start a launcher's later runs from a warm Python that has already imported torch, Lightning and litgpt.
 
-Why: every run is a process of its own (a crash or an OOM never takes the notebook with it), and each such
-process used to spend 6-9 s of a 2-core CPU importing torch, Lightning and litgpt before its first step: most
-of a ci-profile run, and most of the time CI takes. A launcher that starts a second run (a notebook, ``run_all``,
-the test suite) is likely to start more, so from its second run on the lab keeps one *warm server* per
-environment: a process that imported those packages once and forks a copy of itself for each run. A single
-``python -m lab_helpers run`` starts its one run as before (a cold start), with no server.
-
-A forked run is what a cold one is: a process in its own session (its pid is its process group), stdout and
-stderr on the runner's pipe, stdin on /dev/null, the run's environment, working directory, argv and ``sys.path``,
-and a command line (``ps``, ``psutil``, ``nvidia-smi``) showing its own command. The runner waits for it, ends
-its group and samples its tree exactly as before. Only its parent differs: the server, which dies with the
-launcher (``PR_SET_PDEATHSIG``), so the run's orphan guard still ends the run when the launcher is gone.
-
-Where it is on: the ``ci`` profile (CPUs, the notebooks under nbval, the test suite). On a GPU it stays off until a
-GPU session shows warm and cold runs of one experiment measure the same peak memory and step time
-(``benchmarks/warm_start.py --profile gpu``; docs/measuring-on-a-gpu.md): :func:`setting_for` gives the default,
-and ``LAB_WARM_START=1`` or ``0`` set by the student wins.
-
-A run starts cold, as before, whenever the warm path is not certainly the same: ``LAB_WARM_START=0``; not Linux;
-a command other than ``python -m MODULE``; the server failed to start or died; the server's imports touched
-CUDA (a fork after CUDA is initialised leaves the child unable to use it) or started a thread (then every later
-run of the launcher starts cold too). The server is shared only by runs whose environment is the same apart
-from the lab's own ``LAB_*`` settings, which only ``lab_helpers`` reads, and each run imports ``lab_helpers``
-afresh. Each record says how its process started (``process_start``: ``warm`` or ``cold``).
+Each run is a process of its own, and a cold one spends 6-9 s of a 2-core CPU on those imports: most of a ci run.
+So from a launcher's second run on, one *warm server* per environment forks a copy of itself for each run. The fork
+is the same process to the runner (own session, same pipe, env, argv); its parent, the server, dies with the
+launcher (``PR_SET_PDEATHSIG``), so the orphan guard still works. Wherever the warm path is not certainly the same
+the run starts cold: imports that touched CUDA (a fork cannot use it then) or started a thread, a server that died.
 """
 
 from __future__ import annotations
@@ -54,17 +35,12 @@ SERVER_MODULE = "lab_helpers.launch.warm_server"
 
 
 def setting_for(profile: str) -> str:
-    """``LAB_WARM_START`` for a run of ``profile``: the student's own setting, else on ("1") for the ``ci`` profile
-    only. Off ("0") on a GPU until a GPU session measures warm against cold (issue 26 has not yet)."""
+    """Off on a GPU until a GPU session measures warm and cold runs alike (``benchmarks/warm_start.py --profile gpu``)."""
     return os.environ.get(WARM_START_ENV) or ("1" if profile == "ci" else "0")
 
 
 class WarmProcess:
-    """A run forked by a warm server, with what the runner uses of ``subprocess.Popen``.
-
-    ``wait`` and ``poll`` read the exit status the server (the run's parent) sends when it reaps the run: a
-    negative number for a signal, as ``Popen`` reports it.
-    """
+    """What the runner uses of ``subprocess.Popen``; the exit status comes from the server (the run's parent)."""
 
     def __init__(self, args: Sequence[str], pid: int, stdout_fd: int, status: socket.socket) -> None:
         self.args = list(args)
@@ -108,8 +84,6 @@ class WarmProcess:
 
 
 class _Server:
-    """One warm Python for one environment, started by this launcher and ended with it."""
-
     def __init__(self, env: Mapping[str, str], cwd: str, preload: Sequence[str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         argv = [sys.executable, "-m", SERVER_MODULE, str(theirs.fileno()), ",".join(preload), " " * _TITLE_ROOM]
@@ -126,7 +100,7 @@ class _Server:
         self.ctl = ours
 
     def wait_ready(self, timeout_s: float) -> str | None:
-        """Block until the server has imported everything; None when it can serve, else why it cannot."""
+        """None when it can serve, else why it cannot."""
         ready, _, _ = select.select([self.ctl], [], [], timeout_s)
         data = self.ctl.recv(4096) if ready else b""
         answer = json.loads(data) if data else {"reason": "the warm server did not start"}
@@ -136,11 +110,8 @@ class _Server:
         return self.proc.poll() is None
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> WarmProcess:
-        """Fork one run; OSError when the server is gone (the caller then starts the run cold).
-
-        An interrupt at any point in here leaves no run behind: once the request may have reached the server,
-        the answer is awaited and the run it started is killed before the interrupt goes on.
-        """
+        """An interrupt in here leaves no run behind: once the request may have reached the server, the answer is
+        awaited and the run it started is killed."""
         read_fd, write_fd = os.pipe()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         request = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd}).encode()
@@ -166,7 +137,6 @@ class _Server:
         return WarmProcess(argv, int(answer["pid"]), read_fd, ours)
 
     def close(self) -> None:
-        """No more runs: the server exits once the runs it forked have ended (at once, between runs)."""
         self.ctl.close()
         try:
             self.proc.wait(timeout=5)
@@ -183,7 +153,6 @@ def _recv_within(sock: socket.socket, timeout_s: float) -> bytes:
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
-    """Signal a process group (a run, a forked run, a server that has forked nothing yet) that may be gone already."""
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
@@ -191,8 +160,6 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
 
 
 class WarmStarter:
-    """Starts runs cold or from a warm server, as described in the module docstring."""
-
     def __init__(self, preload: Sequence[str] = PRELOAD, *, max_servers: int = MAX_SERVERS) -> None:
         self.preload = tuple(preload)
         self.max_servers = max_servers
@@ -203,7 +170,6 @@ class WarmStarter:
         self.last_cold_reason: str | None = None  # why the last run started cold (None: it was forked)
 
     def popen(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None):
-        """Start ``argv`` as the runner needs it: ``subprocess.Popen`` or a ``WarmProcess`` with the same use."""
         cwd = os.path.abspath(cwd or os.getcwd())
         reason = self._why_cold(argv, env)
         if reason is None:
@@ -282,7 +248,7 @@ def _stop(server: _Server) -> None:
 
 
 def _environment_key(env: Mapping[str, str], cwd: str) -> tuple:
-    """What a server's imports may have read: the whole environment but the lab's own settings, and the cwd."""
+    """Only ``lab_helpers`` reads the ``LAB_*`` settings, and each run imports it afresh."""
     return (cwd, tuple(sorted((k, v) for k, v in env.items() if not k.startswith(LAB_PREFIX))))
 
 
@@ -302,7 +268,6 @@ _starter: WarmStarter | None = None
 
 
 def start_process(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None):
-    """The runner's way to start a training process (this launcher's shared ``WarmStarter``)."""
     global _starter
     if _starter is None:
         _starter = WarmStarter()
