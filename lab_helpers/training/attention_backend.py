@@ -1,12 +1,7 @@
-"""Scaled-dot-product attention restricted to one backend around ``fit``: what the ``attention-flash`` experiment
-switches on.
+"""Attention restricted to one backend around ``fit`` (the ``attention-flash`` experiment).
 
-Why: on a GPU, bf16 attention's default backend may build a plan for every new sequence length (cuDNN's), a cost
-the record shows as first-seen lengths; the flash backend builds none. ``torch.nn.attention.sdpa_kernel`` restricts
-every ``scaled_dot_product_attention`` call inside it to the backends it names; a call no such backend can serve
-raises instead of falling back, so a run that records ``ok`` ran the backend asked for. Validation and example
-generation run with every backend (:func:`any_backend`): they are outside the timed loop, and generation's explicit
-attention mask is one that flash attention on CUDA refuses.
+bf16 attention's default backend (cuDNN) may build a plan for every new sequence length; flash builds none. Under
+``sdpa_kernel`` a call the backend cannot serve raises instead of falling back, so a run that records ``ok`` ran it.
 """
 
 from __future__ import annotations
@@ -17,12 +12,10 @@ from collections.abc import Callable, Iterator
 from lab_helpers.config.recipe_defaults import ATTENTION_BACKENDS
 
 FLAG = "--attention-backend"
-"""The ``child_litgpt`` switch (``--attention-backend flash``), removed before litgpt's CLI reads the argv."""
 
 
 @contextlib.contextmanager
 def only_backend(name: str) -> Iterator[None]:
-    """Attention restricted to the backend ``name`` (``recipe_defaults.ATTENTION_BACKENDS``) inside the block."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel(getattr(SDPBackend, ATTENTION_BACKENDS[name])):
@@ -30,7 +23,8 @@ def only_backend(name: str) -> Iterator[None]:
 
 
 def any_backend(function: Callable) -> Callable:
-    """``function`` run with every attention backend torch has, whatever restriction is around it."""
+    """For validation and generation: outside the timed loop, and generation's explicit mask is one flash on CUDA
+    refuses."""
 
     def unrestricted(*args, **kwargs):
         from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -1,31 +1,8 @@
 """Entry point of a single-GPU training process: litgpt's own CLI, plus what only this process can measure.
 
-    python -m lab_helpers.training.child_litgpt finetune_full --config RUN_DIR/recipe.yaml [--activation-checkpointing]
-        [--batch-order length-grouped] [--compile blocks [--compile-mode MODE]] [--pad-multiple N|max]
-        [--attention-backend flash]
-
-litgpt prints memory only on CUDA, only allocated, and in GB, and its "training time" includes validation.
-This wrapper runs litgpt's unmodified CLI but wraps the finetune module's ``fit``, ``validate`` and
-``get_dataloaders`` so that it can report peak allocated and reserved memory over training (on a CPU: the peak
-of live tensor bytes, ``tensor_peak``) and the same peaks over the whole process (checkpoint load included, as
-litgpt prints them: ``peak_alloc_whole_run_gib``, ``peak_tensor_whole_run_gib``), seconds inside the training
-loop minus validation with the first optimizer step timed apart as warm-up, and the token counts of the timed
-part. In quick mode (``quick_mode``) the longest samples open the second optimizer step, which is warm-up too, and
-the timing stops at an optimizer step's end once quick mode's stopping rule says so (``quick_mode.stop_reason``:
-the loop is ended through litgpt's own epoch check). No weights are saved unless asked. ``--activation-checkpointing`` (the lab's switch, not litgpt's) wraps every transformer block
-in ``torch.utils.checkpoint`` before ``fit`` (``activation_checkpointing``). ``--batch-order length-grouped`` (the
-lab's too) trains on micro-batches of samples of similar length (``quick_mode.LengthGroupedSampler``), in quick and
-full mode; its quick run is never ``stable`` by the rule (its micro-batches differ in length by design). The levers
-of an overhead-bound loop are the lab's switches too: ``--compile blocks`` compiles every block before ``fit``
-(``compile_blocks``; the report says what compiled, its seconds and recompiles), ``--pad-multiple`` pads the training
-micro-batches further (``pad_batches``), ``--attention-backend`` restricts attention to one backend around ``fit``
-(``attention_backend``). A CUDA OOM
-ends the process with status ``oom`` and the allocator's message; the GPU is freed because the process is gone.
-
-The loop's parts live in their own modules: the clock (``loop_clock``), quick mode's stop (``quick_stop``, which
-also knows that a length-grouped run is never ``stable``) and the profiler hook (``profile_hook``); this module
-wires them to litgpt (``_Training``, ``_WatchedBatches``) and wraps ``fit`` (``_FitWrapper``, which also watches in
-which phase of the loop the training peak is reached: ``peak_phase``).
+litgpt prints memory only on CUDA, only allocated, and in GB, and its "training time" includes validation. So its
+unmodified CLI runs with ``fit``, ``validate`` and ``get_dataloaders`` wrapped; the lab's own switches
+(``--compile``, ``--pad-multiple``, ...) are taken out of the argv before litgpt reads it.
 """
 
 from __future__ import annotations
@@ -70,13 +47,6 @@ SAVE_ENV = "LAB_SAVE_CHECKPOINT"  # "1" keeps litgpt's final checkpoint; the lab
 
 
 class _Training:
-    """One training loop's three parts, told about every batch litgpt trains on (``_WatchedBatches``).
-
-    The loop clock (``loop_clock``) times it, quick mode's stop (``quick_stop``) decides where it ends, and the
-    profiler hook (``profile_hook``) profiles a few of its steps; they learn the loop's settings when litgpt builds
-    its dataloaders (``watch_batches``) and give the report its time, host, quick-stop and profile fields.
-    """
-
     def __init__(self, *, profile_steps: int | None = None) -> None:
         self.clock = LoopClock()
         self.profile = ProfileHook(profile_steps)
@@ -95,13 +65,12 @@ class _Training:
         return _WatchedBatches(dataloader, self, epochs=epochs, train_args=train_args)
 
     def saw_batch(self, batch: Mapping[str, Any]) -> None:
-        """A batch litgpt trains on: the clock's start time first, so that starting the profiler is not its time."""
+        """The clock's start time first, so that starting the profiler is not the batch's time."""
         iteration = self.clock.start_batch()
         self.profile.at_batch(iteration)
         self.clock.count_untimed_tokens(batch)
 
     def report_fields(self) -> dict[str, Any]:
-        """train_s and the other time figures, host_core_pct, quick_stop and the torch_profile_* fields."""
         return {
             **loop_clock.timings(self.clock),
             **loop_clock.host_fields(self.clock),
@@ -111,20 +80,6 @@ class _Training:
 
 
 class _FitWrapper:
-    """What happens around litgpt's ``fit``: the CUDA peaks reset (the checkpoint load's peak kept apart),
-    activation checkpointing of every block (``--activation-checkpointing``), every block compiled (``compile_mode``:
-    ``--compile blocks``, watched by ``compile_watch``), attention restricted to one backend (``attention``:
-    ``--attention-backend``), the CPU's tensor peak seeded with
-    the model, the phase of the loop in which the training peak is reached watched, the loop clock started and
-    stopped, and the profiler's trace written once the clock has stopped.
-
-    ``whole_run_tensors``, on a CPU: live tensors over the whole process (started before litgpt loads the
-    checkpoint); ``tensor_peak_bytes`` is its peak between the start and the end of ``fit``. ``peak_phases``: the
-    phase of the loop in which the training peak was first reached (``tensor_peak.PeakPhase``: backward, optimizer
-    step, ...), read at ``fabric.backward``'s and ``optimizer.step``'s boundaries and around validation and example
-    generation (``watch_phase``).
-    """
-
     def __init__(
         self, training: _Training, *, checkpoint_blocks: bool = False, whole_run_tensors: LiveTensorPeak | None = None,
         compile_mode: tuple[str, str] | None = None, attention: str | None = None,
@@ -168,15 +123,12 @@ class _FitWrapper:
         return timed_fit
 
     def _compile(self, model: Any) -> None:
-        """Every block compiled (``compile_blocks``), the compile watch started before the first forward compiles."""
         mode, why = self.compile_mode
         count = compile_blocks.compile_blocks(model, mode)
         self.compile_watch.start(f"blocks ({count}, mode {mode}{'; ' + why if why else ''})")
         print(f"lab: compiled {self.compile_watch.compiled}: torch.compile per block, compiling at the first forward")
 
     def outside_the_loop(self, function: Callable) -> Callable:
-        """``function`` (litgpt's validate, generate_example) without the loop's levers: eager where blocks are
-        compiled, every attention backend where one is asked for."""
         if self.compile_mode is not None:
             function = compile_blocks.eager(function)
         if self.attention:
@@ -184,8 +136,6 @@ class _FitWrapper:
         return function
 
     def _watch_peak_phases(self, args: tuple, kwargs: dict) -> None:
-        """Cut the loop at ``fabric.backward`` and ``optimizer.step`` (the objects litgpt's ``fit`` calls) so that
-        the report can say in which phase the training peak was reached; and print how the optimizer steps."""
         fabric, optimizer = _fabric_and_optimizer(args, kwargs)
         if optimizer is not None:
             print(optimizer_words(optimizer))
@@ -202,8 +152,6 @@ class _FitWrapper:
         optimizer.step = self.peak_phases.wrap(optimizer.step, "optimizer step", before="before the optimizer step")
 
     def watch_phase(self, function: Callable, phase: str) -> Callable:
-        """``function`` (litgpt's validate, generate_example) as the phase ``phase`` of the loop, the stretch before
-        it as the end of an optimizer step; no phase is read before ``fit`` starts the watch."""
 
         def watched(*args, **kwargs):
             if self.peak_phases is not None:
@@ -217,7 +165,6 @@ class _FitWrapper:
         return watched
 
     def report_fields(self) -> dict[str, Any]:
-        """peak_tensor_gib, peak_tensor_whole_run_gib, peak_phase and the compile fields for the report."""
         tensors = self.whole_run_tensors
         return {
             "peak_tensor_gib": None if self.tensor_peak_bytes is None else self.tensor_peak_bytes / GIB,
@@ -228,11 +175,7 @@ class _FitWrapper:
 
 
 class _WatchedBatches:
-    """The training dataloader as litgpt sees it, telling the training parts about every batch trained on.
-
-    litgpt draws one batch past the last epoch and then stops without training on it: batches of a pass
-    beyond ``epochs`` are not counted.
-    """
+    """litgpt draws one batch past the last epoch and stops without training on it: that one is not counted."""
 
     def __init__(self, dataloader, training: _Training, *, epochs: int | None, train_args: Any) -> None:
         self._dataloader = dataloader
@@ -273,8 +216,6 @@ class _WatchedBatches:
 def _wrap_get_dataloaders(
     get_dataloaders, training: _Training, *, quick: bool, batch_order: str = "shuffle", pad: int | str | None = None
 ):
-    """litgpt's ``get_dataloaders``, with the training batches watched (and, in quick mode or in another order than
-    litgpt's shuffle, reordered: ``quick_mode.batch_sampler``; with ``pad``, padded: ``pad_batches``)."""
     judge_stable = batch_order == "shuffle"  # length-grouped micro-batches differ in length by design
 
     def wrapped(fabric, data, tokenizer, train):
@@ -297,12 +238,8 @@ def _wrap_get_dataloaders(
 
 
 def _skip_final_save(module) -> None:
-    """Save no weights: the lab measures time and memory, and litgpt's final save costs disk and minutes.
-
-    Full fine-tuning saves through ``Fabric.save``; LoRA saves its adapters (``save_lora_checkpoint``) and then
-    merges them into a complete copy of the model (``merge_lora``: 26 GB for a 13B model, minutes of work, and a
-    full disk half-way turns a finished run into an error). All three are replaced by a line saying so.
-    """
+    """The lab measures; LoRA's ``merge_lora`` alone writes a full model copy (26 GB for 13B, minutes), and a disk
+    filling half-way turns a finished run into an error."""
     import lightning as L
 
     def say(path) -> None:
@@ -387,7 +324,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_litgpt(argv: list[str], whole_run_tensors: LiveTensorPeak | None) -> tuple[str, str | None, int]:
-    """litgpt's own CLI on ``argv``; (status, error, exit code) however it ends, so that a report is always written."""
     status, error, code = "ok", None, 0
     try:
         from litgpt.__main__ import main as litgpt_main
@@ -417,8 +353,7 @@ def _run_litgpt(argv: list[str], whole_run_tensors: LiveTensorPeak | None) -> tu
 
 
 def _fabric_and_optimizer(args: tuple, kwargs: dict) -> tuple[Any, Any]:
-    """The Fabric and the (Fabric-wrapped) optimizer litgpt's ``fit`` uses: ``fit(fabric, state, ...)`` for full
-    fine-tuning (``state["optimizer"]``), ``fit(fabric, model, optimizer, ...)`` for LoRA."""
+    """``fit(fabric, state, ...)`` for full fine-tuning, ``fit(fabric, model, optimizer, ...)`` for LoRA."""
     fabric = kwargs.get("fabric", args[0] if args else None)
     optimizer = kwargs.get("optimizer", args[2] if len(args) > 2 else None)
     state = kwargs.get("state", args[1] if len(args) > 1 else None)
@@ -428,9 +363,7 @@ def _fabric_and_optimizer(args: tuple, kwargs: dict) -> tuple[Any, Any]:
 
 
 def optimizer_words(optimizer: Any) -> str:
-    """The optimizer as the run built it (from ``optimizer.init_args``, by litgpt's ``instantiate_torch_optimizer``)
-    and, for a torch optimizer, which step implementation torch runs (``planner.spec.step_implementation``): what
-    the planner was asked about, in the run's own log."""
+    """What the planner was asked about (``planner.spec.step_implementation``), in the run's own log."""
     from lab_helpers.planning.planner.spec import step_implementation
 
     inner = getattr(optimizer, "optimizer", optimizer)  # Fabric's _FabricOptimizer wraps the optimizer
@@ -447,8 +380,6 @@ def optimizer_words(optimizer: Any) -> str:
 
 @dataclass(frozen=True)
 class Levers:
-    """The lab's switches of one run that litgpt's CLI does not know (``recipe_defaults.LAUNCH_OPTION_DEFAULTS``)."""
-
     batch_order: str = "shuffle"
     compile_target: str | None = None
     compile_mode: str = "default"
@@ -457,8 +388,6 @@ class Levers:
 
 
 def take_levers(argv: list[str]) -> Levers:
-    """The lab's switches taken out of ``argv`` (``litgpt_cli.LitgptCliLauncher.command`` wrote them), so that
-    litgpt's CLI never sees them; SystemExit for a value the child cannot run."""
     batch_order = _take_choice(argv, BATCH_ORDER_FLAG, BATCH_ORDERS) or "shuffle"
     compile_target = _take_choice(argv, compile_blocks.FLAG, COMPILE_TARGETS)
     compile_mode = _take_choice(argv, compile_blocks.MODE_FLAG, COMPILE_MODES) or "default"
@@ -472,7 +401,6 @@ def take_levers(argv: list[str]) -> Levers:
 
 
 def _take_value(argv: list[str], flag: str) -> str | None:
-    """``flag VALUE`` taken out of ``argv`` (litgpt's CLI never sees the lab's switches): VALUE, or None without it."""
     if flag not in argv:
         return None
     at = argv.index(flag)
@@ -482,7 +410,6 @@ def _take_value(argv: list[str], flag: str) -> str | None:
 
 
 def _take_choice(argv: list[str], flag: str, choices: tuple[str, ...]) -> str | None:
-    """``_take_value`` of a switch whose value is one of ``choices`` (SystemExit otherwise)."""
     value = _take_value(argv, flag)
     if value is not None and value not in choices:
         raise SystemExit(f"{flag} {value!r}: expected one of {', '.join(choices)}")
@@ -490,7 +417,6 @@ def _take_choice(argv: list[str], flag: str, choices: tuple[str, ...]) -> str | 
 
 
 def _model_of(args: tuple, kwargs: dict) -> Any:
-    """The model litgpt's ``fit`` trains: ``model=`` (LoRA) or ``state["model"]`` (full fine-tuning)."""
     if kwargs.get("model") is not None:
         return kwargs["model"]
     state = kwargs.get("state", args[1] if len(args) > 1 else None)

@@ -1,16 +1,7 @@
-"""Each transformer block compiled before ``fit``: what the ``compile`` and ``compile-static`` experiments switch on.
+"""Each transformer block compiled before ``fit`` (the ``compile`` and ``compile-static`` experiments).
 
-Why the lab does it itself: litgpt 0.5.13's ``pretrain`` compiles its model, its ``finetune`` scripts do not. The
-lab compiles region by region, as torchtune does: ``block.compile()`` on every ``Block`` of the model litgpt built,
-right before litgpt's own ``fit`` (as ``activation_checkpointing`` wraps them). Every block runs the same code, so
-torch compiles it once (the blocks' weights are inputs of the graph) and compile time stays short. Compilation
-happens at the first forward and backward (warm-up); a new sequence length may recompile (torch then compiles one
-graph for any length: automatic dynamic shapes); the report says how long compiling took and how often it recompiled
-(:class:`CompileWatch`). Validation and example generation run eagerly (:func:`eager`): they are outside the timed
-loop, and their other grad mode and KV-cache inputs would only add compiles.
-
-``compile_mode`` "reduce-overhead" records CUDA graphs; on a CPU the child compiles with "default" instead
-(:func:`effective_mode`) and the record's ``compiled`` says which ran.
+litgpt 0.5.13's ``finetune`` scripts do not compile. Region by region, as torchtune does: every block runs the same
+code, so torch compiles it once (the weights are graph inputs) and compile time stays short.
 """
 
 from __future__ import annotations
@@ -21,25 +12,18 @@ from typing import Any
 from lab_helpers.config.recipe_defaults import CUDA_GRAPH_MODES
 
 FLAG = "--compile"
-"""The ``child_litgpt`` switch with its target (``--compile blocks``), removed before litgpt's CLI reads the argv."""
 MODE_FLAG = "--compile-mode"
-"""``--compile-mode MODE`` (``recipe_defaults.COMPILE_MODES``; without it: "default")."""
 
-METRICS_KEPT = 4096
-"""Compilations torch keeps the metrics of (its default keeps 64: a long run's recompiles must not fall off)."""
+METRICS_KEPT = 4096  # torch keeps 64 compilations' metrics by default: a long run's recompiles must not fall off
 
 
 def effective_mode(requested: str, *, on_cuda: bool) -> tuple[str, str]:
-    """(the mode torch.compile is given, why it differs from ``requested`` or ""): CUDA graphs need CUDA."""
     if requested in CUDA_GRAPH_MODES and not on_cuda:
         return "default", f"{requested}'s CUDA graphs need CUDA"
     return requested, ""
 
 
 def compile_blocks(model: Any, mode: str) -> int:
-    """``block.compile(mode=mode)`` on every transformer block of ``model`` (a litgpt GPT or Fabric's wrapper around
-    one); returns how many. Raises ValueError for a model without ``transformer.h``, so a wrong model fails loudly
-    instead of training uncompiled."""
     gpt = getattr(model, "module", model)
     blocks = getattr(getattr(gpt, "transformer", None), "h", None)
     if blocks is None:
@@ -50,8 +34,8 @@ def compile_blocks(model: Any, mode: str) -> int:
 
 
 def eager(function: Callable) -> Callable:
-    """``function`` (litgpt's validate, generate_example) run with compiled code set aside
-    (``torch.compiler.set_stance("force_eager")``)."""
+    """For validation and generation: outside the timed loop, and their grad mode and KV-cache inputs would only add
+    compiles."""
 
     def run_eagerly(*args, **kwargs):
         import torch
@@ -63,10 +47,6 @@ def eager(function: Callable) -> Callable:
 
 
 class CompileWatch:
-    """What torch compiled from :meth:`start` on, from its own records (``torch._dynamo.utils.get_compilation_metrics``:
-    one entry per frame compiled, forward and the backward compiled at the first backward, each with its duration and,
-    for a recompilation, the guard that failed)."""
-
     def __init__(self) -> None:
         self._before = 0
         self.compiled: str | None = None  # what was compiled, e.g. "blocks (22, mode default)"
@@ -84,7 +64,6 @@ class CompileWatch:
         return get_compilation_metrics()[self._before :]
 
     def fields(self) -> dict[str, Any]:
-        """``compiled``, ``compile_s`` and ``recompiles`` for the report (all None where nothing was compiled)."""
         if self.compiled is None:
             return {"compiled": None, "compile_s": None, "recompiles": None}
         metrics = self._metrics()
@@ -95,7 +74,6 @@ class CompileWatch:
         }
 
     def reasons(self) -> list[str]:
-        """Why each recompilation happened (the failed guard), for the run's log."""
         if self.compiled is None:
             return []
         return [m.recompile_reason for m in self._metrics() if m.recompile_reason]

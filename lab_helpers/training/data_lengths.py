@@ -1,10 +1,7 @@
 """The training samples' lengths in tokens, for the time model (``plan --time``).
 
-Why: a step's time follows the *mean* padded length of its micro-batches (litgpt pads each batch to its longest
-sample), while the memory plan takes the worst case, ``max_seq_length``. Alpaca-style samples are far shorter
-than 512 tokens, so predicting time at 512 would overstate it several times. The lengths come from the recipe's
-own data module, tokenized by litgpt with the checkpoint's tokenizer and prompt style (the same code the run
-uses), or from a file a person gives. This module reads data; the planner only gets the numbers.
+A step's time follows the *mean* padded length of its micro-batches, not the memory plan's worst case: Alpaca-style
+samples are far shorter than 512 tokens, so time at 512 would be overstated several times.
 """
 
 from __future__ import annotations
@@ -19,7 +16,6 @@ from lab_helpers.planning.planner.errors import PlanError
 
 
 def read_sample_lengths(path: str | Path) -> list[int]:
-    """Token counts from a file: a JSON list of integers, or one integer a line."""
     file = Path(path)
     if not file.is_file():
         raise PlanError(f"--sample-lengths: no file {file}")
@@ -39,8 +35,7 @@ def read_sample_lengths(path: str | Path) -> list[int]:
 
 
 def _whole_number(value: object) -> int:
-    """A token count, or ValueError saying what is wrong without quoting it (an unreadable file may be a token
-    file: ``plan --sample-lengths`` echoed its first line)."""
+    """The error never quotes the value: the file may be a token file."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e18:
@@ -52,7 +47,6 @@ def _whole_number(value: object) -> int:
 
 
 def recipe_sample_lengths(recipe: Mapping[str, Any]) -> tuple[list[int] | None, str]:
-    """(lengths of the recipe's training samples, "") or (None, why not): the data or tokenizer is not here."""
     from lab_helpers.config.experiments import resolve_path, runnable_recipe
 
     try:
@@ -69,9 +63,7 @@ def recipe_sample_lengths(recipe: Mapping[str, Any]) -> tuple[list[int] | None, 
         )
 
 
-_TOKENIZED: dict[str, list[int]] = {}
-"""Lengths already tokenized in this process, by data settings, checkpoint, cut and the data file's size and time:
-a notebook cell asks for the same data set's lengths for both runs it compares."""
+_TOKENIZED: dict[str, list[int]] = {}  # a notebook cell asks for the same lengths for both runs it compares
 
 
 def _tokenized_lengths(data_config: Mapping[str, Any], checkpoint: Path, max_seq_length: int | None) -> list[int]:
@@ -110,10 +102,6 @@ def _tokenize(data_config: Mapping[str, Any], checkpoint: Path, max_seq_length: 
 
 @dataclass(frozen=True)
 class BatchPadding:
-    """One pass of the training samples in the micro-batches of a batch order, as quick mode's sampler makes them:
-    per micro-batch, in the order the run takes them, its samples' own tokens and what litgpt pads them to (each
-    micro-batch to its longest sample)."""
-
     batch_order: str
     micro_batch_size: int
     batch_tokens: tuple[int, ...]  # the samples' own tokens (prompt template included) per micro-batch
@@ -134,28 +122,21 @@ class BatchPadding:
 
     @property
     def padding_pct(self) -> float:
-        """100 x (tokens_padded - tokens) / tokens_padded over the pass: a record's ``padding_pct``, predicted."""
         return 100 * (self.tokens_padded - self.tokens) / self.tokens_padded
 
     @property
     def mean_padded_length(self) -> int:
-        """The mean padded length of a micro-batch's samples, in whole tokens (a short last micro-batch weighs as
-        many samples as it has): the time model's ``seq_len`` for this order."""
         return max(1, round(self.tokens_padded / (self.micro_batch_size * self.micro_batches)))
 
     def first(self, micro_batches: int) -> tuple[int, int]:
-        """(tokens, tokens_padded) of the pass's first ``micro_batches``: what a run that timed that many of them
-        counted (a record's ``tokens`` and ``tokens_padded``)."""
         return sum(self.batch_tokens[:micro_batches]), sum(self.batch_tokens_padded[:micro_batches])
 
 
 def batch_padding(
     lengths: Sequence[int], *, micro_batch_size: int, batch_order: str = "shuffle", max_seq_length: int | None = None
 ) -> BatchPadding:
-    """The padding of one pass of ``lengths`` (token counts, as the run's data set has them) in the micro-batches of
-    ``batch_order``: read from the batches of quick mode's own sampler (``quick_mode.batch_sampler(...)
-    .timed_batches()``, the timed part of a quick run), never worked out a second way, so that the prediction and
-    the run cannot order the samples differently. ``max_seq_length`` cuts the lengths as litgpt does."""
+    """From quick mode's own sampler, never worked out a second way, so that the prediction and the run cannot order
+    the samples differently."""
     from lab_helpers.training.quick_mode import batch_sampler
 
     cut = [min(int(n), max_seq_length) if max_seq_length else int(n) for n in lengths]
@@ -171,7 +152,6 @@ def batch_padding(
 
 
 def recipe_batch_padding(recipe: Mapping[str, Any], batch_order: str) -> tuple[BatchPadding | None, str]:
-    """(``batch_padding`` of the recipe's own training samples at its micro batch, "") or (None, why not)."""
     lengths, why = recipe_sample_lengths(recipe)
     if lengths is None:
         return None, why

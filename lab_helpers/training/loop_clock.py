@@ -1,15 +1,7 @@
 """The training loop's clock: seconds inside litgpt's ``fit`` minus validation, with warm-up timed apart.
 
-Why its own module: the time figures of a run (``train_s``, ``warmup_s``, the timed token counts, ``host_core_pct``)
-come from one set of marks, kept by ``LoopClock`` and read for the report by ``timings`` and ``host_fields``; quick
-mode's stopping rule (``quick_stop``) and the profiler hook (``profile_hook``) read this clock but keep none of its
-marks.
-
-The first optimizer step is warm-up (kernel selection, allocator growth, optimizer states being created; in quick
-mode the peak step after it too, ``quick_warmup_steps``): ``train_s`` and the token counts cover the iterations
-after it, ``warmup_s`` the iterations of it. The clock is told of each training batch as litgpt asks for it
-(``start_batch``), so it needs nothing from litgpt's loop beyond the batches it draws. A run shorter than two
-optimizer steps has no steady part: then the whole loop is timed and ``warmup_iterations`` is 0.
+Warm-up (kernel selection, allocator growth, optimizer states being created) is the first optimizer step. The clock
+is told of each batch as litgpt draws it, so it needs nothing else from litgpt's loop.
 """
 
 from __future__ import annotations
@@ -20,12 +12,7 @@ from typing import Any
 
 
 class LoopClock:
-    """Batch start times, windows taken out (validation, example generation) and the marks around the loop.
-
-    ``perf_counter`` times the iterations; at each mark (``fit_start``, ``steady_start``, ``timing_end``, ``end``)
-    the process's CPU time (``time.process_time``: every thread, the autograd engine's included) and the monotonic
-    clock are kept too, for ``host_core_pct`` and ``loop_monotonic_s``.
-    """
+    """``process_time`` at each mark counts every thread, the autograd engine's included (``host_core_pct``)."""
 
     def __init__(self) -> None:
         self.fit_start: float | None = None
@@ -45,7 +32,6 @@ class LoopClock:
         self.after_timing_tokens = [0, 0]
 
     def start_loop(self, *, warmup_iterations: int) -> None:
-        """The recipe's warm-up in micro-batches, known once litgpt builds its dataloaders."""
         self.warmup_iterations = warmup_iterations
 
     def start_fit(self) -> None:
@@ -59,7 +45,6 @@ class LoopClock:
         self.token_counts = dict(result or {})
 
     def wrap_excluded(self, function: Callable) -> Callable:
-        """``function`` (litgpt's validate, generate_example), its wall and CPU time taken out of the loop's."""
 
         def timed(*args, **kwargs):
             start, cpu_start = time.perf_counter(), time.process_time()
@@ -71,15 +56,13 @@ class LoopClock:
         return timed
 
     def start_batch(self) -> int:
-        """A trained batch was asked for: its start time; returns its number (1-based)."""
         self.batch_starts.append(time.perf_counter())
         if len(self.batch_starts) == self.warmup_iterations + 1:
             self._mark("steady_start")
         return len(self.batch_starts)
 
     def count_untimed_tokens(self, batch: Mapping[str, Any]) -> None:
-        """The tokens of the batch just started, where it is not timed (warm-up, quick mode's profiled steps), and
-        its padded length, timed or not (a length met in warm-up is no longer new)."""
+        """The length is kept for warm-up's batches too: a length met in warm-up is no longer new."""
         self.seq_lens.append(int(batch["input_ids"].shape[-1]))
         untimed = self.warmup_tokens if len(self.batch_starts) <= self.warmup_iterations else None
         if self.timing_ended is not None:  # quick mode's profiled steps after its timing ended
@@ -89,12 +72,10 @@ class LoopClock:
             untimed[1] += int(batch["input_ids"].numel())
 
     def end_timing(self) -> None:
-        """Quick mode with profiled steps to follow: the timing (and the loop window of host_core_pct) ends here."""
         self._mark("timing_end")
         self.timing_ended = (time.perf_counter(), time.process_time())
 
     def exclude_since_timing_end(self) -> None:
-        """The profiled steps after the timing ended are over: take their time out like validation's."""
         began, cpu_began = self.timing_ended
         self._exclude_since(began, cpu_began)
 
@@ -103,16 +84,12 @@ class LoopClock:
         self.excluded_cpu_s.append((began, time.process_time() - cpu_began))
 
     def excluded_between(self, start: float, end: float) -> float:
-        """Seconds of the windows taken out (validation and the like) between ``start`` and ``end``."""
         return sum(max(0.0, min(b, end) - max(a, start)) for a, b in self.excluded)
 
     def _mark(self, name: str) -> None:
         self.cpu_s[name], self.monotonic_s[name] = time.process_time(), time.monotonic()
 
     def rule_times_s(self, now: float, *, left_out: range = range(0)) -> list[float]:
-        """Seconds of each timed iteration so far (the last one ends ``now``), validation and example generation
-        taken out, the iterations ``left_out`` (profiled ones) left out as ``iteration_times.timed_iterations``
-        leaves them out."""
         starts = [*self.batch_starts[self.warmup_iterations :], now]
         return [
             b - a - self.excluded_between(a, b)
@@ -125,11 +102,7 @@ class LoopClock:
         return self.fit_end is not None and len(self.batch_starts) > self.warmup_iterations > 0
 
 
-# The report's readings of a finished loop's clock (the clock only keeps marks; these two read them).
-
-
 def host_fields(clock: LoopClock) -> dict[str, Any]:
-    """host_core_pct and loop_monotonic_s over the timed loop (the whole loop where nothing was timed apart)."""
     start = "steady_start" if clock.steady and "steady_start" in clock.cpu_s else "fit_start"
     end = "timing_end" if "timing_end" in clock.cpu_s else "end"  # quick mode's profiled steps come after it
     if start not in clock.cpu_s or "end" not in clock.cpu_s or clock.fit_start is None:
@@ -146,7 +119,6 @@ def host_fields(clock: LoopClock) -> dict[str, Any]:
 
 
 def timings(clock: LoopClock) -> dict[str, Any]:
-    """train_s, warmup_s, iterations (timed), warmup_iterations and token counts for the report."""
     tokens = clock.token_counts.get("raw_tokens_plus_prompt_template")
     padded = clock.token_counts.get("raw_tokens_plus_prompt_template_and_padding")
     if clock.fit_end is None or clock.fit_start is None:

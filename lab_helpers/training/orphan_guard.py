@@ -1,15 +1,5 @@
-"""End a training process group whose launcher died.
-
-The runner ends its process group on an interrupt, but if the launcher itself is killed (a Jupyter kernel
-restarted with SIGKILL, a closed SSH session), nothing would tell the ranks: they would hold the GPU until
-someone runs ``pkill``. Each training process starts this guard; when its parent changes (the launcher is
-gone) it ends its whole process group.
-
-The guard must be armed before anything slow: a training process spends seconds importing torch and
-Lightning, and a launcher killed in that window used to leave it running (the guard then took the new
-parent, init, for its launcher). So the very first thing the child does is :func:`die_with_parent`: the
-kernel sends it SIGTERM when its parent dies (Linux ``PR_SET_PDEATHSIG``), and the launcher's pid, passed
-in ``$LAB_LAUNCHER_PID``, catches a launcher that died before even that.
+"""End a training process group whose launcher died (a kernel restarted with SIGKILL, a closed SSH session):
+nothing else would tell the ranks, and they would hold the GPU.
 """
 
 from __future__ import annotations
@@ -28,11 +18,8 @@ _launcher_pid: int | None = None  # set by the first die_with_parent(): later ca
 
 
 def die_with_parent() -> int:
-    """Ask the kernel for SIGTERM when the parent dies; exit now if the launcher is already gone.
-
-    Returns the launcher's pid. Call it before any heavy import. ``$LAB_LAUNCHER_PID`` is removed from this
-    process's environment once checked: processes this one starts have another parent.
-    """
+    """Call it before any heavy import: a launcher killed during torch's import would otherwise leave the run going,
+    its guard taking init for the launcher. ``$LAB_LAUNCHER_PID`` catches a launcher that died before even this."""
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
@@ -54,7 +41,6 @@ def die_with_parent() -> int:
 
 
 def start_orphan_guard(poll_s: float = 1.0) -> threading.Thread:
-    """Arm :func:`die_with_parent`, then watch the parent and end this process group when it changes."""
     parent = die_with_parent()
 
     def watch() -> None:

@@ -1,13 +1,7 @@
-"""Training micro-batches padded further than litgpt pads them: what the ``pad-64`` and ``compile-static``
-experiments switch on.
+"""Training micro-batches padded further than litgpt pads them (the ``pad-64`` and ``compile-static`` experiments).
 
-litgpt's collate pads each micro-batch to its longest sample, so nearly every micro-batch has a length of its own,
-and every new length costs a plan build (cuDNN attention) or a recompile. Padding to a multiple of 64 tokens bounds
-the number of lengths (``pad_multiple: 64``); padding to one length (``pad_multiple: max``) leaves one. The price is
-padded tokens, which the record counts (``tokens_padded``, ``seq_lens``). The lab wraps the training loader's collate
-(:class:`PaddedCollate`): litgpt's own runs first, then each row is padded on the right as litgpt pads it
-(``input_ids`` with its pad id, ``labels`` with its ignore index: no loss on padding). Validation keeps litgpt's
-padding: it is outside the timed loop.
+litgpt pads each micro-batch to its longest sample, and every new length costs a plan build (cuDNN attention) or a
+recompile; padding to a multiple bounds the lengths, at the price of padded tokens the record counts.
 """
 
 from __future__ import annotations
@@ -18,11 +12,9 @@ from typing import Any
 from lab_helpers.config.recipe_defaults import PAD_TO_MAX, padded_length
 
 FLAG = "--pad-multiple"
-"""The ``child_litgpt`` switch (``--pad-multiple 64`` or ``--pad-multiple max``), removed before litgpt's CLI."""
 
 
 def parse_pad(text: str) -> int | str:
-    """``--pad-multiple``'s value: a whole number of tokens >= 1, or ``max`` (ValueError otherwise)."""
     if text == PAD_TO_MAX:
         return PAD_TO_MAX
     if not text.isdigit() or int(text) < 1:
@@ -31,9 +23,6 @@ def parse_pad(text: str) -> int | str:
 
 
 class PaddedCollate:
-    """litgpt's collate (``collate``), then ``input_ids`` and ``labels`` padded on the right to
-    ``recipe_defaults.padded_length`` of the batch's length. ``limit``: the longest batch the model takes."""
-
     def __init__(self, collate: Callable, pad_multiple: int | str, limit: int) -> None:
         self.collate = collate
         self.pad_multiple = pad_multiple
@@ -54,9 +43,7 @@ class PaddedCollate:
 
 
 def pad_train_batches(data: Any, pad_multiple: int | str) -> None:
-    """The data module's training loader collates through :class:`PaddedCollate`. Its limit is the longest training
-    sample (litgpt cuts samples at ``train.max_seq_length`` and sets its model's ``max_seq_length`` to the longest
-    one, so no batch may be longer)."""
+    """The limit is the longest training sample: litgpt sets its model's ``max_seq_length`` to it."""
     original = data.train_dataloader
 
     def train_dataloader():

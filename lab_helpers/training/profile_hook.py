@@ -1,9 +1,7 @@
-"""``--profile-steps N`` inside litgpt's loop: when the ``StepProfiler`` starts, and which iterations it costs.
+"""``--profile-steps N`` inside litgpt's loop: where the ``StepProfiler``'s window sits.
 
-Why its own module: ``step_profile`` knows how to profile a window of micro-batches and summarise the trace; this
-hook knows where that window sits in the lab's loop. Full mode profiles the steps right after warm-up; quick mode
-the steps after its timing ends (quick mode's stopping rule, ``quick_stop``, decides when), so that a profiled quick
-run times the same micro-batches as an unprofiled one. Off (``steps`` None) it does nothing.
+Quick mode profiles the steps after its timing ends, so that a profiled quick run times the same micro-batches as an
+unprofiled one.
 """
 
 from __future__ import annotations
@@ -16,15 +14,12 @@ from lab_helpers.training.step_profile import DIR_ENV, StepProfiler
 
 
 class ProfileHook:
-    """The run's ``StepProfiler`` (None when off or before the loop starts) and the report's torch_profile_* fields."""
-
     def __init__(self, steps: int | None) -> None:
         self.steps = steps  # --profile-steps N (step_profile.steps_from_env), None: off
         self.profiler: StepProfiler | None = None
         self.fields: dict[str, Any] = {}  # filled by ``finish``
 
     def start_loop(self, *, accumulation: int, warmup_iterations: int, quick: bool) -> None:
-        """Build the profiler once litgpt's loop settings are known; quick mode leaves its first iteration open."""
         if not self.steps:
             return
         out_dir = Path(os.environ.get(DIR_ENV) or "profile")
@@ -37,11 +32,10 @@ class ProfileHook:
 
     @property
     def waits_for_timing_end(self) -> bool:
-        """Quick mode's profiler: its window begins only when the timing has ended (``begin_at``)."""
         return self.profiler is not None and self.profiler.first_iter is None
 
     def profiled_iters(self) -> range:
-        """The profiled micro-batches and the one that stops the profiler: left out of every time figure."""
+        """Left out of every time figure, with the micro-batch that stops the profiler."""
         if self.profiler is None or self.profiler.first_iter is None:
             return range(0)
         return range(self.profiler.first_iter, self.profiler.last_iter + 2)
@@ -57,6 +51,6 @@ class ProfileHook:
         self.profiler.stop_after_window()
 
     def finish(self) -> None:
-        """After the clock stopped (writing the trace is not training time): the torch_profile_* fields."""
+        """After the clock stopped: writing the trace is not training time."""
         if self.profiler is not None:
             self.fields = self.profiler.finish()

@@ -1,11 +1,5 @@
-"""Quick mode's stop inside litgpt's loop: at each optimizer step's end after warm-up, whether the loop ends there.
-
-Why its own module: ``quick_mode.stop_reason`` is the rule over a list of iteration times; this part asks it at the
-right moments with the loop clock's times (``loop_clock``), says why the timing ended, and, with
-``--profile-steps``, lets the profiled steps run after the timing (``profile_hook``) before the loop ends. A
-length-grouped run (``--batch-order length-grouped``) is never ``stable`` by the rule: its micro-batches differ in
-length by design, so only the rule's caps or the run's end stop it. In full mode it never stops the loop and reports
-``quick_stop`` None.
+"""Quick mode's stop inside litgpt's loop: asks ``quick_mode.stop_reason`` at each optimizer step's end, and lets
+the profiled steps (``--profile-steps``) run after the timing before the loop ends.
 """
 
 from __future__ import annotations
@@ -19,8 +13,6 @@ from lab_helpers.training.quick_mode import stable_halves_pct, stop_reason
 
 
 class QuickStop:
-    """What ended a quick run's timing (``reason``, ``halves_pct``), decided from the clock's iteration times."""
-
     def __init__(self, clock: LoopClock, profile: ProfileHook) -> None:
         self.clock, self.profile = clock, profile
         self.quick = False
@@ -31,15 +23,10 @@ class QuickStop:
         self.halves_pct: float | None = None
 
     def start_loop(self, *, quick: bool, accumulation: int, train_args: Any, judge_stable: bool = True) -> None:
-        """litgpt's loop settings, known once it builds its dataloaders; ``judge_stable`` False for micro-batches
-        that differ in length by design (length-grouped)."""
         self.quick, self.accumulation, self.train_args = quick, accumulation, train_args
         self.judge_stable = judge_stable
 
     def should_stop(self) -> bool:
-        """Quick mode, at an optimizer step's end after warm-up: whether the loop ends here. The stopping rule ends
-        the timing; with ``--profile-steps`` the profiled steps follow it, left out of every time figure, and the
-        loop ends after them."""
         drawn = len(self.clock.batch_starts)
         done = drawn - self.clock.warmup_iterations
         if not self.quick or done <= 0 or done % self.accumulation:
@@ -62,8 +49,7 @@ class QuickStop:
         return False
 
     def _own_steps_done(self) -> bool:
-        """A profiled quick run whose rule has not ended the timing: whether the recipe's own steps are done, so that
-        the steps the launcher added for the profile (``lab.settled_overrides``: N + 1) are profiled now."""
+        """So that the steps the launcher added for the profile (``lab.settled_overrides``: N + 1) are profiled now."""
         if not self.profile.waits_for_timing_end or self.train_args is None:
             return False
         max_steps = getattr(self.train_args, "max_steps", None)
@@ -72,7 +58,6 @@ class QuickStop:
         return len(self.clock.batch_starts) >= (max_steps - self.profile.steps - 1) * self.accumulation
 
     def _stable_pct(self) -> float | None:
-        """The rule's ``stable`` agreement; None (never stable) for micro-batches that differ in length by design."""
         return stable_halves_pct() if self.judge_stable else None
 
     def _say_stop(self, reason: str, times: list[float]) -> None:
@@ -85,9 +70,7 @@ class QuickStop:
               f"{sum(times):.1f} s; medians of the two halves {halves} apart ({rule})", flush=True)  # fmt: skip
 
     def fields(self) -> dict[str, Any]:
-        """``quick_stop`` and ``quick_stop_halves_pct`` for the report: what ended a quick run's timing (None in full
-        mode). A run whose own steps or data ended before the rule stopped it is judged once more at its end: the
-        rule's verdict on all its timed iterations, else ``run_end``."""
+        """A run whose steps or data ended before the rule stopped it is judged once more on all its timed iterations."""
         if not self.quick:
             return {"quick_stop": None, "quick_stop_halves_pct": None}
         if self.reason is None:

@@ -1,20 +1,8 @@
-"""Measure one training step's memory over time on this machine: the step the planner traces, run for real.
+"""Measure one training step's memory over time: the step the planner traces (``tracer.trace_training``), run for
+real, to show beside the planner's prediction.
 
-Why: the planner's timeline of a step (``planner.step_timeline``) is a prediction; beside it a student should see
-the same step measured. The loop is the planner's (``tracer.trace_training``): litgpt's real ``GPT`` with random
-weights, one micro-batch and an optimizer step, then ``min(accumulation, 2)`` micro-batches and a step; the
-logits converted to fp32 and kept until the next forward as litgpt's loop keeps them; the chunked loss; ``zero_grad``.
-What is measured depends on the device:
-
-* CUDA: ``torch.cuda.memory._record_memory_history`` records every allocation and free of the caching
-  allocator; the curve is the allocated bytes after each event (what ``max_memory_allocated`` peaks over).
-  This path needs a GPU: the lab's CPU-only CI cannot run it.
-* CPU: the live tensor bytes (``tensor_peak.LiveTensorPeak``, the lab's CPU counterpart of
-  ``max_memory_allocated``) after every op.
-
-It runs in its own process (``python -m lab_helpers.training.step_memory_measure``): on a GPU node the notebook's kernel
-must not keep a CUDA context and cached blocks beside the training runs that follow. Full fine-tuning in a
-``-true`` precision with a torch optimizer (AdamW, SGD) is measured; anything else is refused with the reason.
+In its own process, so that the notebook's kernel keeps no CUDA context and cached blocks beside the runs that follow.
+The CUDA path needs a GPU: the lab's CPU-only CI cannot run it.
 """
 
 from __future__ import annotations
@@ -53,7 +41,6 @@ class MeasuredTimeline:
 
 
 def refusal(spec: Any) -> str | None:
-    """Why this step is not measured here, or None."""
     if spec.method != "full":
         return f"the step is measured for full fine-tuning (this run is {spec.method})"
     if not spec.precision.endswith("-true"):
@@ -66,8 +53,6 @@ def refusal(spec: Any) -> str | None:
 
 
 class _Phases:
-    """Phase boundaries by event count: ``mark`` opens a phase at the current length of the curve."""
-
     def __init__(self, length) -> None:
         self._length = length
         self.opened: list[tuple[str, str, int]] = []
@@ -83,8 +68,6 @@ class _Phases:
 
 
 def _run_step(spec: Any, device: str, phases: _Phases, counter: Any = None) -> None:
-    """The planner's loop with real tensors on ``device``; ``counter`` (a LiveTensorPeak) is seeded with the
-    parameters once they exist and entered for the step."""
     import torch
     from litgpt.model import GPT
     from litgpt.utils import chunked_cross_entropy
@@ -147,7 +130,6 @@ def _measure_cpu(spec: Any) -> MeasuredTimeline:
 
 
 def _measure_cuda(spec: Any) -> MeasuredTimeline:
-    """CUDA's allocator history: alloc adds a block's size, free_completed takes it away (code path for a GPU)."""
     import torch
 
     marks: list[int] = []  # wall clock (us) at each phase start, matched to the history's time_us
@@ -172,7 +154,6 @@ def _measure_cuda(spec: Any) -> MeasuredTimeline:
 
 
 def measure_step(spec: Any) -> MeasuredTimeline:
-    """Run ``spec``'s step here (CUDA where there is one, else the CPU) and return its memory curve."""
     import torch
 
     reason = refusal(spec)
@@ -184,7 +165,6 @@ def measure_step(spec: Any) -> MeasuredTimeline:
 
 
 def spec_for_experiment(exp_id: str, profile: str, overrides: dict[str, Any] | None = None):
-    """The planner's spec of an experiment as the run would give it, on this machine's device."""
     import torch
 
     from lab_helpers.planning.activations_by_hand import experiment_spec
@@ -193,7 +173,6 @@ def spec_for_experiment(exp_id: str, profile: str, overrides: dict[str, Any] | N
 
 
 def main(argv: list[str]) -> int:
-    """``python -m lab_helpers.training.step_memory_measure EXPERIMENT PROFILE [OVERRIDES_JSON]``: the curve as JSON."""
     exp_id, profile = argv[0], argv[1]
     overrides = json.loads(argv[2]) if len(argv) > 2 else None
     print(measure_step(spec_for_experiment(exp_id, profile, overrides)).to_json())

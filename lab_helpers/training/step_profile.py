@@ -1,16 +1,8 @@
 """``--profile-steps N``: a torch.profiler trace of N steady optimizer steps, and what it says in short.
 
-Why: a run's time figures say how long a step takes, not where the time goes. On the H100 the small runs kept
-the GPU 5-25 % busy; only a trace tells whether the host was launching kernels one by one, synchronising, or
-waiting on data. The trace starts at the first micro-batch after warm-up (kernel selection and allocator growth
-would dominate it otherwise) and covers ``steps`` optimizer steps; it is never on by default, because the
-profiler slows what it watches: the profiled iterations (and the one that stops the profiler) are left out of
-every time figure (``torch_profile_iters``, ``iteration_times.timed_iterations``).
-
-Written into the run's folder (``profile/``): the Chrome trace (open it in ui.perfetto.dev or chrome://tracing)
-and ``summary.json``, ``summarize``'s figures per optimizer step: wall time, time the host spent inside PyTorch
-ops, device (GPU) busy time and the device-idle share, ops and kernels launched, and the top 10 ops by device
-time (by CPU time on a CPU, where the host's ops are the computation).
+On the H100 the small runs kept the GPU 5-25 % busy; only a trace tells whether the host was launching kernels one by
+one, synchronising, or waiting on data. The profiler slows what it watches, so its iterations are left out of every
+time figure.
 """
 
 from __future__ import annotations
@@ -25,31 +17,24 @@ from typing import Any
 from lab_helpers.config.paths import write_lab_file
 
 STEPS_ENV = "LAB_PROFILE_STEPS"
-"""The launcher passes ``--profile-steps N`` to the training process through this variable (unset: off)."""
-
 DIR_ENV = "LAB_PROFILE_DIR"
-"""Where the training process writes the trace and the summary (the run's ``profile/`` folder)."""
 
 TRACE_FILENAME = "trace.json"
 SUMMARY_FILENAME = "summary.json"
 TOP_OPS = 10
 
-DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-"""Chrome-trace categories of work on the GPU (kineto's names): what makes the device busy."""
+DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})  # kineto's names of work on the GPU
 
 COLLECTIVE_KERNEL_MARK = "nccl"
-"""In a kernel's name (lower case), a collective: NCCL's kernels (``ncclDevKernel_AllGather_...``, DeepSpeed's and
-Lightning's alike). NVML counts them as busy, so only a trace separates communication from compute."""
+"""NVML counts collectives as busy, so only a trace separates communication from compute."""
 
 
 def steps_from_env() -> int | None:
-    """``$LAB_PROFILE_STEPS`` as a positive int, or None (off)."""
     value = os.environ.get(STEPS_ENV, "").strip()
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 def check_steps(steps: Any) -> int | None:
-    """``profile_steps`` as given by a user (CLI or notebook): None/0 is off, else a positive int; one-line error."""
     if steps is None or steps == 0:
         return None
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
@@ -58,7 +43,7 @@ def check_steps(steps: Any) -> int | None:
 
 
 def _union_s(intervals: Iterable[tuple[float, float]]) -> float:
-    """Total length of the union of (start, end) intervals: overlapping work (threads, streams) counted once."""
+    """Overlapping work (threads, streams) counted once."""
     total, current_start, current_end = 0.0, None, None
     for start, end in sorted(intervals):
         if current_end is None or start > current_end:
@@ -75,12 +60,7 @@ def _union_s(intervals: Iterable[tuple[float, float]]) -> float:
 def summarize(
     trace_events: Sequence[Mapping[str, Any]], *, wall_s: float, steps: int, top_ops: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
-    """Per-optimizer-step figures from a Chrome trace's events (``ph == "X"``, ``ts``/``dur`` in microseconds).
-
-    ``wall_s`` is the profiled window's wall time (measured around the profiler, not read from the trace), and
-    ``top_ops`` the ops torch's own attribution ranks first (``top_ops_from``). The device figures are None
-    where the trace has no GPU work (a CPU run): there the host's ops are the computation.
-    """
+    """``ts``/``dur`` are in microseconds; ``wall_s`` is measured around the profiler, not read from the trace."""
     if steps < 1 or wall_s <= 0:
         raise ValueError(f"need steps >= 1 and wall_s > 0; got {steps}, {wall_s}")
     complete = [e for e in trace_events if e.get("ph") == "X" and "ts" in e and "dur" in e]
@@ -116,8 +96,7 @@ def summarize(
 
 
 def top_ops_from(key_averages: Iterable[Any], *, steps: int, by_device: bool, limit: int = TOP_OPS) -> list[dict]:
-    """The ``limit`` ops with the most self time (device time on a GPU, CPU time on a CPU), per optimizer step,
-    from ``profiler.key_averages()``: torch attributes each kernel to the op that launched it."""
+    """From ``key_averages()``: torch attributes each kernel to the op that launched it."""
     rows = []
     for event in key_averages:
         device_us = float(getattr(event, "self_device_time_total", 0.0) or 0.0)
@@ -134,7 +113,6 @@ def top_ops_from(key_averages: Iterable[Any], *, steps: int, by_device: bool, li
 
 
 def summary_lines(summary: Mapping[str, Any]) -> list[str]:
-    """The summary as a few lines a student reads (the log, the notebook)."""
 
     def ms(value: Any) -> str:
         return "n/a" if value is None else f"{value:.1f} ms"
@@ -157,14 +135,8 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
 
 
 class StepProfiler:
-    """Profiles the micro-batches ``first_iter`` .. ``first_iter + steps x accumulation - 1`` of a training loop.
-
-    The training loop tells it each micro-batch as it is drawn (``at_batch``, 1-based); the profiler starts
-    before ``first_iter`` and stops when the next batch after the profiled ones is drawn (that iteration pays for
-    stopping it, so it is reported as profiled too), when the loop stops it after the window
-    (``stop_after_window``), or when the loop ends (``finish``). Writing the trace and the summary waits for
-    ``finish``, after the loop's clock has stopped.
-    """
+    """The micro-batch that stops the profiler pays for stopping it, so it is reported as profiled too. Writing the
+    trace waits for ``finish``, after the loop's clock has stopped."""
 
     def __init__(self, steps: int, *, accumulation: int, first_iter: int | None, out_dir: Path) -> None:
         self.steps, self.accumulation, self.out_dir = steps, accumulation, out_dir
@@ -178,8 +150,6 @@ class StepProfiler:
             self.begin_at(first_iter)
 
     def begin_at(self, first_iter: int) -> None:
-        """Profile from micro-batch ``first_iter`` on. A quick run decides this only when its timing has ended
-        (``first_iter=None`` until then), so that its timed micro-batches are those of an unprofiled run."""
         self.first_iter, self._last_iter = first_iter, first_iter + self.steps * self.accumulation - 1
 
     @property
@@ -187,7 +157,6 @@ class StepProfiler:
         return self._last_iter
 
     def stop_after_window(self) -> None:
-        """End the profiled window now, after its last micro-batch (no further micro-batch pays for stopping)."""
         self._stop(self._last_iter + 1)
 
     def at_batch(self, iteration: int) -> None:
@@ -220,7 +189,6 @@ class StepProfiler:
         self._stopped_at = iteration if iteration is not None else min(self._last_seen, self._last_iter) + 1
 
     def finish(self) -> dict[str, Any]:
-        """Stop (if the loop ended first), write the trace and the summary; the report's torch_profile_* fields."""
         fields: dict[str, Any] = {"torch_profile_steps": self.steps}
         if self._profiler is None:
             where = "its timing did" if self.first_iter is None else f"micro-batch {self.first_iter}"

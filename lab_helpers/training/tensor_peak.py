@@ -1,21 +1,8 @@
 """The peak of live tensor bytes in a training process on a CPU: the CPU counterpart of max_memory_allocated.
 
-Why: on a GPU the lab reads ``torch.cuda.max_memory_allocated()``. A CPU has no such counter, and the host RSS
-it does have is mostly the Python runtime, torch's libraries and the allocator's free lists, so comparing it
-with the planner's prediction teaches nothing. What the planner predicts is the bytes of live tensors at the
-worst moment of a step. This module measures exactly that on the real training loop: a ``TorchDispatchMode``
-sees every op's outputs, and each storage is counted from the op that makes it until Python frees it (a weakref
-on the storage, as the planner's accountant does for fake tensors). Sizes are rounded up to 512 bytes like
-CUDA's caching allocator rounds every block, so the number is what ``max_memory_allocated`` would report for
-the same tensors on a GPU.
-
-Only what exists when the mode starts must be told explicitly (``seed``): the model's parameters and buffers.
-``peak_bytes`` is the peak since the last ``seed`` (the training loop: ``child_litgpt`` seeds when ``fit`` starts);
-``whole_run_peak_bytes`` the peak since the mode first started (checkpoint load included), as litgpt's
-``max_memory_allocated`` would be over the whole process.
-It costs a Python call per op, never on a GPU. On the ci profile's tiny models that makes the training loop
-about 2-3x slower (their ops are tiny): CPU times are stand-ins anyway, and ``LAB_TENSOR_PEAK=0`` turns the
-count off where a CPU timing matters more than the memory figure.
+A CPU's RSS is mostly the runtime, libraries and free lists, so it cannot be compared with the planner's live-tensor
+prediction. Each storage is counted from the op that makes it until Python frees it, rounded as CUDA's allocator
+rounds. A Python call per op makes the ci profile's tiny models 2-3x slower (``LAB_TENSOR_PEAK=0`` turns it off).
 """
 
 from __future__ import annotations
@@ -30,8 +17,7 @@ from torch.utils._pytree import tree_leaves
 
 from lab_helpers.config.record_schema import GIB
 
-ROUND_BYTES = 512
-"""CUDA's caching allocator rounds every allocation up to a multiple of 512 bytes."""
+ROUND_BYTES = 512  # CUDA's caching allocator rounds every allocation up to a multiple of this
 
 
 def rounded(nbytes: int) -> int:
@@ -39,8 +25,6 @@ def rounded(nbytes: int) -> int:
 
 
 class LiveTensorPeak(TorchDispatchMode):
-    """Counts the bytes of live tensor storages while active; ``peak_bytes`` is the most held at once."""
-
     def __init__(self) -> None:
         super().__init__()
         self.current_bytes = 0
@@ -50,7 +34,6 @@ class LiveTensorPeak(TorchDispatchMode):
         self._refs: dict[int, weakref.ref] = {}
 
     def seed(self, tensors: Iterable[torch.Tensor]) -> None:
-        """Count tensors that already exist (parameters, buffers) and reset the peak to what they hold."""
         for tensor in tensors:
             self._track(tensor)
         self.peak_bytes = self.current_bytes
@@ -90,7 +73,6 @@ class LiveTensorPeak(TorchDispatchMode):
                 self.whole_run_peak_bytes = self.current_bytes
 
     def _resized(self, storage: torch.UntypedStorage) -> None:
-        """A storage changed size in place (FSDP2 frees and re-allocates gathered weights with ``resize_``)."""
         key = id(storage)
         if key not in self._sizes:
             return
@@ -123,9 +105,7 @@ class LiveTensorPeak(TorchDispatchMode):
 
 
 _RESIZE_WATCHERS: list[LiveTensorPeak] = []
-"""The active counters. ``UntypedStorage.resize_`` is not an operator a dispatch mode sees: FSDP2 frees each
-unit's gathered weights by resizing their storage to 0 and gathers into the same storage again, so the counter
-hears of a resize through the wrapper below (installed by the first counter, a no-op while none is active)."""
+"""FSDP2 frees and re-gathers weights with ``UntypedStorage.resize_``, which a dispatch mode does not see."""
 
 
 def _watch_storage_resizes() -> None:
@@ -153,17 +133,11 @@ PEAK_PHASES: tuple[str, ...] = (
     "example generation",
     "end of training",
 )
-"""Where in the training loop a measured peak can be (``peak_phase`` in a record). The loop is cut at the calls
-the training process wraps -- ``fabric.backward``, ``optimizer.step``, litgpt's ``validate`` and
-``generate_example`` -- and at the end of ``fit``: a stretch that ends at a backward call is that micro-batch's
-forward (data, model, loss), the call itself its backward, and so on."""
+"""The loop is cut at the calls the training process wraps: a stretch that ends at ``backward`` is the forward."""
 
 
 class PeakPhase:
-    """The phase of the training loop in which a peak was first reached, without a timeline: ``peak`` reads the
-    peak so far (``LiveTensorPeak.peak_bytes`` on a CPU, ``torch.cuda.max_memory_allocated`` on a GPU: both
-    host-side counters, no synchronisation), and at every boundary a peak that grew since the last one is
-    credited to the stretch that just ended. ``phase`` is None until the peak grows past where it started."""
+    """Without a timeline or a sync: a peak that grew since the last boundary is credited to the stretch that ended."""
 
     def __init__(self, peak: Callable[[], float]) -> None:
         self._peak = peak
@@ -171,13 +145,11 @@ class PeakPhase:
         self.phase: str | None = None
 
     def boundary(self, ended: str) -> None:
-        """The stretch ``ended`` (one of ``PEAK_PHASES``) is over."""
         now = self._peak()
         if now > self._last:
             self._last, self.phase = now, ended
 
     def wrap(self, function: Callable, name: str, *, before: str) -> Callable:
-        """``function`` as the phase ``name``, the stretch before each call as ``before``."""
 
         @functools.wraps(function)  # keeps what others marked on it (an LR scheduler's _wrapped_by_lr_sched)
         def wrapped(*args, **kwargs):

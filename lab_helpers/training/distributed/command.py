@@ -1,8 +1,5 @@
-"""From a resolved experiment to the command line that runs it: the ``lightning-strategy`` launcher's work.
-
-Everything the training processes need goes into the run's folder (the resolved recipe, the DeepSpeed
-config) so the command is short, can be read and re-run by hand, and Lightning can re-run the same command
-for every local rank.
+"""The ``lightning-strategy`` launcher's command. What the processes need goes into the run's folder, so that the
+command is short, can be re-run by hand, and Lightning can re-run it for every local rank.
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ DEEPSPEED_FILENAME = "deepspeed.json"
 
 
 def run_recipe(run: ResolvedRun, run_dir: Path) -> dict[str, Any]:
-    """The recipe as the training process gets it: paths pinned, no secrets, out_dir the run's own folder."""
     recipe = runnable_recipe(run.recipe, out_dir=run_dir / "out")
     recipe["devices"] = run.devices
     recipe["num_nodes"] = run.experiment.num_nodes
@@ -31,9 +27,7 @@ def run_recipe(run: ResolvedRun, run_dir: Path) -> dict[str, Any]:
 
 
 def strategy_settings(run: ResolvedRun, recipe: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The keyword arguments ``strategies.make_strategy`` gets for ``run`` (the training process reads them back
-    from the command line), from the run's launch options: ``commands.strategy_lines`` prints the strategy built
-    from the same ones. ``recipe``: the recipe as the training process gets it (default: ``run.recipe``)."""
+    """``strategies.make_strategy``'s arguments; ``commands.strategy_lines`` prints the strategy built from the same."""
     opts = run.options  # the same settings the planner is asked with (recipe_defaults.LAUNCH_OPTION_DEFAULTS)
     strategy = run.experiment.strategy
     config = None
@@ -56,12 +50,7 @@ def strategy_settings(run: ResolvedRun, recipe: dict[str, Any] | None = None) ->
 
 
 def build_command(run: ResolvedRun, run_dir: Path) -> list[str]:
-    """Write run_dir/recipe.yaml (and deepspeed.json) and return the argv that trains this experiment.
-
-    Several nodes (``num_nodes`` > 1) are launched by ``lab_helpers.training.distributed.nodes``, which starts one
-    training command per node on this machine over loopback -- the lab's stand-in for real nodes (on a GPU
-    node each "node" gets its own GPUs; docs/multi_node.md shows the launch on real nodes).
-    """
+    """Several nodes are simulated on this machine over loopback (``distributed.nodes``; docs/multi_node.md)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe = run_recipe(run, run_dir)

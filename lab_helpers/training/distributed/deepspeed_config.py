@@ -1,14 +1,6 @@
-"""The DeepSpeed configuration the lab generates for ZeRO-3 (or ZeRO-2) with the optimizer offloaded to the CPU.
-
-One function builds it from the recipe, so the JSON a student can read in the run folder, the object the
-training process hands to Lightning's ``DeepSpeedStrategy`` and the unit tests all see the same thing.
-Why these settings: stage 3 shards parameters, gradients and optimizer states across ranks; offloading the
-optimizer moves the 12 bytes/param of fp32 master weights and Adam moments to host RAM, where
-``DeepSpeedCPUAdam`` (a vectorised C++ Adam) steps them while the GPU waits: the idle gap in the timeline
-(without CUDA, torch's AdamW steps them: see ``optimizer_class_path``).
-Stage 2 (the ``deepspeed-zero2`` strategy, the 8B blog run's setup) shards only gradients and optimizer
-states: every GPU keeps all the weights, so forward and backward gather nothing; its bucket sizes are written
-out so that the planner (``planner.analytic.deepspeed_zero2``) and the run use the same ones.
+"""The DeepSpeed configuration for ZeRO-3 (or ZeRO-2) with the optimizer offloaded to the CPU: one function, so that
+the JSON in the run folder, the training process and the tests see the same thing. Bucket sizes are written out so
+that the planner and the run use the same ones.
 """
 
 from __future__ import annotations
@@ -33,12 +25,8 @@ def deepspeed_config(
     pin_memory: bool = True,
     stage: int = 3,
 ) -> dict[str, Any]:
-    """ZeRO-``stage`` config for ``recipe`` on ``world_size`` ranks (JSON-ready; ``DeepSpeedStrategy(config=...)``).
-
-    The optimizer itself is not in the config: Lightning passes the ``DeepSpeedCPUAdam`` built by the
-    module's ``configure_optimizers`` to ``deepspeed.initialize`` (``zero_allow_untested_optimizer`` lets
-    DeepSpeed accept it); ``optimizer_class_path`` says which optimizer goes with the config.
-    """
+    """No optimizer in the config: Lightning passes the module's to ``deepspeed.initialize``
+    (``zero_allow_untested_optimizer`` lets DeepSpeed accept it)."""
     precision = str(recipe.get("precision") or "32-true")
     train = recipe.get("train") or {}
     if stage not in (2, 3):
@@ -83,16 +71,8 @@ def deepspeed_config(
 
 
 def optimizer_class_path(recipe: Mapping[str, Any], *, strategy: str, offload_optimizer: bool, on_cuda: bool) -> str:
-    """The optimizer class the training process builds: DeepSpeedCPUAdam whenever the optimizer is offloaded.
-
-    A torch optimizer steps the states ZeRO keeps in host memory several times slower than DeepSpeed's
-    vectorised C++ Adam, so on a GPU DeepSpeed requires its CPU Adam there. Without CUDA (the ci profile's
-    tiny models) the recipe's torch optimizer steps them instead: DeepSpeed's ``cpu_adam`` op is compiled with
-    g++ on first use, 3-5 minutes of a 2-core machine for a few thousand parameters, and the rest of ZeRO's
-    offload (fp32 partitions in host memory, gradients copied out, weights copied back) runs the same.
-    ``CPUDeepSpeedStrategy`` sets ``zero_force_ds_cpu_optimizer: false`` so DeepSpeed accepts it.
-    Otherwise the recipe's own optimizer (``torch.optim.AdamW`` in the lab's recipes).
-    """
+    """Offloaded states are stepped by DeepSpeed's C++ CPU Adam, several times faster than torch's. Without CUDA the
+    recipe's torch optimizer steps them: ``cpu_adam`` costs 3-5 minutes of g++ on 2 cores for a tiny model."""
     if strategy in ZERO_STAGES and offload_optimizer and on_cuda:
         return CPU_ADAM_CLASS
     optimizer = recipe.get("optimizer") or "AdamW"
@@ -101,7 +81,6 @@ def optimizer_class_path(recipe: Mapping[str, Any], *, strategy: str, offload_op
 
 
 def cpu_adam_kwargs(recipe: Mapping[str, Any]) -> dict[str, Any]:
-    """DeepSpeedCPUAdam arguments taken from the recipe's AdamW (lr, betas, weight decay); AdamW mode kept."""
     optimizer = recipe.get("optimizer") or {}
     init_args = dict(optimizer.get("init_args") or {}) if isinstance(optimizer, Mapping) else {}
     kwargs: dict[str, Any] = {"lr": float(init_args.get("lr", 1e-3)), "adamw_mode": True}

@@ -1,17 +1,8 @@
 """Lightning's ``DeepSpeedStrategy`` let through on a CPU, so CI exercises the real ZeRO-3 + CPU-offload path.
 
-Lightning refuses a non-CUDA accelerator in ``setup_environment`` and checks CUDA device indices in
-``setup_distributed``; DeepSpeed itself runs on a CPU (``DS_ACCELERATOR=cpu``, gloo). Everything else --
-``deepspeed.zero.Init`` around ``configure_model``, ``deepspeed.initialize``, the engine's backward and step --
-is Lightning's and DeepSpeed's own code, so what CI runs is what a GPU runs minus the device and the C++ Adam
-kernel (below). The changes: the two checks are skipped, and DeepSpeed's engine is given the local rank as its
-device rank (a CPU device has no index, which DeepSpeed cannot compare).
-
-Two of DeepSpeed's C++ ops are not built here, each 2-3 minutes of g++ on a 2-core machine and useless to the
-ci profile's tiny models: the shared-memory all-reduce its CPU accelerator compiles when the process group
-starts (used only by ``inference_all_reduce``; training's collectives go through gloo), and ``cpu_adam``
-(torch's AdamW steps the offloaded states: ``deepspeed_config.optimizer_class_path``; the config gets
-``zero_force_ds_cpu_optimizer: false`` so DeepSpeed accepts it).
+DeepSpeed runs on a CPU (``DS_ACCELERATOR=cpu``, gloo); only Lightning's two CUDA checks refuse it. Two C++ ops are
+not built, each 2-3 minutes of g++ on 2 cores and useless to tiny models: the shared-memory all-reduce (inference
+only) and ``cpu_adam`` (torch's AdamW steps the offloaded states instead).
 """
 
 from __future__ import annotations
@@ -27,8 +18,6 @@ from lightning.pytorch.strategies.deepspeed import reset_seed  # noqa: E402
 
 
 class CPUDeepSpeedStrategy(DeepSpeedStrategy):
-    """``DeepSpeedStrategy`` without its CUDA-only checks; for the lab's CPU (CI) profile only."""
-
     strategy_name = "deepspeed_cpu"
 
     def __init__(self, *, config: dict, **kwargs) -> None:
@@ -63,9 +52,7 @@ class CPUDeepSpeedStrategy(DeepSpeedStrategy):
 
 
 def _skip_inference_shm_build() -> None:
-    """Mark DeepSpeed's shared-memory all-reduce op incompatible, so starting the process group does not
-    compile it (``deepspeed.comm.torch.build_shm_op`` builds only ops marked compatible; only
-    ``inference_all_reduce`` would use it)."""
+    """``deepspeed.comm.torch.build_shm_op`` builds only ops marked compatible."""
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False

@@ -1,12 +1,7 @@
-"""What the distributed training process does once started: setup → fit, as litgpt's ``finetune/full.py`` reads.
+"""The distributed training process once started: setup → fit, as litgpt's ``finetune/full.py`` reads.
 
-``setup_run`` decides and builds everything the Trainer is given (recipe, gradient accumulation, strategy, the
-Trainer's layout, module, data, quick mode); ``fit`` builds the Trainer with the lab's callbacks and runs it. The
-report is written by those callbacks, or by ``train.main`` whatever stops the run.
-
-Why a module apart from ``train``: importing this one imports lightning, torch and litgpt (and through them
-deepspeed), which ``train.main`` must hold back until it has guarded against being orphaned and set
-``DS_ACCELERATOR``; so ``train`` imports it in one place, and everything here is imported at the top.
+Apart from ``train`` because importing it imports lightning, torch and litgpt, which ``train.main`` holds back until
+the orphan guard and ``DS_ACCELERATOR`` are set.
 """
 
 from __future__ import annotations
@@ -37,8 +32,6 @@ from lab_helpers.training.quick_mode import put_longest_batch_in_second_step, qu
 
 @dataclass(frozen=True)
 class RunSetup:
-    """What ``setup_run`` decided and built, read by ``fit``."""
-
     recipe: dict[str, Any]
     choice: StrategyChoice
     layout: dict[str, Any]  # the Trainer's devices, num_nodes and plugins
@@ -52,10 +45,7 @@ class RunSetup:
 
 
 def setup_run(args: argparse.Namespace, report: RankReport, *, on_cuda: bool) -> RunSetup:
-    """Everything the Trainer is given, from the command line and the recipe; names the strategy in ``report``.
-
-    A simulated rank (``--simulate-world N``) joins torch's fake process group here, before the module is built.
-    """
+    """A simulated rank joins torch's fake process group here, before the module is built."""
     recipe: dict[str, Any] = yaml.safe_load(args.recipe.read_text())
     train = recipe.get("train") or {}
     world_size = world_size_of(args)
@@ -91,8 +81,7 @@ def setup_run(args: argparse.Namespace, report: RankReport, *, on_cuda: bool) ->
 
 
 def fit(setup: RunSetup, report: RankReport) -> None:
-    """The Trainer, told to run ``max_steps`` optimizer steps and nothing else (no validation, logger, checkpoint
-    or progress bar: the lab measures time and memory of the steps), with the lab's callbacks; then ``fit``."""
+    """No validation, logger, checkpoint or progress bar: the lab measures the steps' time and memory."""
     train = setup.recipe.get("train") or {}
     trainer = L.Trainer(
         accelerator="cuda" if setup.on_cuda else "cpu",
@@ -117,8 +106,7 @@ def fit(setup: RunSetup, report: RankReport) -> None:
 
 
 def callbacks(setup: RunSetup, report: RankReport) -> list[L.Callback]:
-    """The lab's callbacks, in this order: rank 0 watches its children, the report is written, then the training
-    state is freed (after the report: Lightning's teardown would copy it all to host memory)."""
+    """The training state is freed after the report is written, before Lightning's teardown copies it to the host."""
     return [
         WatchChildren(report, devices=setup.layout["devices"]),
         ReportCallback(
@@ -132,20 +120,14 @@ def callbacks(setup: RunSetup, report: RankReport) -> list[L.Callback]:
 
 
 def world_size_of(args: argparse.Namespace) -> int:
-    """Ranks of the run the process takes part in: N for a simulated rank, else devices x nodes."""
     return args.simulate_world or args.devices * args.num_nodes
 
 
 def gradient_accumulation(
     accumulate: int | None, recipe: Mapping[str, Any], *, world_size: int, deepspeed_config: Mapping[str, Any] | None
 ) -> int:
-    """Micro-batches per optimizer step: ``--accumulate`` when given (the lab passes ResolvedRun's), else the
-    recipe's (global batch / (micro batch x ranks), ``gradient_accumulation_steps``).
-
-    A DeepSpeed config's ``gradient_accumulation_steps`` must be the same number: Lightning gives DeepSpeed the
-    Trainer's (``strategy_call`` leaves the config's out), so a different one would be dropped without a word. The
-    lab writes both from ``ResolvedRun.gradient_accumulation``; only a config edited by hand can disagree.
-    """
+    """A DeepSpeed config's own number must agree: Lightning gives DeepSpeed the Trainer's and would drop a different
+    one without a word (only a config edited by hand can disagree)."""
     steps = accumulate if accumulate is not None else gradient_accumulation_steps(recipe, world_size=world_size)
     written = (deepspeed_config or {}).get("gradient_accumulation_steps")
     if written is not None and int(written) != steps:
@@ -158,8 +140,6 @@ def gradient_accumulation(
 
 
 def strategy_from_args(args: argparse.Namespace, *, on_cuda: bool) -> tuple[StrategyChoice, dict[str, Any] | None]:
-    """(``make_strategy``'s choice, the DeepSpeed config or None), asked with what ``build_command`` wrote on the
-    command line (``command.strategy_settings``), read back: the strategy ``commands.strategy_lines`` prints."""
     ds_config = json.loads(args.deepspeed_config.read_text()) if args.strategy.startswith("deepspeed") else None
     choice = make_strategy(
         args.strategy,
@@ -176,8 +156,6 @@ def strategy_from_args(args: argparse.Namespace, *, on_cuda: bool) -> tuple[Stra
 
 
 def trainer_layout(args: argparse.Namespace) -> dict[str, Any]:
-    """The Trainer's ``devices``, ``num_nodes`` and ``plugins``: as launched, or for a simulated rank node 0 of N
-    one-device nodes (Lightning's rank arithmetic then gives rank 0 of N and starts no other process)."""
     if not args.simulate_world:
         return {"devices": args.devices, "num_nodes": args.num_nodes, "plugins": None}
     world_size = args.simulate_world
@@ -193,8 +171,6 @@ def build_module(
     deepspeed_config: Mapping[str, Any] | None,
     on_cuda: bool,
 ) -> LitGPTFinetune:
-    """The litgpt model as a LightningModule, shaped for the strategy (FSDP's unit and sharding, DDP's gradients
-    zeroed in place where they are bucket views, the optimizer DeepSpeed's offload needs)."""
     offload = deepspeed_config is not None and "offload_optimizer" in deepspeed_config.get("zero_optimization", {})
     return LitGPTFinetune(
         recipe,
@@ -211,7 +187,6 @@ def build_module(
 
 
 def build_data(recipe: dict[str, Any], checkpoint_dir: Path) -> L.LightningDataModule:
-    """The recipe's litgpt data module (a LightningDataModule), connected to the model's tokenizer."""
     spec = recipe.get("data") or {"class_path": "litgpt.data.Alpaca2k", "init_args": {}}
     module_name, _, name = spec["class_path"].rpartition(".")
     cls = getattr(importlib.import_module(module_name), name)
@@ -230,6 +205,5 @@ def build_data(recipe: dict[str, Any], checkpoint_dir: Path) -> L.LightningDataM
 
 
 def _metrics_csv(out_dir: Path, rank: int) -> Path | None:
-    """Where rank 0 writes its per-iteration rows: under ``out/logs`` like litgpt's CSV logger (run_record reads
-    both). Other ranks write none: one run, one table."""
+    """Rank 0 only: one run, one table."""
     return Path(out_dir) / "logs" / "lightning" / "metrics.csv" if rank == 0 else None

@@ -1,9 +1,6 @@
 """Build the litgpt model and load its checkpoint without ever holding two full copies of the weights.
 
-Why not ``GPT(config)`` then ``load_state_dict``: for a 7B or 13B model that random-initialises billions of
-parameters only to overwrite them, and holds the weights twice. Here the model is built on the meta device
-and the checkpoint, memory-mapped, is assigned in place. Under ZeRO-3 the parameters are already
-partitioned when built (``deepspeed.zero.Init``), so each one is gathered, filled by rank 0 and released.
+``GPT(config)`` then ``load_state_dict`` would random-initialise billions of parameters only to overwrite them.
 """
 
 from __future__ import annotations
@@ -16,7 +13,6 @@ DTYPES = {"bf16-true": torch.bfloat16, "16-true": torch.float16}
 
 
 def param_dtype(precision: str) -> torch.dtype:
-    """Weights' dtype for a Lightning precision: bf16/fp16 for the "-true" ones, fp32 otherwise (mixed, 32)."""
     return DTYPES.get(precision, torch.float32)
 
 
@@ -27,17 +23,12 @@ def load_config(checkpoint_dir: Path):
 
 
 def mapped_state_dict(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors, memory-mapped: nothing is read until a tensor is used.
-
-    Must be called outside ``deepspeed.zero.Init``: that context patches tensor constructors, and the
-    tensors ``torch.load`` rebuilds inside it come out wrong (NaN weights).
-    """
+    """Outside ``deepspeed.zero.Init``: it patches tensor constructors, and ``torch.load`` inside it gives NaN weights."""
     state = torch.load(Path(checkpoint_dir) / "lit_model.pth", map_location="cpu", mmap=True, weights_only=True)
     return state.get("model", state)
 
 
 def load_gpt(checkpoint_dir: Path, *, precision: str, max_seq_length: int | None):
-    """The litgpt GPT with the checkpoint's weights, on the CPU in the precision's dtype, rope cache rebuilt."""
     from litgpt.model import GPT
 
     config = load_config(checkpoint_dir)
@@ -55,11 +46,7 @@ def load_gpt(checkpoint_dir: Path, *, precision: str, max_seq_length: int | None
 
 
 def build_gpt_zero3(checkpoint_dir: Path, state: dict[str, torch.Tensor], *, max_seq_length: int | None):
-    """The GPT built inside ``deepspeed.zero.Init`` (the caller's context) and filled from ``state``.
-
-    ``state`` comes from :func:`mapped_state_dict`, called before the context. Every rank takes part in
-    each gather; only rank 0 reads from the mapped file, so host RAM holds one copy of the weights.
-    """
+    """Only rank 0 reads from the mapped file, so host RAM holds one copy of the weights."""
     import deepspeed
     import torch.distributed as dist
     from litgpt.model import GPT

@@ -1,15 +1,5 @@
-"""Play several nodes on one machine: one training command per "node", rendezvous over loopback.
-
-Real multi-node training starts the same command on every node with the address of node 0
-(docs/multi_node.md). The lab cannot reach a second node from the notebook, so this launcher starts each
-node's command here with ``MASTER_ADDR=127.0.0.1``, its own ``NODE_RANK`` and (on a GPU node) its own slice of
-the GPUs -- the same environment, the same code path, one machine. ``--launcher torchrun`` wraps each node's
-command in ``torch.distributed.run`` instead, exactly as the documented real launch does.
-
-Supervision, because a node that dies must not leave the others waiting in a collective: when any node's
-command exits non-zero, the others get a grace period to notice and write their reports, then are killed.
-
-    python -m lab_helpers.training.distributed.nodes --nodes 2 -- python -m lab_helpers.training.distributed.train --num-nodes 2 ...
+"""Play several nodes on one machine, rendezvous over loopback: the lab cannot reach a second node from the notebook,
+and this runs the same command and code path as real nodes do (docs/multi_node.md).
 """
 
 from __future__ import annotations
@@ -33,7 +23,6 @@ def free_port() -> int:
 
 
 def node_env(node_rank: int, *, port: int, gpus_per_node: int | None) -> dict[str, str]:
-    """Environment of one node's command: loopback rendezvous, its node rank, its GPUs."""
     env = dict(os.environ)
     env.update(
         {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": str(node_rank), "LAB_WATCH_PARENT": "1"}
@@ -46,12 +35,7 @@ def node_env(node_rank: int, *, port: int, gpus_per_node: int | None) -> dict[st
 
 
 def node_gpus(node_rank: int, gpus_per_node: int, visible: str | None) -> list[str]:
-    """The GPUs one played node gets: its slice of the GPUs this launcher may use.
-
-    A node (or a job scheduler) that gave this machine's launcher ``CUDA_VISIBLE_DEVICES=4,5,6,7`` means those
-    GPUs and no others: node 1 of 2 gets ``6,7``, never the absolute ``2,3`` that belong to someone else.
-    Entries are kept as written (indices or UUIDs).
-    """
+    """A slice of ``CUDA_VISIBLE_DEVICES``: given ``4,5,6,7``, node 1 of 2 gets ``6,7``, never someone else's ``2,3``."""
     first = node_rank * gpus_per_node
     if visible is None:
         return [str(i) for i in range(first, first + gpus_per_node)]
@@ -65,7 +49,6 @@ def node_gpus(node_rank: int, gpus_per_node: int, visible: str | None) -> list[s
 
 
 def torchrun_command(command: list[str], *, node_rank: int, nodes: int, port: int) -> list[str]:
-    """``python -m MODULE ARGS`` as ``python -m torch.distributed.run ... -m MODULE ARGS`` for one node."""
     if len(command) < 3 or command[1] != "-m":
         raise ValueError("--launcher torchrun needs a `python -m module ...` command")
     devices = _flag(command, "--devices", "1")
@@ -82,7 +65,7 @@ def _flag(command: list[str], name: str, default: str) -> str:
 
 
 def supervise(procs: list[subprocess.Popen], *, grace_s: float = GRACE_S) -> int:
-    """Wait for every node; after the first failure wait ``grace_s`` for the rest, then kill them."""
+    """After a failure the others get ``grace_s`` to write their reports: none may be left waiting in a collective."""
     failed_at: float | None = None
     while True:
         codes = [p.poll() for p in procs]

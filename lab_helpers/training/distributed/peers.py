@@ -1,18 +1,7 @@
-"""No stray ranks: each rank watches the processes it depends on and ends itself when one of them dies.
+"""No stray ranks: rank 0 polls its children, every other rank its parent, and each reports and ends itself when one
+dies; otherwise a rank blocked in a collective on a dead peer waits out the collective timeout.
 
-Lightning's launcher re-runs this module for local ranks 1..N-1 as children of rank 0. It also starts an
-observer thread that looks every 5 s and SIGKILLs rank 0 without letting it report (a rank that died just before
-its look cost rank 0 its report in about one run in six on the CPU), so rank 0 does not start it
-(``without_lightning_observer``). A rank blocked in a collective on a dead peer can also wait up to the
-collective timeout. So:
-
-* rank 0 polls its rank children twice a second; when one exits non-zero it writes its own report
-  (``error``: which rank died, with which code) and, if the dead rank could not write one (SIGKILL, a
-  segfault), that rank's report too; then it kills the other children and exits;
-* every other rank polls its parent (rank 0, or the launcher that started it) and exits, after reporting,
-  when the parent is gone -- the case where rank 0 itself was killed.
-
-The runner still kills the whole process group on an interrupt; this covers a rank dying on its own.
+Lightning's own observer SIGKILLs rank 0 before it can report (about one run in six on the CPU), so it is not started.
 """
 
 from __future__ import annotations
@@ -30,12 +19,11 @@ _terminated = threading.Event()
 
 
 def was_terminated() -> bool:
-    """True once this process got SIGTERM (an interrupt from the runner): whatever fails next is the interrupt."""
+    """Whatever fails after the runner's SIGTERM is the interrupt, not an error."""
     return _terminated.is_set()
 
 
 def describe_exit(code: int) -> str:
-    """ "exited with code 1" or "was killed by SIGKILL" (Popen reports a signal as a negative code)."""
     if code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"
@@ -52,12 +40,7 @@ def watch_children(
     is_interrupt: Callable[[], bool] = lambda: False,
     poll_s: float = POLL_S,
 ) -> threading.Thread:
-    """Rank 0: when any child rank exits non-zero, report (for it too), kill the rest, exit (from this thread).
-
-    ``on_dead_child(local_rank, message)`` lets the caller write the dead rank's report if it left none.
-    A child that exits because the run was interrupted is not a failure: when ``is_interrupt()`` says so,
-    the watcher stops and leaves the ending to the interrupt handling.
-    """
+    """A child that exits because the run was interrupted is not a failure: ``is_interrupt()`` stops the watcher."""
 
     def run() -> None:
         while True:
@@ -90,10 +73,6 @@ def watch_children(
 
 
 def without_lightning_observer() -> None:
-    """Keep Lightning's launcher from starting its child-process observer in this process (rank 0).
-
-    ``watch_children`` does the observer's job (end every rank when one dies) every 0.5 s instead of 5 s, and
-    writes the reports first. Ranks started without a watcher still never stray: each watches its parent."""
     from lightning.pytorch.strategies.launchers import subprocess_script
 
     if hasattr(subprocess_script, "_launch_process_observer"):  # Lightning 2.x; a later one may have none
@@ -101,10 +80,7 @@ def without_lightning_observer() -> None:
 
 
 def dead_children(procs: Sequence[subprocess.Popen], *, wait_s: float = 0.0) -> list[tuple[int, str]]:
-    """(local rank, what happened) for each child rank that exited non-zero, waiting up to ``wait_s`` for one.
-
-    Used when a collective has just failed: the peer's death may take a moment to be visible as an exit.
-    """
+    """``wait_s``: after a failed collective, the peer's death may take a moment to show as an exit."""
     deadline = time.monotonic() + wait_s
     while True:
         dead = [
@@ -118,9 +94,8 @@ def dead_children(procs: Sequence[subprocess.Popen], *, wait_s: float = 0.0) -> 
 
 
 def let_children_finish(procs: Sequence[subprocess.Popen], *, timeout_s: float = 5.0) -> list[int]:
-    """Wait up to ``timeout_s`` for child ranks to exit on their own (after an interrupt they are writing their
-    reports; Lightning SIGKILLs them right after rank 0's exception handling). Returns the local ranks still
-    running: those blocked in a collective, which a signal cannot reach until it returns."""
+    """After an interrupt the children are writing their reports, and Lightning SIGKILLs them right after rank 0's
+    exception handling. Returns those still blocked in a collective."""
     deadline = time.monotonic() + timeout_s
     for proc in procs:
         try:
@@ -131,7 +106,6 @@ def let_children_finish(procs: Sequence[subprocess.Popen], *, timeout_s: float =
 
 
 def watch_parent(on_failure: Callable[[str], None], *, poll_s: float = POLL_S) -> threading.Thread:
-    """Ranks > 0: when the parent that launched this rank is gone, report and exit."""
     parent = os.getppid()
 
     def run() -> None:
@@ -156,11 +130,8 @@ def _end(message: str, on_failure: Callable[[str], None], *, quiet: bool = False
 
 
 def sigterm_as_interrupt() -> None:
-    """Turn the first SIGTERM into KeyboardInterrupt so a terminated rank reports ``interrupted`` and exits.
-
-    Later SIGTERMs are ignored: a rank may get one from the runner (its whole process group) and one from a
-    launcher passing it on, and a second KeyboardInterrupt would cut the report-writing short.
-    """
+    """Later SIGTERMs are ignored: a rank may get one from the runner and one from a launcher passing it on, and a
+    second KeyboardInterrupt would cut the report short."""
 
     def handler(signum, frame):  # noqa: ARG001
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -1,11 +1,7 @@
-"""Per-rank progress lines, training-loop timing, token counts, per-iteration rows and the rank's report.
+"""Per-rank timing, token counts, per-iteration rows and the rank's report: the same contract as the litgpt child's.
 
-A Lightning callback, because the Trainer owns the loop: ``on_train_start``/``on_train_end`` bracket exactly
-the training loop (model load and setup excluded), ``on_train_batch_end`` sees every micro-batch, and
-``on_exception`` runs on the failing rank before Lightning tears anything down -- the last moment a report
-can still be written. The report is the same contract as the litgpt child's (``record_schema.REPORT_FIELDS``):
-warm-up timed apart, the device named the same way, and rank 0 writes one CSV row per micro-batch with
-litgpt's column names (``iter, loss, iter_time, tokens``) so both sections' records carry ``per_iteration``.
+A Lightning callback, because the Trainer owns the loop, and ``on_exception`` runs on the failing rank before
+Lightning tears anything down: the last moment a report can still be written.
 """
 
 from __future__ import annotations
@@ -24,8 +20,6 @@ from lab_helpers.training.tensor_peak import LiveTensorPeak
 
 
 class RankReport:
-    """The one report this rank writes; written at most once (the first outcome wins)."""
-
     def __init__(self, *, rank: int, world_size: int, strategy_used: str | None = None) -> None:
         self.rank = rank
         self.fields: dict[str, Any] = {
@@ -90,8 +84,6 @@ def _clocks() -> tuple[float, float]:
 
 
 def host_fields(start: tuple[float, float] | None, end: tuple[float, float]) -> dict[str, Any]:
-    """``host_core_pct`` and ``loop_monotonic_s`` from the (monotonic, process CPU) clocks at the timed loop's start
-    and end; None where the loop never started."""
     if start is None or end[0] <= start[0]:
         return {"host_core_pct": None, "loop_monotonic_s": None}
     wall_s = end[0] - start[0]
@@ -99,12 +91,7 @@ def host_fields(start: tuple[float, float] | None, end: tuple[float, float]) -> 
 
 
 class ReportCallback(L.Callback):
-    """Times the loop, counts tokens of this rank, prints litgpt-style progress on rank 0, writes the report.
-
-    As in the litgpt path, the first optimizer step is warm-up (in quick mode the first ``warmup_steps``, the peak
-    step included): ``train_s``, ``iterations`` and the token counts cover what comes after it, ``warmup_s`` the
-    warm-up itself (unless the run has no step after it).
-    """
+    """As in the litgpt path, the warm-up steps are timed and counted apart from the rest."""
 
     def __init__(
         self, report: RankReport, *, total_iterations: int, metrics_csv: Path | None = None, warmup_steps: int = 1
@@ -191,7 +178,7 @@ class ReportCallback(L.Callback):
         self.report.write_exception(exception)
 
     def _write_row(self, loss: float, iter_time_s: float) -> None:
-        """One row per micro-batch, appended and flushed: a run that dies keeps the rows it made."""
+        """Appended and flushed per row: a run that dies keeps the rows it made."""
         if self.metrics_csv is None:
             return
         new = not self.metrics_csv.exists()
@@ -204,16 +191,13 @@ class ReportCallback(L.Callback):
 
 
 def local_tensors(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """This rank's own pieces: an FSDP2 parameter is a DTensor whose shard is its local tensor."""
     return [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
 
 
-METRICS_COLUMNS = ("iter", "loss", "iter_time", "tokens")
-"""litgpt's CSV logger's column names for the same quantities (run_record.per_iteration_rows reads both)."""
+METRICS_COLUMNS = ("iter", "loss", "iter_time", "tokens")  # litgpt's CSV logger's: run_record reads both
 
 
 def _tokens_without_padding(batch: dict[str, Any]) -> int:
-    """Prompt + response tokens, padding excluded (litgpt's ``raw_plus_prompt_template`` count)."""
     counts = batch.get("token_counts") or {}
     value = counts.get("raw_plus_prompt_template")
     if isinstance(value, torch.Tensor):

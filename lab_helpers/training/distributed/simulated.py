@@ -1,26 +1,8 @@
-"""Rank 0 of an N-rank run, alone on this machine's one device: torch's fake process group (``--simulate-world N``).
+"""Rank 0 of an N-rank run, alone on one device: torch's fake process group (``--simulate-world N``).
 
-Why: a rank's memory does not depend on the other ranks being real. What rank 0 allocates -- its shards, the
-units it gathers, DDP's buckets, ZeRO's partitions and reduce buckets, its activations -- is decided by the
-world size and its rank, not by what the peers send. torch ships a process group whose collectives return at
-once (``torch.testing._internal.distributed.fake_pg``: ``FakeStore`` and the ``"fake"`` backend; torchtitan's
-memory estimator runs rank 0 of a large world on one GPU this way). So a node with one GPU (or none) can
-measure the per-rank memory of every multi-GPU experiment, and check the planner's per-rank prediction.
-
-What is the same as a real run: the Lightning Trainer, the strategy class (DDPStrategy; FSDP through
-FSDPStrategy on CUDA or ModelParallelStrategy + fully_shard on a CPU; DeepSpeedStrategy), the module, the data,
-the optimizer; the Trainer is told the world has N ranks and this is rank 0 (``SimulatedRankEnvironment``).
-What differs, and the record says so (``simulated_world_size``, ``strategy_used``):
-
-- the process group is ``fake``: no communication happens, the collectives' results are wrong (gathered
-  weights, reduced gradients and the loss are not what N real ranks would compute; memory is, time is not);
-- DDP's gradient all-reduce is torch's ``noop_hook`` (the fake group's all-reduce hands back no tensor, which
-  DDP's reducer rejects): it returns the bucket itself, as NCCL's in-place all-reduce leaves it, so the
-  memory is the same (``SimulatedDDPStrategy``);
-- NCCL's own buffers (outside the caching allocator) do not exist;
-- the Trainer runs as node 0 of N nodes of one device (``devices=1, num_nodes=N``) rather than one node of N
-  devices: the same world size, rank and data share for rank 0, and no other process is started;
-- time covers computation only: ``train_s`` and tokens/s are labelled "no communication".
+What rank 0 allocates is decided by the world size and its rank, not by what the peers send, so one GPU (or none)
+measures the per-rank memory of every multi-GPU experiment, as torchtitan's memory estimator does. Not measured:
+time (no communication), NCCL's own buffers, and the collectives' results (the loss is wrong).
 """
 
 from __future__ import annotations
@@ -28,12 +10,10 @@ from __future__ import annotations
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 
-SIMULATED_BACKEND = "fake"
-"""torch.distributed's backend whose collectives return at once (registered by importing fake_pg)."""
+SIMULATED_BACKEND = "fake"  # registered by importing torch.testing._internal.distributed.fake_pg
 
 
 def strategy_label(label: str, world_size: int) -> str:
-    """``strategy_used`` of a simulated rank: what ran, and that it ran as rank 0 of ``world_size`` alone."""
     return (
         f"{label}; simulated rank 0 of {world_size} (fake process group, no communication; the Trainer as node 0 of "
         f"{world_size} one-device nodes)"
@@ -41,12 +21,8 @@ def strategy_label(label: str, world_size: int) -> str:
 
 
 class SimulatedRankEnvironment(LightningEnvironment):
-    """A cluster environment that says: world of ``world_size`` ranks, this process is rank 0 of node 0.
-
-    ``creates_processes_externally`` is True so that Lightning starts no other process (the other ranks do not
-    exist); the strategies' ``set_world_ranks`` arithmetic (node rank x devices + local rank) gives rank 0 and
-    world N because the Trainer is built with ``devices=1, num_nodes=N``.
-    """
+    """The Trainer runs as node 0 of N one-device nodes (``devices=1, num_nodes=N``), so that Lightning's rank
+    arithmetic gives rank 0 of N, and creates processes "externally", so that it starts none."""
 
     def __init__(self, world_size: int) -> None:
         super().__init__()
@@ -77,8 +53,7 @@ class SimulatedRankEnvironment(LightningEnvironment):
 
 
 def init_fake_process_group(world_size: int) -> None:
-    """Start the default process group as rank 0 of ``world_size`` with the fake backend (before the Trainer:
-    Lightning and DeepSpeed then find it initialised and use it instead of starting their own)."""
+    """Before the Trainer: Lightning and DeepSpeed then use it instead of starting their own."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -88,8 +63,8 @@ def init_fake_process_group(world_size: int) -> None:
 
 
 class SimulatedDDPStrategy(DDPStrategy):
-    """Lightning's DDPStrategy, registering its communication hook on a CPU too (Lightning registers hooks only on
-    CUDA, a torch 1.8 restriction); the simulated rank's hook is ``noop_hook``."""
+    """Registers the communication hook on a CPU too (Lightning does only on CUDA). The simulated rank's hook is
+    ``noop_hook``: the fake all-reduce hands back no tensor, which DDP's reducer rejects."""
 
     def _register_ddp_hooks(self) -> None:
         from lightning.pytorch.strategies.ddp import _register_ddp_comm_hook

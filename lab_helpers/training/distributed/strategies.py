@@ -1,9 +1,5 @@
-"""Which Lightning strategy object runs each of the lab's strategy names, on a GPU and on a CPU.
-
-The lab names four strategies (single, ddp, fsdp, deepspeed-zero3); Lightning has one class per way of
-running them and some of those refuse a CPU. This module is the one place that maps a name and the hardware
-to a strategy object, and to the words recorded as ``strategy_used`` so a result always says what really ran
-(FSDP1 through ``FSDPStrategy`` on CUDA, FSDP2 through ``ModelParallelStrategy`` on a CPU).
+"""Which Lightning strategy object runs each of the lab's strategy names on this hardware (some refuse a CPU), and
+the ``strategy_used`` words, so that a result says what really ran.
 """
 
 from __future__ import annotations
@@ -28,8 +24,6 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 600
 
 @dataclass
 class StrategyChoice:
-    """A Lightning strategy object (or "auto") and how the record names it."""
-
     strategy: Any
     label: str
     fsdp_impl: str | None = None  # "fsdp1" | "fsdp2" for fsdp, else None
@@ -39,11 +33,8 @@ class StrategyChoice:
 
 @dataclass(frozen=True)
 class StrategyCall:
-    """A Lightning strategy class and the arguments that are the lesson: what ``make_strategy`` builds, and what
-    ``commands.strategy_lines`` prints for the student's own script, from this one object.
-
-    The lab adds only its own plumbing when it builds: the process-group backend, a collective timeout and, for
-    a simulated rank, DDP's all-reduce hook."""
+    """The arguments that are the lesson, kept apart from the lab's plumbing (backend, timeout), so that
+    ``commands.strategy_lines`` prints for the student's script what ``make_strategy`` builds."""
 
     class_name: str  # in lightning.pytorch.strategies
     kwargs: dict[str, Any]
@@ -67,8 +58,6 @@ def strategy_call(
     sharding: str = "full",
     ddp_bucket_view: bool = True,
 ) -> StrategyCall | None:
-    """The strategy ``name`` is run with on this hardware (None: one device, no strategy); arguments as
-    ``make_strategy``'s."""
     if name not in STRATEGIES:
         raise ValueError(f"strategy {name!r} is not one of {', '.join(STRATEGIES)}")
     if name == "single":
@@ -108,14 +97,6 @@ def collective_timeout() -> timedelta:
 
 
 def make_strategy(name: str, *, on_cuda: bool, simulated: bool = False, **settings: Any) -> StrategyChoice:
-    """The strategy object for ``name`` on this hardware (imports are local: each pulls in heavy modules).
-
-    ``settings`` are :func:`strategy_call`'s (``world_size``, ``wrap``, ``fsdp_impl``, ``deepspeed_config``,
-    ``sharding``, ``ddp_bucket_view``). ``simulated``: rank 0 of a world played alone on torch's fake process
-    group (``simulated``); the same strategy classes, with the backend named ``fake`` and DDP's all-reduce hook
-    replaced (below). ``ddp_bucket_view=False`` is torch's (and the course's) default: gradients and buckets two
-    copies.
-    """
     call = strategy_call(name, on_cuda=on_cuda, **settings)
     backend = "fake" if simulated else "nccl" if on_cuda else "gloo"
     where = "CUDA" if on_cuda else "CPU"

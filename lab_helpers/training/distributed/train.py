@@ -1,15 +1,7 @@
 """The multi-GPU section's training process: a litgpt recipe run by the Lightning Trainer with one strategy.
 
-Launched by the lab's runner as ``python -m lab_helpers.training.distributed.train --recipe R --strategy S ...`` (see
-``command.build_command``). For DDP, FSDP and DeepSpeed on one node Lightning re-runs this same module for
-local ranks 1..N-1 (its subprocess launcher), so everything the script needs is in its arguments. Across
-nodes it is started once per node (``lab_helpers.training.distributed.nodes``, or torchrun; docs/multi_node.md).
-
-Each rank writes one report (``lab_helpers.training.child_report``) whatever happens: ``ok`` after the loop, the
-status of the exception that stopped it, or ``error`` naming the peer whose death stopped it.
-
-This module is the command line and the process's guards (``main``), then ``run``: setup → fit, in
-``finetune``, imported only once the guards are in place.
+Lightning re-runs this module for local ranks 1..N-1, so everything it needs is in its arguments. Each rank writes
+one report whatever happens.
 """
 
 from __future__ import annotations
@@ -76,7 +68,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def env_global_rank(devices: int) -> int:
-    """This process's global rank from the launcher's environment (before Lightning has set anything up)."""
     if "RANK" in os.environ:
         return int(os.environ["RANK"])
     return int(os.environ.get("NODE_RANK", 0)) * devices + int(os.environ.get("LOCAL_RANK", 0))
@@ -116,8 +107,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, report: RankReport, *, on_cuda: bool) -> None:
-    """setup → fit: what the run is (recipe, accumulation, strategy, module, data), then the Trainer runs it
-    (``finetune``). The callbacks write the report; ``main`` writes it whatever else stops the run."""
     # imported here, not at the top: finetune imports lightning, torch and litgpt (deepspeed through them), which
     # must wait for main's orphan guard and DS_ACCELERATOR
     from lab_helpers.training.distributed.finetune import fit, setup_run
@@ -128,9 +117,7 @@ def run(args: argparse.Namespace, report: RankReport, *, on_cuda: bool) -> None:
 
 @contextlib.contextmanager
 def tensor_peak_on_cpu(on_cuda: bool):
-    """On a CPU, count live tensor bytes over the whole process (``tensor_peak``: the CPU counterpart of
-    max_memory_allocated; the report callback restarts the peak when the loop starts). None on CUDA, or where
-    ``$LAB_TENSOR_PEAK`` is 0."""
+    """The CPU's counterpart of ``max_memory_allocated``."""
     # imported here: both modules import torch (main's guards come first)
     from lab_helpers.training.child_litgpt import TENSOR_PEAK_ENV
 

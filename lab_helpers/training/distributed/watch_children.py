@@ -1,11 +1,8 @@
-"""How rank 0 watches the local ranks Lightning started, and reports for a dead one: the ``WatchChildren`` callback.
+"""Rank 0 watches the local ranks Lightning started, and reports for a dead one.
 
-Why a callback of our own: Lightning's launcher starts local ranks 1..N-1 and an observer that SIGKILLs rank 0,
-without letting it report, when one of them dies; the lab turns that observer off
-(``peers.without_lightning_observer``) and rank 0 watches its children itself (``peers``): it writes its own
-report first (which rank died, with which code), then one for each dead rank that could write none, so the
-record names the cause. A callback because the children exist only once the Trainer's ``setup`` has run; it
-also puts back the lab's SIGTERM handling, which Lightning replaces just before the loop, on every rank.
+Lightning's own observer SIGKILLs rank 0 without a report when a child dies; the lab turns it off
+(``peers.without_lightning_observer``) so that the record names the cause. A callback, because the children exist
+only once the Trainer's ``setup`` has run.
 """
 
 from __future__ import annotations
@@ -21,13 +18,8 @@ from lab_helpers.training.distributed.reporting import RankReport
 
 
 class WatchChildren(L.Callback):
-    """After Lightning has started the other local ranks, rank 0 watches them (see peers); every rank keeps
-    the lab's SIGTERM handling.
-
-    Often rank 0 learns of a dead peer first from its own collective failing (gloo: "Connection reset
-    by peer"); then ``on_exception`` names the dead rank in rank 0's report and writes the dead rank's.
-    ``report``: this rank's; ``devices``: processes per node (a node's first global rank is node rank x devices).
-    """
+    """Often rank 0 learns of a dead peer first from its own collective failing (gloo: "Connection reset by peer");
+    ``on_exception`` then names the dead rank."""
 
     def __init__(self, report: RankReport, *, devices: int) -> None:
         self.report = report
@@ -75,7 +67,6 @@ class WatchChildren(L.Callback):
             report.write("error", f"{text[-1500:]}\nthis rank failed because {dead[0][1]}")
 
     def _peers_interrupted(self) -> bool:
-        """A child rank already reported ``interrupted``: the collective this rank failed in was cut by it."""
         directory = child_report.report_dir()
         if not self.procs or directory is None:
             return False
@@ -87,7 +78,6 @@ class WatchChildren(L.Callback):
 
 
 def report_for_dead_rank(rank: int, message: str, fields: dict[str, Any], *, status: str = "error") -> None:
-    """Write the report of a rank that cannot write its own (killed, crashed, stuck), if it has none."""
     directory = child_report.report_dir()
     if directory is None or (directory / f"rank{rank}.json").exists():
         return
