@@ -10,7 +10,8 @@
 #
 #   CHUNK          speed | ranks | single-7b | 13b | offload | notebooks | padding | levers   (the GPU issues; steps below,
 #                  costs in configs/gpu-chunk-costs.tsv; docs/measuring-on-a-gpu.md has the table)
-#   --out DIR      the folder that comes back (default: $OUT), without another chunk's files; it holds at most 7:
+#   --out DIR      the folder that comes back (default: $OUT), without another chunk's files (a relative DIR, like
+#                  --wheels DIR, is read from the caller's directory); it holds at most 7:
 #                    chunk.log             preflight, every step's time and outcome, the summary
 #                    runs.jsonl            the records so far (the lab's schema)
 #                    results.tar.gz        LAB_RESULTS without traces: timelines, logs, preflight, prepare log
@@ -25,6 +26,12 @@
 #   --steps N      run only the chunk's first N steps (CI's short dry runs: tests/test_gpu_chunk.py)
 #   --list         print the chunk's steps, each with its row's seconds on this profile (gpu; ci with --dry-run) and
 #                  where the figure comes from, then exit 0 having run nothing (no --out needed)
+# Python: LAB_PYTHON, else the lab's venv (LAB_VENV, as scripts/setup-env.sh: default .venv in the repository) where
+# it has bin/python, else python3; chunk.log's first line names it.
+# Signals: every step runs in the chunk's process group (`timeout --foreground`), so a SIGTERM to the group (a
+# device's limit) reaches the step in flight: it ends (a notebook's cell interrupted, its copy written; a run
+# recorded `interrupted`), what is done is shipped, and chunk.log says which step was cut short. After a SIGKILL of
+# the group nothing of the chunk writes into --out, and its work folder is removed within seconds.
 # A chunk's last steps may run only if time is left (levers: the repeats): the deadline drops them first, and a
 # dropped one fails nothing.
 # Exit status: 0 every step ran and exited 0 (those run only if time is left: every one started did); 1 a step
@@ -32,7 +39,7 @@
 # nothing done).
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$repo" || exit 1
+caller="$PWD"  # relative paths given to the script are read from here; it runs in the repository
 
 chunk="" out="${OUT:-}" wheels="" deadline_s="" dry=0 first_n="" list=0
 while (($#)); do
@@ -45,12 +52,20 @@ while (($#)); do
         --dry-run) dry=1; shift ;;
         --steps) first_n="${2:-}"; shift 2 ;;
         --list) list=1; shift ;;
-        -h|--help) sed -n '2,/^set /p' "$0" | sed '$d'; exit 0 ;;
+        -h|--help) sed -n '2,/^set /p' "${BASH_SOURCE[0]}" | sed '$d'; exit 0 ;;
         -*) echo "gpu-chunk: unknown option $1 (see --help)" >&2; exit 2 ;;
         *) [[ -z $chunk ]] || { echo "gpu-chunk: one chunk per command; got $chunk and $1" >&2; exit 2; }
            chunk="$1"; shift ;;
     esac
 done
+from_caller() {  # a path as the caller meant it: relative ones from the caller's directory
+    if [[ -z $1 || $1 == /* ]]; then echo "$1"; else echo "$caller/$1"; fi
+}
+out=$(from_caller "$out") wheels=$(from_caller "$wheels")
+[[ -n ${LAB_CHUNK_COSTS:-} ]] && LAB_CHUNK_COSTS=$(from_caller "$LAB_CHUNK_COSTS")
+[[ ${LAB_PYTHON:-} == */* ]] && LAB_PYTHON=$(from_caller "$LAB_PYTHON")  # a bare name is looked up on PATH
+venv=$(from_caller "${LAB_VENV:-$repo/.venv}")
+cd "$repo" || exit 1
 
 # The chunks: each step is `run ID [ARGS]` (python -m lab_helpers run, quick mode), `overhead ID [REPEAT]`, or
 # `notebook NAME` (notebooks/NAME.ipynb executed by scripts/execute_notebook.py, its copy shipped as NAME.ipynb).
@@ -118,8 +133,9 @@ if ((list)); then  # what the chunk would run, in order, and the least time left
     exit 0
 fi
 [[ -n $out ]] || { echo "gpu-chunk: give --out DIR (or set OUT): the folder that comes back" >&2; exit 2; }
-python="${LAB_PYTHON:-python3}"
-command -v "$python" >/dev/null || { echo "gpu-chunk: LAB_PYTHON $python: no such command" >&2; exit 2; }
+python="${LAB_PYTHON:-}"  # else the lab's venv, as scripts/setup-env.sh made it (not activated: a new user's shell)
+[[ -n $python ]] || { [[ -x $venv/bin/python ]] && python="$venv/bin/python"; } || python=python3
+command -v "$python" >/dev/null || { echo "gpu-chunk: ${LAB_PYTHON:+LAB_PYTHON }$python: no such command" >&2; exit 2; }
 need_s=$(min_s_for "${steps[0]}")  # a deadline that starts no step would spend the slice on preflight and builds
 ((deadline_s >= need_s)) ||
     { echo "gpu-chunk: --deadline-s $deadline_s starts no step: the first (${steps[0]}) needs ~${need_s} s" >&2; exit 2; }
@@ -136,6 +152,16 @@ out="$(cd "$out" && pwd)"
 
 started=$SECONDS
 work="$(mktemp -d "${TMPDIR:-/tmp}/gpu-chunk-XXXXXX")"
+# A SIGKILL of the chunk's group runs no trap: a watcher in a session of its own removes the work folder once this
+# shell is gone (its steps' last processes, a notebook's kernel, end within a second of it). Any other end runs the
+# EXIT trap below, which removes the folder and ends the watcher.
+reaper=""
+if command -v setsid >/dev/null; then
+    # shellcheck disable=SC2016  # $1 and $2 are the watcher's own arguments
+    setsid bash -c 'tail --pid="$1" -s 0.5 -f /dev/null 2>/dev/null; sleep 2; rm -rf -- "$2"' gpu-chunk-reaper \
+        "$$" "$work" </dev/null >/dev/null 2>&1 &
+    reaper=$!
+fi
 export LAB_PROFILE="$profile" LAB_RESULTS="$work/results" PYTHONUNBUFFERED=1
 unset PYTHONDONTWRITEBYTECODE  # wheels go in --no-compile: the first import writes the .pyc for every later run
 mkdir -p "$LAB_RESULTS/preflight" "$LAB_RESULTS/steps"
@@ -179,7 +205,8 @@ stream() {  # what is done so far into $out, each file replaced whole (written b
     fi
 }
 unshipped=0  # set when stream could not write into $out: the chunk then fails
-trap 'stream; rm -rf "$work"' EXIT  # everything worth keeping is in $out by then
+# everything worth keeping is in $out by then
+trap 'stream; rm -rf "$work"; [[ -z $reaper ]] || kill -- "-$reaper" 2>/dev/null' EXIT
 running=""  # the step in flight
 # shellcheck disable=SC2317  # called through the traps below
 ended_by() {  # a SIGTERM (the device's limit) or Ctrl-C: bash runs this once the step in flight has ended, its launcher
@@ -188,7 +215,7 @@ ended_by() {  # a SIGTERM (the device's limit) or Ctrl-C: bash runs this once th
 }
 trap 'ended_by TERM 15' TERM; trap 'ended_by INT 2' INT; trap 'ended_by HUP 1' HUP
 
-say "$chunk on ${HOSTNAME:-?}, $(date -u +%FT%TZ): profile $profile, deadline ${deadline_s}s, ${#steps[@]} steps, out $out"
+say "$chunk on ${HOSTNAME:-?}, $(date -u +%FT%TZ): profile $profile, deadline ${deadline_s}s, ${#steps[@]} steps, out $out, python $python"
 
 # --- preflight: what the node has, in the first seconds, written out at once ------------------------------
 pre="$LAB_RESULTS/preflight"
@@ -278,14 +305,18 @@ for step in "${steps[@]}"; do
     limit_s=$((left - 25))  # the training process's limit: ~25 s of launcher, planner and record around it
     ((limit_s >= 10)) || limit_s=10  # 0 would mean no limit, below 0 a refused run (a cost row under 35 s)
     t0=$SECONDS running="step $number ($step)"
-    if [[ $kind == notebook ]]; then  # executed as a student runs it; the copy ships whatever happens
-        LAB_QUICK=1 LAB_MODELS="$models" timeout -s INT -k 30 "$((left - 5))" "$python" scripts/execute_notebook.py \
-            "notebooks/$id.ipynb" "$out/$id.ipynb" >"$step_log" 2>&1
+    # Every step stays in the chunk's process group (timeout --foreground: timeout's own group would keep the step
+    # running through a SIGTERM to the chunk, and alive after a SIGKILL of it, still writing into $out)
+    if [[ $kind == notebook ]]; then  # executed as a student runs it; the copy ships whatever happens (SIGTERM:
+        # the cell in flight interrupted, the cells run so far written; SIGINT would be ignored in a background job)
+        LAB_QUICK=1 LAB_MODELS="$models" timeout --foreground -s TERM -k 30 "$((left - 5))" "$python" \
+            scripts/execute_notebook.py "notebooks/$id.ipynb" "$out/$id.ipynb" >"$step_log" 2>&1
         rc=$?
     elif [[ $kind == overhead ]]; then
         # shellcheck disable=SC2086  # $rest holds the step's own arguments
-        LAB_RESULTS="$work/overhead" timeout -s INT -k 20 "$((left - 5))" "$python" benchmarks/measurement_overhead.py \
-            --profile "$profile" --steps 12 --repeat "${rest:-1}" "$id" >"$out/measurement-overhead.txt" 2>"$step_log"
+        LAB_RESULTS="$work/overhead" timeout --foreground -s INT -k 20 "$((left - 5))" "$python" \
+            benchmarks/measurement_overhead.py --profile "$profile" --steps 12 --repeat "${rest:-1}" "$id" \
+            >"$out/measurement-overhead.txt" 2>"$step_log"
         rc=$?
         cat "$out/measurement-overhead.txt" >>"$log"
     else
@@ -324,5 +355,9 @@ EOF
 ((${#not_run[@]})) && say "not run (deadline): ${not_run[*]}"
 ((${#not_left[@]})) && say "not run (if time is left; none was): ${not_left[*]}"
 ((unshipped)) && status=1
-say "done in $((SECONDS - started)) s. Export on the CPU: python -m lab_helpers export-reference --from $out/runs.jsonl"
+if [[ -s $out/runs.jsonl ]]; then  # the path quoted for the shell: an --out with a space gives a command that works
+    say "done in $((SECONDS - started)) s. Export on the CPU: python -m lab_helpers export-reference --from $(printf %q "$out/runs.jsonl")"
+else
+    say "done in $((SECONDS - started)) s; no record was shipped, so there is nothing to export"
+fi
 exit $status

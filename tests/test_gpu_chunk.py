@@ -374,3 +374,226 @@ def test_a_step_run_only_if_time_is_left_is_said_apart_from_those_the_deadline_c
     assert "not started (if time is left): run lora-1b (needs ~9999 s" in log, log
     assert _records(out_dir) == []
     _within_the_limits(out_dir)
+
+
+# --- a chunk with its slow parts stubbed (tests/fixtures/chunk_python.sh): the script's own code in seconds ----------
+STUB_PYTHON = REPO / "tests" / "fixtures" / "chunk_python.sh"
+GRACE_S = 15  # SIGTERM to the chunk's group: the step in flight ends and the chunk ships within this
+
+
+def _stubbed(tmp_path: Path, **env: str) -> dict[str, str]:
+    """The chunk's environment with the stub as its Python (``LAB_PYTHON``), the real one behind it."""
+    return {**_env(tmp_path), "LAB_PYTHON": str(STUB_PYTHON), "CHUNK_TEST_PYTHON": sys.executable, **env}
+
+
+def _slow_notebook(folder: Path, name: str) -> None:
+    """A notebook whose second cell is in flight for two minutes (it writes $TMPDIR/step-started first)."""
+    import nbformat
+
+    folder.mkdir(exist_ok=True)
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_code_cell("print('first cell')"),
+        nbformat.v4.new_code_cell(
+            "import os, time\nopen(os.path.join(os.environ['TMPDIR'], 'step-started'), 'w').close()\n"
+            "for i in range(600):\n    print('cell line', i, flush=True)\n    time.sleep(0.2)"
+        ),
+        nbformat.v4.new_code_cell("print('last cell')"),
+    ]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(notebook, folder / f"{name}.ipynb")
+
+
+# (chunk, --steps, the step in flight, the stub's environment, the partial output that step leaves in --out)
+IN_FLIGHT = {
+    "notebook": ("notebooks", "1", "step 1 (notebook 00_check_node)", {}, "00_check_node.ipynb"),
+    "overhead": ("speed", "7", "step 7 (overhead lora-1b 3)", {"CHUNK_TEST_HANG": "overhead"},
+                 "measurement-overhead.txt"),
+}  # fmt: skip
+
+
+def _start_mid_step(tmp_path: Path, kind: str) -> tuple[subprocess.Popen, Path]:
+    """The chunk in its own session, its step of ``kind`` in flight (stubbed): the process and its --out."""
+    chunk, steps, _, stub_env, _ = IN_FLIGHT[kind]
+    notebooks = tmp_path / "notebooks"
+    _slow_notebook(notebooks, "00_check_node")
+    out_dir = tmp_path / "out"
+    proc = subprocess.Popen(
+        ["bash", str(SCRIPT), chunk, "--dry-run", "--steps", steps, "--out", str(out_dir)],
+        env=_stubbed(tmp_path, CHUNK_TEST_NOTEBOOKS=str(notebooks), **stub_env),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    started = tmp_path / "tmp" / "step-started"
+    deadline = time.monotonic() + 120
+    while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert started.exists() and proc.poll() is None, f"the {kind} step never started (exit {proc.poll()})"
+    time.sleep(1)  # its first lines written
+    return proc, out_dir
+
+
+@pytest.mark.slow  # the stubbed chunk's preflight (512 MiB written) and one step: ~5 s; the notebook's kernel: ~10 s
+@pytest.mark.parametrize("kind", ["notebook", "overhead"])
+def test_a_sigterm_to_the_chunk_ends_a_notebook_or_overhead_step_in_flight_and_ships_its_partial_output(
+    tmp_path: Path, kind: str
+) -> None:
+    """`timeout` gave the notebook and overhead steps a process group of their own: a SIGTERM to the chunk's group
+    (the device's limit) during notebook 04 left it running until it finished, 24 s later (01: minutes past the
+    limit). The step in flight must end within the grace period, its partial output shipped."""
+    _, _, running, _, partial = IN_FLIGHT[kind]
+    proc, out_dir = _start_mid_step(tmp_path, kind)
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the chunk was still running {GRACE_S} s after a SIGTERM to its group ({kind} step)")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        stragglers = _end_ours(tmp_path, timeout_s=15)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert not stragglers, stragglers
+    assert f"ended by SIGTERM during {running}" in (out_dir / "chunk.log").read_text()
+    shipped = (out_dir / partial).read_text()
+    if kind == "notebook":  # the cells run so far, the one in flight with the lines it printed
+        import nbformat
+
+        cells = [c for c in nbformat.reads(shipped, as_version=4).cells if c.cell_type == "code"]
+        assert cells[0].execution_count and "first cell" in cells[0].outputs[0]["text"], cells[0]
+        assert "cell line 0" in "".join(o.get("text", "") for o in cells[1].outputs), cells[1]
+        assert not cells[2].execution_count
+    else:
+        assert "step line 0" in shipped, shipped
+    assert not list((tmp_path / "tmp").glob("gpu-chunk-*"))
+    _within_the_limits(out_dir)
+
+
+@pytest.mark.slow  # as above
+@pytest.mark.parametrize("kind", ["notebook", "overhead"])
+def test_a_sigkill_to_the_chunks_group_leaves_nothing_of_a_notebook_or_overhead_step_running(
+    tmp_path: Path, kind: str
+) -> None:
+    """A SIGKILL to the group left the notebook's executor and kernel alive (timeout's own process group): they
+    wrote 04_what_if.ipynb into --out 4 s later, and the chunk's work folder stayed behind."""
+    proc, out_dir = _start_mid_step(tmp_path, kind)
+    before = sorted(p.name for p in out_dir.iterdir())
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        stragglers = _end_ours(tmp_path, timeout_s=10)  # the kernel notices its executor gone within ~1 s
+    assert proc.returncode == -signal.SIGKILL
+    assert not stragglers, f"left running after the group's SIGKILL: {stragglers}"
+    time.sleep(1)
+    assert sorted(p.name for p in out_dir.iterdir()) == before  # nothing written into --out after the kill
+    assert not list((tmp_path / "tmp").glob("gpu-chunk-*")), "the killed chunk's work folder was left behind"
+
+
+def test_relative_wheels_and_out_are_read_from_the_callers_directory(tmp_path: Path) -> None:
+    """The script changed to the repository before reading its arguments: `--wheels whl` said "holds no wheels"
+    where ./whl/*.whl exists (and a relative --out landed inside the repository)."""
+    (tmp_path / "whl").mkdir()
+    (tmp_path / "whl" / "stub-1.0-py3-none-any.whl").write_bytes(b"")
+    (tmp_path / "rel-out").mkdir()
+    (tmp_path / "rel-out" / "runs.jsonl").write_text('{"experiment": "small-batch"}\n')  # a stop after --wheels
+    out = subprocess.run(["bash", str(SCRIPT), "padding", "--dry-run", "--wheels", "whl", "--out", "rel-out"],
+                         cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.startswith(f"gpu-chunk: --out {tmp_path / 'rel-out'} already holds a chunk's runs.jsonl"), (
+        out.stderr
+    )
+
+
+@pytest.mark.slow  # the stubbed chunk's preflight and one step: ~5 s
+def test_a_relative_out_lands_in_the_callers_directory_not_the_repository(tmp_path: Path) -> None:
+    name = f"rel-out-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        out = subprocess.run(["bash", str(SCRIPT), "padding", "--dry-run", "--steps", "1", "--out", name],
+                             cwd=tmp_path, env=_stubbed(tmp_path), capture_output=True, text=True, timeout=120)  # fmt: skip
+        in_repo = (REPO / name).exists()
+    finally:
+        if (REPO / name).is_dir():
+            import shutil
+
+            shutil.rmtree(REPO / name)
+        _end_ours(tmp_path, timeout_s=10)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert not in_repo, "a relative --out landed inside the repository"
+    assert (tmp_path / name / "chunk.log").exists()
+
+
+@pytest.mark.slow  # the stubbed chunk's preflight and one step: ~5 s
+@pytest.mark.parametrize("records", [True, False])
+def test_the_export_hint_is_quoted_and_only_printed_when_records_were_shipped(tmp_path: Path, records: bool) -> None:
+    """The last line told to run `export-reference --from DIR/runs.jsonl` unquoted (an --out with a space gave a
+    command that fails) and also where no record was shipped (nothing to export)."""
+    import shlex
+
+    out_dir = tmp_path / "out dir"
+    try:
+        out = subprocess.run(
+            ["bash", str(SCRIPT), "padding", "--dry-run", "--steps", "1", "--out", str(out_dir)],
+            env=_stubbed(tmp_path, CHUNK_TEST_RECORDS="1" if records else "0"),
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        _end_ours(tmp_path, timeout_s=10)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    log = (out_dir / "chunk.log").read_text()
+    hints = [line for line in log.splitlines() if "export-reference" in line]
+    if records:
+        [hint] = hints
+        command = shlex.split(hint.split("Export on the CPU: ", 1)[1])
+        assert command == ["python", "-m", "lab_helpers", "export-reference", "--from", str(out_dir / "runs.jsonl")]
+    else:
+        assert not hints, hints
+        assert "no record was shipped" in log, log
+
+
+def _without_a_venv_on_path(env: dict[str, str]) -> dict[str, str]:
+    """A new user's shell after scripts/setup-env.sh: the venv made but not activated (python3: the system's)."""
+    venv_bins = {str(Path(sys.executable).parent), str(Path(sys.prefix) / "bin")}
+    if env.get("VIRTUAL_ENV"):
+        venv_bins.add(str(Path(env["VIRTUAL_ENV"]) / "bin"))
+    path = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p and p not in venv_bins)
+    return {k: v for k, v in env.items() if k not in ("LAB_PYTHON", "VIRTUAL_ENV")} | {"PATH": path}
+
+
+@pytest.mark.slow  # the stubbed chunk's preflight and one step: ~5 s
+def test_without_lab_python_the_chunk_runs_the_labs_venv(tmp_path: Path) -> None:
+    """The documented first step run as a new user would (no LAB_PYTHON, the venv not activated) ran `python3` and
+    stopped at "the imports failed: No module named 'litgpt'". Here LAB_VENV (setup-env.sh's) names a venv whose
+    python is the stub."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(STUB_PYTHON)
+    env = _without_a_venv_on_path(_stubbed(tmp_path)) | {"LAB_VENV": str(venv)}
+    try:
+        out = subprocess.run(["bash", str(SCRIPT), "padding", "--dry-run", "--steps", "1", "--out", str(tmp_path / "out")],
+                             env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    finally:
+        _end_ours(tmp_path, timeout_s=10)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert f"python {venv / 'bin' / 'python'}" in (tmp_path / "out" / "chunk.log").read_text()
+
+
+@pytest.mark.slow  # a dry run's preflight and the ci models, no step (its deadline): ~15 s
+def test_the_documented_dry_run_works_as_a_new_user_types_it(tmp_path: Path) -> None:
+    """docs/measuring-on-a-gpu.md's first step, `bash scripts/gpu-chunk.sh CHUNK --dry-run --out "$(mktemp -d)"`,
+    from the repository without LAB_PYTHON and without the venv activated: the repository's .venv runs it."""
+    if not (REPO / ".venv" / "bin" / "python").exists():
+        pytest.skip("no .venv in this checkout (scripts/setup-env.sh makes it)")
+    costs = tmp_path / "costs.tsv"  # the first step needs the whole deadline: preflight, imports, models, no step
+    costs.write_text("small-batch\tci\t20\ttest\n")
+    env = {k: v for k, v in _without_a_venv_on_path(_env(tmp_path)).items() if k != "LAB_VENV"}
+    try:
+        out = subprocess.run(["bash", "scripts/gpu-chunk.sh", "padding", "--dry-run", "--deadline-s", "20", "--out",
+                              str(tmp_path / "out")], cwd=REPO, env=env | {"LAB_CHUNK_COSTS": str(costs)},
+                             capture_output=True, text=True, timeout=180)  # fmt: skip
+    finally:
+        _end_ours(tmp_path, timeout_s=30)
+    log = (tmp_path / "out" / "chunk.log").read_text()
+    assert "imports ok" in log and "the imports failed" not in log, log
+    assert f"python {REPO / '.venv' / 'bin' / 'python'}" in log, log
+    assert out.returncode == 1 and "not started: run small-batch" in log, out.stdout[-3000:] + out.stderr[-2000:]
