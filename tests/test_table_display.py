@@ -96,3 +96,56 @@ def test_the_terminal_table_fits_120_columns_and_wide_shows_them_all(name):
     wide = terminal_table(table, wide=True)
     assert max(len(line) for line in wide.splitlines()) > 120
     assert terminal_table(table, width=80).splitlines()[0].split()[:2] == ["experiment", "status"]
+
+
+@pytest.mark.parametrize("name", ["h100-80gb", "h200-141gb", "ci-cpu"])
+def test_the_piped_table_fits_120_columns_counted_in_bytes_too(name):
+    """issue 54: piped (`compare | cat`, the width unknown), the H100 table's OOM row was 120 characters and 122
+    bytes (its reason ends in "…", three bytes in UTF-8): a tool that counts bytes (awk, `cut -c`) saw 122
+    columns. The terminal table now fits 120 by any count."""
+    from lab_helpers.present.table_display import terminal_table
+
+    table = tables.comparison_table(tables.load_reference(name))
+    lines = terminal_table(table).splitlines()  # pytest's stdout is no terminal: the width is TERMINAL_WIDTH
+    assert max(len(line.encode("utf-8")) for line in lines) <= 120, "\n".join(lines)
+
+
+ESCAPE = "\x1b[31m"
+
+
+def _records_with_escapes() -> pd.DataFrame:
+    """The ci reference's first run with a terminal's escape codes (and a bell, a direction override) in the
+    string fields a table shows: experiment, reason, GPU name, steady basis."""
+    frame = tables.load_reference("ci-cpu").drop(columns=["reference", "measured_on"], errors="ignore")
+    frame = frame.drop_duplicates("experiment").head(4).reset_index(drop=True)
+    frame.loc[0, "experiment"] = f"base{ESCAPE}line\x07"
+    frame.loc[1, "status"] = "error"
+    frame.loc[1, "reason"] = f"boom {ESCAPE}red\x1b[0m\u202e"
+    frame.loc[2, "device_name"] = f"NVIDIA {ESCAPE}H100"
+    frame.loc[3, "steady_basis"] = f"why {ESCAPE}"
+    frame.loc[3, "steady_iter_s"] = None
+    return frame
+
+
+def test_a_records_escape_codes_are_shown_escaped_never_obeyed():
+    """issue 54 (low): `compare` printed a record's escape codes raw, so a record could recolour or rewrite the
+    reader's terminal. Every string a table shows from a record is written with its escapes (\\x1b, \\u202e)."""
+    from lab_helpers.present.table_display import terminal_table
+
+    table = tables.comparison_table(_records_with_escapes())
+    shown = [
+        terminal_table(table, width=200),
+        terminal_table(table, wide=True),
+        tables.steady_notes(table),
+        tables.markdown_table(table),
+        repr(table),
+    ]
+    for text in shown:
+        assert not any(not c.isprintable() for line in text.splitlines() for c in line), repr(text)
+    wide = terminal_table(table, wide=True)
+    assert "base\\x1b[31mline\\x07" in wide and "boom \\x1b[31mred\\x1b[0m\\u202e" in wide
+    assert "why \\x1b[31m" in tables.steady_notes(table)
+    assert f"boom {ESCAPE}red\x1b[0m\u202e" in set(table["reason"].dropna())  # the data keep the record's text
+    from lab_helpers.present.table_display import printable
+
+    assert printable("plain … text") == "plain … text"

@@ -54,14 +54,28 @@ def readable_table(table: pd.DataFrame) -> pd.DataFrame:
         elif column not in TEXT_COLUMNS:
             shown[column] = shown[column].map(lambda value, c=column: format_number(c, value))
         else:
-            shown[column] = shown[column].map(lambda value: "" if _is_missing(value) else str(value))
+            shown[column] = shown[column].map(lambda value: "" if _is_missing(value) else printable(str(value)))
     return shown
 
 
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable written as its escape (``\\x1b``, ``\\u202e``): a
+    record's field holding a terminal's escape code, a bell or a direction override is shown, never obeyed."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def _columns(line: str) -> int:
+    """The columns a line takes by any count: its UTF-8 bytes, never fewer than its characters or the cells a
+    terminal draws (a tool that counts bytes -- awk, ``cut -c`` -- saw a 120-character line with a "…" as 122)."""
+    return len(line.encode("utf-8"))
+
+
 def terminal_table(table: pd.DataFrame, *, width: int | None = None, wide: bool = False) -> str:
-    """The table for a terminal: the ``TERMINAL_COLUMNS`` that fit in ``width`` characters (the terminal's width
-    where stdout is one, else ``TERMINAL_WIDTH``), then the reason cut to what is left, and a line naming how
-    many columns were left out. ``wide``: every column (the CSV always has them all)."""
+    """The table for a terminal: the ``TERMINAL_COLUMNS`` that fit in ``width`` columns (counted as ``_columns``:
+    the terminal's width where stdout is one, else ``TERMINAL_WIDTH``), then the reason cut to what is left, and a
+    line naming how many columns were left out. ``wide``: every column (the CSV always has them all)."""
     shown = readable_table(table)
     if wide or not len(shown):
         return shown.to_string(index=False)
@@ -73,7 +87,7 @@ def terminal_table(table: pd.DataFrame, *, width: int | None = None, wide: bool 
         width = shutil.get_terminal_size((TERMINAL_WIDTH, 24)).columns if sys.stdout.isatty() else TERMINAL_WIDTH
 
     def widest(columns: list[str]) -> int:
-        return max(len(line) for line in shown[columns].to_string(index=False).splitlines())
+        return max(_columns(line) for line in shown[columns].to_string(index=False).splitlines())
 
     chosen: list[str] = []
     for column in (c for c in keep if c in shown.columns):
@@ -98,7 +112,7 @@ def first_line(text: Any, limit: int = REASON_CHARS) -> str:
     """The first non-empty line of a reason (a CUDA OOM message is a paragraph), at most ``limit`` characters."""
     if _is_missing(text):
         return ""
-    line = next((part.strip() for part in str(text).splitlines() if part.strip()), "")
+    line = printable(next((part.strip() for part in str(text).splitlines() if part.strip()), ""))
     return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
 
 
@@ -109,7 +123,7 @@ def format_number(column: str, value: Any) -> str:
     if _is_missing(value):
         return ""
     if isinstance(value, str):
-        return value
+        return printable(value)
     number = float(value)
     if column == "mfu":
         return f"{number:.1%}"

@@ -22,7 +22,7 @@ from lab_helpers.config.iteration_times import finite_number as _number
 from lab_helpers.config.iteration_times import one_off_excess_s, one_off_iterations
 from lab_helpers.config.paths import reference_dir
 from lab_helpers.planning.cost import cost_usd, usd_text
-from lab_helpers.present.table_display import ComparisonTable
+from lab_helpers.present.table_display import ComparisonTable, printable
 from lab_helpers.record.records import empty_runs_frame, latest_runs, load_results
 
 MEMORY_COLUMNS = ("peak_alloc_gib", "peak_tensor_gib", "peak_reserved_gib", "gpu_used_peak_gib", "host_rss_peak_gib")
@@ -189,6 +189,7 @@ def steady_notes(table: pd.DataFrame) -> str:
     said = "; ".join(
         f"{', '.join(rows['experiment'])}: {basis}" for basis, rows in blank.groupby("steady_basis", sort=False)
     )
+    said = printable(said)  # a record's experiment or basis holding an escape code is shown, never obeyed
     return f"steady ms/sample blank (ms/sample is the whole timed loop, first-seen lengths included): {said}"
 
 
@@ -276,7 +277,7 @@ def markdown_table(table: pd.DataFrame) -> str:
             elif column == "predicted_peak_alloc_gib":  # CPU stand-ins predict tens of MiB: 3 digits, not 0.03
                 cells.append(f"{value:.2f}" if value >= 1 else f"{value:.3g}")
             else:
-                cells.append(str(value))
+                cells.append(printable(str(value)))  # a record's escape code is shown, never obeyed
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -451,7 +452,7 @@ def reference_label(frame: pd.DataFrame) -> str:
         inflated = table.loc[table["one_off_pct"] >= 1, "experiment"].tolist()
         if inflated:
             parts[-1] += f" (the time of {', '.join(inflated)} includes a one-off iteration: see one_off_pct)"
-    return "; ".join(parts)
+    return printable("; ".join(parts))  # a record's GPU name holding an escape code is shown, never obeyed
 
 
 def _gpu_measured(table: pd.DataFrame) -> bool:
