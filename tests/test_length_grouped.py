@@ -248,3 +248,19 @@ def test_a_real_quick_run_pads_less_at_the_same_peak_and_times_the_predicted_bat
     predicted, _ = recipe_batch_padding(run.recipe, "length-grouped")
     assert predicted.first(4)[1] - predicted.first(1)[1] == full["tokens_padded"]  # the first step is warm-up
     assert full["padding_pct"] < 5
+
+
+@pytest.mark.parametrize("order", ["length-grouped", "shuffle"])
+def test_plan_time_with_fewer_lengths_than_one_micro_batch_is_one_line(order, ci_assets, tmp_path, capsys):
+    """One sample length for a micro batch of 8 was a ValueError traceback from the sampler."""
+    from lab_helpers.present.plan_command import main
+
+    lengths = tmp_path / "one.json"
+    lengths.write_text("[100]")
+    recipe = Path(__file__).resolve().parent.parent / "configs/ci/ci-llama-xs/full.yaml"
+    argv = [str(recipe), "--device", "cpu", "--time", "--batch-order", order, "--sample-lengths", str(lengths)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: 1 sample length cannot fill one micro-batch of 8") and "\n" not in err, err
+    with pytest.raises(ValueError, match="cannot fill one micro-batch of 8"):  # PlanError is a ValueError
+        batch_padding([100], micro_batch_size=8, batch_order=order)

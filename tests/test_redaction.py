@@ -223,3 +223,31 @@ def test_a_token_quoted_by_a_run_reaches_no_record_log_csv_or_export(ci_assets, 
         for value in (FAKE_GHP, FAKE_PASSWORD, FAKE_HF):
             leaked = [form for form in _forms(value) if len(form) >= 8 and form in text]
             assert not leaked, (name, leaked)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "--reference ../../etc/passwd: no such reference in /lab/reference_results",
+        "file /etc/passwd: not found",
+        "cannot open ~/.config/api_key: permission denied",
+        "no file data/secrets/token: run prepare",
+    ],
+)
+def test_a_path_that_ends_in_a_secrets_name_is_no_key(text):
+    """``answers --reference ../../etc/passwd`` printed "passwd: *** such reference": the word after a path whose
+    last part is named like a secret was taken for its value. A path is not a key; the message stays whole."""
+    assert redact(text, ()) == text
+
+
+def test_a_secrets_name_as_a_key_still_masks_its_value():
+    for text in ("passwd: hunter22", "password=hunter22", "db passwd: hunter22", "x.access_token: abc123def"):
+        assert redact(text, ()).endswith(MASK), text
+
+
+def test_answers_names_the_reference_it_did_not_find_unmasked(capsys):
+    from lab_helpers.cli import main
+
+    assert main(["answers", "--reference", "../../etc/passwd"]) == 2
+    err = capsys.readouterr().err
+    assert "../../etc/passwd: no such reference" in err and MASK not in err, err

@@ -180,6 +180,11 @@ def test_profile_steps_is_checked_in_one_line():
     for bad in (-1, 2.5, True, "3"):
         with pytest.raises(ValueError, match="profile_steps must be a positive whole number"):
             step_profile.check_steps(bad)
+    # 10**18 was accepted and recorded: a trace's size grows with each step, and the run gets N + 1 more steps
+    assert step_profile.check_steps(step_profile.MAX_PROFILE_STEPS) == step_profile.MAX_PROFILE_STEPS
+    for bad in (step_profile.MAX_PROFILE_STEPS + 1, 10**18):
+        with pytest.raises(ValueError, match=rf"profile_steps is at most {step_profile.MAX_PROFILE_STEPS} "):
+            step_profile.check_steps(bad)
 
 
 @pytest.mark.slow

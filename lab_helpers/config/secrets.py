@@ -59,14 +59,15 @@ _SHAPE_AT_END = re.compile(
 _SHAPE_LENGTHS = {"hf_": 34, "github_pat_": 82, "AKIA": 16, "ASIA": 16} | {f"gh{c}_": 36 for c in "pousr"}
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@'\"]+:)(?P<secret>[^\s/@'\"]+)(?=@)")
 _AUTH_HEADER = re.compile(
-    r"(?i)(?P<head>\b(?:proxy-)?authorization['\"]?\s*[:=]\s*['\"]?(?:(?:basic|bearer|token|digest)\s+)?)"
+    r"(?i)(?P<head>(?<![/\\])\b(?:proxy-)?authorization['\"]?\s*[:=]\s*['\"]?(?:(?:basic|bearer|token|digest)\s+)?)"
     r"(?P<secret>[^\s'\",;]+)"
 )
 _BEARER = re.compile(r"(?P<head>\b(?:[Bb]earer|[Bb]asic)\s+)(?P<secret>[A-Za-z0-9+/=._~-]{12,})")
 _BASE64_RUN = re.compile(r"(?<![A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{16,}={0,2}(?![A-Za-z0-9+/_=-])")
-# key=value, key: value, 'key': 'value', "key": "value", key = 'value': the value of a secret-looking key
+# key=value, key: value, 'key': 'value', "key": "value", key = 'value': the value of a secret-looking key; a
+# path's last part is no key ("../../etc/passwd: no such reference" is a message about a file, not a password)
 _KEY_VALUE = re.compile(
-    r"(?P<key>(?<![A-Za-z0-9_.-])[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>['\"]?\s*[:=]\s*(?P<quote>['\"]?))"
+    r"(?P<key>(?<![A-Za-z0-9_./\\-])[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>['\"]?\s*[:=]\s*(?P<quote>['\"]?))"
     r"(?P<value>[^\s'\",;{}()\[\]]+)"
 )
 _MAYBE_SECRET_WORD = re.compile(r"(?i)token|key|secret|passw|pat|auth|credential")

@@ -140,6 +140,11 @@ def batch_padding(
     from lab_helpers.training.quick_mode import batch_sampler
 
     cut = [min(int(n), max_seq_length) if max_seq_length else int(n) for n in lengths]
+    if len(cut) < micro_batch_size:  # the sampler's ValueError was a traceback from `plan --time`
+        raise PlanError(
+            f"{len(cut)} sample length{'s' * (len(cut) != 1)} cannot fill one micro-batch of {micro_batch_size}: "
+            f"give at least {micro_batch_size} (--sample-lengths) or a smaller train.micro_batch_size"
+        )
     sampler = batch_sampler(cut, batch_order=batch_order, batch_size=micro_batch_size, accumulation=1)
     batches = sampler.timed_batches()
     return BatchPadding(

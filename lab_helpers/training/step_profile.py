@@ -34,11 +34,19 @@ def steps_from_env() -> int | None:
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
+MAX_PROFILE_STEPS = 20
+"""A step's trace is tens of MB on a GPU and the summary is per step: more steps add size and time, not knowledge."""
+
+
 def check_steps(steps: Any) -> int | None:
+    """None/0 is off; 10**18 was accepted and recorded, so the count is bounded too."""
     if steps is None or steps == 0:
         return None
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ValueError(f"profile_steps must be a positive whole number of optimizer steps; got {steps!r}")
+    if steps > MAX_PROFILE_STEPS:
+        raise ValueError(f"profile_steps is at most {MAX_PROFILE_STEPS} (each adds a step and tens of MB of trace); "
+                         f"got {steps}, e.g. --profile-steps 3")  # fmt: skip
     return steps
 
 
