@@ -246,3 +246,64 @@ def test_predict_experiment_takes_overrides_as_run_experiment_does_and_refuses_a
     for size in ("80", -1, float("nan"), True):
         with pytest.raises(LabConfigError, match=r"gpu_memory_gib is a GPU's size in GiB above 0 \(e.g. 80\)"):
             lab.predict_experiment("baseline", profile="ci", gpu_memory_gib=size)
+
+
+# ------------------------------------------------- issue 54: a notebook's wrong argument is one line, not difflib's
+
+
+def _refused(call) -> str:
+    with pytest.raises(LabConfigError) as info:
+        call()
+    assert "\n" not in str(info.value), info.value
+    return str(info.value)
+
+
+def test_a_notebooks_wrong_argument_is_one_line_and_starts_nothing(results):
+    """``run_experiment(None)`` and ``predict_experiment(None)`` were TypeErrors from inside difflib; a profile of
+    the wrong type, an override key that is no text, overrides that are no mapping or list of KEY=VALUE too."""
+    from lab_helpers import lab
+
+    for exp_id in (None, 5):
+        for call in (lab.run_experiment, lab.predict_experiment):
+            line = _refused(lambda call=call, exp_id=exp_id: call(exp_id))
+            assert line.startswith(f"experiment: expected an experiment's name (text), e.g. 'grad-accum'; got {exp_id}")
+    line = _refused(lambda: lab.run_experiment("small-batch", profile={"a": 1}))
+    assert line.startswith("profile: expected a profile's name (text), one of ") and "got {'a': 1}" in line, line
+    line = _refused(lambda: lab.run_experiment("small-batch", overrides={None: 1}))
+    assert line.startswith("overrides: each key is a recipe key as text (e.g. 'train.micro_batch_size'); got None")
+    for overrides in (5, "train.max_steps=2", (1, 2)):
+        line = _refused(lambda overrides=overrides: lab.run_experiment("small-batch", overrides=overrides))
+        assert line.startswith("overrides: expected a mapping ({'train.micro_batch_size': 4}) or a list of"), line
+    line = _refused(lambda: lab.run_experiment("small-batch", overrides=[1, 2]))
+    assert line.startswith("--set 1: expected KEY=VALUE text, e.g. 'train.micro_batch_size=4'"), line
+    line = _refused(lambda: lab.run_experiment("small-batch", overrides={"devices": 2}))
+    assert line.startswith("devices=2: small-batch trains on one device"), line
+    assert not results.exists()  # no record, no run folder: nothing started
+
+
+def test_the_cli_refuses_two_devices_for_a_single_device_experiment_in_one_line(results, capsys):
+    from lab_helpers.cli import main
+
+    assert main(["run", "small-batch", "--set", "devices=2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: devices=2: small-batch trains on one device") and "\n" not in err, err
+    assert not results.exists()
+
+
+def test_a_recipe_rewritten_at_its_size_with_its_time_put_back_is_read_again(tmp_path, monkeypatch):
+    """The parsed-file cache was keyed by inode, size and mtime, all three of which an edit can keep (``touch -d``
+    or a restore puts the mtime back): the old recipe was served."""
+    import os
+
+    folder = tmp_path / "configs" / "experiments"
+    folder.mkdir(parents=True)
+    monkeypatch.setenv("LAB_HOME", str(tmp_path))
+    single = folder / "single.yaml"
+    single.write_text("a: {model: 1b, method: full}\n")
+    assert load_experiments()["a"].method == "full"
+    before = single.stat()
+    single.write_text("a: {model: 1b, method: lora}\n")  # the same size, in place: the same inode
+    os.utime(single, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = single.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    assert load_experiments()["a"].method == "lora"

@@ -82,3 +82,63 @@ def test_the_command_a_recipe_file_is_for():
     assert recipe_command({"checkpoint_dir": "x", "train": {}}) == "finetune_full"
     with pytest.raises(LabConfigError, match="unknown litgpt command 'finetune_qlora'"):
         check_recipe({}, "finetune_qlora", devices=1)
+
+
+# ----------------------------------------- issue 54: what the node can know, one line before any process starts
+
+
+def _line(exp_id: str, overrides: dict) -> str:
+    with pytest.raises(LabConfigError) as err:
+        resolve(exp_id, "ci", overrides, check_files=False)
+    assert "\n" not in str(err.value), err.value
+    return str(err.value)
+
+
+@pytest.mark.parametrize("key", ["devices", "num_nodes"])
+def test_a_single_device_experiment_asked_for_two_devices_is_refused_up_front(key):
+    """``run small-batch --set devices=2`` on ci started litgpt's script, which chose FSDP, printed its config and
+    ended in "FSDP is only available on GPU" with an ``error`` record: the lab runs it on one device."""
+    import torch
+
+    line = _line("small-batch", {key: 2})
+    assert line.startswith(f"{key}=2: small-batch trains on one device (litgpt's finetune script)"), line
+    assert f"--set {key}=1" in line and "multi-GPU experiments" in line
+    if not torch.cuda.is_available():
+        assert "FSDP, which runs on GPUs only, and this machine has none" in line
+
+
+@pytest.mark.parametrize("value", [0, -2, "two"])  # 1.5: the type walk says "expected a whole number or text"
+def test_devices_is_what_litgpt_takes_or_one_line(value):
+    line = _line("small-batch", {"devices": value})
+    assert line.startswith("devices must be a whole number >= 1 or auto"), line
+
+
+def test_num_nodes_below_one_is_one_line():
+    assert _line("small-batch", {"num_nodes": 0}).startswith("num_nodes must be >= 1; got 0")
+
+
+def test_auto_on_a_machine_of_one_device_is_one_device():
+    import torch
+
+    if torch.cuda.device_count() > 1:
+        pytest.skip("auto is every GPU here")
+    for value in ("auto", -1, 1):
+        assert resolve("small-batch", "ci", {"devices": value}, check_files=False).recipe["devices"] == value
+
+
+def test_a_multi_gpu_experiment_refuses_a_devices_setting_it_would_not_read():
+    """A Lightning experiment is launched on its own devices (configs/experiments/multi.yaml), written over the
+    recipe's: ``--set devices=4`` was silently ignored."""
+    run = resolve("ddp", "ci", check_files=False)
+    same = resolve("ddp", "ci", {"devices": run.devices}, check_files=False)
+    assert same.devices == run.devices
+    line = _line("ddp", {"devices": run.devices + 2})
+    assert line.startswith(f"devices={run.devices + 2}: ddp runs on the experiment's own devices"), line
+    assert _line("ddp", {"num_nodes": 3}).startswith("num_nodes=3: ddp runs on the experiment's own")
+
+
+def test_plan_still_plans_a_recipe_for_a_node_of_several_gpus(capsys):
+    """``plan`` a recipe for another node from this one: the devices the recipe names are the plan's question."""
+    argv = [str(recipe_path_for(get_experiment(EXPERIMENT), "ci")), "--device", "cuda", "--set", "devices=4",
+            "--set", "train.global_batch_size=32", "--set", "train.micro_batch_size=8"]  # fmt: skip
+    assert plan_command.main(argv) == 0, capsys.readouterr().err

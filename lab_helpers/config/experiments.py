@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-import functools
+import hashlib
 import math
+import reprlib
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,6 +210,8 @@ def linked(start: str, links: list[tuple[str, str]]) -> set[str]:
 
 
 def get_experiment(exp_id: str) -> Experiment:
+    if not isinstance(exp_id, str):  # difflib's TypeError from inside did_you_mean, for a notebook's None or 5
+        raise LabConfigError(f"experiment: expected an experiment's name (text), e.g. 'grad-accum'; got {exp_id!r}")
     experiments = load_experiments()
     if exp_id not in experiments:
         raise LabConfigError(f"unknown experiment {exp_id!r}{did_you_mean(exp_id, experiments)}")
@@ -216,6 +220,10 @@ def get_experiment(exp_id: str) -> Experiment:
 
 def check_profile(profile: str) -> dict[str, Any]:
     profiles = load_profiles()
+    if not isinstance(profile, str):  # a dict was "unhashable type" from the lookup below
+        raise LabConfigError(
+            f"profile: expected a profile's name (text), one of {', '.join(profiles)}; got {shown(repr(profile))}"
+        )
     if profile not in profiles:
         raise LabConfigError(f"unknown profile {profile!r}: choose one of {', '.join(profiles)}")
     return profiles[profile]
@@ -226,17 +234,27 @@ def _read_yaml(path: Path) -> Any:
     bounded depth, size and numbers), with libyaml's parser where PyYAML has it: every run reads all experiment
     files, and the pure-Python parser took 0.4 s of each.
 
-    Parsed once per version of the file (``_parsed``: keyed by path, inode, size and modification time, so an
-    edited file is read again), and every caller gets its own copy: resolving is then about 2 ms instead of 10,
-    and the notebooks and the decision, which resolve the same experiment many times, need no cache of runs."""
-    stat = path.stat()
-    return _copied(_parsed(str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns))
+    Parsed once per content of the file (``_PARSED``: keyed by path and a digest of its bytes, so an edited file
+    is read again, even one rewritten at its size with its mtime put back, which a key of inode, size and mtime
+    served stale; reading and hashing a recipe is microseconds, parsing it milliseconds), and every caller gets its
+    own copy: resolving is then about 2 ms instead of 10, and the notebooks and the decision, which resolve the
+    same experiment many times, need no cache of runs."""
+    data = path.read_bytes()
+    key = (str(path), hashlib.blake2b(data, digest_size=16).digest())
+    with _PARSED_LOCK:
+        parsed = _PARSED.pop(key, _MISSING)
+    if parsed is _MISSING:
+        parsed = load_yaml(data.decode(), what=str(path))
+    with _PARSED_LOCK:  # the newest last; the oldest go beyond 128 files' versions
+        _PARSED[key] = parsed
+        while len(_PARSED) > 128:
+            _PARSED.pop(next(iter(_PARSED)))
+    return _copied(parsed)
 
 
-@functools.lru_cache(maxsize=128)
-def _parsed(path: str, inode: int, size: int, mtime_ns: int) -> Any:
-    """The parsed file (never handed out: ``_read_yaml`` copies it); inode, size and mtime are only the key."""
-    return load_yaml(Path(path).read_text(), what=path)
+_PARSED: dict[tuple[str, bytes], Any] = {}  # never handed out: _read_yaml copies what it holds
+_PARSED_LOCK = threading.Lock()
+_MISSING = object()
 
 
 def _copied(value: Any) -> Any:
@@ -262,6 +280,10 @@ def parse_set_args(pairs: list[str] | None) -> dict[str, Any]:
     """
     overrides: dict[str, Any] = {}
     for pair in pairs or []:
+        if not isinstance(pair, str):  # a notebook's overrides=[1, 2]: "'int' object has no attribute 'partition'"
+            raise LabConfigError(
+                f"--set {shown(repr(pair))}: expected KEY=VALUE text, e.g. 'train.micro_batch_size=4'"
+            )
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
             raise LabConfigError(f"--set '{shown(pair)}' is not key=value (e.g. --set train.micro_batch_size=4)")
@@ -423,6 +445,7 @@ def resolve(
     """Turn (experiment, profile, overrides) into the exact recipe to run, or raise LabConfigError.
 
     ``simulate_world=N``: the run is rank 0 of a world of N, played alone on this machine's one device."""
+    check_overrides(overrides)
     experiment = get_experiment(exp_id)
     check_simulated_world(experiment, simulate_world)
     check_batch_order(experiment)
@@ -435,7 +458,7 @@ def resolve(
     command = "finetune_lora" if experiment.method in ("lora", "qlora") else "finetune_full"
     devices = simulate_world or count_devices(experiment.devices)
     recipe = _batch_for_world(experiment, recipe, overrides or {}, devices)
-    from lab_helpers.config.recipe_check import check_recipe  # imports litgpt's signatures: only when resolving
+    from lab_helpers.config.recipe_check import check_devices, check_recipe  # litgpt's signatures: only here
 
     check_recipe(
         recipe,
@@ -445,6 +468,8 @@ def resolve(
         examples=base_recipe,
         litgpt_script=not experiment.distributed,
     )
+    check_devices(recipe, experiment=exp_id, distributed=experiment.distributed, devices=devices,
+                  num_nodes=experiment.num_nodes, given=merged, devices_as_written=experiment.devices)  # fmt: skip
     recipe = _generated_data_for_random_weights(recipe)
     run = ResolvedRun(experiment, profile, recipe_path, recipe, dict(overrides or {}), command, devices, simulate_world)
     if (
@@ -452,6 +477,27 @@ def resolve(
     ):  # what this node cannot run at all is the decision's (lab_helpers.planning.decision.blocked), not here
         check_run_files(run)
     return run
+
+
+def check_overrides(overrides: Any) -> None:
+    """None, or a mapping of recipe keys (text) to values (LabConfigError): a notebook's ``overrides=5`` or
+    ``{None: 1}`` was a TypeError or AttributeError from inside ``resolve``."""
+    if overrides is None:
+        return
+    if not isinstance(overrides, Mapping):
+        raise LabConfigError(
+            "overrides: expected a mapping ({'train.micro_batch_size': 4}) or a list of KEY=VALUE texts "
+            f"(['train.micro_batch_size=4']); got {shown(_REPR.repr(overrides))}"
+        )
+    for key in overrides:
+        if not isinstance(key, str) or not key.strip():
+            raise LabConfigError(
+                f"overrides: each key is a recipe key as text (e.g. 'train.micro_batch_size'); got {shown(repr(key))}"
+            )
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring, _REPR.maxother = 60, 60
 
 
 def _batch_for_world(

@@ -68,6 +68,7 @@ def check_recipe(
     _check_types(recipe, command, recipe if examples is None else examples)
     _check_keys(recipe, command)
     _check_ranges(recipe)
+    _check_devices_value(recipe.get("devices", 1))
     _check_optimizer(recipe.get("optimizer"))
     _check_batch_and_precision(recipe, command, devices=devices, num_nodes=num_nodes)
     _parse_with_litgpt(recipe, command)
@@ -290,6 +291,7 @@ _RANGES: tuple[tuple[str, float, bool, bool], ...] = (
     ("optimizer.init_args.weight_decay", 0, False, True),
     ("lora_r", 1, False, True),
     ("lora_alpha", 0, True, True),
+    ("num_nodes", 1, False, False),
 )
 _RANGE_EXAMPLES = {"optimizer.init_args.lr": "0.0002", "train.max_norm": "1.0", "lora_alpha": "16"}
 
@@ -310,6 +312,74 @@ def _check_ranges(recipe: Mapping[str, Any]) -> None:
     dropout = _dotted(recipe, "lora_dropout")[1]
     if isinstance(dropout, int | float) and not isinstance(dropout, bool) and not 0 <= dropout < 1:
         raise LabConfigError(f"lora_dropout must be in [0, 1); got {dropout!r} (e.g. --set lora_dropout=0.05)")
+
+
+def _check_devices_value(devices: Any) -> None:
+    """litgpt's ``parse_devices`` takes a whole number >= 1, -1 or "auto"; anything else ("two", 0) was its
+    ValueError after the process start."""
+    if devices in (-1, "auto") or (isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1):
+        return
+    raise LabConfigError(
+        f"devices must be a whole number >= 1 or auto (every GPU here); got {_shown(devices)} (e.g. --set devices=1)"
+    )
+
+
+def _litgpt_devices(devices: Any) -> int:
+    """How many devices litgpt's script takes for ``devices`` (its ``parse_devices``: auto is every GPU, or 1)."""
+    if devices in (-1, "auto"):
+        import torch
+
+        return torch.cuda.device_count() or 1
+    return int(devices)
+
+
+def check_devices(
+    recipe: Mapping[str, Any],
+    *,
+    experiment: str,
+    distributed: bool,
+    devices: int,
+    num_nodes: int,
+    given: Mapping[str, Any],
+    devices_as_written: Any = None,
+) -> None:
+    """What the node can know of a run's devices, one line before any process starts (resolve calls it).
+
+    A single-device experiment (litgpt's own finetune script): ``devices`` x ``num_nodes`` above 1 made litgpt
+    shard the model with FSDP, which a CPU cannot run ("FSDP is only available on GPU", after a process start, a
+    printed config and an ``error`` record), nor a node with fewer GPUs; and where the GPUs are there, the lab's
+    record, prediction and batch arithmetic are of one device. A multi-GPU experiment (``distributed``) runs on its
+    own ``devices`` per node and ``num_nodes`` (``given``: the overrides it runs with), which its launcher writes over
+    the recipe's: another ``--set devices`` would be silently ignored."""
+    if distributed:
+        written = devices if devices_as_written is None else devices_as_written
+        for key, own, as_written in (("devices", devices, written), ("num_nodes", num_nodes, num_nodes)):
+            if key in given and given[key] not in (own, as_written):
+                here = f"{as_written}: {own} here" if as_written != own else f"{own}"
+                raise LabConfigError(
+                    f"{key}={_shown(given[key])}: {experiment} runs on the experiment's own {key} ({here}; "
+                    f"configs/experiments/), which its launcher writes over the recipe's; leave --set {key} out"
+                )
+        return
+    asked, nodes = recipe.get("devices", 1), recipe.get("num_nodes", 1)
+    per_node = _litgpt_devices(asked)
+    ranks = per_node * nodes
+    if ranks <= 1:
+        return
+    key, value = ("devices", asked) if per_node > 1 else ("num_nodes", nodes)
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus == 0:
+        why = "FSDP, which runs on GPUs only, and this machine has none"
+    elif per_node > gpus:
+        why = f"FSDP, and this node has {gpus} GPU{'s' * (gpus != 1)}"
+    else:
+        why = "FSDP, which the lab's record, prediction and batch arithmetic of this experiment do not follow"
+    raise LabConfigError(
+        f"{key}={_shown(value)}: {experiment} trains on one device (litgpt's finetune script); on {ranks} devices "
+        f"litgpt would shard it with {why}: --set {key}=1 (the multi-GPU experiments, e.g. `run fsdp`, train on several)"
+    )
 
 
 def _check_optimizer(optimizer: Any) -> None:
