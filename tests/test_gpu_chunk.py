@@ -553,7 +553,7 @@ def test_the_export_hint_is_quoted_and_only_printed_when_records_were_shipped(tm
 
 def _without_a_venv_on_path(env: dict[str, str]) -> dict[str, str]:
     """A new user's shell after scripts/setup-env.sh: the venv made but not activated (python3: the system's)."""
-    venv_bins = {str(Path(sys.executable).parent), str(Path(sys.prefix) / "bin")}
+    venv_bins = {str(Path(sys.prefix) / "bin")} if sys.prefix != sys.base_prefix else set()  # never /usr/bin
     if env.get("VIRTUAL_ENV"):
         venv_bins.add(str(Path(env["VIRTUAL_ENV"]) / "bin"))
     path = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p and p not in venv_bins)
