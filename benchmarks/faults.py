@@ -933,6 +933,136 @@ def closed_or_full_stdout(root: Path) -> list[Row]:
     return rows
 
 
+# ------------------------------------------------------------------ issue 54: refused before starting
+
+
+REFUSED_BEFORE_STARTING = [  # (what, CLI arguments, a piece the one line must hold); {lengths}: a one-length file
+    ("run small-batch --set devices=2 (FSDP, on a CPU)", ["run", "small-batch", "--set", "devices=2"],
+     "devices=2: small-batch trains on one device"),
+    ("run small-batch --set num_nodes=2", ["run", "small-batch", "--set", "num_nodes=2"], "num_nodes=2: small-batch"),
+    ("run small-batch --set devices=0", ["run", "small-batch", "--set", "devices=0"], "devices must be a whole"),
+    ("run ddp --set devices=8 (not read by its launcher)", ["run", "ddp", "--set", "devices=8"],
+     "devices=8: ddp runs on the experiment's own devices"),
+    ("run small-batch --profile-steps 10**18", ["run", "small-batch", "--profile-steps", str(10**18)],
+     "profile_steps is at most"),
+    ("plan --time --batch-order length-grouped, 1 length", ["plan", "configs/ci/ci-llama-xs/full.yaml", "--time",
+     "--batch-order", "length-grouped", "--sample-lengths", "{lengths}"], "cannot fill one micro-batch of 8"),
+    ("answers --reference ../../etc/passwd (not masked)", ["answers", "--reference", "../../etc/passwd"],
+     "../../etc/passwd: no such reference"),
+]  # fmt: skip
+
+
+def _probes_in_one_process(fault: Fault, script: str, probes: list) -> list[list]:
+    """Each probe through the lab's own entry point in one process (the imports are paid once): [what, code, text]."""
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), json.dumps(probes)],
+        cwd=ROOT, env=fault.env, capture_output=True, text=True, timeout=300,
+    ).stdout  # fmt: skip
+    return [json.loads(line[6:]) for line in out.splitlines() if line.startswith("PROBE ")]
+
+
+def refused_before_starting(root: Path) -> list[Row]:
+    """What the recipe check can know (devices a CPU or the experiment cannot use), a bound, a planner input and a
+    path the masker took for a password: exit 2, one line that says it, no run folder, no record."""
+    fault = Fault(root, "before-starting")
+    lengths = fault.dir / "one-length.json"
+    lengths.write_text("[100]")
+    probes = [[what, [str(lengths) if a == "{lengths}" else a for a in args]]
+              for what, args, _ in REFUSED_BEFORE_STARTING]  # fmt: skip
+    script = """
+        import contextlib, io, json, sys
+        from lab_helpers.cli import main
+        for what, args in json.loads(sys.argv[1]):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                try:
+                    code = main(args)
+                except BaseException as exc:  # a traceback the CLI let out: the row says which
+                    code, err = f"uncaught {type(exc).__name__}", io.StringIO(str(exc))
+            print("PROBE " + json.dumps([what, code, err.getvalue()]), flush=True)
+    """
+    said = {what: (code, err) for what, code, err in _probes_in_one_process(fault, script, probes)}
+    rows = []
+    for what, _, piece in REFUSED_BEFORE_STARTING:
+        code, err = said.get(what, (None, "the probe did not report"))
+        ok, shown = _one_line(code, err)
+        started_nothing = not (fault.results / "runs").exists() and not fault.new_records()
+        ok = ok and piece in shown and "***" not in shown and started_nothing
+        row = Row(what, "exit 2, one line, nothing started")
+        rows.append(_finish(row, fault, expect_records=0, ok=ok, observed=f"exit {code}: {shown[7:]}"))
+    return rows
+
+
+NOTEBOOK_ARGUMENTS = [  # (what, the call as a notebook cell makes it)
+    ("run_experiment(None)", "lab.run_experiment(None)"),
+    ("run_experiment(5)", "lab.run_experiment(5)"),
+    ("run_experiment(profile={'a': 1})", "lab.run_experiment('small-batch', profile={'a': 1})"),
+    ("run_experiment(overrides={None: 1})", "lab.run_experiment('small-batch', overrides={None: 1})"),
+    ("run_experiment(overrides=5)", "lab.run_experiment('small-batch', overrides=5)"),
+    ("run_experiment(overrides=[1, 2])", "lab.run_experiment('small-batch', overrides=[1, 2])"),
+    ("run_experiment(overrides={'devices': 2})", "lab.run_experiment('small-batch', overrides={'devices': 2})"),
+    ("predict_experiment(None)", "lab.predict_experiment(None)"),
+]
+
+
+def notebook_arguments(root: Path) -> list[Row]:
+    """A notebook's wrong argument: a LabConfigError of one line (the notebooks' error), not a TypeError from
+    difflib; no run folder, no record."""
+    fault = Fault(root, "notebook-arguments")
+    script = """
+        import json, sys
+        from lab_helpers import lab
+        for what, call in json.loads(sys.argv[1]):
+            try:
+                eval(call, {"lab": lab})
+                print("PROBE " + json.dumps([what, "returned", ""]), flush=True)
+            except Exception as exc:
+                print("PROBE " + json.dumps([what, type(exc).__name__, str(exc)]), flush=True)
+    """
+    said = {what: (kind, text) for what, kind, text in _probes_in_one_process(fault, script, NOTEBOOK_ARGUMENTS)}
+    rows = []
+    for what, _ in NOTEBOOK_ARGUMENTS:
+        kind, text = said.get(what, ("nothing", "the probe did not report"))
+        started_nothing = not (fault.results / "runs").exists() and not fault.new_records()
+        ok = kind == "LabConfigError" and text and "\n" not in text and started_nothing
+        row = Row(what, "LabConfigError, one line, nothing started")
+        rows.append(_finish(row, fault, expect_records=0, ok=bool(ok), observed=f"{kind}: {text}"))
+    return rows
+
+
+def recipe_rewritten_in_place(root: Path) -> Row:
+    """A recipe rewritten at its size, its mtime put back (same inode, size and mtime): read again, not served
+    from the parsed-file cache."""
+    row = Row("recipe rewritten at its size, mtime put back", "the new recipe resolved")
+    fault = Fault(root, "recipe-in-place")
+    home = fault.dir / "home"
+    shutil.copytree(ROOT / "configs", home / "configs")
+    fault.env["LAB_HOME"] = str(home)
+    script = """
+        import os, sys
+        from pathlib import Path
+        from lab_helpers.config.experiments import resolve
+        recipe = Path(sys.argv[1])
+        first = resolve("small-batch", "ci", check_files=False).recipe["data"]["init_args"]["seed"]
+        before = recipe.stat()
+        recipe.write_text(recipe.read_text().replace("seed: 42", "seed: 43"))
+        os.utime(recipe, ns=(before.st_atime_ns, before.st_mtime_ns))
+        after = recipe.stat()
+        same = (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+        again = resolve("small-batch", "ci", check_files=False).recipe["data"]["init_args"]["seed"]
+        print(first, again, same)
+    """
+    recipe = home / "configs" / "ci" / "ci-llama-xs" / "full.yaml"
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(script), str(recipe)], cwd=ROOT, env=fault.env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    said = out.stdout.split()
+    ok = said == ["42", "43", "True"]
+    observed = out.stderr[-60:]
+    if len(said) == 3:
+        observed = f"seed {said[0]} then {said[1]} (inode, size, mtime kept: {said[2]})"
+    return _finish(row, fault, expect_records=0, ok=ok, observed=observed)
+
+
 def main() -> int:
     from lab_helpers.assets import prepare_ci
 
@@ -983,6 +1113,9 @@ def main() -> int:
         lambda: other_ending_signals(root),
         lambda: bad_locations(root),
         lambda: closed_or_full_stdout(root),
+        lambda: refused_before_starting(root),
+        lambda: notebook_arguments(root),
+        lambda: recipe_rewritten_in_place(root),
     ]
     print(f"{'fault':<52} | {'expected':<56} | {'observed':<60} | result")
     for step in plan:
