@@ -72,6 +72,12 @@ class CheckFailed(Exception):
     """One check did not hold: the message says what the page showed instead."""
 
 
+def shown(path: Path) -> str:
+    """A path as the reader of the output knows it: inside the repository, relative to it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def say(line: str) -> None:
     print(line, flush=True)
 
@@ -378,7 +384,7 @@ def screenshot(page, path: Path) -> None:
     page.screenshot(path=str(path))
     compact(path)
     page.set_viewport_size(VIEWPORT)
-    say(f"      screenshot {path} ({VIEWPORT['width']} x {target})")
+    say(f"      screenshot {shown(path)} ({VIEWPORT['width']} x {target})")
 
 
 # ------------------------------------------------------------------------------------------------ the checks
@@ -514,7 +520,7 @@ def check_01(page, shots: Path) -> None:
         },
     )
     compact(path)
-    say(f"      screenshot {path}")
+    say(f"      screenshot {shown(path)}")
 
 
 def run_checks(shots: Path) -> None:
