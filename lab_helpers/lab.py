@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from math import inf
 from numbers import Real
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lab_helpers.config.experiments import LabConfigError, ResolvedRun, check_run_files, parse_set_args, resolve
 from lab_helpers.config.lazy_exports import attach
@@ -39,57 +39,15 @@ from lab_helpers.record.results_folder import check_results_folder, remove_if_em
 from lab_helpers.record.run_record import base_record, one_line, records_from, relative_to_results
 from lab_helpers.training.quick_mode import QUICK_ENV, quick_from_env, quick_overrides
 
-if TYPE_CHECKING:  # for readers and type checkers; at run time each is imported on first use (below)
-    from lab_helpers.assets.prepare import prepare
-    from lab_helpers.config.experiments import get_experiment, load_experiments
-    from lab_helpers.hardware.node import describe_node, gpu_memory_gib
-    from lab_helpers.planning.activations_by_hand import compare_with_planner, experiment_terms
-    from lab_helpers.planning.activations_by_hand import misses as activations_missed
-    from lab_helpers.planning.activations_by_hand import summary as activations_summary
-    from lab_helpers.planning.node_limits import reference_hint
-    from lab_helpers.planning.sections import sections_runnable
-    from lab_helpers.present.commands import closing_text, show_commands
-    from lab_helpers.present.doctor import format_report
-    from lab_helpers.present.guesses import guess_table
-    from lab_helpers.present.multi_gpu import check_records, rank_rows, show_prediction
-    from lab_helpers.present.padding import latest_record, padding_words
-    from lab_helpers.present.step_memory import plot_step
-    from lab_helpers.record.records import load_results
-    from lab_helpers.training.step_profile import summary_lines
-
-__all__ = [
+__all__ = [  # the module's own names, then the notebooks' names from the layers below (_NOTEBOOK_API)
     "default_profile",
     "run_experiment",
     "run_all",
     "record_skipped",
     "predict_experiment",
-    "oom_demo_overrides",
+    "filled_overrides",
     "OOM_DEMO_MARGIN",
     "LabConfigError",
-    "activations_missed",
-    "activations_summary",
-    "check_records",
-    "closing_text",
-    "compare_with_planner",
-    "describe_node",
-    "experiment_terms",
-    "format_report",
-    "get_experiment",
-    "gpu_memory_gib",
-    "guess_table",
-    "latest_record",
-    "load_experiments",
-    "load_results",
-    "padding_words",
-    "plot_step",
-    "prepare",
-    "reference_hint",
-    "rank_rows",
-    "results_dir",
-    "sections_runnable",
-    "show_commands",
-    "show_prediction",
-    "summary_lines",
 ]
 
 PROFILE_ENV = "LAB_PROFILE"
@@ -364,20 +322,11 @@ def filled_overrides(
     exp_id: str, *, profile: str | None = None, overrides: Mapping[str, Any] | None = None
 ) -> tuple[dict[str, Any], str | None]:
     """The overrides ``run_experiment`` runs ``exp_id`` with, and why: for an experiment with ``fill_gpu`` (fill-gpu)
-    the largest micro batch that fits here (``predict.fill_gpu_overrides``) is added unless a micro batch is given;
+    the largest micro batch that fits here (``predict.fill_gpu_for``) is added unless a micro batch is given;
     any other experiment runs with ``overrides`` as given (None: nothing chosen). The notebook asks this before
     predicting, so that the prediction it shows is of the batch the run will use."""
     given = dict(overrides or {})
     return _filled(resolve(exp_id, profile or default_profile(), given, check_files=False), given)
-
-
-def oom_demo_overrides(
-    exp_id: str, *, profile: str | None = None, max_doublings: int = 6, gpu_memory_gib: float | None = None
-) -> tuple[dict[str, Any], str]:
-    """``predict.oom_demo_overrides`` with this machine's profile by default."""
-    return predict.oom_demo_overrides(
-        exp_id, profile=profile or default_profile(), max_doublings=max_doublings, gpu_memory_gib=gpu_memory_gib
-    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -412,4 +361,5 @@ _NOTEBOOK_API = {
 }
 
 
+__all__ += sorted(_NOTEBOOK_API)
 __getattr__, __dir__ = attach(__name__, _NOTEBOOK_API)

@@ -301,7 +301,7 @@ def test_fill_gpu_is_lora_1b_with_the_largest_micro_batch_that_fits_and_the_same
     accumulated; the rest of the recipe is lora-1b's."""
     from lab_helpers.planning import predict
     from lab_helpers.planning.planner.fit import DEFAULT_MARGIN
-    from lab_helpers.planning.predict import fill_gpu_overrides
+    from lab_helpers.planning.predict import fill_gpu_for
 
     fill, pair = resolve("fill-gpu", "ci", check_files=False), resolve("lora-1b", "ci", check_files=False)
     assert fill.recipe == pair.recipe and fill.options["fill_gpu"] and not pair.options["fill_gpu"]
@@ -311,9 +311,9 @@ def test_fill_gpu_is_lora_1b_with_the_largest_micro_batch_that_fits_and_the_same
         return predict.predict_experiment("fill-gpu", profile="ci", overrides=overrides, device="cpu").worst_gpu_used_gib
 
     budget_gib = (used_gib(8) + used_gib(16)) / 2 / (1 - DEFAULT_MARGIN)
-    chosen, why = fill_gpu_overrides("fill-gpu", profile="ci", gpu_memory_gib=budget_gib, device="cpu")
+    chosen, why = fill_gpu_for(fill, gpu_memory_gib=budget_gib, device="cpu")
     assert chosen == {"train.micro_batch_size": 8}, why
     assert "micro batch 8 x 2 accumulated keeps the global batch of 16" in why
-    assert fill_gpu_overrides("fill-gpu", profile="ci", gpu_memory_gib=used_gib(16) * 2, device="cpu")[0] == {
+    assert fill_gpu_for(fill, gpu_memory_gib=used_gib(16) * 2, device="cpu")[0] == {
         "train.micro_batch_size": 16
     }

@@ -38,9 +38,10 @@ def test_fill_gpu_runs_the_micro_batch_the_planner_chose_predicted_before_it_ran
     """On a CPU the budget is this host's available RAM: the tiny ci model fits the whole global batch (16) in one
     micro-batch. The record says so (overrides, config), carries the planner's prediction for that batch, and the
     measured live tensors match it as every ci run does; its pair lora-1b is predicted smaller (activations)."""
-    from lab_helpers.planning.predict import fill_gpu_overrides
+    from lab_helpers.config.experiments import resolve
+    from lab_helpers.planning.predict import fill_gpu_for
 
-    chosen, _ = fill_gpu_overrides("fill-gpu", profile="ci", device="cpu")
+    chosen, _ = fill_gpu_for(resolve("fill-gpu", "ci", check_files=False), device="cpu")
     assert chosen == {"train.micro_batch_size": 16}
     [record] = run_experiment("fill-gpu", profile="ci", echo=False)
     assert record["status"] == "ok", record.get("error")

@@ -247,11 +247,11 @@ def test_the_oom_demonstrations_batch_is_raised_only_where_the_course_batch_woul
 
     plan = lab.predict_experiment("baseline", profile="ci", gpu_memory_gib=100.0)
     monkeypatch.setattr(predict, "_gpu_gib", lambda: plan.gpu_used_gib / 1.1)
-    overrides, why = lab.oom_demo_overrides("baseline", profile="ci")
+    overrides, why = predict.oom_demo_overrides("baseline", profile="ci")
     assert overrides == {} and "runs as the course defines it" in why
     gpu_gib = plan.gpu_used_gib * 1.1
     monkeypatch.setattr(predict, "_gpu_gib", lambda: gpu_gib)
-    overrides, why = lab.oom_demo_overrides("baseline", profile="ci")
+    overrides, why = predict.oom_demo_overrides("baseline", profile="ci")
     assert overrides["train.micro_batch_size"] > 32 and "at least 20% over" in why
     raised = lab.predict_experiment("baseline", profile="ci", overrides=overrides, gpu_memory_gib=gpu_gib)
     assert raised.gpu_used_gib >= gpu_gib * (1 + lab.OOM_DEMO_MARGIN)

@@ -42,7 +42,7 @@ LAUNCH_OPTION_DEFAULTS: Mapping[str, Any] = {
     # DDP: gradients as views into the reducer's buckets (one copy); False is torch's and the course's default,
     # where the buckets are a second copy of the gradients (the ddp-course experiment)
     "ddp_bucket_view": True,
-    # the largest micro batch `plan --fit` says fits, accumulation keeping the global batch (predict.fill_gpu_overrides,
+    # the largest micro batch `plan --fit` says fits, accumulation keeping the global batch (predict.fill_gpu_for,
     # applied by lab.run_experiment unless a micro batch is given): the fill-gpu experiment
     "fill_gpu": False,
     # the order of the training samples in micro-batches (BATCH_ORDERS): litgpt-cli only; the length-grouped

@@ -211,13 +211,8 @@ def _raised_batch(exp_id, profile, gpu_gib, max_doublings, ask, fits) -> tuple[d
     return {}, f"{fits}; the planner predicts it fits even at micro batch {train['micro_batch_size']}: runs as defined"
 
 
-def fill_gpu_overrides(
-    exp_id: str,
-    *,
-    profile: str,
-    overrides: Mapping[str, Any] | None = None,
-    gpu_memory_gib: float | None = None,
-    device: str | None = None,
+def fill_gpu_for(
+    run: ResolvedRun, *, gpu_memory_gib: float | None = None, device: str | None = None
 ) -> tuple[dict[str, Any], str]:
     """``fill-gpu`` (an experiment with ``options: {fill_gpu: true}``): the largest micro batch ``plan --fit`` says
     fits this GPU, accumulation keeping the global batch; and a sentence saying what was chosen and why.
@@ -230,14 +225,6 @@ def fill_gpu_overrides(
     exactly. Without a GPU (the ci profile) the run's memory is host RAM: the budget is this host's available RAM
     and the planner predicts live tensor bytes, the quantity a CPU run measures.
     """
-    run = resolve(exp_id, profile, overrides, check_files=False)
-    return fill_gpu_for(run, gpu_memory_gib=gpu_memory_gib, device=device)
-
-
-def fill_gpu_for(
-    run: ResolvedRun, *, gpu_memory_gib: float | None = None, device: str | None = None
-) -> tuple[dict[str, Any], str]:
-    """``fill_gpu_overrides`` of a run already resolved (the launcher's, which resolves what it runs once)."""
     from lab_helpers.planning.planner.fit import fit
     from lab_helpers.planning.planner.spec import spec_from_recipe
 
