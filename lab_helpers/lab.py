@@ -48,6 +48,7 @@ __all__ = [  # the module's own names, then the notebooks' names from the layers
     "filled_overrides",
     "OOM_DEMO_MARGIN",
     "LabConfigError",
+    "results_dir",
 ]
 
 PROFILE_ENV = "LAB_PROFILE"
