@@ -246,6 +246,7 @@ UNITS: dict[str, str | None] = {f.name: f.unit for f in RECORD_FIELDS}
 
 _NUMERIC_UNITS = {"GiB", "s", "tokens", "tokens/s", "micro-batches", "FLOP", "FLOP/s", "fraction", "processes", "%",
                   "FLOP/token", "optimizer steps", "compilations"}
+_NUMERIC_FIELDS: tuple[tuple[str, str], ...] = tuple((k, u) for k, u in UNITS.items() if u in _NUMERIC_UNITS)
 
 
 def record_problems(record: Mapping[str, Any]) -> list[str]:
@@ -270,8 +271,8 @@ def conform(record: Mapping[str, Any]) -> dict[str, Any]:
     Unknown fields are kept (a newer lab may have written them). Never raises on a record's values. The derived
     time figures (MFU among them) are re-derived by the reader (``records.load_results``), from the measured ones.
     """
-    out = {name: record.get(name) for name in RECORD_FIELD_NAMES}
-    out.update({k: v for k, v in record.items() if k not in out})
+    out = dict.fromkeys(RECORD_FIELD_NAMES)  # the schema's order, then unknown fields in the record's order
+    out.update(record)
     return out
 
 
@@ -297,13 +298,15 @@ _RECORD_PATH_FIELDS = ("timeline_path", "log_path")
 _MAPPING_FIELDS = ("overrides", "config", "environment", "predicted", "gpu_used_peak_gib_per_gpu")
 
 
-def record_unfit(record: Any) -> str | None:
+def record_unfit(record: Any, *, text_is_unicode: bool = False) -> str | None:
     """Why a stored line cannot be read as a record, in a few words, or None when it can.
 
     Readers set such a line aside (the file is append-only: one bad line must not break every table). Unknown
     fields are allowed (a newer lab may have written them); what is checked is what readers rely on: an
     ``experiment`` name, a known status, a whole-number rank, finite numbers in a sane range where a field has a
     unit, text that is valid Unicode, and run files named by relative paths inside the results folder.
+    ``text_is_unicode``: the caller knows no text in it can be a lone surrogate (``records.scan_lines``: an ASCII
+    line without a ``\\ud800``-``\\udfff`` escape), so the encoding check is skipped.
     """
     if not isinstance(record, Mapping):
         return "not a JSON object"
@@ -315,17 +318,15 @@ def record_unfit(record: Any) -> str | None:
     rank = record.get("rank")
     if rank is not None and (not _whole(rank) or not 0 <= rank <= MAX_RANK):
         return f"rank is not a whole number in 0..{MAX_RANK}: {_short(rank)}"
-    for key, unit in UNITS.items():
+    for key, unit in _NUMERIC_FIELDS:
         value = record.get(key)
-        if value is None or unit not in _NUMERIC_UNITS:
+        if value is None:
             continue
         if isinstance(value, Mapping | list):  # per GPU, per iteration: the numbers in it are checked
-            values = [v for v in (value.values() if isinstance(value, Mapping) else value) if _number(v)]
-        else:
-            values = [value]
-        for v in values:
-            if not _sane_number(v):
-                return f"{key} ({unit}) is not a finite number within +-{SANE_MAGNITUDE:g}: {_short(v)}"
+            if (bad := _insane_in(value.values() if isinstance(value, Mapping) else value)) is not None:
+                return f"{key} ({unit}) is not a finite number within +-{SANE_MAGNITUDE:g}: {_short(bad[0])}"
+        elif not _sane_number(value):
+            return f"{key} ({unit}) is not a finite number within +-{SANE_MAGNITUDE:g}: {_short(value)}"
     for key in ("run_id", "profile", "section", "mode", "started_at", "method", "strategy", "reason"):
         if record.get(key) is not None and not isinstance(record.get(key), str):
             return f"{key} is not text: {_short(record.get(key))}"
@@ -337,8 +338,8 @@ def record_unfit(record: Any) -> str | None:
     for key in _RECORD_PATH_FIELDS:
         if (problem := run_file_problem(record.get(key))) is not None:
             return f"{key} {problem}"
-    if not _encodes(record) and (bad := _bad_text(record)) is not None:  # at C speed; the walk finds where
-        return f"text that is not valid Unicode in {bad}"
+    if not text_is_unicode and not _encodes(record) and (bad := _bad_text(record)) is not None:  # at C speed
+        return f"text that is not valid Unicode in {bad}"  # (the walk finds where)
     return None
 
 
@@ -366,7 +367,20 @@ def _number(value: Any) -> bool:
 
 
 def _sane_number(value: Any) -> bool:
-    return _number(value) and math.isfinite(value) and abs(value) <= SANE_MAGNITUDE
+    # a comparison, not math.isfinite: NaN and the infinities fail it, and an int too large for a float is
+    # refused instead of raising OverflowError
+    return _number(value) and -SANE_MAGNITUDE <= value <= SANE_MAGNITUDE
+
+
+def _insane_in(values: Any) -> tuple[Any] | None:
+    """(the first number among ``values`` that is not ``_sane_number``,), or None; what is not a number (an
+    iteration's row, a flag) is not judged. A list of plain ints or floats (``seq_lens``: one per micro-batch) is
+    judged at C speed; anything else one value at a time."""
+    kinds = set(map(type, values))
+    if kinds and kinds <= {int, float} and -SANE_MAGNITUDE <= min(values) and max(values) <= SANE_MAGNITUDE:
+        if float not in kinds or all(map(math.isfinite, values)):  # NaN: min and max need not see it
+            return None
+    return next(((v,) for v in values if _number(v) and not _sane_number(v)), None)
 
 
 def _encodes(value: Any) -> bool:

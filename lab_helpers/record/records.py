@@ -21,17 +21,19 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import json
 import math
 import numbers
 import os
+import re
 import stat
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from lab_helpers.config.iteration_times import length_split, steady_timing
+from lab_helpers.config.iteration_times import length_split, steady_timing, timed_iterations
 from lab_helpers.config.paths import describe_os_error, open_regular, reference_dir, results_dir
 from lab_helpers.config.record_schema import STATUSES, conform, record_unfit
 from lab_helpers.config.secrets import redact_mapping
@@ -192,19 +194,21 @@ _SHOWN_PROBLEMS = 3
 
 def iter_records(path: Path | str | None = None) -> Iterator[dict[str, Any]]:
     """Yield the stored records in order, setting aside every line that is not a record the schema accepts
-    (a damaged line, a hand-edited or hostile one) with one warning that counts them and names the first few."""
+    (a damaged line, a hand-edited or hostile one) with one warning that counts them and names the first few.
+    The file is read a line at a time: 100,000 records never stand in memory as text beside the records."""
     target = results_path(path)
-    data = _read_results_file(target)
-    if data is None:
+    fh = _open_results_file(target)
+    if fh is None:
         return
     set_aside: list[str] = []
-    for where, record, problem in scan_lines(data):
-        if problem is not None:
-            set_aside.append(
-                f"damaged {where} (an interrupted write)" if problem is _DAMAGED else f"{where}: {problem}"
-            )
-            continue
-        yield record
+    with fh:
+        for where, record, problem in _scan(fh):
+            if problem is not None:
+                set_aside.append(
+                    f"damaged {where} (an interrupted write)" if problem is _DAMAGED else f"{where}: {problem}"
+                )
+                continue
+            yield record
     if set_aside:
         shown = "; ".join(set_aside[:_SHOWN_PROBLEMS]) + ("; ..." if len(set_aside) > _SHOWN_PROBLEMS else "")
         count = f"{len(set_aside)} line" + ("s" if len(set_aside) > 1 else "")
@@ -213,46 +217,87 @@ def iter_records(path: Path | str | None = None) -> Iterator[dict[str, Any]]:
 
 
 _DAMAGED = "bad JSON or UTF-8"
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+"""The only way an ASCII line's JSON can hold text that is not valid Unicode: a ``\\ud800``-``\\udfff`` escape."""
 
 
 def scan_lines(data: bytes) -> Iterator[tuple[str, dict[str, Any] | None, str | None]]:
     """(where, record, None) for each line that is a record the schema accepts, (where, None, why not) for each
     other non-blank line; ``where`` is "line N" or "trailing line"."""
-    lines = data.split(b"\n")
-    for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        where = "trailing line" if number >= len(lines) - 1 else f"line {number}"
-        try:
-            record = json.loads(raw)
-        except (ValueError, RecursionError):  # bad JSON or bad UTF-8 (UnicodeDecodeError is a ValueError)
-            yield where, None, _DAMAGED
-            continue
-        if (problem := record_unfit(record)) is not None:
-            yield where, None, problem
-            continue
-        yield where, record, None
+    return _scan(io.BytesIO(data))
 
 
-def _read_results_file(target: Path) -> bytes | None:
-    """The file's bytes, or None (with a warning) when it is not a regular file one may read: a symbolic link,
-    a directory, a FIFO (whose read would block), a device, or a file too large to be a results file."""
+def _scan(lines: Iterable[bytes]) -> Iterator[tuple[str, dict[str, Any] | None, str | None]]:
+    """``scan_lines`` over lines as a binary file yields them (split at b"\\n", each with its newline). "Trailing
+    line" names what it always named: the last two parts of the text split at newlines (the last line, and the
+    empty part after it where the text ends with one). Keys are shared between the records read (``_shared_keys``:
+    a key's text stored once, not once per record: half of a record's memory)."""
+    decoder = json.JSONDecoder(object_pairs_hook=_shared_keys())
+    pending: list[bytes] = []  # the last two lines: whether they are "trailing" is known at the end
+    number = 0
+    for raw in lines:
+        pending.append(raw)
+        if len(pending) > 2:
+            number += 1
+            if (scanned := _scan_one(decoder, pending.pop(0), f"line {number}")) is not None:
+                yield scanned
+    parts = number + len(pending) + (1 if not pending or pending[-1].endswith(b"\n") else 0)
+    for raw in pending:
+        number += 1
+        where = "trailing line" if number >= parts - 1 else f"line {number}"
+        if (scanned := _scan_one(decoder, raw, where)) is not None:
+            yield scanned
+
+
+def _scan_one(
+    decoder: json.JSONDecoder, raw: bytes, where: str
+) -> tuple[str, dict[str, Any] | None, str | None] | None:
+    if not raw.strip():
+        return None
+    raw = raw[:-1] if raw.endswith(b"\n") else raw  # the line as text split at newlines gave it
+    try:  # json.loads' own steps: the encoding its bytes say, lone surrogates let through to the check below
+        record = decoder.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
+    except (ValueError, RecursionError):  # bad JSON or bad UTF-8 (UnicodeDecodeError is a ValueError)
+        return where, None, _DAMAGED
+    unicode = raw.isascii() and not _SURROGATE_ESCAPE.search(raw)
+    if (problem := record_unfit(record, text_is_unicode=unicode)) is not None:
+        return where, None, problem
+    return where, record, None
+
+
+def _shared_keys():
+    """An ``object_pairs_hook`` that builds each JSON object as ``json`` does (the last of a repeated key wins, in
+    the first one's place) with its keys' text taken from those already read: 100,000 records hold each key once."""
+    keys: dict[str, str] = {}
+    shared = keys.setdefault
+
+    def build(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        return {shared(key, key): value for key, value in pairs}
+
+    return build
+
+
+def _open_results_file(target: Path) -> BinaryIO | None:
+    """The file opened for reading, or None (with a warning) when it is not a regular file one may read: a symbolic
+    link, a directory, a FIFO (whose read would block), a device, or a file too large to be a results file."""
     try:
         fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        warnings.warn(f"{target}: not read: {describe_os_error(exc)}", stacklevel=3)
+        warnings.warn(f"{target}: not read: {describe_os_error(exc)}", stacklevel=4)
         return None
-    with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            warnings.warn(f"{target}: not read: not a regular file", stacklevel=3)
-            return None
-        if info.st_size > MAX_RESULTS_BYTES:
-            warnings.warn(f"{target}: not read: {info.st_size / 2**30:.1f} GiB is not a results file", stacklevel=3)
-            return None
-        return fh.read()
+    fh = os.fdopen(fd, "rb", buffering=1 << 20)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        fh.close()
+        warnings.warn(f"{target}: not read: not a regular file", stacklevel=4)
+        return None
+    if info.st_size > MAX_RESULTS_BYTES:
+        fh.close()
+        warnings.warn(f"{target}: not read: {info.st_size / 2**30:.1f} GiB is not a results file", stacklevel=4)
+        return None
+    return fh
 
 
 def read_records(path: Path | str | None = None) -> list[dict[str, Any]]:
@@ -276,8 +321,9 @@ def conformed(record: dict[str, Any], folders: Sequence[Path] | None = None) -> 
     ``folders``, by default the results and reference folders); a figure it cannot derive keeps what the record
     stored. Measured values are never changed."""
     out = conform(record)
-    out.update({key: value for key, value in steady_timing(out).items() if value is not None})
-    out.update({key: value for key, value in length_split(out).items() if value is not None})  # seq_lens' split
+    timed = timed_iterations(out)  # once: both derivations read the same timed iterations
+    out.update({key: value for key, value in steady_timing(out, timed).items() if value is not None})
+    out.update({key: value for key, value in length_split(out, timed).items() if value is not None})  # seq_lens'
     out.update(rederived(out, (results_dir(), reference_dir()) if folders is None else folders))
     return out
 
@@ -285,7 +331,10 @@ def conformed(record: dict[str, Any], folders: Sequence[Path] | None = None) -> 
 def conformed_records(records: Iterable[dict[str, Any]], folders: Sequence[Path] | None = None) -> list[dict[str, Any]]:
     """Records as every reader sees them (``conformed``), with one ``bound`` for the runs of one experiment on one
     GPU whose busy figures agree within their noise (``time_bound.agree_within_noise``): a label needs the other
-    runs, so this is the step that the tables and the answer key read."""
+    runs, so this is the step that the tables and the answer key read. ``records`` is read once, one at a time (an
+    iterator of stored records never stands in memory beside the conformed ones)."""
+    if folders is None:
+        folders = (results_dir(), reference_dir())
     return agree_within_noise([conformed(record, folders) for record in records])
 
 
@@ -295,10 +344,11 @@ def load_results(path: Path | str | None = None):
     import pandas as pd  # keeps `python -m lab_helpers run` from paying pandas' import time
 
     folders = (results_path(path).parent, results_dir(), reference_dir())  # where its timelines are
-    records = conformed_records(read_records(path), folders)
+    records = conformed_records(iter_records(path), folders)
     if not records:
         return pd.DataFrame(columns=["experiment", "profile", "status", "rank"])
     frame = pd.DataFrame(records)  # json_normalize(max_level=0) is this after a deep copy of every record
+    del records  # the frame holds the values: the records' own dicts go now, not when this returns
     for column in ("experiment", "profile", "status", "rank"):
         if column not in frame:
             frame[column] = None
@@ -330,27 +380,38 @@ def record_order(frame) -> list[float]:
     """Each row's place in the order of records: its position in the file (append-only: a later line is a later
     run, whatever any clock said), so that a clock ahead or an edited ``started_at`` hides nothing. A row appended
     late by the lab itself (``LATE_MARKS``) is placed just before the first ordinary row that started after it.
-    Linear in the rows, bar one binary search per late row."""
-    import bisect
-
-    import pandas as pd
+    Linear in the rows, bar one binary search per late row; the starts are compared as the integer ticks of one
+    datetime array (no Timestamp object per row: 100,000 of them took a second, on every table)."""
+    import numpy as np
 
     rows = len(frame)
-    started = _started(frame)
-    late = _late(frame)
-    ordinary = [i for i in range(rows) if not late[i]]
-    running_max, peaks = None, []  # the latest start among ordinary rows so far (NaT counts as none)
-    for i in ordinary:
-        if not pd.isna(started[i]) and (running_max is None or started[i] > running_max):
-            running_max = started[i]
-        peaks.append(running_max.value if running_max is not None else -(2**63))
+    started = _start_ticks(frame)
+    late = np.asarray(_late(frame), dtype=bool)
+    ordinary = np.flatnonzero(~late)
+    # the latest start among ordinary rows so far; NaT is the smallest tick, so it counts as none
+    peaks = np.maximum.accumulate(started[ordinary]) if len(ordinary) else started[:0]
     order = [float(i) for i in range(rows)]
-    for i in range(rows):
-        if late[i] and not pd.isna(started[i]):
-            j = bisect.bisect_right(peaks, started[i].value)  # the first ordinary row that started after it
-            if j < len(ordinary) and ordinary[j] < i:
-                order[i] = ordinary[j] - 0.5 + i / (2.0 * rows + 1)  # before it; late rows keep their own order
+    for i in np.flatnonzero(late & (started != _NAT_TICKS)).tolist():
+        j = int(np.searchsorted(peaks, started[i], side="right"))  # the first ordinary row that started after it
+        if j < len(ordinary) and (first_after := int(ordinary[j])) < i:
+            order[i] = first_after - 0.5 + i / (2.0 * rows + 1)  # before it; late rows keep their own order
     return order
+
+
+_NAT_TICKS = -(2**63)
+"""NaT as a datetime array's integer ticks: the smallest int64."""
+
+
+def _start_ticks(frame):
+    """Each row's ``started_at`` as the int64 ticks of one UTC datetime array (``_started``'s times, comparable
+    among themselves), ``_NAT_TICKS`` where there is none."""
+    import numpy as np
+    import pandas as pd
+
+    if "started_at" not in frame:
+        return np.full(len(frame), _NAT_TICKS, dtype=np.int64)
+    times = pd.to_datetime(frame["started_at"], errors="coerce", utc=True, format="ISO8601")
+    return np.asarray(times.array.asi8, dtype=np.int64)
 
 
 def odd_started_at(frame) -> list[tuple[int, str]]:
@@ -363,10 +424,12 @@ def odd_started_at(frame) -> list[tuple[int, str]]:
 
     import pandas as pd
 
-    started, late = _started(frame), _late(frame)
+    now = pd.Timestamp(dt.datetime.now(dt.UTC))
+    if (found := _odd_in_ticks(frame, now)) is not None:
+        return found
+    started, late = _started(frame), _late(frame)  # a start nanoseconds cannot hold (before 1677): Timestamps
     wall = list(pd.to_numeric(frame["wall_s"], errors="coerce")) if "wall_s" in frame else [None] * len(frame)
     slack = pd.Timedelta(seconds=CLOCK_SLACK_S)
-    now = pd.Timestamp(dt.datetime.now(dt.UTC))
     rows = [i for i in range(len(frame)) if not late[i] and not pd.isna(started[i])]
     odd = {i: "in the future" for i in rows if started[i] > now + slack}
     rows = [i for i in rows if i not in odd]  # a start in the future says nothing of the others
@@ -381,6 +444,45 @@ def odd_started_at(frame) -> list[tuple[int, str]]:
         if latest_start is not None and ends[i] + slack < latest_start:
             behind.append(i)
         latest_start = started[i] if latest_start is None else max(latest_start, started[i])
+    if ahead and len(ahead) <= len(behind):
+        odd.update({i: "later than the end of a run stored after it" for i in ahead})
+    elif behind:
+        odd.update({i: "earlier than the start of a run stored before it" for i in behind})
+    return sorted(odd.items())
+
+
+def _odd_in_ticks(frame, now) -> list[tuple[int, str]] | None:
+    """``odd_started_at`` in integer nanoseconds, at numpy's speed (the Timestamp arithmetic per row took seconds
+    for 100,000 records): the same instants, sums and comparisons, so the same rows. None where a start is out of
+    nanoseconds' range (the caller then does it with Timestamps)."""
+    import numpy as np
+    import pandas as pd
+
+    if "started_at" in frame:
+        times = pd.to_datetime(frame["started_at"], errors="coerce", utc=True, format="ISO8601")
+        try:
+            started = np.asarray(times.dt.as_unit("ns").array.asi8, dtype=np.int64)
+        except (OverflowError, ValueError):  # OutOfBoundsDatetime is a ValueError
+            return None
+    else:
+        started = np.full(len(frame), _NAT_TICKS, dtype=np.int64)
+    late = np.asarray(_late(frame), dtype=bool)
+    wall = pd.to_numeric(frame["wall_s"], errors="coerce").tolist() if "wall_s" in frame else [None] * len(frame)
+    slack = pd.Timedelta(seconds=CLOCK_SLACK_S).value
+    valid = ~late & (started != _NAT_TICKS)
+    future = valid & (started > now.as_unit("ns").value + slack)
+    odd = {i: "in the future" for i in np.flatnonzero(future).tolist()}
+    rows = np.flatnonzero(valid & ~future)  # a start in the future says nothing of the others
+    if not len(rows):
+        return sorted(odd.items())
+    starts = started[rows]
+    # Timedelta(seconds=...)'s own rounding of each wall_s (pd.to_timedelta rounds some differently)
+    ends = starts + np.array([pd.Timedelta(seconds=float(wall[i]) if _duration(wall[i]) else 0.0).value
+                              for i in rows.tolist()], dtype=np.int64)  # fmt: skip
+    earliest_after = np.append(np.minimum.accumulate(ends[::-1])[::-1][1:], np.iinfo(np.int64).max - slack)
+    ahead = rows[starts > earliest_after + slack].tolist()  # later than the end of a run stored after it
+    latest_before = np.insert(np.maximum.accumulate(starts)[:-1], 0, _NAT_TICKS + slack)
+    behind = rows[ends + slack < latest_before].tolist()  # earlier than the start of a run stored before it
     if ahead and len(ahead) <= len(behind):
         odd.update({i: "later than the end of a run stored after it" for i in ahead})
     elif behind:
@@ -412,6 +514,10 @@ def _missing(value: Any) -> bool:
     return value is None or value is False or (isinstance(value, float) and value != value)
 
 
+_LATEST_KEYS = ("experiment", "rank", "profile", "started_at", "status", "simulated_world_size", *LATE_MARKS)
+"""The columns that choose the latest runs: ``latest_runs`` works on these and takes only the chosen rows whole."""
+
+
 def latest_runs(df, *, profile: str | None = None, order: Sequence[str] | None = None):
     """The latest record per (experiment, rank), sorted by the lab's experiment order (then rank).
 
@@ -419,15 +525,19 @@ def latest_runs(df, *, profile: str | None = None, order: Sequence[str] | None =
     rerun of an experiment replaces the earlier run in every table and plot while the file keeps both, and a
     ``started_at`` ahead of its time (``odd_started_at``) hides nothing.
     ``order`` defaults to the order of configs/experiments/*.yaml; experiments not in it follow, as recorded.
+    The choice is made on the few columns that decide it (``_LATEST_KEYS``); the chosen rows are then taken whole
+    (a copy of every column of 100,000 records, on each of a comparison's tables and plots, was most of its time).
     """
+    import numpy as np
     import pandas as pd
 
     if df is None or len(df) == 0:
         return empty_runs_frame()
-    frame = df.copy()
-    for column in ("experiment", "rank", "profile", "started_at", "status"):
-        if column not in frame:
-            frame[column] = None
+    missing = [column for column in ("experiment", "rank", "profile", "started_at", "status") if column not in df]
+    frame = df[[column for column in _LATEST_KEYS if column in df]].copy()
+    for column in missing:
+        frame[column] = None
+    frame["_row"] = np.arange(len(df))
     frame["_position"] = record_order(frame.reset_index(drop=True))
     if profile is not None:
         frame = frame[frame["profile"] == profile]
@@ -441,7 +551,13 @@ def latest_runs(df, *, profile: str | None = None, order: Sequence[str] | None =
     rank_of = _order_index(frame["experiment"], order)
     frame["_order"] = frame["experiment"].map(rank_of)
     frame = frame.sort_values(["_order", "_rank"], kind="stable")
-    return frame.drop(columns=["_position", "_order"]).rename(columns={"_rank": "rank_n"}).reset_index(drop=True)
+    latest = df.iloc[frame["_row"].to_numpy()].copy()
+    for column in missing:
+        latest[column] = None
+    if "simulated_world_size" in df:  # renamed where simulated (a list, as _marked_simulated gives it)
+        latest["experiment"] = list(frame["experiment"])
+    latest["rank_n"] = frame["_rank"].to_numpy()
+    return latest.reset_index(drop=True)
 
 
 def simulated_label(experiment: str, world_size: int) -> str:
@@ -452,15 +568,16 @@ def simulated_label(experiment: str, world_size: int) -> str:
 
 def _marked_simulated(frame):
     """The experiment column with simulated ranks' runs renamed by ``simulated_label``."""
+    import numpy as np
     import pandas as pd
 
     if "simulated_world_size" not in frame:
         return frame["experiment"]
     worlds = pd.to_numeric(frame["simulated_world_size"], errors="coerce")
-    return [
-        simulated_label(str(name), int(world)) if pd.notna(world) and world > 1 else name
-        for name, world in zip(frame["experiment"], worlds, strict=True)
-    ]
+    names = list(frame["experiment"])
+    for i in np.flatnonzero(worlds.gt(1).to_numpy()).tolist():  # NaN is not above 1
+        names[i] = simulated_label(str(names[i]), int(worlds.iloc[i]))
+    return names
 
 
 def _order_index(experiments, order: Sequence[str] | None) -> dict[str, float]:
