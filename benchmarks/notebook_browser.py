@@ -591,15 +591,18 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     from playwright.sync_api import Error as PlaywrightError
 
+    failed = False
     try:
         run_checks(shots)
     except (CheckFailed, PlaywrightError) as err:
+        failed = True
         print(f"FAIL  {err}", flush=True)
         if keep is None:
-            print(f"      (screenshots kept in {shots})", flush=True)
+            print(f"      (the screenshots, the failed page's among them, kept in {shots})", flush=True)
         return 1
-    if keep is None:
-        shutil.rmtree(shots, ignore_errors=True)
+    finally:
+        if keep is None and not failed:  # also when a signal ends it
+            shutil.rmtree(shots, ignore_errors=True)
     say(f"# all checks held in {time.monotonic() - started:.0f} s")
     return 0
 
