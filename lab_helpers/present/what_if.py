@@ -555,6 +555,9 @@ def widgets(profile: str):
         "activation_checkpointing": w.Checkbox(value=False, description="activation checkpointing"),
         "gpu_memory_gib": w.FloatText(value=start["gpu_memory_gib"], description="GPU GiB"),
     }
+    for control in controls.values():  # ipywidgets' default label width cut "FSDP sharding" to "FSDP shar…"
+        if not isinstance(control, w.Checkbox):
+            control.style.description_width = "initial"
 
     def answer(**values: Any) -> None:
         try:
