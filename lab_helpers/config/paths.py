@@ -233,3 +233,74 @@ def write_lab_file(path: Path, data: bytes | Callable[[BinaryIO], None]) -> Path
             os.unlink(tmp)
         raise
     return path
+
+
+# ------------------------------------------------------------------------------------------------ reading
+
+
+def open_lab_file(path: Path, *, max_bytes: int, folder: Path | None = None) -> BinaryIO:
+    """``path`` opened for reading by the rule of every file the lab reads, the readers' ``write_lab_file``: a
+    regular file (a FIFO's read would hang, ``/dev/zero`` never ends), never opened through a symbolic link
+    (``O_NOFOLLOW``, ``O_NONBLOCK``), at most ``max_bytes`` long; with ``folder``, named inside it with no link
+    on the way (a run's ``reports`` linked elsewhere is not read). A file is data anyone may have planted: a cache
+    entry, a run folder, ``bandwidth.json``. Raises OSError, its ``strerror`` in words (FileNotFoundError where
+    nothing is there)."""
+    path = Path(path)
+    if folder is None:
+        folder, parts = path.parent, (path.name,)
+    else:
+        try:
+            parts = Path(os.path.abspath(path)).relative_to(os.path.abspath(folder)).parts
+        except ValueError:
+            parts = ()
+        if not parts or ".." in parts:
+            raise _refused(errno.EXDEV, f"not inside {shown_path(folder)}, where the lab reads it", path)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(folder, flags & ~os.O_NOFOLLOW | os.O_DIRECTORY)  # the folder itself may be a link the user made
+    try:
+        for part in parts[:-1]:
+            below = _open_below(fd, part, flags | os.O_DIRECTORY, path)
+            os.close(fd)
+            fd = below
+        file_fd = _open_below(fd, parts[-1], flags | os.O_NONBLOCK, path)
+    finally:
+        os.close(fd)
+    try:
+        info = os.fstat(file_fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _refused(errno.EINVAL, f"not a regular file ({_kind(info.st_mode)})", path)
+        if info.st_size > max_bytes:
+            raise _refused(errno.EFBIG, f"{info.st_size:,} bytes, more than the {max_bytes:,} it may hold", path)
+        os.set_blocking(file_fd, True)
+        return os.fdopen(file_fd, "rb")
+    except BaseException:
+        os.close(file_fd)
+        raise
+
+
+def read_lab_file(path: Path, *, max_bytes: int, folder: Path | None = None) -> bytes:
+    """The bytes of ``path``, opened by ``open_lab_file``'s rule; never more than ``max_bytes`` (a file that grows
+    while read is cut there and refused). Raises OSError, worded."""
+    with open_lab_file(path, max_bytes=max_bytes, folder=folder) as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise _refused(errno.EFBIG, f"more than the {max_bytes:,} bytes it may hold", path)
+    return data
+
+
+def _open_below(dir_fd: int, name: str, flags: int, path: Path) -> int:
+    try:
+        return os.open(name, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _refused(errno.ELOOP, "a symbolic link, which the lab does not read through", path) from None
+        if exc.errno == errno.ENOTDIR and stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            raise _refused(errno.ELOOP, f"{name} on its way is a symbolic link, which the lab does not read through",
+                           path) from None  # fmt: skip
+        raise
+
+
+def _kind(mode: int) -> str:
+    kinds = {stat.S_ISFIFO: "a FIFO", stat.S_ISDIR: "a directory", stat.S_ISCHR: "a device", stat.S_ISBLK: "a device",
+             stat.S_ISSOCK: "a socket"}  # fmt: skip
+    return next((word for test, word in kinds.items() if test(mode)), "not a file")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import math
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +39,27 @@ def compiled_block(spec: TrainingSpec) -> CompiledBlock:
 
     key = _key(spec)
     kept = ops_cache.load_json(key)
-    try:
-        return CompiledBlock(**kept)
-    except TypeError:  # None (not kept) or another layout
-        found = measure(spec)
-        ops_cache.store_json(key, dataclasses.asdict(found))
-        return found
+    if kept is not None:
+        if isinstance(block := kept_block(kept), CompiledBlock):
+            return block
+        ops_cache.refused(key, block)  # measured again, and the entry replaced
+    found = measure(spec)
+    ops_cache.store_json(key, dataclasses.asdict(found))
+    return found
+
+
+def kept_block(data: Any) -> CompiledBlock | str:
+    """The CompiledBlock a cache entry holds, if ``measure`` could have made it: its fields, each launch count a
+    finite number >= 0, some eager launches to divide by (``factor``). Else why not, in a few words."""
+    names = [field.name for field in dataclasses.fields(CompiledBlock)]
+    if not isinstance(data, dict) or set(data) != set(names) or not isinstance(data["source"], str):
+        return "not CompiledBlock's fields"
+    counts = [data[name] for name in names if name != "source"]
+    if not all(isinstance(n, int | float) and not isinstance(n, bool) and math.isfinite(n) and n >= 0 for n in counts):
+        return "a launch count that is no finite number >= 0"
+    if data["eager_forward"] + data["eager_backward"] <= 0:
+        return "no eager launches"
+    return CompiledBlock(**data)
 
 
 def measure(spec: TrainingSpec) -> CompiledBlock:

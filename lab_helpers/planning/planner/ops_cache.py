@@ -4,10 +4,13 @@ Why: the time model is fitted to the shipped records by tracing each record's tr
 (``tracer.trace``), seconds per model on a CPU, and 04's explorer, ``what_if``, the tests and the benchmarks each
 did it again in their own process (about 40 s each on a 2-core machine). What a trace gives is a pure function of
 the spec (every field, the model's config included), the sequence length, the planner's code and the torch and
-litgpt that ran it, so the key is a digest of all of these: changed code or another torch is a miss, never a stale
-answer. A file per key, written whole or not at all (a temporary file renamed), JSON rather than pickle: a
-folder anyone may write to must not run code when read. Any problem reading or writing is a miss: the cache
-never fails a prediction. ``$LAB_TRACE_CACHE``: the folder (default: ``$XDG_CACHE_HOME/lab_helpers/traced-ops``,
+litgpt that ran it (their installed versions, and litgpt's code: litgpt 0.5.13 has no ``__version__``, which gave
+every litgpt the same keys), so the key is a digest of all of these: changed code or another torch is a miss, never
+a stale answer. A file per key, written whole or not at all (a temporary file renamed), JSON rather than pickle: a
+folder anyone may write to must not run code when read. An entry is read by the rule of every file the lab reads
+(``paths.read_lab_file``: a regular file, never through a link, size-capped) and checked against its schema
+before use (types, finite numbers, in range; each user checks its own); anything else is a miss, traced again and
+the entry replaced, with one line. Any problem reading or writing is a miss: the cache never fails a prediction. ``$LAB_TRACE_CACHE``: the folder (default: ``$XDG_CACHE_HOME/lab_helpers/traced-ops``,
 else ``~/.cache/...``), or ``0`` for none. Standard library only: joblib's ``Memory`` would add a dependency and
 pickle. Memory plans (``plan.predict``) are kept the same way, under their own keys: every run's launcher, each
 notebook kernel and each CLI call traced its run's plan again (a second or more each).
@@ -17,18 +20,26 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import hashlib
+import importlib.metadata
+import importlib.util
 import json
+import math
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
+
+from lab_helpers.config.paths import read_lab_file
 
 from .op_costs import OpCost, OpCosts
 
 CACHE_ENV = "LAB_TRACE_CACHE"
 FORMAT = 1  # bump when the file's layout changes
+ENTRY_MAX_BYTES = 8 * 2**20  # the largest entry (a 7B model's traced ops) is ~70 kB: more is not the cache's
 
 
 def cache_dir() -> Path | None:
@@ -45,15 +56,23 @@ def cache_dir() -> Path | None:
 @functools.cache
 def code_digest() -> str:
     """A digest of what a trace depends on besides its spec: the planner's code, the lab's config code it reads
-    (recipe defaults, LoRA settings), and the torch and litgpt versions."""
-    import litgpt
-    import torch
-
+    (recipe defaults, LoRA settings), torch's and litgpt's installed versions, and litgpt's code (an edited or
+    source install keeps its version)."""
     lab = Path(__file__).resolve().parents[2]  # lab_helpers/
-    digest = hashlib.sha256(f"{FORMAT} {torch.__version__} {getattr(litgpt, '__version__', '?')}".encode())
-    for path in sorted([*Path(__file__).parent.glob("*.py"), *(lab / "config").glob("*.py")]):
+    digest = hashlib.sha256(f"{FORMAT} torch {installed('torch')} litgpt {installed('litgpt')}".encode())
+    litgpt = importlib.util.find_spec("litgpt")
+    litgpt_files = sorted(Path(litgpt.origin).parent.rglob("*.py")) if litgpt and litgpt.origin else []
+    for path in sorted([*Path(__file__).parent.glob("*.py"), *(lab / "config").glob("*.py")]) + litgpt_files:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
+
+
+def installed(package: str) -> str:
+    """``package``'s installed version (its dist-info), or "?" where it has none (run from a source tree)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
 
 
 def key_for(spec_text: str, seq_len: int) -> str:
@@ -62,16 +81,22 @@ def key_for(spec_text: str, seq_len: int) -> str:
 
 
 def load(key: str) -> OpCosts | None:
-    """The traced ops kept under ``key``, or None (not there, unreadable, another layout)."""
+    """The traced ops kept under ``key``, or None (not there, unreadable, not the schema ``store`` writes)."""
     data = load_json(key)
-    try:
-        return OpCosts(
-            micro_batch=_ops(data["micro_batch"]),
-            optimizer_step=_ops(data["optimizer_step"]),
-            notes=tuple(str(note) for note in data["notes"]),
-        )
-    except (ValueError, KeyError, TypeError):  # None (a miss) included
+    if data is None:
         return None
+    try:
+        if set(data) != {"micro_batch", "optimizer_step", "notes"} or not _texts(data["notes"]):
+            raise ValueError("not the layout store writes")
+        return OpCosts(micro_batch=_ops(data["micro_batch"]), optimizer_step=_ops(data["optimizer_step"]),
+                       notes=tuple(data["notes"]))  # fmt: skip
+    except (ValueError, KeyError, TypeError) as exc:
+        return refused(key, str(exc) or type(exc).__name__)
+
+
+def refused(key: str, why: str) -> None:
+    """A kept entry that is not what was kept (edited, damaged, planted): said in one line, and a miss."""
+    warnings.warn(f"trace cache {key[:12]}: not used ({why}): traced again", stacklevel=3)
 
 
 def store(key: str, ops: OpCosts) -> None:
@@ -84,14 +109,17 @@ def store(key: str, ops: OpCosts) -> None:
 
 
 def load_json(key: str) -> Any:
-    """What ``store_json`` kept under ``key``, or None (no cache, not there, unreadable)."""
+    """What ``store_json`` kept under ``key``, or None (no cache, not there, unreadable; a link, not a regular file,
+    larger than ``ENTRY_MAX_BYTES`` or not JSON, each said in one line)."""
     folder = cache_dir()
     if folder is None:
         return None
     try:
-        return json.loads((folder / f"{key}.json").read_text())
-    except (OSError, ValueError):
-        return None
+        return json.loads(read_lab_file(folder / f"{key}.json", max_bytes=ENTRY_MAX_BYTES, folder=folder))
+    except OSError as exc:  # a link, not a regular file, too large: said; no entry or no usable folder: silent
+        return refused(key, exc.strerror) if exc.errno in (errno.ELOOP, errno.EINVAL, errno.EFBIG) else None
+    except (ValueError, RecursionError) as exc:  # bad JSON, bad UTF-8, nested past Python's stack
+        return refused(key, f"not JSON: {type(exc).__name__}")
 
 
 def store_json(key: str, data: Any) -> None:
@@ -113,5 +141,26 @@ def store_json(key: str, data: Any) -> None:
                 os.unlink(temporary)
 
 
+_OP_NUMBERS = ("flops", "bytes", "kernels", "tensors", "chunks", "depth")
+
+
 def _ops(rows: Any) -> tuple[tuple[OpCost, float], ...]:
-    return tuple((OpCost(**op), n) for op, n in rows)
+    """The (op, count) pairs ``store`` wrote, each field of its type, every number finite and >= 0; else ValueError."""
+    ops = []
+    for op, n in rows:
+        if set(op) != {field.name for field in dataclasses.fields(OpCost)} or not _texts([op["name"]]):
+            raise ValueError("an op not of OpCost's fields")
+        if not (op["unit"] is None or _texts([op["unit"]])) or not isinstance(op["depth"], int):
+            raise ValueError(f"op {op['name']}: a unit or depth of another type")
+        if not all(_count(value) for value in [n, *(op[name] for name in _OP_NUMBERS)]):
+            raise ValueError(f"op {op['name']}: a count that is no finite number >= 0")
+        ops.append((OpCost(**op), n))
+    return tuple(ops)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _texts(values: Any) -> bool:
+    return isinstance(values, list) and all(isinstance(value, str) for value in values)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from lab_helpers.config.record_schema import BREAKDOWN_PARTS, GIB
 
@@ -97,14 +100,14 @@ def predict(spec: TrainingSpec) -> MemoryPlan:
 
 def _kept_on_disk(key: str, spec: TrainingSpec) -> MemoryPlan:
     """``_predict(spec)``, kept on disk between processes (``ops_cache``: keyed by the spec and the planner's code;
-    a miss or an unreadable file traces again)."""
+    a miss, an unreadable file or an entry ``kept_plan`` refuses traces again and replaces it)."""
     on_disk = ops_cache.key_for(f"memory plan\0{key}", int(spec.seq_len or 0))
     kept = ops_cache.load_json(on_disk)
-    if isinstance(kept, dict):
-        try:
-            return MemoryPlan(**kept)
-        except TypeError:  # another layout: trace again
-            pass
+    if kept is not None:
+        plan = kept_plan(kept, spec)
+        if isinstance(plan, MemoryPlan):
+            return plan
+        ops_cache.refused(on_disk, plan)
     plan = _predict(spec)
     try:
         data = plan.to_dict()
@@ -112,6 +115,66 @@ def _kept_on_disk(key: str, spec: TrainingSpec) -> MemoryPlan:
         return plan
     ops_cache.store_json(on_disk, data)
     return plan
+
+
+_ECHOED = ("method", "strategy", "devices", "micro_batch_size", "seq_len", "precision", "gpu_memory_gib",
+           "optimizer_step")  # fmt: skip
+"""A plan's fields that repeat its spec's: a kept plan must have them as the spec does (the same type too)."""
+_GIB_FIELDS = ("peak_alloc_gib", "host_gib", "gpu_used_gib", "trace_seconds", "whole_run_peak_alloc_gib",
+               "whole_run_gpu_used_gib")  # fmt: skip
+_TEXT_FIELDS = ("peak_phase", "model_name", "whole_run_peak_phase")
+_ROUNDING_GIB = 1e-4  # breakdown_gib and peaks_by_phase_gib are rounded to 4 places
+
+
+def kept_plan(data: Any, spec: TrainingSpec) -> MemoryPlan | str:
+    """The plan a cache entry holds, if it is one ``_predict(spec)`` could have made: MemoryPlan's fields each of its
+    type, the spec's own values where the plan repeats them, sizes finite and >= 0, the breakdown summing to the
+    peak and the whole run's peak its phases' largest (within rounding), ``fits`` what the sizes say. Else why not,
+    in a few words: an edited entry said 7.5 GiB for a 0.035 GiB run, and NaN or -3 were printed as figures."""
+    if not isinstance(data, dict) or set(data) != {f.name for f in dataclasses.fields(MemoryPlan)}:
+        return "not MemoryPlan's fields"
+    expected = {name: getattr(spec, name) for name in _ECHOED} | {"model_name": str(spec.model_config.name)}
+    for name, value in expected.items():
+        if data[name] != value or type(data[name]) is not type(value):
+            return f"{name} {data[name]!r} is not the spec's {value!r}"
+    if not all(_size(data[name]) for name in _GIB_FIELDS):
+        return "a size that is no finite number >= 0"
+    if not all(isinstance(data[name], str) for name in _TEXT_FIELDS) or not _texts(data["notes"]):
+        return "a name or note that is not text"
+    if not all(_whole(data[name]) for name in ("total_params", "trainable_params")):
+        return "a parameter count that is no whole number >= 0"
+    breakdown, phases = data["breakdown_gib"], data["peaks_by_phase_gib"]
+    if not isinstance(breakdown, dict) or set(breakdown) != set(BREAKDOWN_PARTS):
+        return "a breakdown not of BREAKDOWN_PARTS"
+    if not all(map(_size, breakdown.values())):
+        return "a breakdown part that is no finite number >= 0"
+    if not isinstance(phases, dict) or not phases or not all(map(_size, phases.values())):
+        return "peaks by phase that are no finite numbers >= 0"
+    peak, whole = data["peak_alloc_gib"], data["whole_run_peak_alloc_gib"]
+    parts = sum(v for k, v in breakdown.items() if k != "cuda_context")
+    context = round(analytic.CUDA_CONTEXT_BYTES / GIB, 4) if spec.device == "cuda" else 0.0
+    if abs(parts - peak) > _ROUNDING_GIB * len(breakdown) or abs(breakdown["cuda_context"] - context) > _ROUNDING_GIB:
+        return f"a breakdown summing to {parts:.4g} GiB, not the peak {peak:.4g} GiB"
+    if whole < peak - _ROUNDING_GIB or abs(max(phases.values()) - whole) > _ROUNDING_GIB:
+        return f"a whole-run peak {whole:.4g} GiB that is not its phases' largest"
+    if data["gpu_used_gib"] < peak - _ROUNDING_GIB or data["trainable_params"] > data["total_params"]:
+        return "GPU memory used below the peak, or more trainable parameters than parameters"
+    worst = max(data["gpu_used_gib"], data["whole_run_gpu_used_gib"])
+    if data["fits"] != (None if spec.gpu_memory_gib is None else worst <= spec.gpu_memory_gib):
+        return f"fits {data['fits']!r}, where the sizes say otherwise"
+    return MemoryPlan(**data)
+
+
+def _size(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _texts(values: Any) -> bool:
+    return isinstance(values, list) and all(isinstance(value, str) for value in values)
 
 
 def _predict(spec: TrainingSpec) -> MemoryPlan:
