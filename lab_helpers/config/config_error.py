@@ -8,7 +8,7 @@ class LabConfigError(ValueError):
 
 
 def setup_function(command: str):
-    """litgpt's ``setup`` for a command: its signature is the list of recipe keys and their types."""
+    """Its signature is the list of recipe keys and their types."""
     import importlib
 
     module = importlib.import_module("litgpt.finetune.full" if command == "finetune_full" else "litgpt.finetune.lora")
@@ -16,8 +16,7 @@ def setup_function(command: str):
 
 
 def did_you_mean(word: str, choices, *, tight: bool = False) -> str:
-    """' (did you mean X?)' with the closest choice (difflib), else the known ones; ``tight``: the choices are too
-    many to list, so nothing is added when none is close."""
+    """``tight``: the choices are too many to list, so nothing is added when none is close."""
     close = difflib.get_close_matches(word, list(choices), n=1)
     if close:
         return f" (did you mean {close[0]!r}?)"

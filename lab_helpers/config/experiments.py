@@ -1,9 +1,5 @@
-"""The experiment matrix: which recipe and overrides make each experiment, and checks before anything runs.
-
-An experiment is data (configs/experiments/*.yaml): a model size, a method and overrides. Resolving it for
-a profile picks the recipe configs/<profile>/<model folder>/<method>.yaml, applies the overrides and checks
-the result the way litgpt would, so that a typo or an impossible batch size costs the student one clear line,
-not a process start and a traceback.
+"""The experiment matrix (configs/experiments/*.yaml) resolved into the exact recipe a run gets, checked the way
+litgpt would check it so that a typo or an impossible batch costs one clear line, not a process start and a traceback.
 """
 
 from __future__ import annotations
@@ -74,12 +70,8 @@ class Experiment:
 
 @dataclass(frozen=True)
 class ResolvedRun:
-    """An experiment made concrete for one profile: the exact recipe the training process will get.
-
-    Frozen, and the numbers every later step needs are derived here once (world size, gradient accumulation,
-    micro-batches to run, launch options) so that the planner, the command, the progress bar and the record
-    cannot work them out differently.
-    """
+    """An experiment made concrete for one profile. The numbers later steps need (world size, accumulation,
+    iterations, launch options) are properties of it, so the planner, command, progress bar and record share one rule."""
 
     experiment: Experiment
     profile: str
@@ -94,47 +86,37 @@ class ResolvedRun:
 
     @property
     def world_size(self) -> int:
-        """Ranks of the run: devices per node x nodes."""
         return self.devices * self.experiment.num_nodes
 
     @property
     def ranks_run(self) -> int:
-        """Processes really started: 1 for a simulated rank, else every rank of the world."""
         return 1 if self.simulated_world_size else self.world_size
 
     @property
     def gradient_accumulation(self) -> int:
-        """Micro-batches per optimizer step on each rank: global batch / (micro batch x ranks), as litgpt has it."""
         return gradient_accumulation_steps(self.recipe, world_size=self.world_size)
 
     @property
     def total_iterations(self) -> int | None:
-        """Micro-batches rank 0 will run (the progress bar's total, the time limit's basis); None when litgpt
-        trains by epochs (no ``max_steps``). The Lightning script runs ``max_steps or 1`` optimizer steps."""
+        """Micro-batches rank 0 runs; None when litgpt trains by epochs. The Lightning script runs ``max_steps or 1``."""
         max_steps = (self.recipe.get("train") or {}).get("max_steps")
         if not max_steps and self.experiment.distributed:
             max_steps = 1
         return int(max_steps) * self.gradient_accumulation if max_steps else None
 
     def train_with(self, more: Mapping[str, Any]) -> dict[str, Any]:
-        """The ``train`` section this run would have with ``more`` overrides on top (``train.*`` keys, resolve's
-        batch rule): what the launcher reads to settle a run's last overrides before it resolves them once."""
+        """The ``train`` section with ``more`` on top: the launcher settles a run's last overrides before resolving once."""
         recipe = apply_overrides(self.recipe, {k: v for k, v in more.items() if k.startswith("train.")})
         return _batch_for_world(self.experiment, recipe, {**self.overrides, **more}, self.devices)["train"]
 
     @property
     def options(self) -> dict[str, Any]:
-        """The launch settings (recipe_defaults.LAUNCH_OPTION_DEFAULTS made concrete): the command and the
-        planner both read these."""
         return launch_options(self.experiment.strategy, self.experiment.options)
 
 
 def gradient_accumulation_steps(recipe: Mapping[str, Any], *, world_size: int) -> int:
-    """Micro-batches per optimizer step on each rank: global batch / (micro batch x ranks), at least 1.
-
-    The lab's one place for it (the launcher, the DeepSpeed config and the Lightning script read it here). It is
-    litgpt's ``TrainArgs.gradient_accumulation_iters``, restated because importing litgpt takes the launcher
-    seconds; the planner asks litgpt itself, and tests/test_settings_drift.py checks that the two agree."""
+    """litgpt's ``TrainArgs.gradient_accumulation_iters``, restated because importing litgpt costs the launcher
+    seconds; tests/test_settings_drift.py checks that the two agree."""
     train = recipe.get("train") or {}
     micro, global_ = int(train["micro_batch_size"]), int(train["global_batch_size"])
     return max(1, global_ // (micro * world_size))
@@ -174,8 +156,7 @@ def load_experiments(section: str | None = None) -> dict[str, Experiment]:
 
 
 def check_pairs(section: Mapping[str, Experiment], path: Path) -> None:
-    """Each ``pair`` names another experiment of the same file that trains the same model size (LabConfigError):
-    a pair compares one change, and an unknown id would silently compare nothing."""
+    """A pair compares one change on one model, and an unknown id would silently compare nothing."""
     for exp_id, experiment in section.items():
         pair = experiment.pair
         if pair is None:
@@ -193,16 +174,13 @@ def check_pairs(section: Mapping[str, Experiment], path: Path) -> None:
 
 
 def pair_group(exp_id: str) -> tuple[str, ...]:
-    """``exp_id`` and every experiment joined to it by ``pair`` links, either way and through others (small-batch,
-    grad-accum and length-grouped are one group), in the section's order; ``(exp_id,)`` where it has none: the
-    experiments ``decision.decide`` decides together."""
+    """The experiments ``decision.decide`` decides together: all linked by ``pair``, through others too."""
     section = load_experiments(get_experiment(exp_id).section)
     group = linked(exp_id, [(e, x.pair) for e, x in section.items() if x.pair])
     return tuple(e for e in section if e in group)
 
 
 def linked(start: str, links: list[tuple[str, str]]) -> set[str]:
-    """``start`` and every id joined to it through ``links`` (pairs of ids, followed either way)."""
     group = {start}
     while not (more := {a for a, b in links if b in group} | {b for a, b in links if a in group}) <= group:
         group |= more
@@ -220,7 +198,7 @@ def get_experiment(exp_id: str) -> Experiment:
 
 def check_profile(profile: str) -> dict[str, Any]:
     profiles = load_profiles()
-    if not isinstance(profile, str):  # a dict was "unhashable type" from the lookup below
+    if not isinstance(profile, str):  # a dict would be "unhashable type" from the lookup below
         raise LabConfigError(
             f"profile: expected a profile's name (text), one of {', '.join(profiles)}; got {shown(repr(profile))}"
         )
@@ -230,15 +208,8 @@ def check_profile(profile: str) -> dict[str, Any]:
 
 
 def _read_yaml(path: Path) -> Any:
-    """A lab YAML file (profiles, experiments, a recipe) through the bounded reader (``yaml_values``: no aliases,
-    bounded depth, size and numbers), with libyaml's parser where PyYAML has it: every run reads all experiment
-    files, and the pure-Python parser took 0.4 s of each.
-
-    Parsed once per content of the file (``_PARSED``: keyed by path and a digest of its bytes, so an edited file
-    is read again, even one rewritten at its size with its mtime put back, which a key of inode, size and mtime
-    served stale; reading and hashing a recipe is microseconds, parsing it milliseconds), and every caller gets its
-    own copy: resolving is then about 2 ms instead of 10, and the notebooks and the decision, which resolve the
-    same experiment many times, need no cache of runs."""
+    """Parsed once per content (keyed by a digest: inode, size and mtime miss a file rewritten in place) and copied
+    per caller, so resolving takes ~2 ms instead of 10; every run reads all experiment files."""
     data = path.read_bytes()
     key = (str(path), hashlib.blake2b(data, digest_size=16).digest())
     with _PARSED_LOCK:
@@ -258,8 +229,7 @@ _MISSING = object()
 
 
 def _copied(value: Any) -> Any:
-    """A copy of parsed YAML (dicts, lists, scalars) in less than half of ``copy.deepcopy``'s time: no memo, as
-    the lab's YAML has no aliases (``yaml_values`` refuses them)."""
+    """Under half ``copy.deepcopy``'s time: no memo is needed, as ``yaml_values`` refuses aliases."""
     if isinstance(value, dict):
         return {key: _copied(item) for key, item in value.items()}
     if isinstance(value, list):
@@ -271,13 +241,8 @@ def _copied(value: Any) -> Any:
 
 
 def parse_set_args(pairs: list[str] | None) -> dict[str, Any]:
-    """``["train.micro_batch_size=4", "precision=bf16-true"]`` -> a dict; values are read as YAML scalars.
-
-    A value YAML cannot read (an unclosed ``[``, a ``!!python/...`` tag) is one clear line, and so is one the
-    bounded reader refuses (``yaml_values``: an alias, a 5000-digit number, nesting 5000 deep); a date or time
-    (``out_dir=2024-01-01``) stays the text that was typed, since a record can only store JSON types; any
-    other non-JSON value (``!!binary``, ``!!set``, ``.nan``, ``.inf``) is refused before anything starts.
-    """
+    """``["train.micro_batch_size=4"]`` -> a dict of YAML scalars. A record stores only JSON, so a date stays the
+    typed text and any other non-JSON value (``!!binary``, ``.nan``) is refused before anything starts."""
     overrides: dict[str, Any] = {}
     for pair in pairs or []:
         if not isinstance(pair, str):  # a notebook's overrides=[1, 2]: "'int' object has no attribute 'partition'"
@@ -307,7 +272,6 @@ def _read_set_value(key: str, raw: str) -> Any:
 
 
 def _json_value(key: str, raw: str, value: Any) -> Any:
-    """The value as a record can store it (JSON types, finite numbers), or one clear line."""
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, float) and math.isfinite(value):
@@ -382,13 +346,8 @@ def resolve_path(value: str | Path) -> Path:
 
 
 def runnable_recipe(recipe: Mapping[str, Any], *, out_dir: Path | None = None) -> dict[str, Any]:
-    """The recipe a training process is given and its run folder keeps: paths pinned, no secret in it.
-
-    Every path is made absolute the way the lab resolves it (``LAB_CHECKPOINTS`` / ``LAB_DATA`` may have moved
-    the folders, and the notebook may run from anywhere), and a secret-named key's text (``access_token``) is
-    masked before anything is written. Nothing else is masked: a path that merely looks like a token
-    (``data/hf_...data2024``) is what the run must use (``secrets.mask_secret_keys``; records mask it).
-    """
+    """Paths made absolute (``LAB_CHECKPOINTS``/``LAB_DATA`` may move the folders) and secret-named keys masked;
+    only keys, since a path that merely looks like a token is what the run must use."""
     resolved = dict(recipe)
     resolved["checkpoint_dir"] = str(resolve_path(recipe["checkpoint_dir"]))
     if out_dir is not None:
@@ -442,9 +401,7 @@ def resolve(
     check_files: bool = True,
     simulate_world: int | None = None,
 ) -> ResolvedRun:
-    """Turn (experiment, profile, overrides) into the exact recipe to run, or raise LabConfigError.
-
-    ``simulate_world=N``: the run is rank 0 of a world of N, played alone on this machine's one device."""
+    """``simulate_world=N``: the run is rank 0 of a world of N, played alone on this machine's one device."""
     check_overrides(overrides)
     experiment = get_experiment(exp_id)
     check_simulated_world(experiment, simulate_world)
@@ -480,8 +437,6 @@ def resolve(
 
 
 def check_overrides(overrides: Any) -> None:
-    """None, or a mapping of recipe keys (text) to values (LabConfigError): a notebook's ``overrides=5`` or
-    ``{None: 1}`` was a TypeError or AttributeError from inside ``resolve``."""
     if overrides is None:
         return
     if not isinstance(overrides, Mapping):
@@ -503,8 +458,6 @@ _REPR.maxstring, _REPR.maxother = 60, 60
 def _batch_for_world(
     experiment: Experiment, recipe: dict[str, Any], overrides: Mapping[str, Any], devices: int
 ) -> dict[str, Any]:
-    """``recipe`` with the global batch an experiment with ``accumulation`` has on ``devices`` per node: micro batch
-    x accumulation x ranks, unless the run's own overrides set a global batch; any other recipe as it is."""
     if not experiment.accumulation or "train.global_batch_size" in overrides:
         return recipe
     train = dict(recipe.get("train") or {})
@@ -514,7 +467,6 @@ def _batch_for_world(
 
 
 def check_simulated_world(experiment: Experiment, world_size: int | None) -> None:
-    """A simulated rank needs a multi-GPU experiment on one node and a world of at least 2 (LabConfigError)."""
     if world_size is None:
         return
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
@@ -526,9 +478,6 @@ def check_simulated_world(experiment: Experiment, world_size: int | None) -> Non
 
 
 def check_batch_order(experiment: Experiment) -> None:
-    """An experiment's ``batch_order`` option is one of ``BATCH_ORDERS``, and grouping by length is asked only of
-    the single-GPU launcher (LabConfigError): the Lightning path deals one shuffle to its ranks in rounds
-    (``quick_mode.QuickOrderSampler``) and has no grouped order."""
     order = (experiment.options or {}).get("batch_order", "shuffle")
     if order not in BATCH_ORDERS:
         raise LabConfigError(
@@ -542,8 +491,6 @@ def check_batch_order(experiment: Experiment) -> None:
 
 
 def check_levers(experiment: Experiment) -> None:
-    """An experiment's levers (``recipe_defaults.CHILD_LEVERS``: compile, padding, attention backend) are known values,
-    asked only of the single-GPU launcher, whose training process applies them (LabConfigError)."""
     options = experiment.options or {}
     if (problem := lever_problem(options)) is not None:
         raise LabConfigError(f"experiment {experiment.id!r}: {problem}")
@@ -556,11 +503,8 @@ def check_levers(experiment: Experiment) -> None:
 
 
 def check_run_files(run: ResolvedRun) -> None:
-    """The checkpoint and data a run reads are there (LabConfigError naming the command that makes them).
-
-    Separate from resolving so that the lab can first say what no download would fix (an offload run that the
-    node's RAM cannot hold, with the model that fits) before asking for a 26 GB checkpoint.
-    """
+    """Separate from resolving so the lab can first say what no download would fix (an offload run the node's RAM
+    cannot hold) before asking for a 26 GB checkpoint."""
     recipe, profile = run.recipe, run.profile
     checkpoint_dir = resolve_path(recipe["checkpoint_dir"])
     check_checkpoint(checkpoint_dir, profile, run.experiment.model)
@@ -576,10 +520,7 @@ GENERATED_ALPACA2K = "data/gpu/alpaca2k_like.json"  # `prepare --profile gpu --r
 
 
 def _generated_data_for_random_weights(recipe: dict[str, Any]) -> dict[str, Any]:
-    """Random-weight checkpoints mean a node without hub access: train on generated Alpaca2k-like data.
-
-    Time and memory depend on the sequence lengths, not on the words, so the measurements stay valid.
-    """
+    """Random weights mean no hub access: generated Alpaca2k-like data keeps the lengths, which set time and memory."""
     data = recipe.get("data") or {}
     checkpoint = recipe.get("checkpoint_dir")
     if data.get("class_path") != "litgpt.data.Alpaca2k" or not checkpoint:

@@ -1,12 +1,6 @@
-"""A record's timed iterations, and the one-offs among them: the raw samples behind its ``train_s``.
-
-Why: ``train_s`` is the sum of the iterations after warm-up, so one slow iteration (a new kernel shape, the
-allocator growing to a new peak, a hiccup of the host) inflates it, and ``tokens_per_s`` and ``mfu`` with it, by
-more than one run's steady speed differs from another's. In the first H100 records (reference_results/
-h100-80gb.jsonl) the first micro-batch of the longest batch took 1.8 s in bf16-true against a median of 0.24 s:
-half of that run's ``train_s``. The record keeps every iteration's time (``per_iteration``), so how much of
-``train_s`` such one-offs took can be derived from it, once, here: the comparison table shows it
-(``lab_helpers.present.tables``) and the time model fits to the steady time (``lab_helpers.planning.planner.timing``).
+"""A record's time figures, derived from its timed iterations rather than ``train_s`` alone, which one slow
+iteration inflates: in the first H100 records (reference_results/h100-80gb.jsonl) the first micro-batch of the
+longest batch took 1.8 s against a median of 0.24 s, half of that run's ``train_s``.
 """
 
 from __future__ import annotations
@@ -18,18 +12,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 ONE_OFF_FACTOR = 3.0
-"""A timed iteration is a one-off when it took over this many times its run's median timed iteration. In the H100
-records the steady iterations of each run stay within 1.6x of their median, while the first micro-batch of the
-longest batch took 5.9x (full-7b) and 7.6x (bf16-true)."""
+"""Times the median that makes a one-off: in the H100 records steady iterations stay within 1.6x of their median,
+while the first micro-batch of the longest batch took 5.9x and 7.6x."""
 
 MIN_TIMED_FOR_ONE_OFFS = 4
-"""Fewer timed iterations than this give no median to judge an iteration against: nothing is said (None)."""
 
 
 def timed_iterations(record: Mapping[str, Any]) -> list[tuple[int, float]]:
-    """(iteration, seconds) of each logged iteration after warm-up (``iter > warmup_iterations``): those
-    ``train_s`` adds up, less the iterations a torch.profiler trace covered (``torch_profile_iters``, first and
-    last): the profiler slows them, so no time figure counts them."""
+    """The iterations ``train_s`` sums, less those a torch.profiler trace covered: the profiler slows them."""
     warmup = finite_number(record.get("warmup_iterations")) or 0
     profiled = record.get("torch_profile_iters")
     first_profiled, last_profiled = profiled if isinstance(profiled, Sequence) and len(profiled) == 2 else (0, -1)
@@ -46,9 +36,7 @@ def timed_iterations(record: Mapping[str, Any]) -> list[tuple[int, float]]:
 
 
 def one_off_iterations(record: Mapping[str, Any]) -> list[dict[str, float]] | None:
-    """The timed iterations of one record (one rank) that took over ONE_OFF_FACTOR x the run's median timed one,
-    each with ``excess_s``, its time beyond a median iteration. Warm-up iterations are not judged: ``train_s``
-    already leaves them out. None when the record has fewer than MIN_TIMED_FOR_ONE_OFFS timed iterations."""
+    """None with too few timed iterations to have a median to judge against."""
     timed = timed_iterations(record)
     if len(timed) < MIN_TIMED_FOR_ONE_OFFS:
         return None
@@ -61,15 +49,12 @@ def one_off_iterations(record: Mapping[str, Any]) -> list[dict[str, float]] | No
 
 
 def one_off_excess_s(record: Mapping[str, Any]) -> float | None:
-    """Seconds of ``train_s`` that one-off iterations took beyond a median iteration: 0.0 for a steady run, None
-    when the record has too few timed iterations to tell."""
     found = one_off_iterations(record)
     return None if found is None else sum(one["excess_s"] for one in found)
 
 
 def steady_train_s(record: Mapping[str, Any]) -> float | None:
-    """``train_s`` as if every one-off iteration had taken a median iteration's time; ``train_s`` itself when the
-    record cannot tell (too few timed iterations), None without ``train_s``."""
+    """``train_s`` as if every one-off iteration had taken a median iteration's time."""
     train_s = finite_number(record.get("train_s"))
     if train_s is None:
         return None
@@ -78,7 +63,6 @@ def steady_train_s(record: Mapping[str, Any]) -> float | None:
 
 
 def finite_number(value: Any) -> float | None:
-    """A finite float, or None for missing / NaN / non-numeric values (never 0)."""
     if isinstance(value, bool) or value is None:
         return None
     try:
@@ -101,13 +85,10 @@ STEADY_TIMING_FIELDS: tuple[str, ...] = (
     "flops_per_token",
     "mfu",
 )
-"""What ``steady_timing`` derives: a record's time figures, all from the median of its timed iterations."""
 
 
 def iteration_stats(seconds: Sequence[float]) -> dict[str, float | int | None]:
-    """Median, interquartile range (Q3 - Q1, ``statistics.quantiles``' default method) and count of iteration
-    times, and how far apart the medians of the first and the second half are (% of the whole median): the
-    quick-mode stopping rule's figure (``quick_mode.stop_reason``). Nones where there are too few."""
+    """``iter_halves_pct``, how far the two halves' medians differ, is quick mode's stopping figure."""
     times = [float(s) for s in seconds]
     if not times:
         return {"iter_median_s": None, "iter_iqr_s": None, "iter_count": 0, "iter_halves_pct": None}
@@ -125,27 +106,9 @@ def iteration_stats(seconds: Sequence[float]) -> dict[str, float | int | None]:
 
 
 def steady_timing(record: Mapping[str, Any], timed: Sequence[tuple[int, float]] | None = None) -> dict[str, Any]:
-    """A record's derived time figures, from what it measured (``STEADY_TIMING_FIELDS``).
-
-    Why from the median: ``train_s`` sums every timed iteration, so one slow one (a new kernel shape, the host
-    swapping) moves it; the median of the timed iterations does not. Throughput is a median micro-batch's:
-    ``tokens_per_s_padded`` = (tokens_padded / iterations) / iter_median_s, the mean tokens of a timed micro-batch
-    over the median micro-batch time (``tokens_per_s`` the same without padding). Where a record has no
-    per-iteration times (fewer than one timed), ``train_s / iterations`` stands in for the median; a record without
-    ``train_s`` (the loop never finished timing) has none of these figures.
-
-    MFU counts ONE token count, the padded one (a GPU multiplies the padding too, and ``flops_per_step`` is
-    counted at the mean padded length): ``mfu = tokens_per_s_padded x flops_per_token / gpu_peak_flops``, with
-    ``flops_per_token`` = flops_per_step x iterations / tokens_padded, the FLOPs of one padded token.
-    ``padding_pct`` says how much of it is padding: 100 x (tokens_padded - tokens) / tokens_padded. Pure
-    arithmetic on the record's own columns: readers re-derive it for old records (``records.load_results``).
-
-    A length-grouped run (``batch_order``) is the exception: its micro-batches differ in length by design, so its
-    median micro-batch is a shorter or a longer one than its mean, and the mean tokens over the median time would
-    miscount it; its rates and MFU take the mean timed micro-batch (``train_s / iterations``), the same span as its
-    tokens. ``iter_median_s`` stays the median. ``timed``: the record's ``timed_iterations``
-    where the caller has them already.
-    """
+    """Rates from the median timed iteration, which one slow iteration does not move. MFU counts padded tokens: the
+    GPU multiplies the padding too, and ``flops_per_step`` is counted at the mean padded length. A length-grouped
+    run's micro-batches differ in length by design, so its rates take the mean micro-batch, the span of its tokens."""
     train_s = finite_number(record.get("train_s"))
     if train_s is None:  # the loop never finished timing (an OOM, a crash in warm-up): no time figures at all
         return {**dict.fromkeys(STEADY_TIMING_FIELDS), "iter_count": 0}
@@ -179,16 +142,13 @@ def steady_timing(record: Mapping[str, Any], timed: Sequence[tuple[int, float]] 
 # ------------------------------------------------------------------------------ steady and first-seen lengths
 
 MIN_STEADY_ITERATIONS = 3
-"""Fewer timed micro-batches of a length the run had already seen than this give no steady time (None)."""
 
 BOOTSTRAP_RESAMPLES = 2000
-"""Resamples of a run's steady micro-batches for the spread of its steady time (seeded: the same every read)."""
 
 LENGTH_SPLIT_FIELDS: tuple[str, ...] = (
     "steady_iter_s", "steady_iter_count", "steady_spread_pct", "first_seen_count", "first_seen_extra_s",
     "first_seen_pct", "steady_basis",
 )  # fmt: skip
-"""What ``length_split`` derives from ``seq_lens`` and the timed iterations."""
 
 
 def _centre(values: Sequence[float], *, mean: bool) -> float:
@@ -196,16 +156,14 @@ def _centre(values: Sequence[float], *, mean: bool) -> float:
 
 
 def interval_95(draws: Sequence[float]) -> tuple[float, float]:
-    """(low, high) of the 95 % percentile interval of BOOTSTRAP_RESAMPLES bootstrap draws: every bootstrap of the
-    lab (a steady time's spread, a busy share's, a speed verdict's ratio) cuts its draws here."""
+    """The 95 % percentile interval: every bootstrap of the lab cuts its draws here."""
     ordered = sorted(draws)
     return ordered[int(0.025 * len(ordered))], ordered[int(0.975 * len(ordered)) - 1]
 
 
 def bootstrap_spread_pct(values: Sequence[float], *, mean: bool = False) -> float | None:
-    """Half the width of the 95 % bootstrap interval of the values' median (their mean with ``mean``), as % of it:
-    how far another run's draw of the same micro-batches could move the figure. None for fewer than two values.
-    Remembered per values: readers derive it for every record on every load (2,000 resamples each)."""
+    """Half the 95 % bootstrap interval, as % of the median (mean): how far another draw of the same micro-batches
+    could move it. Cached, since readers derive it for every record on every load."""
     return _bootstrap_spread_pct(tuple(float(v) for v in values), mean)
 
 
@@ -221,15 +179,8 @@ def _bootstrap_spread_pct(values: tuple[float, ...], mean: bool) -> float | None
 
 
 def bootstrap_centres(values: Sequence[float], *, mean: bool) -> list[float]:
-    """The centres (median, or mean with ``mean``) of BOOTSTRAP_RESAMPLES resamples of ``values``: the resamples
-    ``random.Random(0).choices(values, k=len(values))`` draws one after another, bit for bit, at numpy's speed.
-
-    Why: readers derive a steady spread for every record on every load; 2,000 resamples in Python took ~10 ms a
-    record (100,000 records of a class's term: 16 minutes). numpy's MT19937 set to the state ``Random(0)`` starts in
-    draws the same 32-bit words, and makes a double of two of them as ``random()`` does (27 + 26 bits / 2**53);
-    ``choices`` takes ``values[floor(random() * n)]``; a median is the middle of the sorted draw (the mean of the
-    two middles, ``(a + b) / 2``, for an even count), a mean ``math.fsum / n``: the same operations on the same
-    doubles give the same figures as ``statistics``. ``tests/test_records_reading`` compares them with the loop."""
+    """Bit for bit what ``random.Random(0).choices`` and ``statistics`` give, at numpy's speed (the Python loop took
+    ~10 ms a record, on every load): numpy's MT19937 in ``Random(0)``'s state draws the same words and doubles."""
     import numpy as np
 
     data = np.asarray(values, dtype=np.float64)
@@ -278,17 +229,9 @@ def first_seen_iterations(lengths: Sequence[Any]) -> set[int]:
 
 
 def length_split(record: Mapping[str, Any], timed: Sequence[tuple[int, float]] | None = None) -> dict[str, Any]:
-    """A run's steady time per micro-batch apart from what first-seen sequence lengths cost it.
-
-    Why: litgpt pads each micro-batch to its longest sample, so lengths vary, and a length the run has not met
-    before can cost a plan build (cuDNN attention in bf16 on Hopper: 100-150 ms) or a recompile. On the H200 a bf16
-    micro-batch of a new length took 2-3x a repeated one, and a short quick run meets mostly new lengths, so its
-    median followed its share of them. ``seq_lens`` (the padded length of each micro-batch trained, warm-up
-    included) tells them apart: ``steady_iter_s`` is the median of the timed micro-batches whose length an earlier
-    micro-batch had (a length-grouped run's mean, as ``steady_timing``), ``first_seen_extra_s`` the median
-    first-seen one over it, ``first_seen_pct`` the share of the timed micro-batches' time they took beyond a steady one.
-    ``steady_basis`` says what the steady time is of, or why there is none: never a silent fallback. ``timed``: the
-    record's ``timed_iterations`` where the caller has them already."""
+    """Steady time apart from first-seen lengths: a new length can cost a plan build (cuDNN attention, bf16, Hopper:
+    100-150 ms) or a recompile, and on the H200 took 2-3x a repeated one, so a short run's median followed its share
+    of them. ``steady_basis`` says what the steady time is of, or why there is none: never a silent fallback."""
     timed = timed_iterations(record) if timed is None else timed
     none = dict.fromkeys(LENGTH_SPLIT_FIELDS)
     if not timed:

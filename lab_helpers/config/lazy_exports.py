@@ -1,9 +1,5 @@
-"""Names a package exports, each imported on first use (PEP 562), in one place for the three packages that do it.
-
-Why: ``lab`` (the notebooks' namespace), ``assets`` and ``planning.planner`` export names whose modules import
-torch (seconds), while ``python -m lab_helpers`` imports these packages for every command, ``results`` included.
-Each had its own copy of the same ``__getattr__`` and ``__dir__``. The ``lazy_loader`` package does this too; eight
-lines do not earn a dependency.
+"""Exports imported on first use (PEP 562): their modules import torch (seconds), and every ``python -m lab_helpers``
+command imports these packages. ``lazy_loader`` does this too; eight lines do not earn a dependency.
 """
 
 from __future__ import annotations
@@ -15,9 +11,7 @@ from typing import Any
 
 
 def attach(module_name: str, exports: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """(``__getattr__``, ``__dir__``) for the module ``module_name``. ``exports`` maps each public name to where it is
-    defined: ``".submodule"`` (relative to the package, the attribute of the same name) or ``"package.module.attr"``.
-    """
+    """``exports``: name -> ``".submodule"`` (the attribute of the same name) or ``"package.module.attr"``."""
 
     def __getattr__(name: str) -> Any:
         if name not in exports:

@@ -1,22 +1,9 @@
-"""The one check of a fine-tuning recipe before anything starts: litgpt's own rules first, then the lab's.
+"""The one check of a recipe before anything starts, each bad value one line with an example to copy. Keys and
+types come from litgpt's own annotations, then its CLI parser and ``validate_args`` run, so the check follows litgpt.
 
-Every entry point that takes a recipe from a person calls :func:`check_recipe` once: ``experiments.resolve``
-(``run``, ``run-all``, the notebooks) and ``plan_command`` (``python -m lab_helpers plan``). The planner reads
-recipes and does not check them again. Each bad value is one line: the key, what was expected, an example to copy.
-
-What litgpt decides, litgpt is asked:
-
-- the keys and their types are litgpt's annotations (``setup``'s parameters, the ``TrainArgs`` / ``EvalArgs`` /
-  ``LogArgs`` fields, the data module's fields), so the check follows litgpt when it changes;
-- the recipe then goes through litgpt's CLI parser (jsonargparse, which the training process parses it with) and
-  the finetune script's own ``validate_args``, so what litgpt would refuse after a process start and a model load
-  is refused here.
-
-Why the lab walks the annotations itself before the parser (measured with jsonargparse 4.41): the parser accepts
-``train=5``, ``eval=5`` and ``checkpoint_dir=''`` (each fails later, in the run), its messages run to ten lines,
-and for a bad ``logger_name`` it says "Cannot take a Union of no types". The lab's own rules come last: numbers
-litgpt accepts but cannot train with (``epochs=0``, a negative learning rate), the precisions the lab knows, and
-the batch arithmetic litgpt checks late or as an assertion.
+The annotations are walked first because jsonargparse (4.41) accepts ``train=5`` and ``checkpoint_dir=''`` (each
+fails later, in the run) and its messages run to ten lines. The lab's own rules come last: values litgpt accepts
+but cannot train with (``epochs=0``) and the batch arithmetic litgpt checks late or as an assertion.
 """
 
 from __future__ import annotations
@@ -57,12 +44,8 @@ def check_recipe(
     examples: Mapping[str, Any] | None = None,
     litgpt_script: bool = True,
 ) -> None:
-    """Raise :class:`LabConfigError` (one line) for the first thing in ``recipe`` that litgpt or the lab refuses.
-
-    ``command``: ``finetune_full`` or ``finetune_lora``. ``devices`` x ``num_nodes``: the ranks the global batch is
-    divided over. ``examples``: the recipe before overrides, whose values the messages offer as examples.
-    ``litgpt_script``: the run is litgpt's own finetune script (one device), so its ``validate_args`` applies;
-    the lab's Lightning-Trainer runs read the recipe themselves."""
+    """``examples``: the recipe before overrides, whose values the messages offer. ``litgpt_script``: litgpt's
+    finetune script runs it, so its ``validate_args`` applies; the lab's Lightning runs read the recipe themselves."""
     if command not in COMMANDS:
         raise LabConfigError(f"unknown litgpt command {command!r}: expected one of {', '.join(COMMANDS)}")
     _check_types(recipe, command, recipe if examples is None else examples)
@@ -80,7 +63,6 @@ def check_recipe(
 
 
 def _check_types(recipe: Mapping[str, Any], command: str, examples: Mapping[str, Any]) -> None:
-    """The first value whose type litgpt's annotations reject; unknown keys are ``_check_keys``'."""
     hints = typing.get_type_hints(setup_function(command))
     for key, value in recipe.items():
         if key in hints:
@@ -106,7 +88,6 @@ def _check_type(key: str, value: Any, annotation: Any, example: Any) -> None:
 
 
 def _check_data(key: str, value: Any, example: Any) -> None:
-    """``data``: null, or ``{class_path: a litgpt DataModule, init_args: {...}}`` with well-typed init_args."""
     from litgpt.data import DataModule
 
     if value is None:
@@ -229,8 +210,7 @@ def _fail(key: str, value: Any, expected: str, example: str) -> typing.NoReturn:
 
 
 def _shown(value: Any) -> str:
-    """The value as a message quotes it: a bounded repr (a value may hold 100,000 items: ``yaml_values``' bound),
-    secrets masked and control characters escaped (``yaml_values.shown``)."""
+    """Bounded: a value may hold 100,000 items (``yaml_values``' bound)."""
     return "null" if value is None else shown(_REPR.repr(value))
 
 
@@ -243,7 +223,6 @@ _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 80, 80, 40
 
 
 def _check_keys(recipe: Mapping[str, Any], command: str) -> None:
-    """Keys litgpt's ``setup`` would reject, naming the key and the closest valid one as ``--set`` spells it."""
     from litgpt.args import EvalArgs, LogArgs, TrainArgs
 
     params = inspect.signature(setup_function(command)).parameters
@@ -297,8 +276,8 @@ _RANGE_EXAMPLES = {"optimizer.init_args.lr": "0.0002", "train.max_norm": "1.0", 
 
 
 def _check_ranges(recipe: Mapping[str, Any]) -> None:
-    """Well-typed numbers that are still impossible: ``train.epochs=0`` and ``train.max_seq_length=0`` trained
-    nothing and were recorded ``ok``; a negative learning rate or ``num_workers=-1`` failed after the model load."""
+    """Well-typed but impossible: ``train.epochs=0`` trains nothing and records ``ok``; a negative learning rate or
+    ``num_workers=-1`` fails only after the model load."""
     for key, low, strict, nullable in _RANGES:
         present, value = _dotted(recipe, key)
         if not present or (value is None and nullable):
@@ -315,8 +294,7 @@ def _check_ranges(recipe: Mapping[str, Any]) -> None:
 
 
 def _check_devices_value(devices: Any) -> None:
-    """litgpt's ``parse_devices`` takes a whole number >= 1, -1 or "auto"; anything else ("two", 0) was its
-    ValueError after the process start."""
+    """As litgpt's ``parse_devices`` takes them, which fails only after the process start."""
     if devices in (-1, "auto") or (isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1):
         return
     raise LabConfigError(
@@ -325,7 +303,6 @@ def _check_devices_value(devices: Any) -> None:
 
 
 def _litgpt_devices(devices: Any) -> int:
-    """How many devices litgpt's script takes for ``devices`` (its ``parse_devices``: auto is every GPU, or 1)."""
     if devices in (-1, "auto"):
         import torch
 
@@ -343,14 +320,9 @@ def check_devices(
     given: Mapping[str, Any],
     devices_as_written: Any = None,
 ) -> None:
-    """What the node can know of a run's devices, one line before any process starts (resolve calls it).
-
-    A single-device experiment (litgpt's own finetune script): ``devices`` x ``num_nodes`` above 1 made litgpt
-    shard the model with FSDP, which a CPU cannot run ("FSDP is only available on GPU", after a process start, a
-    printed config and an ``error`` record), nor a node with fewer GPUs; and where the GPUs are there, the lab's
-    record, prediction and batch arithmetic are of one device. A multi-GPU experiment (``distributed``) runs on its
-    own ``devices`` per node and ``num_nodes`` (``given``: the overrides it runs with), which its launcher writes over
-    the recipe's: another ``--set devices`` would be silently ignored."""
+    """On more than one device litgpt's script shards the model with FSDP, which a CPU cannot run and the lab's
+    one-device record and prediction do not follow. A multi-GPU experiment's launcher writes its own ``devices`` over
+    the recipe's, so another ``--set devices`` (in ``given``) would be silently ignored."""
     if distributed:
         written = devices if devices_as_written is None else devices_as_written
         for key, own, as_written in (("devices", devices, written), ("num_nodes", num_nodes, num_nodes)):
@@ -383,9 +355,8 @@ def check_devices(
 
 
 def _check_optimizer(optimizer: Any) -> None:
-    """A ``torch.optim`` optimizer torch does not have (``optimizer=adamw``, ``torch.optim.Adamw``): litgpt's
-    ``getattr(torch.optim, name)`` failed after the process start and the model load. Other modules' optimizers
-    (bitsandbytes', maybe not installed here: a skip, decided later) are not imported."""
+    """litgpt's ``getattr(torch.optim, name)`` fails only after the model load. Other modules' optimizers
+    (bitsandbytes', maybe not installed here) are not imported."""
     import torch.optim
 
     class_path = optimizer.get("class_path") if isinstance(optimizer, Mapping) else optimizer
@@ -414,8 +385,7 @@ def _dotted(recipe: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:
 
 
 def _check_batch_and_precision(recipe: Mapping[str, Any], command: str, *, devices: int, num_nodes: int) -> None:
-    """The checks litgpt makes late (or as an assertion) made early, each with its fix. A train setting the
-    recipe leaves out is litgpt's default (``setup``'s ``train``), as the run will see it."""
+    """What litgpt checks late or as an assertion, made early; an unset train key is litgpt's default, as in the run."""
     precision = recipe.get("precision")
     if precision is not None and precision not in PRECISIONS:
         raise LabConfigError(
@@ -451,7 +421,6 @@ def _check_batch_and_precision(recipe: Mapping[str, Any], command: str, *, devic
 
 
 def _warmup_advice(max_steps: int, warmup: int) -> str:
-    """Only advice the check above accepts: warm-up needs at least 1 step, so max_steps needs at least 2."""
     raise_to = f"set train.max_steps={warmup + 1} or more"
     if max_steps >= 2:
         return f"{raise_to}, or set train.lr_warmup_steps={max_steps - 1}"
@@ -463,7 +432,7 @@ def _warmup_advice(max_steps: int, warmup: int) -> str:
 
 @functools.cache
 def _litgpt_parser(command: str):
-    """The parser litgpt's CLI builds for ``command`` (jsonargparse over ``setup``'s signature); 25 ms to build."""
+    """Cached: 25 ms to build."""
     from jsonargparse import ArgumentParser
 
     parser = ArgumentParser(exit_on_error=False)
@@ -472,14 +441,12 @@ def _litgpt_parser(command: str):
 
 
 def _parse_with_litgpt(recipe: Mapping[str, Any], command: str) -> None:
-    """What the training process's own parse would refuse, refused here, in one line."""
     _parse_once(command, json.dumps(recipe, sort_keys=True, default=str))
 
 
 @functools.lru_cache(maxsize=256)
 def _parse_once(command: str, recipe_json: str) -> None:
-    """The parse of one recipe (15 ms: jsonargparse builds the data module's parser each time), once per process:
-    a run resolves its recipe two or three times, a notebook and the test suite the same recipes again."""
+    """Cached: 15 ms a parse, and a run resolves its recipe two or three times."""
     from jsonargparse import ArgumentError
 
     try:
@@ -489,9 +456,7 @@ def _parse_once(command: str, recipe_json: str) -> None:
 
 
 def _parser_message(text: str) -> str:
-    """jsonargparse's message (a nested report) as one line: the key as ``--set`` spells it, what was given, why.
-
-    Nested keys (``data`` > ``prompt_style``) are joined as ``data.prompt_style``; the innermost reasons are kept."""
+    """jsonargparse's nested report as one line: the key as ``--set`` spells it, the value, the innermost reasons."""
     keys = re.findall(r'Parser key "([^"]+)"', text)
     given = re.search(r"Given value: (.*)", text)
     reasons = [
@@ -508,7 +473,6 @@ def _parser_message(text: str) -> str:
 
 
 def _litgpt_validate_args(recipe: Mapping[str, Any], command: str) -> None:
-    """The finetune script's own ``validate_args`` on the recipe's train and eval settings."""
     module = sys.modules[setup_function(command).__module__]
     defaults = inspect.signature(module.setup).parameters
     train = dataclasses.replace(defaults["train"].default, **(recipe.get("train") or {}))

@@ -1,8 +1,5 @@
-"""The defaults a run is launched with, in one place: the command that runs it and the planner that predicts it
-both read them here, so a prediction cannot be made with other settings than the run it predicts
-(tests/test_settings_drift.py fails if they part).
-
-Bottom layer: imports nothing from the lab.
+"""The defaults a run is launched with, read by both the command and the planner so a prediction cannot use other
+settings than its run (tests/test_settings_drift.py). Imports nothing from the lab.
 """
 
 from __future__ import annotations
@@ -14,18 +11,13 @@ from types import MappingProxyType
 from typing import Any
 
 LORA_LAYER_KEYS: tuple[str, ...] = ("lora_query", "lora_key", "lora_value", "lora_projection", "lora_mlp", "lora_head")
-"""``litgpt finetune_lora``'s switches: which layers get adapters."""
 
 LORA_KEYS: tuple[str, ...] = ("lora_r", "lora_alpha", "lora_dropout", *LORA_LAYER_KEYS)
-"""The LoRA settings of ``litgpt finetune_lora`` that change what trains."""
 
 
 @functools.cache
 def lora_defaults() -> Mapping[str, Any]:
-    """``litgpt finetune_lora``'s own defaults, read from its ``setup`` signature (r=8 on query and value in
-    0.5.13): what trains when a recipe leaves a LoRA key out. Read, not restated, so a litgpt upgrade that
-    changes them cannot leave the planner and the FLOP count on the old ones. The lab's recipes set every key
-    (LAB.md: r32 on all linear layers)."""
+    """Read from litgpt's ``setup`` signature, not restated, so an upgrade cannot leave the planner on old defaults."""
     from litgpt.finetune import lora  # imported on first use: this module is read by every process
 
     parameters = inspect.signature(lora.setup).parameters
@@ -48,7 +40,7 @@ LAUNCH_OPTION_DEFAULTS: Mapping[str, Any] = {
     # the order of the training samples in micro-batches (BATCH_ORDERS): litgpt-cli only; the length-grouped
     # experiment's "length-grouped" (quick_mode.LengthGroupedSampler, applied by the child: --batch-order)
     "batch_order": "shuffle",
-    # the levers of an overhead-bound loop, applied by the litgpt child (litgpt-cli only; issue 52):
+    # the levers of an overhead-bound loop, applied by the litgpt child (litgpt-cli only):
     # "blocks": each transformer Block compiled before fit (regional torch.compile; --compile)
     "compile": None,
     # torch.compile's mode (COMPILE_MODES); "reduce-overhead" (CUDA graphs) needs CUDA: plain compile elsewhere
@@ -59,55 +51,40 @@ LAUNCH_OPTION_DEFAULTS: Mapping[str, Any] = {
     # scaled-dot-product attention restricted to one backend around fit (ATTENTION_BACKENDS; --attention-backend)
     "attention_backend": None,
 }
-"""Launch settings of an experiment (``options:`` in configs/experiments/*.yaml); all but
-``activation_checkpointing``, ``fill_gpu``, ``batch_order`` and the levers (``CHILD_LEVERS``) concern
-``lightning-strategy`` experiments only."""
+"""``options:`` in configs/experiments/*.yaml; all but ``activation_checkpointing``, ``fill_gpu``, ``batch_order``
+and ``CHILD_LEVERS`` concern ``lightning-strategy`` experiments only."""
 
 CHILD_LEVERS: tuple[str, ...] = ("compile", "compile_mode", "pad_multiple", "attention_backend")
-"""Options only the litgpt child applies (``child_litgpt``): a ``lightning-strategy`` experiment cannot ask for them."""
 
 COMPILE_TARGETS: tuple[str, ...] = ("blocks",)
-"""``compile``: what is compiled. ``blocks``: each transformer ``Block`` on its own (regional compilation, as
-torchtune does): one block's code is compiled once and reused by every block, so compile time stays short."""
+"""``blocks``: each ``Block`` on its own (regional, as torchtune does): compiled once, reused by every block."""
 
 COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-"""``compile_mode``: ``torch.compile``'s ``mode``."""
 
 CUDA_GRAPH_MODES: tuple[str, ...] = ("reduce-overhead", "max-autotune")
-"""Modes that record CUDA graphs: on a CPU the child compiles with ``default`` instead and its record says so."""
+"""On a CPU the child compiles these with ``default`` instead, and its record says so."""
 
 ATTENTION_BACKENDS: Mapping[str, str] = MappingProxyType(
     {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION", "math": "MATH"}
 )
-"""``attention_backend``: the lab's name -> ``torch.nn.attention.SDPBackend``'s member."""
 
 PAD_TO_MAX = "max"
-"""``pad_multiple: max``: every micro-batch at one fixed length, the longest the model takes."""
 
 BATCH_ORDERS: tuple[str, ...] = ("shuffle", "length-grouped")
-"""``batch_order``: ``shuffle`` -- samples in random order (quick mode: the lab's fixed shuffle,
-``quick_mode.QuickOrderSampler``; a full run: litgpt's own shuffled loader); ``length-grouped`` -- micro-batches of
-samples of similar length (``quick_mode.LengthGroupedSampler``), so that less of each is padding."""
 
 FSDP_IMPLS = ("auto", "fsdp1", "fsdp2")
-"""``fsdp_impl``: FSDP1 (Lightning's ``FSDPStrategy``, flat parameters), FSDP2 (``ModelParallelStrategy`` +
-``fully_shard``, per-parameter DTensors), or auto: whichever this hardware runs."""
 
 OFFLOADING_STRATEGIES = ("deepspeed-zero2", "deepspeed-zero3")
-"""Strategies that can move the optimizer to the host (the planner models offload for these only)."""
 
 # DeepSpeed ZeRO buckets, in elements: the lab's DeepSpeed config writes them out (distributed.deepspeed_config)
 # and the planner sizes the same buffers from them (planner.analytic), so the run and its prediction cannot part.
 DS_REDUCE_BUCKET_NUMEL = 200_000_000
-"""``reduce_bucket_size``: gradients leave through it (Lightning's value; DeepSpeed's own default is 5e8)."""
-DS_ALLGATHER_BUCKET_NUMEL = 200_000_000
-"""ZeRO-2's ``allgather_bucket_size``: updated weights come back through it."""
-DS_PREFETCH_BUCKET_NUMEL = 50_000_000
-"""ZeRO-3's ``stage3_prefetch_bucket_size`` (DeepSpeed's default, written out for the student)."""
+"""``reduce_bucket_size``: Lightning's value; DeepSpeed's own default is 5e8."""
+DS_ALLGATHER_BUCKET_NUMEL = 200_000_000  # ZeRO-2's allgather_bucket_size
+DS_PREFETCH_BUCKET_NUMEL = 50_000_000  # ZeRO-3's stage3_prefetch_bucket_size (DeepSpeed's default, written out)
 
 
 def launch_options(strategy: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """An experiment's ``options`` over ``LAUNCH_OPTION_DEFAULTS``, every default made concrete."""
     merged = {**LAUNCH_OPTION_DEFAULTS, **(options or {})}
     if merged["batch_order"] not in BATCH_ORDERS:
         raise ValueError(f"batch_order {merged['batch_order']!r} is not one of {', '.join(BATCH_ORDERS)}")
@@ -119,7 +96,6 @@ def launch_options(strategy: str, options: Mapping[str, Any] | None) -> dict[str
 
 
 def lever_problem(options: Mapping[str, Any]) -> str | None:
-    """What is wrong with the levers of ``options`` (``CHILD_LEVERS``), or None: checked before anything starts."""
     compile_target, mode = options.get("compile"), options.get("compile_mode", "default")
     pad, backend = options.get("pad_multiple"), options.get("attention_backend")
     if compile_target is not None and compile_target not in COMPILE_TARGETS:
@@ -134,9 +110,7 @@ def lever_problem(options: Mapping[str, Any]) -> str | None:
 
 
 def padded_length(longest: int, pad_multiple: int | str | None, limit: int) -> int:
-    """The length a micro-batch whose longest sample has ``longest`` tokens is trained at: litgpt's own (``longest``)
-    without ``pad_multiple``; rounded up to the multiple; ``limit`` for ``"max"``. Never beyond ``limit``, the
-    longest the model takes (litgpt's ``model.max_seq_length``: its rope cache refuses a longer batch)."""
+    """Never beyond ``limit``, litgpt's ``model.max_seq_length``: its rope cache refuses a longer batch."""
     if pad_multiple is None:
         return longest
     if pad_multiple == PAD_TO_MAX:
@@ -145,19 +119,13 @@ def padded_length(longest: int, pad_multiple: int | str | None, limit: int) -> i
 
 
 def lora_settings(recipe: Mapping[str, Any]) -> dict[str, Any]:
-    """Every LoRA setting the run trains with: the recipe's, else litgpt's default. Empty for a recipe with
-    no LoRA key (full fine-tuning)."""
     if not any(str(key).startswith("lora_") for key in recipe):
         return {}
     return {key: recipe.get(key, default) for key, default in lora_defaults().items()}
 
 
 def resolve_fsdp_impl(requested: str, *, on_cuda: bool) -> str:
-    """fsdp1 (``FSDPStrategy``) on CUDA; fsdp2 (``ModelParallelStrategy`` + ``fully_shard``) on a CPU.
-
-    Lightning's ``FSDPStrategy`` refuses a CPU accelerator, so asking for fsdp1 there is an error, not a
-    silent switch.
-    """
+    """Lightning's ``FSDPStrategy`` refuses a CPU, so fsdp1 asked for there is an error, not a silent switch."""
     if requested not in FSDP_IMPLS:
         raise ValueError(f"fsdp_impl {requested!r} is not one of {', '.join(FSDP_IMPLS)}")
     if requested == "auto":

@@ -1,12 +1,6 @@
-"""The run record and the training process's report: every field, its unit, and the constants they share.
-
-Why one module: a record is written once and read for years (students' results files, the reference results
-shipped with the lab), by the lab, the comparison tables, the multi-GPU notebook and the reference export.
-When each of them restated the columns, a field added in one place went missing in another. Here each field
-is named once with its unit; writers check against it and readers conform to it. It imports nothing from the
-lab (it is the bottom layer), so any module can use it without a cycle.
-
-Units: GiB are 2^30 bytes everywhere (litgpt prints GB = 10^9: say so where one is shown beside the other).
+"""Every field of the run record and of the training process's report, named once with its unit: a record is read
+for years (students' results, the shipped references) by several readers, so writers check against this and readers
+conform to it. Imports nothing from the lab. GiB are 2^30 bytes everywhere (litgpt prints GB = 10^9).
 """
 
 from __future__ import annotations
@@ -18,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 GIB = 2**30
-"""Bytes in a GiB: every memory figure of the lab is in GiB (2^30 bytes)."""
 
 PRECISIONS: tuple[str, ...] = ("32-true", "bf16-true", "bf16-mixed", "16-true", "16-mixed", "transformer-engine")
 """The precisions litgpt's CLI accepts: what a recipe may say."""
@@ -43,11 +36,10 @@ BREAKDOWN_PARTS: tuple[str, ...] = (
 """The parts of a GPU's memory the planner predicts (``predicted.breakdown_gib``) and the plots stack, in order."""
 
 LAUNCHERS: tuple[str, ...] = ("litgpt-cli", "lightning-strategy")
-"""How an experiment's training process is started: litgpt's own CLI (one process, the single-GPU section) or
-the Lightning Trainer with a strategy (lab_helpers.training.distributed). Both train with Lightning."""
+"""litgpt's own CLI (one process) or the Lightning Trainer with a strategy; both train with Lightning."""
 
 LEGACY_KIND_TO_LAUNCHER = {"litgpt": "litgpt-cli", "lightning": "lightning-strategy"}
-"""The experiment YAML's old ``kind:`` key, still read (both kinds were Lightning, so the name misled)."""
+"""The experiment YAML's ``kind:`` key, still read."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +113,6 @@ REPORT_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in REPORT_FIELDS)
 
 
 def _reported(*names: str) -> tuple[Field, ...]:
-    """Report fields a record carries as they were reported: same name, same unit."""
     by_name = {f.name: f for f in REPORT_FIELDS}
     return tuple(by_name[name] for name in names)
 
@@ -238,8 +229,7 @@ RECORD_FIELDS: tuple[Field, ...] = _reported(
     ("log_path", None, "the run's output, relative to the results folder"),
     ("reference_note", None, "export-reference: where and how the reference run was made"),
 )
-"""One record per run (per rank where there are several): the rank's report fields as reported, and what the lab
-adds around them. Old records may lack later fields: readers conform."""
+"""One record per run (per rank where there are several); old records may lack later fields: readers conform."""
 
 RECORD_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in RECORD_FIELDS)
 UNITS: dict[str, str | None] = {f.name: f.unit for f in RECORD_FIELDS}
@@ -250,7 +240,6 @@ _NUMERIC_FIELDS: tuple[tuple[str, str], ...] = tuple((k, u) for k, u in UNITS.it
 
 
 def record_problems(record: Mapping[str, Any]) -> list[str]:
-    """What is wrong with a record against the schema: unknown fields, a non-number where a unit is, a bad status."""
     problems = [f"unknown field {key!r}" for key in record if key not in UNITS]
     if record.get("status") not in STATUSES:
         problems.append(f"status {record.get('status')!r} is not one of {', '.join(STATUSES)}")
@@ -266,18 +255,14 @@ def record_problems(record: Mapping[str, Any]) -> list[str]:
 
 
 def conform(record: Mapping[str, Any]) -> dict[str, Any]:
-    """A stored record with every schema field present (None where an older record lacks it).
-
-    Unknown fields are kept (a newer lab may have written them). Never raises on a record's values. The derived
-    time figures (MFU among them) are re-derived by the reader (``records.load_results``), from the measured ones.
-    """
+    """Unknown fields are kept (a newer lab may have written them); never raises on a record's values."""
     out = dict.fromkeys(RECORD_FIELD_NAMES)  # the schema's order, then unknown fields in the record's order
     out.update(record)
     return out
 
 
 def rate(count: float | None, seconds: float | None) -> float | None:
-    """count per second, or None when either is missing or not positive (never 0 for "unknown")."""
+    """None, never 0, when either is missing or not positive."""
     if not _positive(count) or not _positive(seconds):
         return None
     return float(count) / float(seconds)  # type: ignore[arg-type]
@@ -290,8 +275,7 @@ def _positive(value: Any) -> bool:
 
 
 SANE_MAGNITUDE = 1e24
-"""The largest size a number with a unit may have (FLOP/s of a GPU are ~1e15, tokens of a run ~1e12): a value
-beyond it, infinite or NaN is not a measurement but a damaged or hand-edited line."""
+"""A GPU's FLOP/s are ~1e15, a run's tokens ~1e12: a value beyond this is a damaged or hand-edited line."""
 
 MAX_RANK = 1_000_000
 _RECORD_PATH_FIELDS = ("timeline_path", "log_path")
@@ -299,15 +283,8 @@ _MAPPING_FIELDS = ("overrides", "config", "environment", "predicted", "gpu_used_
 
 
 def record_unfit(record: Any, *, text_is_unicode: bool = False) -> str | None:
-    """Why a stored line cannot be read as a record, in a few words, or None when it can.
-
-    Readers set such a line aside (the file is append-only: one bad line must not break every table). Unknown
-    fields are allowed (a newer lab may have written them); what is checked is what readers rely on: an
-    ``experiment`` name, a known status, a whole-number rank, finite numbers in a sane range where a field has a
-    unit, text that is valid Unicode, and run files named by relative paths inside the results folder.
-    ``text_is_unicode``: the caller knows no text in it can be a lone surrogate (``records.scan_lines``: an ASCII
-    line without a ``\\ud800``-``\\udfff`` escape), so the encoding check is skipped.
-    """
+    """Readers set such a line aside: one bad line of an append-only file must not break every table. Only what
+    readers rely on is checked. ``text_is_unicode``: the caller knows it holds no lone surrogate."""
     if not isinstance(record, Mapping):
         return "not a JSON object"
     experiment = record.get("experiment")
@@ -344,10 +321,7 @@ def record_unfit(record: Any, *, text_is_unicode: bool = False) -> str | None:
 
 
 def run_file_problem(value: Any) -> str | None:
-    """Why ``value`` is not a relative path inside the results folder (``runs/<run_id>/timeline.csv``), or None.
-
-    Only the text is judged here; opening the file (``paths.regular_file_inside``) resolves links too.
-    """
+    """Only the text is judged; opening the file (``paths.regular_file_inside``) resolves links too."""
     if value is None:
         return None
     if not isinstance(value, str) or not value:
@@ -373,9 +347,7 @@ def _sane_number(value: Any) -> bool:
 
 
 def _insane_in(values: Any) -> tuple[Any] | None:
-    """(the first number among ``values`` that is not ``_sane_number``,), or None; what is not a number (an
-    iteration's row, a flag) is not judged. A list of plain ints or floats (``seq_lens``: one per micro-batch) is
-    judged at C speed; anything else one value at a time."""
+    """A list of plain numbers (``seq_lens``: one per micro-batch) is judged at C speed."""
     kinds = set(map(type, values))
     if kinds and kinds <= {int, float} and -SANE_MAGNITUDE <= min(values) and max(values) <= SANE_MAGNITUDE:
         if float not in kinds or all(map(math.isfinite, values)):  # NaN: min and max need not see it

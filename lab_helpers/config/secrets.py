@@ -1,21 +1,8 @@
-"""The lab's one redaction: no token in anything it stores or shows (records, logs, CSVs, exports, printed commands,
-the GPU scripts' logs), while what it *uses* (a recipe's paths, the environment) is never changed.
-
-A Hugging Face token sits in the environment of a student's node (litgpt download needs it for gated models),
-litgpt prints its arguments (``access_token`` included), and an error text can quote anything. So a text is
-masked by what is known and by what looks like a secret:
-
-- the value of every environment variable whose name looks secret (a word of the name is TOKEN, KEY, SECRET,
-  PASSWORD, PAT, AUTH or CREDENTIAL: ``HF_TOKEN``, ``GITHUB_PAT``, ``AWS_SECRET_ACCESS_KEY``; not ``PATH`` or
-  ``TOKENIZERS_PARALLELISM``), also URL-encoded, base64-encoded (inside a basic-auth header too) and split over two
-  lines;
-- the common token shapes: ``hf_``, ``ghp_``/``github_pat_``, ``sk-``, ``AKIA``, ``xoxb-``/``xoxp-``, a URL's
-  password, an ``Authorization`` header's value;
-- the value given to a secret-looking key (``access_token=...``, ``"api_key": "..."``, ``password: ...``).
-
-``redact`` masks a text, ``redact_mapping`` a nested record, ``LineRedactor`` a stream of lines (a run's output),
-``for_terminal`` a line shown on a terminal (also with its control characters escaped). ``python -m
-lab_helpers.config.secrets`` masks its standard input: the GPU scripts pipe what they log through it.
+"""The lab's one redaction: no token in anything it stores or shows, while what it *uses* (a recipe's paths, the
+environment) is never changed. A Hugging Face token sits in a student's environment, litgpt prints its arguments
+(``access_token`` included) and an error can quote anything, so text is masked by the secret-named variables' values
+(URL- or base64-encoded and split over two lines too), by token shapes and by secret-looking keys' values.
+``python -m lab_helpers.config.secrets`` masks its standard input: the GPU scripts pipe their logs through it.
 """
 
 from __future__ import annotations
@@ -75,8 +62,7 @@ _PERCENT = re.compile(r"%[0-9A-F]{2}")
 
 
 def looks_secret(name: str) -> bool:
-    """Whether a variable or key named ``name`` holds a secret: ``HF_TOKEN``, ``GITHUB_PAT``, ``access_token``,
-    ``api-key``, ``clientSecret``; not ``PATH``, ``max_tokens``, ``tokenizer_dir`` or ``HF_TOKEN_PATH``."""
+    """Yes for ``HF_TOKEN``, ``access_token``, ``clientSecret``; no for ``PATH``, ``max_tokens``, ``HF_TOKEN_PATH``."""
     words = [w for w in re.split(r"[^A-Za-z0-9]+", str(name).upper()) if w]
     if not words or words[-1] in _NOT_A_SECRET_LAST:
         return False
@@ -84,7 +70,6 @@ def looks_secret(name: str) -> bool:
 
 
 def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The values of the secret-named variables of ``environ`` (default: this process's), longest first."""
     environ = os.environ if environ is None else environ
     values = {
         v
@@ -96,8 +81,7 @@ def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
 
 @functools.lru_cache(maxsize=64)
 def _forms(secrets: tuple[str, ...]) -> tuple[str, ...]:
-    """Each secret as it may be written: itself, URL-encoded (upper and lower hex, ``+`` for a space), base64
-    (standard and URL-safe, with and without padding); longest first."""
+    """Each secret as it may be written: itself, URL-encoded, base64 (standard, URL-safe, unpadded)."""
     forms: set[str] = set()
     for value in secrets:
         forms.add(value)
@@ -165,11 +149,8 @@ def _redact_one_line(line: str, secrets: tuple[str, ...]) -> str:
 
 
 class LineRedactor:
-    """Masks a stream of lines, one at a time, including a secret split over two of them: a line that ends with
-    the beginning of a secret has that end masked, and the next line's beginning is masked if it goes on with it.
-
-    ``environ``: whose secret-named variables to mask (default: this process's); ``secrets``: those values, given.
-    """
+    """Masks a stream of lines, including a secret split over two: a line ending with a secret's beginning has that
+    end masked, and the next line's beginning too if it goes on with it."""
 
     def __init__(self, environ: Mapping[str, str] | None = None, *, secrets: Iterable[str] | None = None) -> None:
         self.secrets = tuple(secret_values(environ) if secrets is None else secrets)
@@ -186,7 +167,6 @@ class LineRedactor:
         return head + _redact_one_line(main, self.secrets) + (MASK if tail else "") + end
 
     def _continued(self, line: str) -> tuple[str, str]:
-        """(the masked beginning, the rest) of a line that may go on with the previous line's secret."""
         rests, shape_goes_on = self._rests, self._shape_goes_on
         self._rests, self._shape_goes_on = (), False
         body = line.lstrip(" \t")
@@ -227,8 +207,6 @@ class LineRedactor:
 
 
 def redact(text: str, secrets: Iterable[str] | None = None) -> str:
-    """``text`` with every secret masked (see the module's docstring); ``secrets``: the values to mask, default the
-    secret-named environment variables' of this process."""
     redactor = LineRedactor(secrets=secret_values() if secrets is None else secrets)
     if "\n" not in text:
         return redactor(text)
@@ -236,7 +214,6 @@ def redact(text: str, secrets: Iterable[str] | None = None) -> str:
 
 
 def redact_mapping(value: Any, secrets: Iterable[str] | None = None) -> Any:
-    """A copy of a nested structure with the text of secret-named keys masked and secrets masked in every text."""
     secrets = tuple(secret_values() if secrets is None else secrets)
     if isinstance(value, Mapping):
         return {k: (MASK if _masks_whole(k, v) else redact_mapping(v, secrets)) for k, v in value.items()}
@@ -248,14 +225,12 @@ def redact_mapping(value: Any, secrets: Iterable[str] | None = None) -> Any:
 
 
 def _masks_whole(key: Any, value: Any) -> bool:
-    """A secret-named key's text is masked whole (``access_token: hf_...``); a number or a flag is never a secret
-    (``lora_key: true``, ``pad_token_id: 0``)."""
+    """A number or a flag is never a secret (``lora_key: true``, ``pad_token_id: 0``)."""
     return isinstance(value, str) and value.lower() not in _NOT_A_SECRET_VALUE and looks_secret(str(key))
 
 
 def mask_secret_keys(value: Any) -> Any:
-    """A copy with only the secret-named keys' text masked: for what is *used* (a recipe a training process reads),
-    where a path that merely looks like a token (``data/hf_...data2024``) must stay as it is."""
+    """For what is *used* (a recipe a training process reads): a path that merely looks like a token must stay."""
     if isinstance(value, Mapping):
         return {k: (MASK if _masks_whole(k, v) else mask_secret_keys(v)) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -267,8 +242,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066
 
 
 def for_terminal(text: str, secrets: Iterable[str] | None = None) -> str:
-    """One line as a terminal may show it: secrets masked, and control characters (an escape sequence in a
-    ``--set`` value, a carriage return, a bidi override) shown escaped (``\\x1b``) instead of acted on."""
+    """Secrets masked, and control characters (an escape sequence, a bidi override) shown escaped, not acted on."""
     return _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), redact(text, secrets))
 
 

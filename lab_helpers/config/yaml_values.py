@@ -1,14 +1,6 @@
-"""The one bounded reader of YAML that a person gives the lab: ``--set`` values and recipe files.
-
-Why: YAML lets a few hundred characters stand for gigabytes. An alias bomb (``[&b0 [x,x,...], &b1 [*b0,*b0,...],
-...]``) in ``--set`` cost ``plan`` 63 s and 4.5 GB (the check then expanded it again to show it); a 5000-digit
-integer raised Python's ValueError, nesting 5000 deep a RecursionError. So the text is first walked as parser
-events, which expand nothing, and refused in one line (:class:`LabConfigError`) before anything is built when it
-holds an anchor or an alias, nests deeper than :data:`MAX_DEPTH`, has more than :data:`MAX_NODES` values or a
-number longer than :data:`MAX_NUMBER_CHARS`. What passes is loaded with libyaml's safe loader, where PyYAML has it.
-
-:func:`shown` is how such a value appears in a message: secrets masked, control characters escaped (a ``--set``
-value with a terminal escape sequence is shown, never acted on), and cut to one short line.
+"""The one bounded reader of YAML a person gives the lab (``--set`` values, recipe files). YAML lets a few hundred
+characters stand for gigabytes: an alias bomb in ``--set`` cost ``plan`` 63 s and 4.5 GB. So the text is first
+walked as parser events, which expand nothing, and refused before anything is built.
 """
 
 from __future__ import annotations
@@ -30,9 +22,7 @@ _NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
 
 
 def load_yaml(text: str, *, what: str) -> Any:
-    """``text`` read as YAML once it is known to be small, or :class:`LabConfigError` naming ``what`` (``--set
-    train.epochs=...``, ``recipe configs/x.yaml``). YAML's own syntax errors are the caller's to word
-    (``yaml.YAMLError``)."""
+    """YAML's own syntax errors (``yaml.YAMLError``) are the caller's to word."""
     if len(text) > MAX_CHARS:
         raise LabConfigError(f"{what}: {len(text):,} characters of YAML; the lab reads at most {MAX_CHARS:,}")
     _check_events(text, what)
@@ -73,7 +63,5 @@ def _is_number(event: yaml.ScalarEvent) -> bool:
 
 
 def shown(text: str, limit: int = 80) -> str:
-    """``text`` as a one-line message may quote it: secrets masked, control characters escaped, at most ``limit``
-    characters."""
     text = for_terminal(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
