@@ -1,10 +1,5 @@
-"""Why a training process ended without a report: the signal that killed it, and whether the host's OOM
-killer is the likely sender.
-
-A process killed by the kernel's OOM killer leaves no report and no traceback, only ``SIGKILL``. "exit code -9"
-says nothing to a student; "killed by SIGKILL: probably the host ran out of memory" does, when the kernel
-log names the process (or shows an OOM kill during the run) or the run's resident memory had reached most
-of the host's memory.
+"""Why a training process ended without a report. The host's OOM killer leaves only ``SIGKILL``: "exit code -9"
+says nothing to a student, "probably the host ran out of memory" does.
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ _KERNEL_OOM = re.compile(
 
 
 def describe_returncode(code: int | None) -> str:
-    """``killed by SIGKILL (signal 9)`` for a negative code (Popen's way of saying "a signal"), else ``exit code N``."""
+    """A negative code is Popen's way of saying "a signal"."""
     if code is None or code >= 0:
         return f"exit code {code}"
     try:
@@ -41,7 +36,7 @@ def kernel_log(timeout_s: float = 2.0) -> str | None:
 
 
 def host_memory_gib() -> float:
-    """What this host (or its container's memory limit, if lower) can hold: ``node.host_memory_bytes``."""
+    """Its container's memory limit where that is lower."""
     from lab_helpers.hardware.node import host_memory_bytes
 
     total, _ = host_memory_bytes()
@@ -61,10 +56,7 @@ def host_oom_evidence(
     rss_peak_gib: float | None,
     host_gib: float,
 ) -> str | None:
-    """The evidence that the host's OOM killer ended the run, in words, or None.
-
-    ``started_s``/``ended_s`` are ``time.monotonic()`` readings, the clock the kernel log's timestamps use.
-    """
+    """``started_s``/``ended_s``: ``time.monotonic()`` readings, the clock of the kernel log's timestamps."""
     for line in (kernel_log_text or "").splitlines():
         match = _KERNEL_OOM.search(line)
         if not match:

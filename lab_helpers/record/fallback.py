@@ -1,11 +1,5 @@
-"""Where a run's records go when the results file takes none, and how they come back.
-
-``store_records`` appends a finished run's records to the results file (``records.append_records``); when that
-file's folder or file system takes nothing (a full disk, a read-only mount, a link planted as ``runs.jsonl``), the
-records go to a fallback file off that file system -- the run's own folder, ``$XDG_STATE_HOME/lab``, a private
-temporary folder -- named by the run, and one line says where and how to merge it back. ``merge_records``
-(``python -m lab_helpers merge-records FILE``) appends such a file's records under the results file's lock and
-removes it: only a file that is a fallback of one run, never the results file itself or a reference.
+"""Where a run's records go when the results file takes none (a full disk, a read-only mount, a link planted as
+``runs.jsonl``): the run's own folder, else off that file system; ``merge-records`` brings such a file back.
 """
 
 from __future__ import annotations
@@ -42,8 +36,6 @@ _DISK_ERRORS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EIO}
 
 
 def state_dir() -> Path | None:
-    """``$XDG_STATE_HOME/lab``, else ``~/.local/state/lab``: where a record goes when the results folder's file
-    system takes nothing (None: no home folder is known)."""
     state = os.environ.get("XDG_STATE_HOME", "")
     if os.path.isabs(state):
         return Path(state) / "lab"
@@ -54,26 +46,19 @@ def state_dir() -> Path | None:
 
 
 def temp_fallback_dir() -> Path:
-    """This user's folder in the system's temporary directory: the last place a record can go."""
     return Path(tempfile.gettempdir()) / f"lab-{os.getuid()}"
 
 
 def fallback_places(run_id: str, run_dir: Path | None) -> list[Path]:
-    """Where ``store_records`` tries a run's record after the results file, in order: the run's own folder, then
-    places off the results folder's file system (the state folder, the system's temporary directory)."""
+    """The run's own folder first, then places off the results folder's file system."""
     places = [] if run_dir is None else [run_dir / _RUN_FOLDER_FALLBACK]
     places += [folder / f"runs.{run_id}.jsonl" for folder in (state_dir(), temp_fallback_dir()) if folder is not None]
     return places
 
 
 def store_records(records: Sequence[Mapping[str, Any]], *, path: Path | str | None, run_dir: Path | None) -> Path:
-    """The one place that stores a run's records: the results file; where that fails, the run's folder, then a
-    fallback off the failed file system (``fallback_places``); one line says where and how to merge it back.
-
-    The records go in one write (all or none) wherever they land. A file system that failed for want of room or
-    because it turned read-only (``_DISK_ERRORS``) is not tried again for a fallback, and no empty file is left on
-    it. Raises RecordWriteError (one line naming every place tried) only when no place at all took the records.
-    """
+    """A file system that failed for want of room or turned read-only is not tried again for a fallback.
+    Raises RecordWriteError only when no place took the records."""
     target = results_path(path)
     run_id = str(records[0].get("run_id") or "run") if records else "run"
     tried: list[tuple[Path, RecordWriteError]] = []
@@ -107,7 +92,6 @@ def _say(line: str) -> None:
 
 
 def _device_of(path: Path) -> int | None:
-    """The device of ``path``, or of its nearest folder that exists."""
     for folder in (path, *path.parents):
         try:
             return os.stat(folder).st_dev
@@ -117,8 +101,7 @@ def _device_of(path: Path) -> int | None:
 
 
 def _private_folder(folder: Path) -> bool:
-    """False for the system-temp fallback folder when it is not this user's own folder (another user's, a link):
-    /tmp is shared, and a record must not be written where another user chose."""
+    """/tmp is shared: a record must not be written in a folder another user chose."""
     if folder != temp_fallback_dir():
         return True
     try:
@@ -136,9 +119,6 @@ _RUN_FOLDER_FALLBACK = "record.jsonl"
 
 @dataclass
 class MergeResult:
-    """What ``merge_records`` did: records appended, records already there, and whether the fallback was removed
-    (only when every one of its lines is in the results file afterwards) or why it was kept."""
-
     source: Path
     target: Path
     run_id: str
@@ -159,19 +139,9 @@ class MergeResult:
 
 
 def merge_records(source: Path | str, *, path: Path | str | None = None) -> MergeResult:
-    """Append the records of a fallback file (``store_records``) to the results file, then remove the fallback.
-
-    What is merged is only what the lab itself writes as a fallback: a regular file named ``runs.<run_id>.jsonl``
-    or ``<run_id>/record.jsonl`` whose every record is one of that run's (one per rank); anything else (the results
-    file itself or a link to it, a notebook, a reference file, a backup of many runs) is refused with a
-    LabConfigError and left as it is. The whole merge holds the results file's lock (the one ``append_record``
-    takes) and the fallback's, so two merges of one file at once append it once. Records already there (same
-    ``run_id`` and ``rank``) are not appended again. Each appended record is marked ``merged_at``: readers place it
-    by when it started (``record_order``), so an old run merged late never hides a newer one. The fallback is
-    unlinked only when every one of its lines is a record that is in the results file afterwards; else it is kept
-    and ``kept_because`` says why. Raises RecordWriteError when the results file cannot take the records (the
-    fallback is then kept as it is).
-    """
+    """Only a file the lab writes as one run's fallback (never the results file, a reference, a backup of many
+    runs). Both files' locks are held, so two merges append once; ``merged_at`` lets readers place a record by its
+    start, so an old run merged late never hides a newer one. The fallback goes only once all of it is stored."""
     source = Path(os.path.abspath(source))
     target = Path(os.path.abspath(results_path(path)))
     run_id = _fallback_run_id(source)
@@ -224,7 +194,6 @@ def _not_a_fallback(source: Path, why: str) -> Exception:
 
 
 def _fallback_run_id(source: Path) -> str:
-    """The run a fallback file's name gives, or a LabConfigError for a name the lab never gives one."""
     if source.name == _RUN_FOLDER_FALLBACK:
         return source.parent.name
     if match := _FALLBACK_FILE.fullmatch(source.name):
@@ -233,7 +202,6 @@ def _fallback_run_id(source: Path) -> str:
 
 
 def _open_fallback(source: Path) -> int:
-    """A read-only fd on ``source``: a regular file, not a link, no larger than a results file may be."""
     from lab_helpers.config.config_error import LabConfigError
 
     try:
@@ -280,8 +248,7 @@ def _read_fd(fd: int, source: Path) -> bytes:
 
 
 def _fallback_records(source: Path, data: bytes, run_id: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """The records of a fallback file and its lines that are not records (a kill in the middle of a write); a
-    LabConfigError when it holds no record, or a record of another run than its name gives."""
+    """Lines that are not records (a kill in the middle of a write) come back apart, to keep the file."""
     records, damaged = [], []
     for where, record, problem in scan_lines(data):
         if problem is not None:

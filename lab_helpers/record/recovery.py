@@ -1,13 +1,6 @@
-"""Runs whose launcher died after their training ended: recorded at the next start, marked recovered.
-
-Why: a ``kill -9`` of the launcher (a kernel restart, a lost SSH session's notebook, the OOM killer) after the
-training process wrote its report leaves a complete ``reports/rank0.json`` in the run folder and no record, and
-nothing ever said so. Every run folder has what its record needs: the launcher writes ``launch.json`` (the fields
-known before the run: ``run_record.base_record``, the prediction, the ranks) before the training starts, and holds
-a lock on the folder (``holding_run``) until the record is stored. So the next CLI command or notebook run finds
-each run folder with a report, no live launcher, and no record of its ``run_id`` (in the results file or a
-fallback file), and builds its records the way the launcher would have (``run_record.records_from``), with what the
-launcher alone knew (its exit code, its wall time) left unknown and a ``recovered`` note saying so.
+"""A launcher killed after its training ended (a ``kill -9``, a kernel restart, a lost SSH session) leaves a report
+and no record. The next start finds each such run folder (a report, no launcher holding its lock, no record of its
+``run_id``) and records it as the launcher would have, marked recovered, with what only the launcher knew unknown.
 """
 
 from __future__ import annotations
@@ -39,16 +32,15 @@ _checked: set[Path] = set()  # results files already checked by this process
 
 
 def write_launch(run_dir: Path, base: Mapping[str, Any], ranks: list[int | None]) -> None:
-    """What a recovery needs to build the run's records, written before the training starts (tmp + rename)."""
+    """Written before the training starts: what a recovery needs to build the run's records."""
     data = json.dumps(_json_safe(redact_mapping({"base": dict(base), "ranks": ranks})), sort_keys=True)
     write_lab_file(run_dir / LAUNCH_FILENAME, data.encode())  # a regular file, never through a link
 
 
 @contextlib.contextmanager
 def holding_run(run_dir: Path, *, wait: bool = True) -> Iterator[bool]:
-    """Hold the run folder's lock while the run is live and until its record is stored: a recovery started meanwhile
-    (another notebook, a second terminal) leaves the run alone. A launcher killed with -9 lets go of it at once.
-    ``wait=False`` yields False at once where another process holds it."""
+    """Held while the run is live and until its record is stored, so a recovery started meanwhile leaves it alone;
+    a launcher killed with -9 lets go at once."""
     fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         try:
@@ -62,9 +54,7 @@ def holding_run(run_dir: Path, *, wait: bool = True) -> Iterator[bool]:
 
 
 def orphaned_runs(results_file: Path | None = None) -> list[Path]:
-    """Run folders with a report whose launcher is gone and whose ``run_id`` no record names: not in the results
-    file, nor in a fallback file (``records.fallback_places``). Cheap: a folder listing, and one pass over the results
-    file's bytes for the run_ids it holds (no record is parsed)."""
+    """Cheap: a folder listing and one pass over the results file's bytes, with no record parsed."""
     orphans = []
     for run_dir in _unrecorded(results_file):
         with holding_run(run_dir, wait=False) as held:
@@ -74,7 +64,6 @@ def orphaned_runs(results_file: Path | None = None) -> list[Path]:
 
 
 def _unrecorded(results_file: Path | None, only: Path | None = None) -> list[Path]:
-    """Run folders with a report and no record of their ``run_id`` (all of them, or ``only``)."""
     runs = results_dir() / "runs"
     try:
         folders = [only] if only is not None else [Path(entry.path) for entry in os.scandir(runs)
@@ -117,9 +106,7 @@ def _in_a_fallback(run_dir: Path) -> bool:
 
 
 def recover_orphans(results_file: Path | None = None, *, once: bool = True) -> list[dict[str, Any]]:
-    """Record every orphaned run (``orphaned_runs``), each marked recovered, and say so in one line per run on
-    stderr; a run whose records cannot be built or stored is named in one line with the command that tries again.
-    Never raises for an earlier run: a start must not fail for it. ``once``: each results file once per process."""
+    """Never raises for an earlier run: a start must not fail for it. ``once``: each results file once per process."""
     key = results_path(results_file).absolute()
     if once and key in _checked:
         return []
@@ -186,8 +173,7 @@ def _launch(run_dir: Path) -> dict[str, Any]:
 
 
 def _resolved(base: Mapping[str, Any]):
-    """The run as the launcher resolved it (its experiment, profile and overrides), or None where that no longer
-    resolves (a renamed experiment, an older run folder): the records are then built from the reports alone."""
+    """None where the run no longer resolves (a renamed experiment): its records then come from the reports alone."""
     from lab_helpers.config.experiments import resolve
 
     try:
@@ -216,7 +202,7 @@ def _outcome(run_dir: Path, reports: dict[int, dict], base: Mapping[str, Any]) -
 
 
 def _timeline(path: Path) -> dict[str, Any]:
-    """The timeline's peaks (host memory, each GPU's memory) and its last t_s, which is close to the run's wall."""
+    """The timeline's peaks and its last t_s, which is close to the run's wall time."""
     summary = TimelineSummary(path=path)
     last_t = None
     try:
@@ -253,7 +239,6 @@ def _tail(log_path: Path, lines: int = 60) -> list[str]:
 
 
 def _bare_record(base: Mapping[str, Any], number: int, report: Mapping[str, Any], outcome: ProcessOutcome) -> dict:
-    """A record from a report alone, where the run no longer resolves: its status and the figures it measured."""
     from lab_helpers.config.record_schema import RECORD_FIELD_NAMES, REPORT_STATUSES
     from lab_helpers.record.run_record import last_line, relative_to_results
 

@@ -1,13 +1,6 @@
-"""Export recorded runs as the lab's reference results (``reference_results/<name>.jsonl``).
-
-Students without a GPU, or without finished runs, analyse these in 03_compare. They are written from real
-records only, with each run's timeline copied beside them, plus the exact command and machine that produced them.
-
-An export only ever adds: the records already shipped stay byte for byte (earlier GPU sessions are never lost),
-a record whose run (``run_id`` and rank) is already in the file is not added again, and the new file is written
-beside the old one and moved into place, so a crash never leaves half a file. The file is named after the GPU that
-measured the records (:func:`reference_name_for_gpu`: "NVIDIA H100 80GB HBM3" -> ``h100-80gb``, "NVIDIA H200" ->
-``h200-141gb``), one file per GPU; a NAME that disagrees with the records' GPU is refused.
+"""Export recorded runs as reference results (``reference_results/<gpu>.jsonl``), which students without a GPU
+analyse in 03_compare. An export only ever adds: shipped records stay byte for byte, so earlier GPU sessions are never
+lost, and the file is renamed into place, never left half written.
 """
 
 from __future__ import annotations
@@ -46,9 +39,6 @@ TIMELINE_ARCHIVE = "results.tar.gz"  # what scripts/gpu-chunk.sh brings back bes
 
 @dataclass(frozen=True)
 class Exported:
-    """One reference file an export wrote (or found complete): how many records it added and how many of the
-    exported ones were already there."""
-
     path: Path
     added: int
     already_there: int
@@ -78,15 +68,8 @@ def export_references(
     source: Path | str | None = None,
     force: bool = False,
 ) -> list[Exported]:
-    """Add records to ``reference_results/<name>.jsonl``, one file per GPU, and say what each file got.
-
-    The records are the latest per experiment and rank of ``profile`` in ``$LAB_RESULTS``, or, with ``source``
-    (a chunk's runs.jsonl), every record of ``profile`` in that file (``profile`` defaults to the one profile the
-    file holds). Without ``name`` the file is named after the records' GPU; a ``name`` that disagrees with it is
-    refused, naming the file the records belong in. Records without a GPU (the ci profile) need a ``name``.
-    A file already there takes only records of its own profile and GPU (``_kind``): ci records never land in the
-    shipped H100 file, unless ``force``.
-    """
+    """One file per GPU, named after it; a ``name`` that disagrees with the records' GPU is refused. A file takes only
+    records of its own profile and GPU unless ``force``, so ci records never land in the shipped H100 file."""
     if name is not None and not _NAME.match(name):
         raise LabConfigError(f"reference name {_shown(name)}: use letters, digits, '.', '_' and '-' only, starting "
                              "with a letter or digit, at most 100 characters (e.g. h100-80gb)")  # fmt: skip
@@ -123,13 +106,10 @@ def export_references(
 
 
 def _kind(record: Mapping[str, Any]) -> tuple[str, str]:
-    """What a reference file holds one of: the records' profile and the GPU they were measured on."""
     return str(record.get("profile")), record_gpu(record) or "no GPU (a CPU)"
 
 
 def _refuse_another_kind(target: Path, rows: list[dict[str, Any]]) -> None:
-    """A LabConfigError when ``target`` already holds records and ``rows`` are of a profile or GPU it holds none
-    of: a ci run exported as ``h100-80gb`` would otherwise be added to the shipped H100 file without a word."""
     if not _existing_bytes(target):
         return
     shipped = {_kind(record) for record in read_records(target)}
@@ -151,12 +131,11 @@ def _shown(name: str) -> str:
 def export_reference(
     name: str, *, profile: str | None = None, note: str = "", source: Path | str | None = None, force: bool = False
 ) -> Path:
-    """:func:`export_references` into the one file ``name``; returns its path."""
     return export_references(name, profile=profile, note=note, source=source, force=force)[0].path
 
 
 def _chosen_records(profile: str | None, source: Path | str | None) -> tuple[list[dict[str, Any]], _Timelines]:
-    """The stored records to export (not a DataFrame round trip of them) and where their timelines are."""
+    """The stored records themselves, not a DataFrame round trip of them."""
     if source is None:
         if profile is None:
             raise LabConfigError("export-reference: no profile given")
@@ -183,8 +162,6 @@ def _chosen_records(profile: str | None, source: Path | str | None) -> tuple[lis
 def _add_to(
     folder: Path, stem: str, records: list[dict[str, Any]], gpu: str | None, note: str, timelines: _Timelines
 ) -> Exported:
-    """Append the records not yet in ``folder/<stem>.jsonl``: the old bytes, then the new records, written to a
-    temporary file and renamed over the old one. Nothing is written when every record is already there."""
     target = folder / f"{stem}.jsonl"
     old = _existing_bytes(target)
     shipped = {_key(r) for r in read_records(target)} if old else set()
@@ -217,17 +194,15 @@ def _write(path: Path, data) -> None:
 
 
 class _Timelines:
-    """Where the exported records' timelines come from: a folder (``$LAB_RESULTS``, or the one of ``--from``'s
-    file), else the chunk's ``results.tar.gz`` beside that file. Only a regular file inside them is ever copied."""
+    """A folder's timelines, else those in the chunk's ``results.tar.gz``: only a regular file inside is copied."""
 
     def __init__(self, folder: Path, archive: Path | None = None):
         self.folder, self.archive = folder, archive
         self._members: dict[str, tarfile.TarInfo] | None = None
 
     def copy(self, record: dict, destination_folder: Path) -> str | None:
-        """Copy the record's timeline into the export and return its path there, or None when it is not a regular
-        file inside the source once every link is resolved (a record is data, and data can be edited by hand: a
-        timeline linked to a secret must never be published). Said in one line."""
+        """None for a timeline that is not a regular file inside the source: a record can be edited by hand, and a
+        timeline linked to a secret must never be published."""
         timeline = str(record["timeline_path"])
         destination = destination_folder / timeline
         source = regular_file_inside(self.folder, timeline)
@@ -262,7 +237,6 @@ class _Timelines:
 
 
 def _existing_bytes(target: Path) -> bytes:
-    """The shipped file's bytes (b"" when there is none yet); a link or anything but a regular file is refused."""
     try:
         info = target.lstat()
     except FileNotFoundError:
@@ -291,7 +265,7 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _key(record: Mapping[str, Any]) -> tuple[Any, int | None]:
-    """A run's record: its ``run_id`` and rank (the ranks of one distributed run share the run_id)."""
+    """The ranks of one distributed run share its ``run_id``."""
     return record.get("run_id"), _rank(record.get("rank"))
 
 

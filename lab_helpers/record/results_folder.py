@@ -1,10 +1,5 @@
-"""Check, before a run starts, that its record and files can be stored: one line instead of a paid-for run lost.
-
-Why: a read-only or full results folder, a ``LAB_RESULTS`` on a special file system (``/proc/x``), or a
-``runs.jsonl`` that is a directory or a link used to end in a traceback -- after the training, or at its start
-with an empty run folder left behind. Here each is one line naming the folder and the fix, and nothing is created
-but the results folder itself. (A results file that breaks during the run still gets its record, in a fallback
-file: ``records.store_records``.)
+"""Check, before a run starts, that its record and files can be stored: one line naming the folder and the fix
+instead of a traceback after a paid-for run, and nothing created but the results folder.
 """
 
 from __future__ import annotations
@@ -24,13 +19,8 @@ _FIX = "set LAB_RESULTS to a folder you can write, e.g. LAB_RESULTS=$HOME/lab-re
 
 
 def check_results_folder(results_file: Path, *, create: bool = True) -> None:
-    """Raise LabConfigError (one line) unless a run's folder and its record can be written under ``results_file``'s
-    folder: a real, writable folder with room, and a results file that is a regular file (or not there yet).
-
-    ``create=False`` creates nothing: where the folder is not there yet, the nearest folder above it is probed
-    instead. ``run_experiment`` asks so first, before the recipe is resolved -- resolving imports litgpt, whose
-    dependencies need a temporary directory that a full disk does not give -- and a refused ``--set`` value then
-    still leaves nothing behind."""
+    """``create=False`` creates nothing and probes the nearest folder above: ``run_experiment`` checks so before
+    resolving, which imports litgpt, whose dependencies need a temporary directory a full disk does not give."""
     folder = results_file.parent
     if (problem := path_problem(folder)) is not None:  # the rule of every lab folder (paths.lab_folder)
         raise LabConfigError(f"results folder {folder}: {problem}; {_FIX}")
@@ -71,7 +61,6 @@ def _probe_write(folder: Path) -> None:
 
 
 def remove_if_empty(run_dir: Path) -> None:
-    """Remove a run folder that a failed start left empty (its empty ``reports/`` too)."""
     for folder in (run_dir / "reports", run_dir):
         try:
             folder.rmdir()

@@ -1,10 +1,6 @@
-"""From what a run left behind (the ranks' reports, the log, the exit code, the timeline) to its records.
-
-The record layer: it reads what the training processes reported (``child_report``, the contract in
-``record_schema.REPORT_FIELDS``) and builds one record per rank with the fields of ``record_schema.RECORD_FIELDS``.
-The same code builds the record for a ``litgpt-cli`` and a ``lightning-strategy`` run, so the two sections'
-records have the same fields and units. Nothing here may lose a finished run's record: a number that cannot be
-worked out (MFU's FLOPs) is stored as None with the reason.
+"""From what a run left behind (reports, log, exit code, timeline) to one record per rank, by the same code for both
+launchers so both sections' records share fields and units. A finished run's record is never lost: a number that
+cannot be worked out (MFU's FLOPs) is stored as None with the reason.
 """
 
 from __future__ import annotations
@@ -145,7 +141,6 @@ def records_from(
 
 
 def _torch_profile_fields(report: Mapping[str, Any]) -> dict[str, Any]:
-    """What a ``--profile-steps`` run reported about its trace (all None when profiling was off)."""
     trace = report.get("torch_profile_trace_path")
     return {
         "torch_profile_steps": report.get("torch_profile_steps"),
@@ -158,12 +153,8 @@ def _torch_profile_fields(report: Mapping[str, Any]) -> dict[str, Any]:
 def _status(
     report: Mapping[str, Any], outcome: ProcessOutcome, *, launched: bool
 ) -> tuple[str, str | None, str | None]:
-    """(status, reason, error) from the rank's own report, the log and the exit code, in that order of trust.
-
-    The exit code belongs to the launched process (rank 0, or the only process): another rank's own "ok"
-    stands even when rank 0 died afterwards. A run ended by its time limit is ``timeout`` whatever its ranks
-    said on the way out (they see the runner's SIGTERM as an interrupt).
-    """
+    """Trusts the rank's report, then the log, then the exit code, which is the launched process's only: another
+    rank's "ok" stands when rank 0 died afterwards. A time-limited run is ``timeout`` whatever its ranks said."""
     if outcome.interrupted:
         who = f"by {outcome.interrupted_by}" if outcome.interrupted_by else "by the user"
         return "interrupted", f"interrupted {who}; every process of the run was ended", None
@@ -203,16 +194,12 @@ def _status(
 
 
 def last_line(text: str | None) -> str | None:
-    """The last non-empty line of an error text, cut to 300 characters: where a traceback says what went wrong."""
+    """Where a traceback says what went wrong."""
     return text.strip().splitlines()[-1][:300] if text and text.strip() else None
 
 
 def _mfu_inputs(run: ResolvedRun, report: Mapping[str, Any], iterations: int | None) -> dict[str, Any]:
-    """MFU's raw inputs: FLOPs per micro-batch and the GPU's dense peak from the lab's table.
-
-    None on a CPU or an unknown GPU (there is no honest peak to divide by). Counting the FLOPs loads the model's
-    config and traces it on the meta device: whatever goes wrong there is kept as ``mfu_error``, never raised.
-    """
+    """None on a CPU or an unknown GPU (no honest peak to divide by); a failure is kept as ``mfu_error``, not raised."""
     empty = {"flops_per_step": None, "gpu_peak_flops": None, "mfu_error": None}
     device = report.get("device_name")
     if not device or str(device).startswith("cpu") or not iterations or not report.get("tokens_padded"):
@@ -240,7 +227,6 @@ def _mfu_inputs(run: ResolvedRun, report: Mapping[str, Any], iterations: int | N
 
 
 def per_iteration_rows(run_dir: Path) -> list[dict[str, float | None]]:
-    """The training process's CSV log, one row per logged iteration: iter, loss, iter_time_s, tokens."""
     rows: list[dict[str, float | None]] = []
     for path in sorted(run_dir.glob(METRICS_GLOB)):
         with open(path, newline="") as fh:
@@ -274,8 +260,6 @@ def relative_to_results(path: Path) -> str:
 
 
 def one_line(record: Mapping[str, Any]) -> str:
-    """The one result line printed after each record."""
-
     def fmt(value, unit=""):
         return "n/a" if value is None else f"{value:.3g}{unit}"
 
