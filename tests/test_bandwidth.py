@@ -75,3 +75,61 @@ def test_plan_time_takes_this_nodes_measured_figure(tmp_path, monkeypatch):
     monkeypatch.setattr("lab_helpers.training.data_lengths.recipe_sample_lengths", lambda recipe: (None, "no data"))
     assert plan_cli._time(spec, args, recipe={}) == (None, "not predicted (stop here)", None)
     assert seen["link_gbs"] == 20.0 and "measured" in seen["link_gbs_source"]
+
+
+# --------------------------------------------------------- issue 54: the file read by the lab's rule
+
+
+def test_a_fifo_at_bandwidth_json_is_skipped_in_one_line_by_plan_and_refused_by_save(tmp_path):
+    """A FIFO at ``$LAB_RESULTS/bandwidth.json`` hung ``plan --time`` (multi-GPU) and ``bandwidth``. The real CLI
+    now plans without a link figure and says why in one line; keeping a measurement there is one error line."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO, cli
+
+    os.mkfifo(tmp_path / "bandwidth.json")
+    env = {**os.environ, "LAB_RESULTS": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cli("plan", "ddp", "--profile", "ci", "--time"), capture_output=True, text=True,
+                          timeout=60, cwd=REPO, env=env)  # fmt: skip
+    assert proc.returncode == 0 and "no link bandwidth" in proc.stdout, proc.stderr[-2000:]
+    assert proc.stderr.splitlines() == [f"warning: {tmp_path}/bandwidth.json: not read: not a regular file (a FIFO)"]
+    keep = "from lab_helpers.hardware.bandwidth import *; save(BandwidthResult('h', 'cpu', 'gloo', 2, 1, 1, 1, 'now'))"
+    proc = subprocess.run([sys.executable, "-c", keep], capture_output=True, text=True, timeout=60, env=env)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("lab_helpers.config.config_error.LabConfigError: ") and proc.returncode == 1, proc.stderr
+    assert last.endswith("bandwidth.json: not written: not a regular file (a FIFO); remove it and measure again")
+
+
+def test_a_link_or_an_oversize_bandwidth_json_is_not_read(tmp_path):
+    """The file is data anyone may plant: a link to a file elsewhere is not followed, an oversize one not read."""
+    elsewhere = tmp_path / "elsewhere.json"
+    save(_result(), elsewhere)
+    path = tmp_path / "bandwidth.json"
+    path.symlink_to(elsewhere)
+    with pytest.warns(UserWarning, match="not read: a symbolic link"):
+        assert measured_link_gbs("cpu", path) == (None, None)
+    path.unlink()
+    path.write_text(elsewhere.read_text() + " " * bandwidth.FILE_MAX_BYTES)  # valid JSON, padded
+    with pytest.warns(UserWarning, match="not read: .* bytes, more than"):
+        assert measured_link_gbs("cpu", path) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [({"all_gather_busbw_gbs": None}, "not numbers"), ({"all_reduce_busbw_gbs": "fast"}, "not numbers"),
+     ({"all_gather_busbw_gbs": True}, "not numbers"), ({"all_gather_busbw_gbs": 1e-300}, "outside"),
+     ({"all_reduce_busbw_gbs": float("nan")}, "not numbers"), ({"all_gather_busbw_gbs": 1e9}, "outside"),
+     ({"measured_at": 5}, "measured_at")],
+)  # fmt: skip
+def test_a_missing_wrong_typed_or_absurd_field_is_unmeasured_in_one_line(tmp_path, change, why):
+    """A field missing or of the wrong type was a KeyError or TypeError traceback; 1e-300 GB/s gave a step of
+    1.88e+297 s. Each entry is now taken as unmeasured, with one line."""
+    path = tmp_path / "bandwidth.json"
+    save(_result(), path)
+    [(key, entry)] = json.loads(path.read_text()).items()
+    entry = {k: v for k, v in {**entry, **change}.items() if v is not None}
+    path.write_text(json.dumps({key: entry}))
+    with pytest.warns(UserWarning, match=f"ignored .*{why}.*: taken as unmeasured"):
+        assert measured_link_gbs("cpu", path) == (None, None)

@@ -16,18 +16,25 @@ kept (other work only slows a timing down).
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import socket
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from lab_helpers.config.paths import write_lab_file
+from lab_helpers.config.config_error import LabConfigError
+from lab_helpers.config.paths import read_lab_file, shown_path, write_lab_file
 
 FILE_NAME = "bandwidth.json"
+FILE_MAX_BYTES = 2**20  # an entry per host and device is ~300 bytes: a node's file is a few kB
+PLAUSIBLE_GBS = (1e-3, 1e4)
+"""Bus bandwidths a measurement can give, GB/s: from a congested 10 Mb/s link to beyond NVLink's 900. Outside, an
+entry is a hand's or a fault's (1e-300 GB/s made a step of 1.88e+297 s) and is treated as unmeasured."""
 CPU_PROCESSES = 2  # the ci profile plays a 2-rank run on one CPU (configs/experiments/multi.yaml: devices "all")
 GPU_SIZE_BYTES = 256 * 2**20  # large enough that NCCL reaches its bus bandwidth (nccl-tests plateau ~64-256 MiB)
 CPU_SIZE_BYTES = 16 * 2**20  # gloo on a shared CPU: a size that takes tens of ms, not seconds
@@ -174,10 +181,15 @@ def save(result: BandwidthResult, path: Path | None = None) -> Path:
 
 def keep_per_node(result: Any, path: Path) -> Path:
     """Keep the latest measurement per (host, device) of a node measurement (a dataclass with ``host`` and
-    ``device_name``: bandwidth's, launch_cost's) in one small JSON file, written atomically."""
-    entries = _read(path)
-    entries[f"{result.host}|{result.device_name}"] = asdict(result)
-    return write_lab_file(path, json.dumps(entries, indent=1, sort_keys=True).encode())  # never through a link
+    ``device_name``: bandwidth's, launch_cost's) in one small JSON file, written atomically. A file there that the
+    lab may not read or write (a FIFO, a link, a directory) is one LabConfigError line; the measurement is lost."""
+    try:
+        entries = _read(path, strict=True)
+        entries[f"{result.host}|{result.device_name}"] = asdict(result)
+        return write_lab_file(path, json.dumps(entries, indent=1, sort_keys=True).encode())  # never through a link
+    except OSError as exc:
+        raise LabConfigError(f"{shown_path(path)}: not written: {exc.strerror or exc}; remove it and measure "
+                             "again") from None  # fmt: skip
 
 
 def this_hosts_entries(path: Path) -> list[dict[str, Any]]:
@@ -186,12 +198,37 @@ def this_hosts_entries(path: Path) -> list[dict[str, Any]]:
     return [e for e in _read(path).values() if isinstance(e, dict) and e.get("host") == host]
 
 
-def _read(path: Path) -> dict[str, Any]:
+def _read(path: Path, *, strict: bool = False) -> dict[str, Any]:
+    """The file's entries, read by the rule of every file the lab reads (``paths.read_lab_file``: a regular file,
+    never through a link, at most ``FILE_MAX_BYTES``; a FIFO there hung ``plan --time``): one that is not, or is
+    not JSON, is skipped with one line (``strict``: raised, as OSError), an absent one is no entries."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        data = json.loads(read_lab_file(path, max_bytes=FILE_MAX_BYTES))
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        if strict:
+            raise
+        warnings.warn(f"{shown_path(path)}: not read: {exc.strerror or exc}", stacklevel=3)
+        return {}
+    except (ValueError, RecursionError):  # damaged: replaced by the next measurement
+        warnings.warn(f"{shown_path(path)}: not read: not JSON", stacklevel=3)
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def _link_gbs(entry: dict[str, Any]) -> float | str:
+    """The link figure of a kept entry (``BandwidthResult.link_gbs``), or why it is none: a field missing, of
+    another type, or a bandwidth outside ``PLAUSIBLE_GBS``."""
+    figures = [entry.get("all_reduce_busbw_gbs"), entry.get("all_gather_busbw_gbs")]
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in figures):
+        return "its bus bandwidths are missing or not numbers"
+    low, high = PLAUSIBLE_GBS
+    if not all(low <= v <= high for v in figures):
+        return f"bus bandwidths {figures[0]:.3g} and {figures[1]:.3g} GB/s, outside {low:g}-{high:g} GB/s"
+    if not isinstance(entry.get("measured_at"), str):
+        return "its measured_at is missing or not text"
+    return float(min(figures))
 
 
 def measured_link_gbs(device_name: str | None, path: Path | None = None) -> tuple[float | None, str | None]:
@@ -204,7 +241,12 @@ def measured_link_gbs(device_name: str | None, path: Path | None = None) -> tupl
             if device_name is not None
             else entry.get("backend") == "nccl"
         )
-        if same:
-            result = BandwidthResult(**{k: entry[k] for k in BandwidthResult.__dataclass_fields__})
-            return result.link_gbs, f"measured by `bandwidth` on {host}, {result.measured_at}"
+        if not same:
+            continue
+        gbs = _link_gbs(entry)
+        if isinstance(gbs, str):  # an edited or damaged entry: unmeasured, and said
+            warnings.warn(f"{shown_path(path or bandwidth_path())}: the entry of {host}'s {entry.get('device_name')!r} "
+                          f"ignored ({gbs}): taken as unmeasured; `bandwidth` measures it again", stacklevel=2)  # fmt: skip
+            continue
+        return gbs, f"measured by `bandwidth` on {host}, {entry['measured_at']}"
     return None, None
