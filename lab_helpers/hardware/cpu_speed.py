@@ -1,10 +1,5 @@
-"""This machine's CPU, measured: fp32 matmul FLOP/s and torch Adam parameters/s, once, then cached.
-
-Why measured here and not in the planner: the time model (``planner.timing``) takes every fact about the
-hardware as an argument, so that one prediction can be made for any machine and tested with exact numbers.
-On a CPU (the ci profile) the matmul rate stands in for a datasheet peak; with optimizer offload the Adam rate
-is the host's optimizer step. The callers that predict for *this* machine (``plan_command.predict_step_time``,
-``benchmarks/planner_time_check.py``) measure it here and pass it in.
+"""This machine's CPU speed, measured once and cached. Not in the planner: its time model takes every hardware fact
+as an argument, to predict for any machine; on a CPU the matmul rate stands in for a datasheet peak.
 """
 
 from __future__ import annotations
@@ -21,23 +16,17 @@ from pathlib import Path
 from lab_helpers.config.paths import write_lab_file
 
 CACHE_ENV = "LAB_CPU_SPEED_CACHE"
-"""Where the measured rates are kept (default ``~/.cache/lab_helpers/hardware/cpu_speed.json``)."""
 
 
 @dataclass(frozen=True)
 class CpuRates:
-    """A CPU's measured speed: fp32 matmul FLOP/s (its "peak") and torch Adam parameters stepped per second."""
-
     matmul_flops_per_s: float
     adam_params_per_s: float
 
 
 def measure_cpu_rates(*, refresh: bool = False) -> CpuRates:
-    """This machine's rates, measured once (about a second) and cached.
-
-    The cache is keyed by host, CPU count, torch threads and torch version, so a different machine or build
-    measures again. On a shared machine a timing is only ever slowed down by other work, so ``refresh=True``
-    keeps the best of old and new."""
+    """About a second, then cached per host, CPU count, torch threads and version. Other work only ever slows a
+    timing, so ``refresh=True`` keeps the best of old and new."""
     import torch
 
     key = f"{platform.node()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}"
@@ -74,7 +63,7 @@ def _cache_path() -> Path:
 
 
 def _best_rate(work: float, run: Callable[[], object], repeats: int = 5) -> float:
-    """``work`` per second of the fastest of ``repeats`` timed calls (the fastest is the least disturbed)."""
+    """The fastest call is the least disturbed."""
     run()  # warm-up: thread pool, allocation
     best = math.inf
     for _ in range(repeats):

@@ -1,21 +1,8 @@
 """Can this torch build drive this node's GPUs, and if not, which build can: one sentence and one command.
 
-Why: PyPI's Linux torch wheel is built for the newest CUDA (13.x for torch 2.13), which needs an NVIDIA driver
-of the same major version (>= 580). On an older driver ``torch.cuda.is_available()`` is simply False, and a
-lab that picks its profile from that would train tiny CPU models on a paid GPU node without a word. Volta
-GPUs (V100, sm_70) are common in teaching clusters, and since torch 2.11 only the CUDA 12.6 builds carry
-their kernels: any other build fails at the first kernel with "no kernel image is available". DeepSpeed's
-CPU Adam (the offload experiment) is compiled on first use by an ``nvcc`` whose CUDA must match torch's.
-
-Every function here is pure: it takes the node's facts (``lab_helpers.hardware.node.describe_node()`` plus what only an
-imported torch knows) and returns verdicts, so each hardware case is tested with recorded facts on a CPU.
-
-Facts (from PyTorch's release matrix, RELEASE.md "PyTorch CUDA Support Matrix", and NVIDIA's driver tables):
-  * CUDA minor-version compatibility: a driver runs any toolkit of its own CUDA major version, so a wheel
-    built for CUDA 12.x needs a driver that supports some 12.y (>= 525.60), one for 13.x a 13.y driver (>= 580).
-  * torch 2.12-2.14 ship CUDA 12.6 (legacy: Maxwell to Hopper, the only build with Volta's sm_70), 13.0 (the
-    PyPI default: Turing to Blackwell) and 13.2 (experimental) builds; there is no 12.8 build after 2.11.
-    PyTorch publishes cu126 wheels up to torch 2.14.
+PyPI's Linux torch wheel needs a CUDA 13 driver (>= 580); on an older one ``torch.cuda.is_available()`` is simply
+False, and the lab would train tiny CPU models on a paid GPU node without a word. Pure functions of the node's facts,
+so every case is tested on a CPU. Sources: PyTorch's RELEASE.md "PyTorch CUDA Support Matrix", NVIDIA's driver tables.
 """
 
 from __future__ import annotations
@@ -38,12 +25,10 @@ DEEPSPEED_MINOR_MISMATCH_OK = {
     11: ("11.0", "11.1", "11.2", "11.3", "11.4", "11.5", "11.6", "11.7", "11.8"),
     12: ("12.0", "12.1", "12.2", "12.3", "12.4", "12.5", "12.6", "12.8", "12.9"),
 }
-"""DeepSpeed's own table (op_builder/builder.py ``cuda_minor_mismatch_ok``): nvcc and torch's CUDA may differ in
-the minor version only within these lists; any other difference stops the CPU Adam build."""
+"""DeepSpeed's ``cuda_minor_mismatch_ok`` (op_builder/builder.py): any other nvcc/torch CUDA mismatch stops its build."""
 
 
 def pinned_torch_version(constraints: Path | None = None, installed: str | None = None) -> str:
-    """The torch version the lab pins (scripts/constraints.txt), else the installed one, without a local tag."""
     if constraints is None:
         from lab_helpers.config.paths import lab_home
 
@@ -75,11 +60,7 @@ def has_volta(gpus: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def cuda_build_for(driver_cuda: str | None, gpus: Sequence[Mapping[str, Any]]) -> str | None:
-    """The torch CUDA build for this driver and these GPUs ("cu130" or "cu126"), None when none fits.
-
-    A CUDA 12 driver gets the cu126 build (Maxwell to Hopper); a Blackwell GPU (sm_100 and up) has kernels only
-    in the CUDA 13 builds, so it needs a CUDA 13 driver.
-    """
+    """A Blackwell GPU (sm_100 and up) has kernels only in the CUDA 13 builds, so it needs a CUDA 13 driver."""
     driver = _version_tuple(driver_cuda)
     if not driver or driver[0] < 12:
         return None
@@ -91,18 +72,14 @@ def cuda_build_for(driver_cuda: str | None, gpus: Sequence[Mapping[str, Any]]) -
 
 
 def torch_install_command(build: str, torch_version: str) -> str:
-    """The exact pip line for a torch build; cu130 is PyPI's default Linux wheel, the others need PyTorch's index."""
+    """cu130 is PyPI's default Linux wheel; the others need PyTorch's index."""
     if build == "cu130":
         return f"pip install --force-reinstall torch=={torch_version}"
     return f"pip install --force-reinstall torch=={torch_version} --index-url {TORCH_INDEX.format(tag=build)}"
 
 
 def torch_gpu_problem(facts: Mapping[str, Any]) -> str | None:
-    """Why torch cannot use this node's GPUs, with the fix in one line; None when it can (or there are none).
-
-    ``facts``: ``describe_node()`` plus ``torch_version``, ``torch_cuda_available`` (bool) and, where torch
-    could see the GPUs, ``torch_arch_list`` (``torch.cuda.get_arch_list()``).
-    """
+    """``facts``: ``describe_node()`` plus ``torch_facts()``."""
     gpus = facts.get("gpus") or []
     if not gpus:
         return None
@@ -188,10 +165,7 @@ def nvcc_version(nvcc: str | None = None) -> tuple[str | None, str | None]:
 
 
 def deepspeed_build_problem(torch_cuda: str | None, nvcc_release: str | None) -> str | None:
-    """Why DeepSpeed cannot compile its CPU Adam here (the offload experiment), with the fix; None when it can.
-
-    On a CPU-only torch DeepSpeed builds the op for the CPU with the C++ compiler alone: no nvcc is needed.
-    """
+    """On a CPU-only torch DeepSpeed builds its CPU Adam with the C++ compiler alone: no nvcc is needed."""
     if torch_cuda is None:
         return None
     wanted = ".".join(torch_cuda.split(".")[:2])
@@ -213,7 +187,7 @@ def deepspeed_build_problem(torch_cuda: str | None, nvcc_release: str | None) ->
 
 
 def torch_facts() -> dict[str, Any]:
-    """What only an imported torch knows (1-2 s): version, CUDA availability and the GPU architectures built in."""
+    """What only an imported torch knows (1-2 s to import)."""
     try:
         import torch
     except ImportError:

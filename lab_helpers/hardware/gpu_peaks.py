@@ -110,9 +110,8 @@ _NOMINAL_MEMORY_GB: tuple[tuple[str, float], ...] = (
 
 
 def nominal_memory_gib(gpu_name: str | None) -> float | None:
-    """A GPU's memory from its NVML name: the size the name carries ("NVIDIA A100-SXM4-80GB" -> 80), else the
-    datasheet's for a model that comes in one size; None when neither says. NVIDIA's "80GB" memories are 80 GiB
-    (2^30-byte units) of HBM/GDDR, so the figure is used as GiB, the planner's unit."""
+    """The size the NVML name carries ("A100-SXM4-80GB" -> 80), else the datasheet's for a one-size model. NVIDIA's
+    "80GB" memories are 80 GiB (2^30-byte units) of HBM/GDDR, so the figure is used as GiB."""
     if not gpu_name:
         return None
     name = " ".join(str(gpu_name).upper().split())
@@ -137,7 +136,6 @@ def precision_unit(precision: str) -> str | None:
 
 
 def find_gpu(gpu_name: str | None) -> Peak | None:
-    """The table row for an NVML/torch device name such as "NVIDIA A100-SXM4-80GB"; None when unknown."""
     if not gpu_name:
         return None
     name = " ".join(str(gpu_name).upper().split())
@@ -211,8 +209,7 @@ def memory_bandwidth(gpu_name: str | None) -> float | None:
 
 
 def dense_peaks(gpu_name: str | None) -> dict[str, float | None]:
-    """Dense peak FLOP/s of every matmul unit of ``gpu_name`` ({"bf16": ..., "fp16": ..., "fp32_matmul": ...});
-    empty for an unknown GPU."""
+    """FLOP/s of every matmul unit; empty for an unknown GPU."""
     peak = find_gpu(gpu_name)
     if peak is None:
         return {}
@@ -222,7 +219,6 @@ def dense_peaks(gpu_name: str | None) -> dict[str, float | None]:
 
 
 def known_gpus() -> list[str]:
-    """The models in the table, for documentation and the doctor."""
     return [peak.model for _, peak in _TABLE if peak is not None]
 
 
@@ -233,10 +229,8 @@ _NOT_THE_MODEL = re.compile(r"^(NVIDIA|TESLA|GEFORCE|QUADRO|\d+GB|HBM\d*E?|SXM\d
 
 
 def reference_name_for_gpu(gpu_name: str | None) -> str | None:
-    """The reference file a GPU's records go to: its model in lower case with its memory, e.g.
-    "NVIDIA H100 80GB HBM3" -> ``h100-80gb``, "NVIDIA H200" -> ``h200-141gb`` (the datasheet's one size, from
-    ``gpu_peaks.nominal_memory_gib``), "NVIDIA A100-PCIE-40GB" -> ``a100-pcie-40gb``; the model alone when its
-    memory is unknown. None for no GPU (a CPU run)."""
+    """Model and memory: "NVIDIA H100 80GB HBM3" -> ``h100-80gb``, "NVIDIA H200" -> ``h200-141gb`` (the datasheet's
+    one size); the model alone when its memory is unknown."""
     if not gpu_name or not str(gpu_name).strip():
         return None
     words = [w for w in re.split(r"[^A-Z0-9]+", str(gpu_name).upper()) if w and not _NOT_THE_MODEL.match(w)]

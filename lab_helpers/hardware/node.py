@@ -1,13 +1,6 @@
-"""What this machine is: GPUs, driver, interconnect, host memory, disk and the versions that matter.
-
-Why a module of its own: the same facts answer three questions. The ``doctor`` command tells a student, before
-a lease starts burning, which lab sections this node can run; every run record carries the environment so a
-number can be traced to the hardware and software that produced it; and the MFU needs the GPU's exact name.
-
-Everything here is cheap (well under 2 s) and JSON-able: NVML (``pynvml``) is the source of GPU facts because
-it needs no CUDA context and no torch import; package versions come from ``importlib.metadata`` so nothing
-heavy is imported. On a machine without a GPU the GPU list is empty and every GPU field is ``None``: a missing
-reading is never reported as 0.
+"""What this machine is: GPUs, driver, interconnect, host memory, disk and the versions that matter. Cheap (well
+under 2 s) and JSON-able: NVML needs no CUDA context or torch import, and versions come from package metadata. A
+missing reading is None, never 0.
 """
 
 from __future__ import annotations
@@ -30,7 +23,6 @@ from lab_helpers.config.paths import lab_home
 from lab_helpers.config.record_schema import GIB
 
 PACKAGES = ("torch", "lightning", "litgpt", "deepspeed", "bitsandbytes")
-"""The packages whose versions go into every record (None when not installed)."""
 
 BF16_MIN_CAPABILITY = (8, 0)
 """bf16 tensor cores arrived with Ampere (sm_80); a V100 (sm_70) only emulates bf16, slowly."""
@@ -42,8 +34,6 @@ TOPOLOGY_TIMEOUT_S = 5.0
 
 
 class GpuFacts(TypedDict):
-    """One GPU as NVML (or torch, where NVML cannot read) reports it."""
-
     index: int
     name: str
     memory_total_gib: float | None  # the one GPU size the lab decides and predicts with (gpu_memory_gib)
@@ -53,16 +43,13 @@ class GpuFacts(TypedDict):
 
 
 class HostFacts(TypedDict):
-    """Host memory, a container's limit counted (host_memory_bytes), and CPUs."""
-
     ram_total_gib: float | None
     ram_available_gib: float | None
     cpu_count: int | None
 
 
 class NodeFacts(TypedDict):
-    """This node, described once per process (:func:`describe_node`); a plain dict, so that tests and the decision
-    take recorded nodes (tests/node_fixtures.py) and records store it as JSON."""
+    """A plain dict, so tests take recorded nodes (tests/node_fixtures.py) and records store it as JSON."""
 
     hostname: str
     python: str
@@ -95,12 +82,7 @@ class CheckedNodeFacts(NodeFacts, total=False):
 
 
 def describe_node() -> NodeFacts:
-    """All the facts about this node that the lab uses, as one JSON-able dict (:class:`NodeFacts`).
-
-    ``torch_cuda`` is the CUDA runtime torch was built with, ``cuda_driver_version`` the newest CUDA the driver
-    supports, ``interconnect`` "NVLink", "PCIe" or None without GPUs, ``topology`` ``nvidia-smi topo -m``'s
-    output or None, ``nvml_error`` why NVML gave nothing (or None).
-    """
+    """``torch_cuda``: the CUDA runtime torch was built with; ``cuda_driver_version``: the newest the driver supports."""
     hardware = copy.deepcopy(_hardware())  # NVML and nvidia-smi once per process; callers may change their copy
     home = lab_home()
     return {
@@ -116,8 +98,7 @@ def describe_node() -> NodeFacts:
 
 @functools.cache
 def _hardware() -> dict[str, Any]:
-    """The GPUs, driver and interconnect: they do not change while a process runs, and reading them costs NVML
-    initialisation and an ``nvidia-smi topo`` call. ``_hardware.cache_clear()`` reads them again."""
+    """Cached: they do not change while a process runs, and NVML's start and ``nvidia-smi topo`` cost time."""
     nvml = _read_nvml()
     gpus = nvml["gpus"]
     torch_cuda = _torch_cuda_version()
@@ -155,7 +136,6 @@ def environment_summary(node: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def package_versions() -> dict[str, str | None]:
-    """Installed versions of the lab's heavy packages, read from metadata (nothing is imported)."""
     versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
@@ -166,19 +146,17 @@ def package_versions() -> dict[str, str | None]:
 
 
 def gpu_memory_gib(node: Mapping[str, Any]) -> float | None:
-    """The smallest GPU's memory (GiB): the one GPU size the lab decides and predicts with (NVML's total, torch's
-    where NVML cannot read: ``_hardware``); None without GPUs or when neither could read it."""
+    """The smallest GPU's: the one size the lab decides and predicts with."""
     sizes = [g.get("memory_total_gib") for g in node.get("gpus") or []]
     return min(sizes) if sizes and all(isinstance(s, (int, float)) for s in sizes) else None
 
 
 def this_gpu_memory_gib() -> float | None:
-    """``gpu_memory_gib`` of this node (NVML, read once per process by ``describe_node``)."""
     return gpu_memory_gib(describe_node())
 
 
 def bitsandbytes_requirement() -> str:
-    """The bitsandbytes requirement the lab installs (pyproject's ``qlora`` extra): one source for every message."""
+    """pyproject's ``qlora`` extra: one source for every message."""
     import tomllib
 
     try:
@@ -204,7 +182,6 @@ def _text(value: Any) -> str:
 
 
 def _read_nvml() -> dict[str, Any]:
-    """GPU facts from NVML; an empty GPU list and the reason when NVML is absent (any CPU machine)."""
     empty: dict[str, Any] = {"gpus": [], "driver_version": None, "cuda_driver_version": None, "error": None}
     try:
         import pynvml
@@ -339,8 +316,7 @@ CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")
 
 
 def host_memory_bytes() -> tuple[int | None, int | None]:
-    """(total, available) host memory in bytes, a container's limit counted: the one reading of host RAM that
-    ``describe_node`` reports, the decision compares the offload run with, and the exit cause names."""
+    """A container's limit counted: the one reading of host RAM the doctor, the decision and the exit cause use."""
     try:
         import psutil
 
