@@ -1,18 +1,6 @@
-"""What the time model (``timing``) takes from measured records, and only from them: the figures it fits.
-
-**The FLOPs model's MFU.** ``mfu_for``: fitted to the lab's own records for the device and method
-(``mfu_from_records``: MFU and a fixed per-micro-batch overhead by least squares, records of the same precision
-first), else ``MFU_TABLE`` (each figure with its source; today ``DEFAULT_MFU``, an assumption labelled as one).
-
-**The traced model's figures.** ``traced_model``: the per-launch host cost (``fit_launch_cost``: host-bound
-records of this GPU, else of any GPU, else a default that says so) and the matmul and bandwidth efficiencies
-(``fit_efficiencies``: the device busy time of the records' profiles), each op's cost from the traced step
-(``traced_ops``, memoised); and, where bf16 attention on Hopper builds a cuDNN plan per first-seen padded length,
-what one plan build adds (``fit_plan_build_s``: the records' first-seen micro-batches over their steady ones).
-
-A record's time is its steady one (``measured_step``: where it holds each micro-batch's length, of the timed ones
-that built no plan, at their lengths) and its recipe the TrainingSpec it ran (``record_spec``).
-Records are arguments: this module reads no file and probes no hardware.
+"""What the time model (``timing``) fits to measured records, and only that: the FLOPs model's MFU and overhead
+(``mfu_for``); the traced model's per-launch cost, matmul and bandwidth efficiencies and plan-build time
+(``traced_model``). Records are arguments: this module reads no file and probes no hardware.
 """
 
 from __future__ import annotations
@@ -38,11 +26,9 @@ from .spec import TrainingSpec
 CPU = "cpu"
 
 DEFAULT_MFU: dict[str, float] = {"full": 0.25, "lora": 0.20}
-"""ASSUMPTION, not a measurement: conservative MFUs for litgpt fine-tuning on a data-centre GPU at the lab's
-sequence lengths (512 tokens, short Alpaca samples; no fused kernels, no torch.compile). Lower than what
-well-tuned pre-training reaches (40-60 %) because fine-tuning batches are short and padded. LoRA is set lower
-than full: its FLOPs are ~2/3 of a full step's, but the frozen matmuls and dropout on the adapter path do not
-shrink in proportion. Replace with the lab's own GPU records as soon as they exist (``mfu_for`` does it)."""
+"""An assumption, not a measurement: conservative MFUs for litgpt fine-tuning on short, padded 512-token Alpaca
+samples, below pre-training's 40-60 %. LoRA is lower than full: its FLOPs are ~2/3 of a full step's, but the frozen
+matmuls and the adapter path's dropout do not shrink in proportion. ``mfu_for`` prefers the lab's records."""
 
 # litgpt's own resource table (``published``: tutorials/resource-tables.md, 10/2023, 1x A100-SXM4-40GB, bf16-true,
 # finetune/lora.py, micro batch 1): minutes per 1k iterations without and with bnb.nf4, same model and data. The
@@ -71,8 +57,7 @@ MFU_TABLE: tuple[MfuEntry, ...] = (
         "(tutorials/resource-tables.md, 1x A100)",
     ),
 )
-"""Per GPU model and method, with the source of each figure. Refill from the lab's records with
-``mfu_from_records`` (which ``mfu_for`` already prefers); add a row here only with its source."""
+"""Add a row only with its source."""
 
 
 # ------------------------------------------------------------------------------------------------ MFU
@@ -89,11 +74,8 @@ def device_key(device_name: str | None) -> str:
 
 @dataclass(frozen=True)
 class Efficiency:
-    """How a device turns FLOPs into time: ``micro_batch_s = FLOPs / (peak x mfu) + overhead_s``.
-
-    ``overhead_s`` is the fixed part of a micro-batch (kernel launches, Python, the optimizer's share, data
-    loading) that does not shrink with FLOPs: it dominates the ci profile's tiny models on a CPU and is
-    negligible beside a real model's compute on a GPU. It is fitted from records (0 without them)."""
+    """``micro_batch_s = FLOPs / (peak x mfu) + overhead_s``. ``overhead_s`` is what does not shrink with FLOPs
+    (launches, Python, data loading): it dominates the ci models on a CPU and is negligible on a GPU."""
 
     mfu: float
     overhead_s: float
@@ -108,8 +90,7 @@ def mfu_for(
     records: Iterable[Mapping[str, Any]] = (),
     cpu_rates: CpuRates | None = None,
 ) -> Efficiency:
-    """The Efficiency for ``device_name`` and ``method``: fitted to ``records`` first, then the table.
-    ``cpu_rates`` (the CPU's measured matmul rate) turns a CPU record's FLOPs into its ideal time."""
+    """Records first, then ``MFU_TABLE``; a CPU record needs ``cpu_rates`` to say what 100 % MFU is."""
     derived = mfu_from_records(records, device_name, method, precision, cpu_rates=cpu_rates)
     if derived is not None:
         return derived
@@ -136,13 +117,8 @@ def mfu_from_records(
     *,
     cpu_rates: CpuRates | None = None,
 ) -> Efficiency | None:
-    """Fit ``micro_batch_s = ideal_s / mfu + overhead_s`` to finished runs of ``method`` on this kind of device.
-
-    ``ideal_s`` is a micro-batch's FLOPs over the peak (the time at 100 % MFU): on a GPU ``mfu x micro_batch_s``
-    from the record's own ``mfu``; on a CPU (no datasheet peak, no ``mfu`` in its records) the FLOPs counted
-    here over ``cpu_rates``' measured matmul rate (no CPU record counts without it). Same-precision runs are used where there are enough to fit.
-    With three or more runs of different sizes both terms are fitted (least squares; the overhead is kept
-    >= 0); with fewer, the overhead is 0 and the MFU is the runs' median. None when no record matches."""
+    """Fit ``micro_batch_s = ideal_s / mfu + overhead_s`` (``ideal_s``: the time at 100 % MFU), same precision
+    first. Both terms need three runs of different sizes; with fewer, the overhead is 0 and the MFU the median."""
     key = device_key(device_name)
     same: list[tuple[float, float]] = []
     other: list[tuple[float, float]] = []
@@ -171,7 +147,6 @@ def mfu_from_records(
 
 
 def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares (slope, intercept) of y on x."""
     n = len(points)
     mean_x = sum(x for x, _ in points) / n
     mean_y = sum(y for _, y in points) / n
@@ -182,8 +157,7 @@ def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 
 def record_point(record: Mapping[str, Any], cpu_rates: CpuRates | None = None) -> tuple[float, float] | None:
-    """(ideal_s, micro_batch_s) of a finished record: its micro-batch at 100 % MFU, and as measured. A CPU
-    record needs the CPU's rates (``cpu_rates``) to say what 100 % is."""
+    """(the micro-batch's time at 100 % MFU, as measured) of a finished record."""
     measured = measured_step(record)
     if measured is None:
         return None
@@ -226,7 +200,7 @@ def without_nan(record: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def gpu_name_of(record: Mapping[str, Any]) -> str | None:
-    """The record's GPU, or None for a CPU run (also where a table gave the missing name as NaN)."""
+    """None for a CPU run, also where a table gave the missing name as NaN."""
     value = record.get("device_name")
     return value if isinstance(value, str) and value and device_key(value) != CPU else None
 
@@ -240,17 +214,11 @@ def _precision(record: Mapping[str, Any]) -> str | None:
 
 
 def measured_step(record: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A finished record's measured micro-batch and optimizer-step time and its mean padded sequence length.
-
-    Where the record holds the padded length of each micro-batch (``seq_lens``), the time is that of its steady
-    timed micro-batches (``steady_micro_batches``: not profiled, and where the run builds attention plans, of lengths
-    seen before), their median (a length-grouped run's mean, as ``iteration_times.steady_timing`` takes it), at
-    their lengths (``lengths``, ``seq_len`` their mean). Else it is ``iteration_times.steady_train_s``: an
-    iteration that took several times the run's median is counted at the median, since a one-off paid once in a
-    short timed span is not what a step costs (``lengths`` None). ``recorded_micro_batch_s`` is ``train_s``'s own
-    mean, the time the record's ``mfu`` was derived from. None for a plan-building run none of whose timed
-    micro-batches repeated a length: its time is mostly plan builds.
-    """
+    """A finished record's steady micro-batch and step time and mean padded length. With each micro-batch's length
+    (``seq_lens``): ``steady_micro_batches``' median (a length-grouped run's mean) at their lengths; else
+    ``steady_train_s``, since a one-off paid once in a short timed span is not what a step costs.
+    ``recorded_micro_batch_s`` is the time the record's ``mfu`` was derived from. None for a plan-building run none of
+    whose timed micro-batches repeated a length: its time is mostly plan builds."""
     config = record.get("config") if isinstance(record.get("config"), Mapping) else {}
     train = config.get("train") or {}
     iterations, train_s, padded = record.get("iterations"), record.get("train_s"), record.get("tokens_padded")
@@ -287,20 +255,16 @@ def measured_step(record: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def builds_attention_plans(precision: str | None, gpu_name: str | None) -> bool:
-    """Whether each padded length a run meets for the first time costs it a cuDNN attention plan build (host time:
-    ``fit_plan_build_s``): bf16 attention (bf16-true, and bf16-mixed's autocast) on Hopper. fp32
-    takes another attention kernel and builds none (``benchmarks/speed_diagnosis.py``)."""
+    """bf16 attention on Hopper builds a cuDNN plan for each padded length it first meets (host time); fp32 takes
+    another kernel and builds none (``benchmarks/speed_diagnosis.py``)."""
     hopper = gpu_name is not None and device_key(gpu_name).startswith(("H100", "H200", "GH200"))
     return hopper and str(precision or "").startswith("bf16")
 
 
 def steady_micro_batches(record: Mapping[str, Any]) -> list[tuple[float, int]] | None:
-    """(seconds, padded length) of each timed micro-batch a record's steady time is of, read off its ``seq_lens``
-    (the padded length of every micro-batch it trained, warm-up included): all of them, or where the run builds
-    attention plans (``builds_attention_plans``) those of a length an earlier micro-batch had. Why: a plan build is
-    host time the model adds apart (``fit_plan_build_s``); inside a record's time it inflated the per-launch cost
-    fitted to it (``benchmarks/planner_padding_check_h200.out.txt``, section 1). None where the record holds no
-    lengths for its timed ones."""
+    """(seconds, padded length) of the timed micro-batches, read off ``seq_lens``; where the run builds attention
+    plans, only those of a length seen before: a plan build inside a record's time inflated the per-launch cost fitted
+    to it (``benchmarks/planner_padding_check_h200.out.txt``, section 1). None without lengths."""
     timed = timed_iterations(record)
     lengths = record.get("seq_lens")
     if not timed or not isinstance(lengths, Sequence) or isinstance(lengths, str):
@@ -313,7 +277,7 @@ def steady_micro_batches(record: Mapping[str, Any]) -> list[tuple[float, int]] |
 
 
 def record_spec(record: Mapping[str, Any]) -> TrainingSpec:
-    """The TrainingSpec a record ran (its resolved recipe; checkpoint paths resolved as the lab does)."""
+    """Checkpoint paths resolved as the lab does."""
     from lab_helpers.config.experiments import resolve_path
 
     from .spec import spec_from_recipe
@@ -334,14 +298,12 @@ def record_spec(record: Mapping[str, Any]) -> TrainingSpec:
 # ------------------------------------------------------------------------------------------------ the traced model
 
 HOST_BOUND_MARGIN = 1.2
-"""A record counts as host-bound, and so calibrates the per-launch cost, where its measured micro-batch is over
-this factor x its predicted device time: there the time is the host's."""
+"""A record calibrates the per-launch cost only where its micro-batch took over this x its predicted device time:
+there the time is the host's."""
 
 
 @dataclass(frozen=True)
 class DeviceEfficiency:
-    """The two fitted efficiencies of the roofline, with what they were fitted on."""
-
     matmul: float
     bandwidth: float
     source: str
@@ -352,8 +314,7 @@ _OPS_CACHE: dict[str, Any] = {}
 
 
 def traced_ops(spec: TrainingSpec, seq_len: int):
-    """The traced op costs (``op_costs.OpCosts``) of ``spec`` at ``seq_len`` tokens a sample (the mean padded
-    length: time follows it), memoised: a leave-one-out check asks each record's ops many times."""
+    """At the mean padded length (time follows it); memoised: a leave-one-out check asks for each record's ops often."""
     from . import ops_cache
     from .tracer import trace
 
@@ -387,7 +348,6 @@ def _device_s(ops, gpu_name: str, eff: DeviceEfficiency) -> float:
 
 
 def _record_ops(record: Mapping[str, Any]):
-    """(spec, OpCosts at the record's mean padded length, measured) of a single-GPU record, or None."""
     measured = measured_step(record)
     if measured is None or not gpu_name_of(record) or int(record.get("world_size") or 1) != 1:
         return None
@@ -401,10 +361,8 @@ def _record_ops(record: Mapping[str, Any]):
 
 
 def profiled_length(record: Mapping[str, Any]) -> int | None:
-    """The mean padded length of the micro-batches a record's profile covered (``torch_profile_iters``: the first
-    profiled one, and the one after the last, which stopped the profiler), read off ``seq_lens``; None without
-    them. Why: the profile's device time is of those micro-batches, not of the timed ones (the H200's fp32
-    ``small-batch`` profiled two of its longest)."""
+    """Mean padded length of the micro-batches the profile covered (the first profiled one, and the one after the last,
+    which stopped the profiler): not the timed ones (the H200's fp32 ``small-batch`` profiled two of its longest)."""
     span, lengths = record.get("torch_profile_iters"), record.get("seq_lens")
     if (
         not isinstance(span, Sequence)
@@ -418,9 +376,8 @@ def profiled_length(record: Mapping[str, Any]) -> int | None:
 
 
 def fit_efficiencies(records: Iterable[Mapping[str, Any]]) -> DeviceEfficiency | None:
-    """The matmul and bandwidth efficiencies that make the roofline of each profiled record's traced ops match
-    its profile's device busy time per optimizer step (``torch_profile_summary``: the kernels' own time, so no
-    host time hides in it); least squares on the log, over a grid of 0.02. None without profiled records."""
+    """Matmul and bandwidth efficiencies that make each profiled record's traced roofline match its profile's device
+    busy time (kernels' own time: no host time hides in it); least squares on the log, on a 0.02 grid."""
     import numpy as np
 
     from .op_costs import Ops
@@ -476,12 +433,9 @@ def fit_efficiencies(records: Iterable[Mapping[str, Any]]) -> DeviceEfficiency |
 def host_bound_launch_cost(
     micro_batch_s: float, ops, accumulation: int, gpu_name: str, eff: DeviceEfficiency, longest: Any = None
 ) -> float | None:
-    """The host seconds per kernel launch that one measured micro-batch implies, or None where it is not
-    host-bound (under ``HOST_BOUND_MARGIN`` x its traced device time, the optimizer step's share included): the
-    measured micro-batch / (its traced kernels + its share of the optimizer step's). ``ops`` is its
-    ``op_costs.OpCosts``, ``accumulation`` its micro-batches per optimizer step; ``longest`` (the ops of its
-    longest micro-batch, where the lengths are known) is what must be host-bound: where only the short ones are,
-    the time holds device-bound micro-batches that the per-launch cost would absorb (a length-grouped run)."""
+    """Host seconds per launch one measured micro-batch implies, or None where it is not host-bound. ``longest`` must
+    be host-bound: where only the short micro-batches are, the time holds device-bound ones that the per-launch cost
+    would absorb (a length-grouped run)."""
     longest = longest or ops
     device = (
         _device_s(longest.micro_batch, gpu_name, eff) + _device_s(longest.optimizer_step, gpu_name, eff) / accumulation
@@ -494,9 +448,8 @@ def host_bound_launch_cost(
 def fit_launch_cost(
     records: Iterable[Mapping[str, Any]], gpu_name: str, eff: DeviceEfficiency
 ) -> tuple[float, str] | None:
-    """Host seconds per kernel launch, fitted to host-bound records (``host_bound_launch_cost`` of each), the
-    median. Records of this GPU model first (the per-launch cost is the node's: CPU, Python, torch build); else
-    every GPU's, which makes it a default, and the source says so. Only the records that can count are traced."""
+    """Median over host-bound records, this GPU model's first: the per-launch cost is the node's (CPU, Python, torch
+    build); every GPU's makes it a default, and the source says so."""
     key = device_key(gpu_name)
     records = [without_nan(record) for record in records]
 
@@ -530,15 +483,12 @@ def fit_launch_cost(
 
 
 LENGTH_GRID = 128
-"""Micro-batches of many lengths are traced at multiples of this many tokens (and at the shortest and longest) and
-read off the straight line between: a traced step's kernels, FLOPs and bytes grow nearly linearly with the length
-(attention's quadratic share is a few % at 512 tokens), and tracing each of a pass's 130-170 distinct lengths
-would take minutes."""
+"""A traced step's kernels, FLOPs and bytes grow nearly linearly with the length (attention's quadratic share is a
+few % at 512 tokens), so lengths are traced on this grid and interpolated: tracing each of a pass's 130-170
+distinct lengths would take minutes."""
 
 
 def length_costs(spec: TrainingSpec, gpu_name: str, eff: DeviceEfficiency, lengths: Sequence[int]) -> tuple[Any, Any]:
-    """(kernels, device seconds) of one micro-batch of ``spec`` at each of ``lengths`` (padded tokens a sample), as
-    two numpy arrays: traced at ``LENGTH_GRID``'s lengths, interpolated between."""
     import numpy as np
 
     low, high = min(lengths), max(lengths)
@@ -550,9 +500,8 @@ def length_costs(spec: TrainingSpec, gpu_name: str, eff: DeviceEfficiency, lengt
 
 
 def fit_plan_build_s(records: Iterable[Mapping[str, Any]], gpu_name: str) -> tuple[float, str] | None:
-    """Host seconds a micro-batch of a first-seen length adds where the run builds attention plans: the median over
-    this GPU's single-device plan-building records of ``iteration_times.length_split``'s ``first_seen_extra_s``
-    (their median first-seen micro-batch over their steady one). None without such records."""
+    """The median over this GPU's single-device plan-building records of their first-seen micro-batch over their
+    steady one (``iteration_times.length_split``)."""
     key = device_key(gpu_name)
     points: list[tuple[float, str]] = []
     for record in map(without_nan, records):
@@ -584,16 +533,10 @@ def traced_model(
     launches_saved: float = 0.0,
     plan_builds: bool = True,
 ) -> dict[str, Any] | None:
-    """Host and device seconds of a micro-batch and of the optimizer step of ``spec`` on ``gpu_name``, from its
-    trace; None where the GPU's bandwidth or peaks are unknown or nothing calibrates the efficiencies and the
-    per-launch cost (``predict_time`` then uses the FLOPs model).
-
-    ``lengths`` are the micro-batches' padded lengths (default: ``seq_len`` alone): each takes the larger of its
-    own host and device time, and ``micro_s`` is their mean, since a short micro-batch is host-bound where a long
-    one is device-bound and the mean length would hide it. ``first_seen`` of them have a length the run had not
-    met: where the GPU builds attention plans, each adds ``plan_build_s`` (``fit_plan_build_s``), spread over
-    the micro-batches. ``launches_saved`` per micro-batch come off the host's launches (compiled blocks:
-    ``levers.launches_saved``); ``plan_builds`` False: the attention backend builds none (``levers.Levers``)."""
+    """Host and device seconds of a micro-batch and of the optimizer step, from the trace; None where the GPU's
+    bandwidth or peaks are unknown or nothing calibrates the fits (``predict_time`` then uses the FLOPs model).
+    Each of ``lengths`` takes the larger of its own host and device time and ``micro_s`` is their mean: a short
+    micro-batch is host-bound where a long one is device-bound, and the mean length would hide it."""
     import numpy as np
 
     peaks, bandwidth = _gpu_rates(gpu_name)
@@ -643,7 +586,6 @@ def traced_model(
 
 
 def _plan_builds(records: list, gpu_name: str, first_seen: int, micro_batches: int) -> tuple[float, str, str]:
-    """(seconds a plan build adds, its source, a note) for a plan-building run: the note says what was added."""
     fitted = fit_plan_build_s(records, gpu_name)
     if fitted is None:
         note = ("not included: each padded length a run meets first builds a cuDNN attention plan (bf16 on Hopper), "

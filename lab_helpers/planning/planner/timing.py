@@ -1,73 +1,30 @@
-"""Predict a fine-tuning step's time and tokens/s before the run, from the traced step (on a GPU) or from its
-FLOPs (on a CPU, or where nothing calibrates the traced model).
+"""Predict a step's time and tokens/s before the run: the traced model on a GPU, the FLOPs model on a CPU or where
+nothing calibrates the trace.
 
-**The traced model (a GPU).** The tracer runs the real step op by op on fake tensors (``tracer``); every op's
-FLOPs, bytes moved and kernel launches are read off its shapes and dtypes (``op_costs``). Per micro-batch:
+The traced model. The tracer runs the real step on fake tensors (``tracer``) and ``op_costs`` reads each op's
+FLOPs, bytes and kernel launches off its shapes. Per micro-batch:
 
-    host_s   = kernels launched x the per-launch host cost     (the node's CPU, Python and torch build)
-    device_s = sum over ops of max(FLOPs / (peak of its unit x matmul efficiency),
-                                   bytes / (memory bandwidth x bandwidth efficiency))
-    micro_batch_s = max(host_s, device_s)                      (the host runs ahead until the queue is full)
-                  (per micro-batch at its own padded length, where the lengths are given: the mean of the maxima)
-                  + plan builds x first-seen lengths / micro-batches  (bf16 attention on Hopper)
-    step_s   = accumulation x micro_batch_s + the optimizer step's max(host, device) + communication + offload
+    host_s   = kernels launched x the per-launch host cost
+    device_s = sum over ops of max(FLOPs / (unit peak x matmul efficiency), bytes / (bandwidth x its efficiency))
+    micro_batch_s = max(host_s, device_s)            (the host runs ahead until the queue is full)
+                  + plan builds x first-seen lengths / micro-batches   (bf16 attention on Hopper)
+    step_s   = accumulation x micro_batch_s + optimizer step + communication + offload
 
-and ``time_bound`` says which of the two is larger. The levers (``levers``: compiled blocks, CUDA graphs, the
-attention backend) take launches off the host (a block's launches x its measured compiled / eager factor, or two
-graph replays a block) and plan builds off first-seen lengths (flash attention). Four figures are fitted, and only these: the per-launch
-cost (``fit_launch_cost``: host-bound records of this GPU, else of any GPU, a default that says so; or measured
-on the node by ``python -m lab_helpers launch-cost`` and passed in), the two efficiencies (``fit_efficiencies``:
-the device busy time of the records' profiles) and, for bf16 on Hopper, a cuDNN attention plan build's host time
-per first-seen padded length (``fit_plan_build_s``). Why per micro-batch: a short micro-batch can be host-bound
-where a long one is device-bound, so at the mean length alone a length-grouped pass's long micro-batches average
-away (``benchmarks/planner_padding_check_h200.out.txt``). Limits: no overlap of communication with compute, no
-kernel fusion (each op is one kernel at its own roofline), a per-launch cost that depends on the node.
+Each micro-batch is timed at its own padded length: a short one can be host-bound where a long one is
+device-bound, and at the mean length a length-grouped pass's long micro-batches average away
+(benchmarks/planner_padding_check_h200.out.txt). Only four figures are fitted: the per-launch cost (or measured by
+``python -m lab_helpers launch-cost``), the two efficiencies (from the records' profiles) and a cuDNN plan build's
+host time. Not modelled: communication overlapping compute, kernel fusion.
 
-**The FLOPs model** (a CPU; a GPU given ``mfu``, or without records to fit the traced model to):
-FLOPs / (dense peak x MFU), plus offload.
+The FLOPs model: (model FLOPs + recomputed forward) / (dense peak x MFU) + a per-micro-batch overhead. The FLOPs
+are counted exactly (``flops``) and the peak is in ``gpu_peaks``; what is left, the MFU litgpt reaches, every
+record carries, so ``mfu_for`` fits MFU and overhead to this device's and method's records, else takes
+``MFU_TABLE``'s labelled assumption. A CPU's peak is its measured fp32 matmul rate (``cpu_speed``).
 
-Why this model: a step's arithmetic is known exactly (``lab_helpers.planning.flops`` counts it on the real litgpt model,
-LoRA included), the GPU's dense peak is in the lab's table (``lab_helpers.hardware.gpu_peaks``), and what is left -- how
-much of that peak litgpt actually reaches, the model-FLOPs utilisation (MFU) -- is a property of the GPU and the
-method that measured runs give directly (every GPU record carries ``mfu``). So::
-
-    micro_batch_s = (model FLOPs + recomputed forward FLOPs) / (dense peak x MFU) + host overhead
-    step_s        = gradient_accumulation x micro_batch_s            (compute + host overhead)
-                  + bytes each device sends per step / link bandwidth  (communication)
-                  + CPU Adam step + host-device transfers              (offload)
-
-* **Recompute.** Activation checkpointing runs each Block's forward again during backward. The forward is about
-  1/3 of a full fine-tuning step (forward 2N, input grads 2N, weight grads 2N FLOPs per token) and about 1/2 of
-  a LoRA step (frozen weights get no weight gradients), so those fractions are added as hardware FLOPs; MFU
-  stays defined on model FLOPs, as ``flops.mfu`` defines it for records.
-* **MFU and overhead.** ``mfu_for`` takes them, in this order: fitted to the lab's own records for this device
-  and method (``mfu_from_records``: MFU and a fixed per-micro-batch overhead by least squares, preferring
-  records with the same precision); else ``MFU_TABLE`` (each entry with its source; overhead 0), whose
-  figures are today ``DEFAULT_MFU``, a conservative assumption, labelled as one. On a GPU a fit whose MFU comes out
-  above 1 is refused (the points do not follow the line) and the median is used. A record's time is its steady
-  one: an iteration over several times its run's median counts at the median (``measured_step``). The first GPU
-  records (reference_results/h100-80gb.jsonl, quick mode with one warm-up step) still follow the line badly: their
-  timed spans are a few iterations each (see benchmarks/planner_time_check_h100.out.txt); GPUs without records use
-  the assumption and say so.
-* **A CPU** has no datasheet peak: its "peak" is its measured fp32 matmul rate (``cpu_rates``, measured by
-  ``lab_helpers.hardware.cpu_speed`` and passed in), and its MFU comes from the ci records
-  (``reference_results/ci-cpu.jsonl``), so predicted and measured time can be compared on every machine
-  (``benchmarks/planner_time_check.py``).
-* **CPU offload.** DeepSpeed steps the optimizer on the host: the step adds trainable params / the host's Adam
-  rate (``cpu_rates``: torch's Adam, a lower bound on DeepSpeedCPUAdam's vectorised rate: conservative).
-* **Inputs, not probes.** The GPU's name, the records to fit to and the CPU's rates are arguments: this module
-  reads no records file and probes no hardware (``plan_command.predict_step_time`` gathers them for this node).
-
-* **Communication.** ``communication.communication_per_optimizer_step`` counts the bytes each device sends per
-  optimizer step for the spec's strategy, wrapping, FSDP version, devices and accumulation (DDP 2Ψ whatever the
-  accumulation; FSDP1 under Lightning's no_sync FULL_SHARD per block (2a + 1)Ψ - aΨ_root, one unit (a + 1)Ψ,
-  SHARD_GRAD_OP 2Ψ; FSDP2 and DeepSpeed ZeRO-2/3 as that module says), divided by the
-  bus bandwidth given (``link_gbs``: an argument, stated or measured by ``python -m lab_helpers bandwidth``;
-  the planner reads no file and probes no link). It is added, not overlapped with compute: DDP and FSDP overlap
-  part of it with backward, so this is an upper bound of the step when the link is the stated one. MFU and
-  overhead are fitted to single-device records only, so that no communication hides in them.
-* **Offload**: the host Adam step plus each device's gradient partition to the host every micro-batch and its
-  weight partition back once per step, over ``host_link_gbs`` (default PCIe 4.0 x16).
+Communication is divided by the bus bandwidth given and added, not overlapped: an upper bound. MFU and overhead
+are fitted to single-device records only, so no communication hides in them. Offload adds the host's Adam step
+(torch's Adam rate: a lower bound on DeepSpeedCPUAdam's) and its PCIe transfers. Every hardware fact is an
+argument: this module reads no records file and probes nothing (``plan_command.predict_step_time`` gathers them).
 """
 
 from __future__ import annotations
@@ -105,17 +62,14 @@ if TYPE_CHECKING:  # annotations only: no import at run time
 
 
 PCIE4_X16_GBS = 31.5
-"""Host-device bandwidth for offload's transfers when none is given: PCIe 4.0 x16, 16 GT/s x 16 lanes x 128/130
-encoding / 8 = 31.5 GB/s per direction (the PCI-SIG 4.0 rate; A100 and H100 PCIe hosts; pinned copies reach
-less, so the transfer time is a lower bound)."""
+"""PCIe 4.0 x16: 16 GT/s x 16 lanes x 128/130 / 8 = 31.5 GB/s per direction. Pinned copies reach less, so the
+transfer time is a lower bound."""
 
 
 @dataclass
 class TimePlan:
-    """A time prediction for one optimizer step on one device (every device of a data-parallel run does the same).
-
-    ``tokens_per_s_padded`` is per device, comparable with a record's ``tokens_per_s_padded`` (rank 0).
-    """
+    """Every device of a data-parallel run does the same; ``tokens_per_s_padded`` is per device, comparable with a
+    record's (rank 0)."""
 
     step_s: float
     micro_batch_s: float
@@ -185,8 +139,7 @@ class TimePlan:
         )
 
     def split(self) -> str:
-        """Host against device per micro-batch, and which one bounds it (the traced model; on a CPU, where its
-        launches were counted, the two parts, which add up)."""
+        """On a CPU, where its launches were counted, host and device add up: one core does both."""
         if self.time_bound is None and self.kernels_per_micro_batch is not None:
             return (
                 f"per micro-batch: host {self.host_ms_per_micro_batch:.1f} ms ({self.kernels_per_micro_batch:,.0f} "
@@ -209,7 +162,6 @@ class TimePlan:
         )
 
     def terms(self) -> str:
-        """Where the predicted step goes, one line: compute + host overhead + communication + offload."""
         link = f" at {self.link_gbs:.3g} GB/s ({self.link_gbs_source})" if self.link_gbs else ""
         return (
             f"step {self.step_s:.3g} s = compute {self.compute_s:.3g} + host overhead {self.host_overhead_s:.3g} + "
@@ -241,31 +193,13 @@ def predict_time(
     device_efficiency: DeviceEfficiency | None = None,
     levers: Levers | None = None,
 ) -> TimePlan:
-    """Predict one optimizer step of ``spec`` (see the module docstring for the model).
+    """The traced model on a GPU with ``records`` to calibrate it; given ``mfu``, or on a CPU, the FLOPs model.
 
-    On a GPU whose dense peaks and memory bandwidth the lab's table has, with ``records`` to calibrate it, the
-    step is the traced model: per micro-batch the larger of host time (kernels launched x ``launch_cost_s``, the
-    per-launch cost measured on this node by ``python -m lab_helpers launch-cost``, else fitted to the records)
-    and device time (the roofline of the traced ops, efficiencies fitted to the records' profiles). ``mfu``, or
-    no records, gives the FLOPs model (FLOPs / (peak x MFU)).
-
-    Every fact about the hardware is an argument: the planner reads no records file and probes nothing
-    (``plan_command.predict_step_time`` gathers them for this node). ``gpu_name`` is the NVML/torch name of the GPU;
-    ``spec.device == "cpu"`` predicts for the CPU whose ``cpu_rates`` are given (also needed for optimizer
-    offload's host step). ``records`` are run records to take the MFU from (none: the assumption table);
-    ``mfu`` overrides it. ``seq_len`` is the mean padded length of a micro-batch
-    (time follows the mean; memory follows the worst case, ``spec.seq_len``, the default); ``sample_lengths``
-    (the data's samples in tokens) gives it instead (``mean_padded_length``). ``batch_lengths`` (each micro-batch's
-    padded length, in the order the run takes them: ``data_lengths.BatchPadding.batch_lengths``) gives each
-    micro-batch its own time (``traced_model``); ``first_seen`` of them have a length the run had not met (default:
-    each distinct length once), which costs a plan build where the GPU makes one. ``link_gbs`` is the bus bandwidth
-    between the devices in GB/s (nccl-tests' "busbw", what ``python -m lab_helpers bandwidth`` measures):
-    without it a multi-device step has no communication term, and a note says so. ``host_link_gbs`` is the
-    host-device bandwidth optimizer offload's transfers cross. ``levers`` (``levers.Levers``: compiled blocks,
-    CUDA graphs, the attention backend) change the launches and plan builds; given, a CPU's prediction also
-    counts its launches, its host time (the fitted overhead) shrinking with them. ``sources`` says of each part
-    whether it was measured or traced on this machine or carried from records.
-    """
+    ``seq_len`` is the mean padded length of a micro-batch (time follows the mean, memory the worst case,
+    ``spec.seq_len``); ``sample_lengths`` gives it instead, and ``batch_lengths`` (each micro-batch's padded length in
+    run order) times each micro-batch apart, ``first_seen`` of them costing a plan build (default: each distinct length
+    once). ``link_gbs`` is the bus bandwidth between devices (nccl-tests' busbw); without it there is no communication
+    term, and a note says so. ``launch_cost_s`` is measured on this node, else fitted to the records."""
     spec.validate()
     records = list(records)
     if batch_lengths is not None:
@@ -376,9 +310,8 @@ def predict_time(
 def _cpu_launches(
     spec: TrainingSpec, seq: int, efficiency: Efficiency, compute_s: float, saved: float
 ) -> tuple[Efficiency, dict[str, Any]]:
-    """A CPU step's launches and host time: the kernels traced, and the overhead fitted per micro-batch taken as
-    their host time, so it shrinks in proportion where a lever launches fewer (one core is host and device: the
-    two add up, no bound)."""
+    """One core is host and device, so the two add up: the fitted overhead is taken as the launches' host time and
+    shrinks in proportion where a lever launches fewer."""
     eager = traced_ops(spec, seq).kernels_per_micro_batch()
     kernels = max(eager - saved, 0.0)
     overhead = efficiency.overhead_s * kernels / eager if eager else efficiency.overhead_s
@@ -394,8 +327,6 @@ def _cpu_launches(
 def _sources(
     device: str, traced: dict[str, Any] | None, levers: Levers | None, fitted: str, cpu_rates: CpuRates | None
 ) -> dict[str, str]:
-    """Each part of the prediction and where it comes from: measured or traced on this machine, or carried from
-    records (which GPU's, as the fits name them)."""
     here = "measured on this machine"
     sources = {"kernels per micro-batch": "traced on this machine (the real step on fake tensors)"}
     if levers is not None and levers.compiled is not None:
@@ -420,7 +351,6 @@ def _sources(
 
 
 def _peak_flops(spec: TrainingSpec, device: str, cpu_rates: CpuRates | None) -> float:
-    """The device's peak FLOP/s: a CPU's measured matmul rate, a GPU's dense peak at the spec's precision."""
     if device == CPU:
         peak = cpu_rates.matmul_flops_per_s
     else:
@@ -439,7 +369,6 @@ def _efficiency(
     records: list,
     cpu_rates: CpuRates | None,
 ) -> Efficiency:
-    """The FLOPs model's MFU and overhead: the one given, else ``mfu_for`` (the records, else the table)."""
     if mfu is not None:
         if not 0 < mfu <= 1:
             raise PlanError(f"mfu must be in (0, 1], got {mfu}")
@@ -450,8 +379,6 @@ def _efficiency(
 
 
 def _communication(spec: TrainingSpec, link_gbs: float | None, notes: list[str]) -> tuple[CommunicationVolume, float]:
-    """The bytes each device sends per optimizer step and their time over the link (none without a link bandwidth: a
-    note says so)."""
     volume = step_communication(spec)
     communication_s = 0.0
     if volume.link_bytes_per_gpu and link_gbs is None:
@@ -473,7 +400,6 @@ def _offload_s(
     host_link_gbs: float,
     notes: list[str],
 ) -> tuple[float, float]:
-    """Optimizer offload's host step (the host's Adam rate) and its host-device transfers; 0, 0 without it."""
     host_s = transfer_s = 0.0
     if spec.offload_optimizer:
         trainable = trainable_params(spec)
@@ -491,7 +417,6 @@ def _offload_s(
 
 
 def _traced_fields(traced: dict[str, Any] | None, optimizer_s: float) -> dict[str, Any]:
-    """The traced model's own fields of the TimePlan (host and device per micro-batch, kernels, the fits)."""
     split = {}
     if traced is not None:
         split = {
@@ -516,9 +441,8 @@ def _traced_fields(traced: dict[str, Any] | None, optimizer_s: float) -> dict[st
 
 
 def mean_padded_length(sample_lengths: Sequence[int], micro_batch_size: int, max_seq_length: int) -> int:
-    """The expected padded length of a micro-batch: litgpt pads each batch to its longest sample (cut at
-    ``max_seq_length``), so a batch of ``k`` random samples costs the expected maximum of ``k`` lengths, not the
-    mean length. Drawn with replacement: P(max <= l_(i)) = (i/n)^k over the sorted lengths."""
+    """litgpt pads a batch to its longest sample, so a batch of ``k`` samples costs the expected maximum of ``k``
+    lengths, not the mean: P(max <= l_(i)) = (i/n)^k over the n sorted lengths (drawn with replacement)."""
     lengths = sorted(min(int(n), max_seq_length) for n in sample_lengths)
     if not lengths or lengths[0] < 1:
         raise PlanError("sample lengths must be a non-empty list of token counts >= 1")
@@ -528,8 +452,6 @@ def mean_padded_length(sample_lengths: Sequence[int], micro_batch_size: int, max
 
 
 def step_communication(spec: TrainingSpec) -> CommunicationVolume:
-    """What one optimizer step of ``spec`` sends between devices (``communication.py``), from the spec's own
-    parameters, precision, devices, strategy and accumulation: the planner is asked with the run's settings."""
     if spec.devices == 1:
         return communication_per_optimizer_step(
             strategy="single", parameter_count=0, bytes_per_parameter=1, world_size=1, micro_batches_per_step=1
@@ -550,23 +472,21 @@ def step_communication(spec: TrainingSpec) -> CommunicationVolume:
 
 
 def _bytes_per_parameter(precision: str) -> int:
-    """Bytes a weight or gradient travels in: mixed precision keeps fp32 weights and gradients."""
+    """Mixed precision keeps fp32 weights and gradients: they travel in fp32."""
     return precision_bytes(precision)
 
 
 def recompute_flops(model_flops: float, method: str) -> float:
-    """FLOPs activation checkpointing adds: one more forward, 1/3 of a full step, 1/2 of a LoRA/QLoRA step."""
+    """One more forward: 1/3 of a full step (forward, input and weight gradients 2N each), 1/2 of a LoRA step."""
     return model_flops / (3 if method == "full" else 2)
 
 
 def trainable_params(spec: TrainingSpec) -> int:
-    """Parameters the optimizer steps, counted on the real litgpt model built on the meta device (no memory)."""
     return _parameter_counts(spec)[1]
 
 
 def _outside_blocks(spec: TrainingSpec) -> int:
-    """Parameters no transformer block holds (embedding, final norm, head): FSDP's root unit when it wraps per
-    block, gathered once per micro-batch since FSDP never frees the root after forward (communication.py)."""
+    """FSDP's root unit when it wraps per block (embedding, final norm, head)."""
     import torch
     from litgpt import GPT
 
@@ -577,7 +497,6 @@ def _outside_blocks(spec: TrainingSpec) -> int:
 
 
 def _parameter_counts(spec: TrainingSpec) -> tuple[int, int]:
-    """(all, trainable) parameters of the real litgpt model, built on the meta device (no memory)."""
     import torch
 
     with torch.device("meta"):
@@ -601,13 +520,9 @@ def predicted_vs_measured(
     mfu_records: Iterable[Mapping] | None = None,
     cpu_rates: CpuRates | None = None,
 ) -> list[dict[str, Any]]:
-    """Per finished record: measured and predicted optimizer-step time (s) and the error.
-
-    The prediction uses the record's own recipe at its measured mean padded length, or, where the record holds
-    them, at the padded lengths of the micro-batches its steady time is of (``measured_step``). Its MFU comes from
-    ``mfu_records`` (default: ``records``); with ``leave_one_out`` the record itself is left out of them, so the
-    comparison is an honest prediction, not the record fitted to itself. Records the planner cannot read, or
-    with no other record to take an MFU from, are left out."""
+    """Measured against predicted step time per finished record, at the record's own padded lengths. With
+    ``leave_one_out`` the record is left out of the MFU fit: a prediction, not the record fitted to itself. Records the
+    planner cannot read are skipped."""
     records = [without_nan(record) for record in records]
     pool = [without_nan(record) for record in mfu_records] if mfu_records is not None else records
     rows = []
