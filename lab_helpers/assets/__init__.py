@@ -1,19 +1,6 @@
-"""Offline assets: a locally trained tokenizer, random-weight litgpt checkpoints and generated data.
-
-Why: the ``ci`` profile (and an instructor's dry run on a node without hub access) must run with no model
-or data hub. Time and memory of fine-tuning depend on shapes and token counts, not on the weights' values
-or the text's meaning, so random weights and generated text measure them faithfully (never the loss).
-
-Everything is deterministic, cached against a recorded spec (a second call is a no-op) and written
-atomically (built under a temporary name, then renamed), so an interrupted build never looks complete.
-
-- :func:`prepare_ci` builds all ``ci`` assets (tokenizer, four ``ci-llama-*`` checkpoints, two data sets).
-- :func:`build_checkpoint` writes one random-weight checkpoint of any litgpt config.
-- :func:`prepare_random_weights` writes real architectures where ``litgpt download`` would put them.
-- :func:`train_tokenizer`, :func:`make_alpaca_json` build the pieces on their own.
-
-The names below are imported on first use (PEP 562, as ``planner``'s are): the checkpoints need torch (seconds to
-import), and ``python -m lab_helpers`` imports ``assets.wheelhouse`` for every command, ``results`` included.
+"""Offline assets (a trained tokenizer, random-weight checkpoints, generated data), so the ``ci`` profile and a dry
+run need no hub: time and memory depend on shapes and token counts, not on weights or meaning. Deterministic, cached
+against a recorded spec and written atomically. Exports load on first use: the checkpoints import torch.
 """
 
 from __future__ import annotations

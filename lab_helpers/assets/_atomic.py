@@ -1,9 +1,5 @@
-"""Build-then-rename helpers, so an interrupted build never leaves something that looks finished.
-
-A folder is built under a hidden sibling name (``.NAME.partial-HOST-PID-RANDOM``) and renamed onto its
-final name only when complete; a file is written to a sibling temporary file and ``os.replace``-d. A build
-killed half-way leaves only the hidden sibling, which the next build of the same target removes (when the
-process that made it is gone) and which no cache check ever looks at.
+"""Build-then-rename helpers, so an interrupted build never leaves something that looks finished: a killed build
+leaves only a hidden sibling, which no cache check looks at and the next build removes.
 """
 
 from __future__ import annotations
@@ -37,18 +33,13 @@ def _temp_name(dest: Path, kind: str) -> Path:
 
 
 def temp_siblings(dest: Path) -> list[Path]:
-    """Leftovers of earlier builds of ``dest`` (finished or not), as hidden siblings."""
     if not dest.parent.is_dir():
         return []
     return sorted(p for kind in ("partial", "old") for p in dest.parent.glob(f".{dest.name}.{kind}-*"))
 
 
 def remove_stale_temps(dest: Path) -> list[Path]:
-    """Remove leftovers of interrupted builds of ``dest`` made on this host by processes that are gone.
-
-    Leftovers of a live process (a build running right now) or from another host (a shared disk) are kept:
-    they are not ours to judge.
-    """
+    """Only this host's, of processes that are gone: a live build's or another host's are not ours to judge."""
     removed = []
     for p in temp_siblings(dest):
         try:
@@ -64,12 +55,8 @@ def remove_stale_temps(dest: Path) -> list[Path]:
 
 @contextlib.contextmanager
 def build_lock(dest: Path) -> Iterator[None]:
-    """Hold an exclusive lock on building ``dest`` (a hidden ``.NAME.lock`` sibling; waits for another holder).
-
-    Why: several processes (parallel test sessions, two notebooks) may ask for the same asset at once. The
-    callers check "already built?" without the lock (fast path), then take it and check again before
-    building, so the asset is built once and nobody swaps a folder out from under a reader.
-    """
+    """Parallel test sessions or two notebooks may ask for one asset at once: callers check without the lock, then
+    again under it, so it is built once and no folder is swapped out from under a reader."""
     import fcntl
 
     dest = Path(dest)
@@ -84,12 +71,7 @@ def build_lock(dest: Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def atomic_dir(dest: Path) -> Iterator[Path]:
-    """Yield an empty temporary folder; on success it replaces ``dest`` in one rename.
-
-    If ``dest`` exists it is moved aside first and deleted after the swap, so there is never a moment in
-    which ``dest`` holds a mix of old and new files. On an exception the temporary folder is deleted and
-    ``dest`` is left as it was. The caller decides beforehand whether replacing ``dest`` is allowed.
-    """
+    """``dest`` is moved aside before the swap, so it never holds a mix of old and new files."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(dest)

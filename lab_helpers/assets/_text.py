@@ -1,12 +1,6 @@
-"""English-ish text made up on the spot, for the tokenizer's training corpus and the generated data sets.
-
-Why generated: the ``ci`` profile runs with no model hub and no data hub, and neither the tokenizer nor the
-data need to mean anything: time and memory depend on token counts, not on content. The text still looks
-like English (frequent function words, a long tail of rarer made-up words, sentences, punctuation) so that a
-BPE tokenizer trained on it behaves like a real one: common words are one token, rare words are split.
-
-Everything here is deterministic for a given ``random.Random`` state. Changing the word lists or the
-sampling changes every asset built from them, so bump ``TEXT_RECIPE`` when you do (the caches key on it).
+"""English-ish text made up on the spot, for the tokenizer's corpus and the generated data. It need mean nothing,
+but it looks like English (common words, a long tail of made-up ones) so that a BPE trained on it behaves like a
+real one. Bump ``TEXT_RECIPE`` whenever the output changes: every cached asset's spec holds it.
 """
 
 from __future__ import annotations
@@ -16,7 +10,6 @@ import itertools
 import random
 
 TEXT_RECIPE = "lab-text-v1"
-"""Changes whenever the generator's output changes; part of every cached asset's spec."""
 
 # Roughly by frequency in English prose; sampled with Zipf weights in this order.
 COMMON_WORDS: tuple[str, ...] = tuple(

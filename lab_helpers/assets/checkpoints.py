@@ -1,12 +1,6 @@
-"""Random-weight litgpt checkpoints: tiny ``ci`` models, and the real architectures for dry runs.
-
-Time and memory of fine-tuning do not depend on the weights' values, so a checkpoint with random weights
-measures them as well as the real one does (never the loss). Such checkpoints can be built anywhere with no
-model hub: the ``ci`` profile uses four tiny Llama-architecture models, and an instructor can write the real
-TinyLlama / OpenLLaMA shapes where ``litgpt download`` would have put them.
-
-Every checkpoint carries a ``RANDOM_WEIGHTS`` marker (JSON) so that records and people can tell; the marker
-is written last and the folder is renamed into place only when complete, so the marker also means "built".
+"""Random-weight litgpt checkpoints, built with no hub: tiny ``ci`` models, and real architectures for dry runs.
+Time and memory do not depend on the weights' values (the loss does). The ``RANDOM_WEIGHTS`` marker is written last
+and the folder renamed into place only when complete, so the marker also means "built".
 """
 
 from __future__ import annotations
@@ -42,14 +36,11 @@ MARKER = "RANDOM_WEIGHTS"
 CKPT_FORMAT = "lab-random-checkpoint-v2"  # v2: large tensors are filled in chunks, each with its own seed
 
 FILL_CHUNK_ELEMENTS = 1 << 22
-"""Elements per independently seeded chunk of a tensor: the chunks fill on all cores (see ``_fill_normal``)."""
 
 CI_ORG = "lab-ci"
-"""``checkpoints_dir() / CI_ORG / <name>`` holds the ci models, as ``<org>/<name>`` does for downloads."""
 
 CI_BASE_CONFIG = "tiny-llama-1.1b"
-"""The ci models are this litgpt config (RMSNorm, SwiGLU ``LLaMAMLP``, full rotary, grouped-query
-attention, no biases) with the sizes below."""
+"""RMSNorm, SwiGLU, full rotary, grouped-query attention, no biases: the ci models at the sizes below."""
 
 CI_MODELS: dict[str, dict[str, Any]] = {
     # name: overrides on top of CI_BASE_CONFIG (vocab 4096, block_size 512 for all). Parameters:
@@ -75,7 +66,6 @@ REAL_CONFIG_FOR: dict[str, str] = {
 
 
 def ci_config(name: str) -> litgpt.Config:
-    """The full litgpt ``Config`` of a ci model: the base config with the sizes in ``CI_MODELS[name]``."""
     from litgpt import Config
 
     if name not in CI_MODELS:
@@ -88,7 +78,6 @@ def ci_config(name: str) -> litgpt.Config:
 
 
 def resolve_config(config: litgpt.Config | str) -> litgpt.Config:
-    """A ``Config`` from a ci model name, any litgpt config name (or ``org/name``), or a ``Config``."""
     if not isinstance(config, str):
         return config
     if config in CI_MODELS:
@@ -127,12 +116,8 @@ def _init_tensor(module: torch.nn.Module, attr: str, shape: torch.Size, dtype: t
 
 
 def _fill_normal(t: torch.Tensor, seed: int, key: str) -> torch.Tensor:
-    """Fill ``t`` with N(0, 0.02), chunk by chunk, each chunk from its own generator, on a pool of threads.
-
-    Why: ``normal_`` with an explicit generator runs on one core. Measured on the H100 device machine, building
-    the 1.1B and 7B checkpoints took 316 s that way (13B would take most of a 10-minute call). Seeded chunks keep
-    the values a function of (seed, name) alone, whatever the number of threads.
-    """
+    """In chunks on all cores: ``normal_`` with a generator runs on one, and building the 1.1B and 7B checkpoints
+    took 316 s on the H100 machine. Seeded chunks keep the values a function of (seed, name), whatever the threads."""
     chunks = t.view(-1).split(FILL_CHUNK_ELEMENTS)
 
     def fill(index: int) -> None:
@@ -148,11 +133,7 @@ def _fill_normal(t: torch.Tensor, seed: int, key: str) -> torch.Tensor:
 
 
 def random_state_dict(config: litgpt.Config, *, dtype: torch.dtype = torch.float32, seed: int = 0) -> dict:
-    """A state dict for ``litgpt.GPT(config)`` with random values, holding the model in memory only once.
-
-    The model is built on the meta device (shapes only, no memory) and each tensor is created and filled on
-    its own, so a 13B model in bf16 needs ~26 GB and not twice that. Tied tensors stay tied.
-    """
+    """Built on the meta device and filled tensor by tensor, so a 13B model in bf16 needs ~26 GB, not twice that."""
     from litgpt import GPT
 
     with torch.device("meta"):
@@ -202,7 +183,6 @@ def checkpoint_is_built(
     seed: int = 0,
     tokenizer_dir: Path | None = None,
 ) -> bool:
-    """True if ``dest`` holds a finished random-weight checkpoint of exactly this spec (files intact)."""
     dest = Path(dest)
     marker = read_json(dest / MARKER)
     if not isinstance(marker, dict) or not isinstance(marker.get("spec_keys"), dict):
@@ -246,21 +226,8 @@ def build_checkpoint(
     tokenizer_dir: Path | None = None,
     force: bool = False,
 ) -> Path:
-    """Write (once) a random-weight litgpt checkpoint to ``dest`` and return ``dest``.
-
-    ``config`` is a ci model name (``CI_MODELS``), any litgpt config name (``"tiny-llama-1.1b"``,
-    ``"open_llama_7b"``, or ``org/name``) or a ``litgpt.Config``. ``dest`` gets ``lit_model.pth`` (a plain
-    ``torch.save`` of the state dict), ``model_config.yaml`` (written by litgpt's ``save_config``), the
-    tokenizer files (copied from ``tokenizer_dir``, else the lab's own tokenizer is trained) and the
-    ``RANDOM_WEIGHTS`` marker, so ``litgpt finetune_full|finetune_lora --checkpoint_dir dest`` loads it.
-
-    Why this way: the model is built on the meta device and materialised tensor by tensor, so the real 7B
-    and 13B sizes need the model in memory once, not twice; the folder is built under a hidden temporary
-    name and renamed into place, so an interrupted build never looks complete; and a folder that already
-    holds this exact spec is left alone (the check reads only small files), so calling it again is cheap.
-    A non-empty ``dest`` without our marker (e.g. real downloaded weights) is never replaced unless ``force``.
-    Use ``dtype=torch.bfloat16`` for the real architectures (what ``litgpt download`` gives, half the size).
-    """
+    """A folder already holding this exact spec is left alone (the check reads only small files), so a second call
+    is cheap; a non-empty ``dest`` without the marker (real weights, perhaps) is replaced only with ``force``."""
     dest = Path(dest)
     dtype = _dtype(dtype)
     if not force and checkpoint_is_built(dest, config, dtype=dtype, seed=seed, tokenizer_dir=tokenizer_dir):
@@ -320,13 +287,12 @@ def _build_checkpoint(
 
 
 def is_random_checkpoint(checkpoint_dir: Path) -> dict[str, Any] | None:
-    """The ``RANDOM_WEIGHTS`` marker of a checkpoint folder, or None for real weights (for run records)."""
     marker = read_json(Path(checkpoint_dir) / MARKER)
     return marker if isinstance(marker, dict) else None
 
 
 def download_path(config_name: str, root: Path | None = None) -> Path:
-    """Where ``litgpt download <org>/<name>`` puts this config's checkpoint: ``root / org / name``."""
+    """Where ``litgpt download <org>/<name>`` puts this config's checkpoint."""
     root = checkpoints_dir() if root is None else Path(root)
     if config_name in CI_MODELS:
         return root / CI_ORG / config_name
@@ -344,16 +310,8 @@ def prepare_random_weights(
     force: bool = False,
     progress: Callable[[str], None] = print,
 ) -> dict[str, Path]:
-    """Random-weight checkpoints of real architectures where ``litgpt download`` would put the real ones.
-
-    For an instructor's dry run on a GPU node with no hub access: the lab's recipes then find e.g.
-    ``checkpoints/openlm-research/open_llama_7b`` and run unchanged, with time and memory as with the real
-    weights (the ``RANDOM_WEIGHTS`` marker says they are not). ``root`` defaults to ``checkpoints_dir()``
-    (read at call time, so ``LAB_CHECKPOINTS`` is honoured). The tokenizer is the lab's own (ids < 4096,
-    valid for a 32000 vocabulary), kept in ``root / "lab-ci" / "tokenizer"``, unless ``tokenizer_dir`` is
-    given. An existing folder with real weights is refused unless ``force``. Pair with generated data of
-    Alpaca2k-like lengths (``make_alpaca_json(..., lengths="alpaca2k")``).
-    """
+    """For an instructor's dry run without hub access: the recipes find the checkpoints where ``litgpt download``
+    puts them and run unchanged. The lab's tokenizer (ids < 4096) is valid for a 32000 vocabulary."""
     root = checkpoints_dir() if root is None else Path(root)
     if tokenizer_dir is None:
         tokenizer_dir = train_tokenizer(root / CI_ORG / "tokenizer")

@@ -1,5 +1,4 @@
-"""``prepare_ci``: every offline asset the ``ci`` profile needs, built once and cached (``lab_helpers.assets.prepare``
-is the one entry point that prepares a profile; this module only builds the ci set)."""
+"""Every offline asset the ``ci`` profile needs, built once and cached; ``assets.prepare`` is the entry point."""
 
 from __future__ import annotations
 
@@ -17,12 +16,11 @@ CI_DATASETS: dict[str, dict] = {
     "alpaca_short": {"file": "alpaca_short.json", "n_samples": 400, "lengths": "short"},
     "alpaca2k_like": {"file": "alpaca2k_like.json", "n_samples": 2000, "lengths": "alpaca2k"},
 }
-"""The generated data sets, in ``data_dir() / "ci"``: short samples for fast CI steps, and Alpaca2k-like
-lengths for measurements whose padding and truncation should match the real set."""
+"""Short samples for fast CI steps; Alpaca2k-like lengths where padding and truncation should match the real set."""
 
 
 def ci_paths() -> dict[str, Path]:
-    """Where :func:`prepare_ci` puts each asset (read at call time, so ``LAB_CHECKPOINTS``/``LAB_DATA`` apply)."""
+    """Read at call time, so ``LAB_CHECKPOINTS``/``LAB_DATA`` apply."""
     ck = checkpoints_dir() / CI_ORG
     paths = {"tokenizer": ck / "tokenizer"}
     paths.update({name: ck / name for name in CI_MODELS})
@@ -31,14 +29,7 @@ def ci_paths() -> dict[str, Path]:
 
 
 def prepare_ci(*, force: bool = False, progress: Callable[[str], None] = print) -> dict[str, Path]:
-    """Build the ``ci`` profile's tokenizer, four checkpoints and two data sets; return their paths.
-
-    Keys: ``"tokenizer"``, the ``CI_MODELS`` names, ``"alpaca_short"`` and ``"alpaca2k_like"``.
-    Why: the lab must run on any machine with no model or data hub. Each asset is built into a temporary
-    name and renamed into place, so an interrupted run leaves nothing that looks complete, and each is
-    checked against its recorded spec before building, so a second call only reads a few small files and
-    reports "already built". ``force=True`` rebuilds everything.
-    """
+    """Each asset is checked against its recorded spec first, so a second call only reads a few small files."""
     t0 = time.perf_counter()
     paths = ci_paths()
     built = 0

@@ -1,20 +1,7 @@
-"""Generated Alpaca-style data sets, so runs need no data hub and have controlled token lengths.
-
-Time and memory of a fine-tuning step depend on how many tokens the samples have (and how they pad), not on
-what they say. So the generated set copies the *length distribution* of the real one and fills it with
-English-ish words from :mod:`lab_helpers.assets._text`.
-
-Assumption about litgpt's ``Alpaca2k`` (mhenrichsen/alpaca_2k_test, counted with the Llama tokenizer, over
-instruction + input + output, without the prompt template): most samples have 50-400 tokens, the mean is
-about 200, the distribution is right-skewed with a long tail, and the longest samples exceed 512 tokens, so
-``max_seq_length 512`` truncates a few. We model the total as log-normal (median 170, sigma 0.55, clipped to
-24-1024; mean ~198, ~92% within 50-400), and guarantee that a set of 50 or more samples has at least one
-sample over 600 tokens. About 40% of Alpaca samples have a non-empty input; so do ours.
-
-Token counts are exact for a given tokenizer: each field is over-generated and cut back at a word boundary
-to its token budget, counted with the lab's own tokenizer (trained in memory, about a second) or, when
-``tokenizer_dir`` is given, with that one (e.g. a real Llama ``tokenizer.json``), so the lengths hold for the
-tokenizer the runs will use.
+"""Generated Alpaca-style data: time and memory depend on the samples' token lengths, not on what they say. Assumed
+of litgpt's Alpaca2k (Llama tokenizer, instruction + input + output): most samples 50-400 tokens, mean ~200, a long
+tail past 512, ~40% with an input; modelled as log-normal (median 170, sigma 0.55, clipped to 24-1024). Each field
+is cut back at a word boundary to its exact token budget in the tokenizer the runs will use.
 """
 
 from __future__ import annotations
@@ -42,7 +29,6 @@ ALPACA2K_TAIL_TOKENS = 600
 _TAIL_MIN_SAMPLES = 50
 
 SHORT_RANGE = (20, 100)
-"""Total tokens of a "short" sample (instruction + input + output), for fast CI runs."""
 
 P_INPUT = 0.4
 
@@ -66,7 +52,6 @@ _FIT_MARGIN_WORDS = 3
 
 
 def _load_counter(tokenizer_dir: Path | None):
-    """A ``tokenizers.Tokenizer`` that counts tokens: the lab's own by default (built once per process)."""
     if tokenizer_dir is None:
         return _default_counter()
     from tokenizers import Tokenizer
@@ -97,7 +82,7 @@ def _cut(text: str, offsets: list[tuple[int, int]], budget: int) -> str:
 
 
 def _fit_all(counter, fields: list[tuple[str, int]]) -> list[str]:
-    """Each ``(text, budget)`` cut back to at most ``budget`` tokens (batch-encoded: this is the slow part)."""
+    """Batch-encoded: this is the slow part."""
     encs = counter.encode_batch([text for text, _ in fields], add_special_tokens=False)
     out = [
         text if len(enc.ids) <= budget else _cut(text, enc.offsets, budget)
@@ -141,7 +126,6 @@ def _raw_sample(rng: random.Random, total: int, lengths: str) -> list[tuple[str,
 def generate_alpaca(
     n_samples: int, *, lengths: Lengths, seed: int = 0, tokenizer_dir: Path | None = None
 ) -> list[dict[str, str]]:
-    """The records :func:`make_alpaca_json` writes, in memory (deterministic for a seed and tokenizer)."""
     if lengths not in ("alpaca2k", "short"):
         raise ValueError(f"lengths must be 'alpaca2k' or 'short', got {lengths!r}")
     if n_samples < 1:
@@ -161,7 +145,6 @@ def generate_alpaca(
 def alpaca_is_built(
     path: Path, *, n_samples: int, lengths: Lengths, seed: int = 0, tokenizer_dir: Path | None = None
 ) -> bool:
-    """True if ``path`` holds the data set of exactly this spec, intact (checked against its ``.spec``)."""
     spec = read_json(_spec_path(Path(path)))
     if not isinstance(spec, dict) or not Path(path).is_file():
         return False
@@ -178,15 +161,8 @@ def make_alpaca_json(
     tokenizer_dir: Path | None = None,
     force: bool = False,
 ) -> Path:
-    """Write (once) a JSON list of ``{"instruction", "input", "output"}`` records for litgpt's ``JSON`` data module.
-
-    ``lengths="alpaca2k"`` copies the token-length distribution of litgpt's Alpaca2k (see the module
-    docstring for the assumption), for measurements whose padding and truncation should match the real set;
-    ``"short"`` keeps each sample at 20-100 tokens so CI steps are fast. Token counts are those of the lab's
-    tokenizer, or of the one in ``tokenizer_dir`` (its ``tokenizer.json``). Deterministic for a seed. A sidecar
-    ``<name>.spec`` records what was generated: same spec and intact file, nothing is done unless ``force``.
-    The file is written to a temporary name and renamed, so a reader never sees half a file.
-    """
+    """For litgpt's ``JSON`` data module; ``"short"`` samples keep CI steps fast. A ``<name>.spec`` sidecar records
+    what was made, so an intact file of the same spec is not made again."""
     path = Path(path)
     kw = {"n_samples": n_samples, "lengths": lengths, "seed": seed, "tokenizer_dir": tokenizer_dir}
     if not force and alpaca_is_built(path, **kw):

@@ -1,9 +1,5 @@
-"""``prepare``: make sure a profile has its checkpoints and data before the first (paid-for) run.
-
-ci: build everything offline (random-weight tiny llamas, a local tokenizer, generated data); cached.
-gpu: download what is missing with ``litgpt download`` (resumable; a token comes from $HF_TOKEN) and the
-Alpaca2k data set, or, with ``random_weights``, build random-weight checkpoints of the real architectures and
-Alpaca2k-like generated data for a node without hub access (valid for time and memory, never for loss).
+"""``prepare``: a profile's checkpoints and data, before the first (paid-for) run. ci builds everything offline; gpu
+downloads what is missing, or with ``random_weights`` builds the real architectures for a node without hub access.
 """
 
 from __future__ import annotations
@@ -43,7 +39,6 @@ def prepare(
 
 
 def gpu_downloads(models: Sequence[str] | None) -> dict[str, str]:
-    """The gpu profile's hub repos (model key -> repo id), only ``models`` when given; unknown keys are refused."""
     repo_ids = dict(check_profile("gpu")["downloads"])
     if not models:
         return repo_ids
@@ -96,9 +91,8 @@ def _prepare_gpu_download(*, progress: Callable, models: Sequence[str] | None = 
 
 
 def downloaded(target: Path) -> bool:
-    """Whether ``target`` holds a whole converted checkpoint: litgpt writes ``model_config.yaml`` before it converts,
-    and a conversion cut off (Ctrl-C, a full disk) leaves part of ``lit_model.pth``, which torch.save writes as a
-    zip file; a zip's directory is at its end, so a file cut short is no zip file (``zipfile.is_zipfile``)."""
+    """litgpt writes ``model_config.yaml`` before it converts; a conversion cut off leaves part of ``lit_model.pth``,
+    a zip whose directory is at its end, so a file cut short is no zip file."""
     import zipfile
 
     weights = target / "lit_model.pth"

@@ -1,10 +1,6 @@
-"""A BPE tokenizer trained locally, so the ``ci`` profile needs no model hub.
-
-Byte-level BPE (as GPT-2 and Llama 3 use) so that every string encodes without unknown tokens and decoding
-one token at a time keeps its spaces (litgpt's Llama "decoding fix" is then not needed, hence
-``tokenizer_class = PreTrainedTokenizerFast``). Special tokens take ids 0, 1, 2 as in the Llama tokenizer:
-``<unk>``, ``<s>`` (bos), ``</s>`` (eos). With the default 4096 entries every id is valid for the real
-architectures too (their vocabulary is 32000).
+"""A BPE tokenizer trained locally, so the ``ci`` profile needs no hub. Byte-level (as GPT-2 and Llama 3), so every
+string encodes without unknown tokens and decoding one token at a time keeps its spaces; special tokens take ids
+0, 1, 2 as in Llama's, and 4096 entries leave every id valid for the real architectures (32000).
 """
 
 from __future__ import annotations
@@ -19,14 +15,11 @@ from . import _text
 from ._atomic import atomic_dir, build_lock, read_json, sha256_file, write_json
 
 DEFAULT_VOCAB_SIZE = 4096
-"""Small enough that the embedding does not dwarf the tiny ``ci`` models, big enough that common words are
-one token."""
+"""Small enough not to dwarf the tiny ``ci`` models, big enough that common words are one token."""
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
-"""What a checkpoint needs from the tokenizer (``generation_config.json`` carries the bos/eos ids)."""
 
 INFO_FILE = "lab_tokenizer.json"
-"""Our own record of how the tokenizer was made; its presence marks a finished build."""
 
 UNK, BOS, EOS = "<unk>", "<s>", "</s>"
 _CORPUS_SEED = 1234
@@ -43,8 +36,7 @@ _ALPACA_TEMPLATE = (
 
 
 def tokenizer_recipe(vocab_size: int = DEFAULT_VOCAB_SIZE) -> str:
-    """A name for everything that determines the tokenizer's bytes (the ``tokenizers`` version included, in
-    case its training changes); caches compare it."""
+    """Everything that determines the tokenizer's bytes, the ``tokenizers`` version included: caches compare it."""
     version = importlib.metadata.version("tokenizers")
     return (
         f"lab-bpe-bytelevel-v1/{_text.TEXT_RECIPE}/vocab{vocab_size}/corpus{_CORPUS_SEED}x{_CORPUS_LINES}"
@@ -53,7 +45,6 @@ def tokenizer_recipe(vocab_size: int = DEFAULT_VOCAB_SIZE) -> str:
 
 
 def tokenizer_is_built(dest: Path, *, vocab_size: int = DEFAULT_VOCAB_SIZE) -> bool:
-    """True if ``dest`` holds a finished tokenizer from the current recipe with this vocabulary size."""
     dest = Path(dest)
     info = read_json(dest / INFO_FILE)
     if not isinstance(info, dict) or info.get("recipe") != tokenizer_recipe(vocab_size):
@@ -64,7 +55,7 @@ def tokenizer_is_built(dest: Path, *, vocab_size: int = DEFAULT_VOCAB_SIZE) -> b
 
 
 def train_in_memory(vocab_size: int = DEFAULT_VOCAB_SIZE):
-    """Train the lab's tokenizer and return it as a ``tokenizers.Tokenizer`` (about a second, deterministic)."""
+    """About a second, deterministic."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if vocab_size < 512:
@@ -92,8 +83,7 @@ def train_in_memory(vocab_size: int = DEFAULT_VOCAB_SIZE):
 
 
 def tokenizer_identity(src: Path | None) -> dict[str, str]:
-    """What identifies a tokenizer for caches: the recipe for the lab's own (also when read from a folder whose
-    files still match their recorded hashes), else the sha256 of its files. ``None`` means the lab's default."""
+    """The recipe for the lab's own (from a folder whose files match their hashes too), else its files' sha256."""
     if src is None:
         return {"recipe": tokenizer_recipe(DEFAULT_VOCAB_SIZE)}
     src = Path(src)
@@ -105,10 +95,7 @@ def tokenizer_identity(src: Path | None) -> dict[str, str]:
 
 
 def write_tokenizer_files(dest: Path, *, vocab_size: int = DEFAULT_VOCAB_SIZE) -> dict:
-    """Train the tokenizer and write its files into the existing folder ``dest`` (not atomic: the callers are).
-
-    Returns the info record (also written to ``lab_tokenizer.json``).
-    """
+    """Not atomic: the callers are."""
     dest = Path(dest)
     tok = train_in_memory(vocab_size)
     ids = {t: tok.token_to_id(t) for t in (UNK, BOS, EOS)}
@@ -148,14 +135,7 @@ def write_tokenizer_files(dest: Path, *, vocab_size: int = DEFAULT_VOCAB_SIZE) -
 
 
 def train_tokenizer(dest: Path, *, vocab_size: int = DEFAULT_VOCAB_SIZE, force: bool = False) -> Path:
-    """Train (once) a byte-level BPE tokenizer that ``litgpt.Tokenizer(dest)`` loads; return ``dest``.
-
-    Why: the ``ci`` profile and random-weight dry runs cannot download a tokenizer. The training text is
-    generated from fixed seeds, so the result is the same on every machine and the files can be compared
-    by hash. Writes ``tokenizer.json``, ``tokenizer_config.json`` (bos/eos tokens, ``add_bos_token``),
-    ``generation_config.json`` and ``lab_tokenizer.json`` (the recipe, which makes the cache check cheap).
-    Already built with the same recipe: returns at once unless ``force``.
-    """
+    """The training text comes from fixed seeds, so the files are the same on every machine and compare by hash."""
     dest = Path(dest)
     if not force and tokenizer_is_built(dest, vocab_size=vocab_size):
         return dest
@@ -167,7 +147,6 @@ def train_tokenizer(dest: Path, *, vocab_size: int = DEFAULT_VOCAB_SIZE, force: 
 
 
 def copy_tokenizer_files(src: Path, dest: Path) -> None:
-    """Copy the tokenizer files litgpt reads (and our info record, when there is one) from ``src`` to ``dest``."""
     src, dest = Path(src), Path(dest)
     if not (src / "tokenizer.json").is_file() and not (src / "tokenizer.model").is_file():
         raise FileNotFoundError(f"{src} has neither tokenizer.json nor tokenizer.model")

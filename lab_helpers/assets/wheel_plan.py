@@ -1,8 +1,4 @@
-"""What a wheelhouse holds, decided by pure functions that ``wheelhouse`` runs pip with (unit-tested offline): the
-lab's requirements and pins (pyproject's extras, ``scripts/constraints.txt``), the node the wheels are for
-(``Target``: its Python, glibc and platform tags), pip's command lines for the three steps, pip's resolution
-report with litgpt's caps read back and checked, the metadata-only torch placeholder, and what the node already
-has (``--node-has``) against what is left to collect.
+"""What a wheelhouse holds, decided by pure functions that ``wheelhouse`` runs pip with, so all of it is tested offline.
 """
 
 from __future__ import annotations
@@ -30,16 +26,14 @@ PYPROJECT = REPO / "pyproject.toml"
 CONSTRAINTS = REPO / "scripts" / "constraints.txt"
 OPTIONAL_GROUPS = ("qlora", "notebooks")  # what only --with adds (bitsandbytes alone is ~58 MiB)
 GROUP_EXTRAS = {"qlora": "qlora", "notebooks": "execute"}
-"""The pyproject extra each ``--with`` group collects: ``notebooks`` is headless execution (nbclient, nbformat,
-ipykernel), what a GPU node needs to run the notebooks, not JupyterLab."""
+"""``notebooks`` is headless execution (nbclient, ipykernel), what a GPU node needs, not JupyterLab."""
 GPU_GROUPS = ("qlora",)  # the optional groups that are part of the gpu extra
 NODE_PROVIDES = "torch"  # what the node already has, with its CUDA wheels
 DEFAULT_GLIBC = "2.28"  # torch's own wheels need manylinux_2_28, so every node that runs torch has at least it
 PLACEHOLDER_LOCAL = "node"  # torch==X+node: the placeholder's version, so only it can satisfy the pin
 IMPORTED_WHEN_PRESENT = ("transformers",)
-"""Node packages that the lab's stack imports whenever they are installed (torchmetrics and DeepSpeed import
-transformers), so they must agree with litgpt's caps: transformers 5.17 needs huggingface_hub>=1.5 and fails at
-``import lightning`` beside litgpt's huggingface_hub<1.4. A node that has one gets a compatible version carried."""
+"""Imported by the lab's stack whenever installed, so they must agree with litgpt's caps: transformers 5.17 needs
+huggingface_hub>=1.5 and fails at ``import lightning`` beside litgpt's huggingface_hub<1.4."""
 
 
 class WheelhouseError(LabConfigError):
@@ -70,14 +64,12 @@ class Target:
         return tags + [f"{name}_{self.arch}" for n, name in legacy.items() if n <= minor]
 
     def pip_args(self) -> list[str]:
-        """pip's options that select wheels for this target instead of for the interpreter running pip."""
         args = ["--only-binary=:all:", "--implementation", "cp", "--python-version", self.python]
         for tag in self.platform_tags():
             args += ["--platform", tag]
         return args
 
     def marker_environment(self) -> dict[str, str]:
-        """PEP 508 marker values of the node, to evaluate requirements such as ``...; sys_platform == "linux"``."""
         env = dict(default_environment())
         env.update(
             python_version=self.python,
@@ -100,8 +92,7 @@ def read_pyproject(path: Path = PYPROJECT) -> dict:
 
 
 def extra_requirements(pyproject: dict, extra: str) -> list[str]:
-    """The requirements of one extra, with the extras it names of this package itself (``lab_helpers[data]``:
-    each pin lives in one extra) replaced by their own requirements, as pip resolves them."""
+    """This package's own extras named in it (``lab_helpers[data]``) expanded, as pip resolves them."""
     project = pyproject["project"]
     own = canonicalize_name(project["name"])
     found: list[str] = []
@@ -116,8 +107,7 @@ def extra_requirements(pyproject: dict, extra: str) -> list[str]:
 
 
 def lab_extras(pyproject: dict, *, with_groups: Iterable[str] = ()) -> list[str]:
-    """The pip extras a node installs from the wheelhouse: ``gpu`` when every optional group is collected,
-    else the extras ``gpu`` is made of less the optional groups left out (``data,multi`` without qlora)."""
+    """``gpu`` when every optional group is collected, else the extras it is made of less those left out."""
     optional = pyproject["project"]["optional-dependencies"]
     chosen = set(with_groups)
     unknown = chosen - set(OPTIONAL_GROUPS)
@@ -141,8 +131,7 @@ def lab_extras(pyproject: dict, *, with_groups: Iterable[str] = ()) -> list[str]
 
 
 def lab_requirements(pyproject: dict, extras: Sequence[str]) -> list[str]:
-    """What the node needs: the core dependencies, those of ``extras``, and the build backend that an
-    editable install of the checkout runs (offline, pip's build isolation takes it from the wheelhouse too)."""
+    """The build backend too: offline, an editable install's build isolation takes it from the wheelhouse."""
     project = pyproject["project"]
     requirements = list(project["dependencies"])
     for extra in extras:
@@ -155,7 +144,6 @@ def lab_requirements(pyproject: dict, extras: Sequence[str]) -> list[str]:
 
 
 def read_constraints(path: Path = CONSTRAINTS, *, drop: Iterable[str] = (NODE_PROVIDES,)) -> list[str]:
-    """The repository's pins, one ``name==version`` a line, less those of ``drop`` (the node's own torch)."""
     dropped = {canonicalize_name(name) for name in drop}
     pins = []
     for line in path.read_text().splitlines():
@@ -166,7 +154,6 @@ def read_constraints(path: Path = CONSTRAINTS, *, drop: Iterable[str] = (NODE_PR
 
 
 def pinned_version(constraints: Sequence[str], name: str) -> str:
-    """The ``==`` version that the constraints give ``name``; a clear error when there is none."""
     for text in constraints:
         req = Requirement(text)
         specs = list(req.specifier)
@@ -179,8 +166,7 @@ def pinned_version(constraints: Sequence[str], name: str) -> str:
 
 
 def deepspeed_wheel_command(version: str, dest: Path, python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
-    """``pip wheel`` of DeepSpeed's sdist with no ops compiled: a pure py3-none-any wheel, JIT-built ops on the node.
-    Returns the command and the environment overrides."""
+    """No ops compiled: a pure py3-none-any wheel whose ops are JIT-built on the node."""
     command = [python, "-m", "pip", "wheel", "--no-deps", "--progress-bar", "off", "-w", str(dest)]
     return command + [f"deepspeed=={version}"], {"DS_BUILD_OPS": "0"}
 
@@ -194,8 +180,7 @@ def resolve_command(
     scratch: Path,
     python: str = sys.executable,
 ) -> list[str]:
-    """Resolve for the node from metadata alone (``--dry-run``), with local wheels (DeepSpeed's, torch's
-    placeholder) beside the index. ``--target`` keeps this interpreter's own packages out of the answer."""
+    """From metadata alone (``--dry-run``); ``--target`` keeps this interpreter's own packages out of the answer."""
     command = [
         python,
         "-m",
@@ -242,7 +227,6 @@ class Resolved:
 
 
 def parse_report(report: dict) -> list[Resolved]:
-    """pip's installation report (``--report``), less the node's own torch placeholder."""
     resolved = []
     for item in report.get("install", []):
         meta = item["metadata"]
@@ -253,8 +237,7 @@ def parse_report(report: dict) -> list[Resolved]:
 
 
 def caps_of(requires: Iterable[str], target: Target) -> list[Requirement]:
-    """The run-time requirements of one package's metadata that cap or pin a version (``<``, ``<=``, ``==``,
-    ``~=``) on this target: what a node's newer preinstalled packages can violate."""
+    """What a node's newer preinstalled packages can violate."""
     env = {**target.marker_environment(), "extra": ""}
     caps = []
     for text in requires:
@@ -267,8 +250,6 @@ def caps_of(requires: Iterable[str], target: Target) -> list[Requirement]:
 
 
 def check_caps(resolved: Sequence[Resolved], owner: str, target: Target) -> list[Requirement]:
-    """Every cap of ``owner`` (litgpt) is met by the resolved set, its extras' packages included.
-    Returns the caps (for the progress line and the manifest); raises naming the first one broken."""
     by_name = {canonicalize_name(r.name): r for r in resolved}
     if canonicalize_name(owner) not in by_name:
         raise WheelhouseError(f"the resolution holds no {owner}; is it still a dependency in pyproject.toml?")
@@ -283,8 +264,7 @@ def check_caps(resolved: Sequence[Resolved], owner: str, target: Target) -> list
 
 
 def placeholder_wheel(folder: Path, version: str) -> Path:
-    """A metadata-only wheel ``torch-<version>+node`` that stands for the node's installed torch while resolving,
-    so that pip neither needs nor fetches torch's CUDA wheels. It is never downloaded into the wheelhouse."""
+    """Stands for the node's own torch while resolving, so pip neither needs nor fetches torch's CUDA wheels."""
     name = "torch"
     full = f"{version}+{PLACEHOLDER_LOCAL}"
     info = f"{name}-{full}.dist-info"
@@ -313,8 +293,6 @@ def _name(requirement: str) -> str:
 
 
 def read_node_packages(path: Path) -> dict[str, str | None]:
-    """What the node has: ``pip list --format=freeze`` lines (``name==version``) or bare names, ``#`` comments.
-    Returns {canonical name: version or None}."""
     try:
         text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (an editor's or PowerShell's) is no name
     except OSError as err:
@@ -345,14 +323,9 @@ def left_to_collect(
     requirements: Sequence[str] = (),
     reasons: dict[str, str] | None = None,
 ) -> list[Resolved]:
-    """The resolution less what the node already has in the resolved version (or, unversioned, any version that
-    nothing caps): a node's own package stays in use, a differing or capped one is carried.
-
-    Given the ``target``, a node's package in another version stays in use too when every requirement on it (the
-    lab's ``requirements`` and each resolved package's metadata, every extra counted) accepts that version, as
-    pip would, if the package needs nothing itself (its own requirements in the node's version are unknown here):
-    the GPU image's numpy 2.5.2 serves where the resolution picked 2.4.6 (16 MiB not carried). Each
-    package carried for a requirement the node's version breaks gets that requirement in ``reasons``."""
+    """A node's package in another version stays in use when every requirement on it accepts that version and it
+    needs nothing itself (its own requirements are unknown here): the GPU image's numpy 2.5.2 serves where the
+    resolution picked 2.4.6, 16 MiB not carried."""
     capped = {canonicalize_name(c.name) for c in caps}
     accepted = _specifiers_by_name(resolved, requirements, target) if target is not None else None
     keep = []
@@ -375,7 +348,6 @@ def left_to_collect(
 
 
 def _is_version(text: str | None) -> bool:
-    """None (any version) or a PEP 440 version."""
     try:
         return text is None or bool(Version(text))
     except InvalidVersion:
@@ -385,9 +357,7 @@ def _is_version(text: str | None) -> bool:
 def _specifiers_by_name(
     resolved: Sequence[Resolved], requirements: Sequence[str], target: Target
 ) -> defaultdict[str, list]:
-    """Every (owner, version specifier) on each package from the lab's requirements and the resolved packages'
-    metadata that applies on this target: a requirement under an extra counts only where some applying
-    requirement asks for that extra (``jsonargparse[signatures]``), as pip resolved it."""
+    """A requirement under an extra counts only where an applying one asks for that extra, as pip resolved it."""
     env = target.marker_environment()
     requires = {canonicalize_name(item.name): (item.name, item.requires) for item in resolved}
     extras: defaultdict[str, set[str]] = defaultdict(set)  # the extras asked for, per package
@@ -409,11 +379,10 @@ def _specifiers_by_name(
 
 
 def requirements_on_target(requires: Iterable[str], target: Target) -> list[Requirement]:
-    """The run-time requirements of one package's metadata that apply on this target, extras left out."""
     env = {**target.marker_environment(), "extra": ""}
     return [req for req in map(Requirement, requires) if req.marker is None or req.marker.evaluate(env)]
 
 
 def node_imported_requirements(node_has: dict[str, str | None] | None) -> list[str]:
-    """The IMPORTED_WHEN_PRESENT packages the node has, unpinned: resolved with the lab's so that they agree."""
+    """Unpinned: resolved with the lab's so that they agree."""
     return [name for name in IMPORTED_WHEN_PRESENT if node_has and canonicalize_name(name) in node_has]

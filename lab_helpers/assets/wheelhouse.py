@@ -1,30 +1,11 @@
 """``python -m lab_helpers wheelhouse``: every wheel the lab needs on an offline GPU node, collected elsewhere.
 
-Why: many university and HPC GPU nodes have a CUDA torch but no internet. ``pip install`` there fails on the
-first missing package, and installing torch again is neither possible nor wanted (it is several GB and the
-node's own build matches its driver). So, on a machine with PyPI access, this collects for the node's Python
-and manylinux x86_64 the lab's whole dependency closure *except torch and its CUDA libraries*, then
-``scripts/setup-env.sh`` installs it there with ``--no-index --find-links DIR`` into a venv that sees the
-node's torch (``LAB_WHEELHOUSE=DIR bash scripts/run-lab.sh``).
-
-How, in three pip steps whose command lines are built by pure functions (``wheel_plan``, unit-tested offline):
-1. DeepSpeed is an sdist; ``DS_BUILD_OPS=0 pip wheel --no-deps`` turns it into a pure ``py3-none-any`` wheel
-   (about 2 MB; its ops are JIT-built on the node, as the lab does everywhere).
-2. ``pip install --dry-run --report`` resolves the lab's requirements for the target Python and platform
-   from metadata alone. torch is stood in for by a metadata-only placeholder wheel of the node's version
-   (never saved to the wheelhouse): the real one would drag in its CUDA wheels, and the node has it already.
-   litgpt's caps (``huggingface_hub<1.4``, ``jsonargparse[signatures]<=4.41``, ``psutil==7.2.2`` in 0.5.13)
-   come with litgpt's own metadata; after resolving they are read back from it and checked, never typed here.
-3. ``pip download --no-deps`` fetches exactly the resolved set, which the node installs as it is
-   (``pip install --no-index --no-deps``: no resolving there, so the node's torch and its CUDA wheels are
-   never re-checked or touched).
-
-bitsandbytes (about 58 MiB) is only collected with ``--with qlora``; ``--cuda 13.0`` keeps only the library that
-the node's torch loads (3.5 MiB). ``--node-has FILE`` (the node's
-``pip list --format=freeze``, or one name per line) leaves out what the node already has, so that a wheelhouse
-for a well-stocked image is a few MiB instead of ~140: kept are the packages whose listed version differs from
-the resolution, and every package litgpt caps or pins (a name without a version could break the cap). The wheelhouse also holds
-``lab-extras.txt`` (the pip extras it serves) and ``manifest.json`` (target, wheels, litgpt's caps).
+Many GPU nodes have a CUDA torch but no internet, and installing torch again is neither possible nor wanted (the
+node's build matches its driver). So this collects the lab's dependency closure *except torch*, for the node's Python
+and platform, in three pip steps: DeepSpeed's sdist built into a pure wheel; a ``--dry-run --report`` resolution
+against a metadata-only torch placeholder (the real one would drag in its CUDA wheels), with litgpt's caps read back
+from its metadata and checked; and ``pip download --no-deps`` of exactly that set, which the node installs with
+``--no-index --no-deps``, never touching its torch.
 """
 
 from __future__ import annotations
@@ -115,19 +96,14 @@ def pip_error(lines: Sequence[str]) -> str:
 
 
 def bitsandbytes_library(cuda: str) -> str:
-    """The file name of bitsandbytes' library for the CUDA ``cuda`` ("13.0"); a one-line error for anything else."""
     if not re.fullmatch(r"\d{2}\.\d", cuda):
         raise WheelhouseError(f"--cuda {cuda!r}: give the node's torch CUDA as MAJOR.MINOR, e.g. 13.0")
     return f"libbitsandbytes_cuda{cuda.replace('.', '')}.so"
 
 
 def trim_bitsandbytes(wheel: Path, cuda: str) -> tuple[int, int]:
-    """Rewrite a bitsandbytes wheel in place with only the CUDA ``cuda`` ("13.0") library and the CPU one.
-
-    Why: the wheel holds one library per CUDA release and ROCm (about 58 MiB); bitsandbytes loads only the one of
-    the node's torch (``torch.version.cuda``), 3.5 MiB for CUDA 13.0, so a trimmed wheel fits beside the rest of
-    a wheelhouse on a size-limited transfer. RECORD is rewritten to match. Returns (bytes before, bytes after).
-    """
+    """The wheel holds a library per CUDA release (about 58 MiB), but bitsandbytes loads only torch's (3.5 MiB for
+    CUDA 13.0): trimmed, it fits a size-limited transfer."""
     keep = {bitsandbytes_library(cuda), "libbitsandbytes_cpu.so"}
     with zipfile.ZipFile(wheel) as archive:
         entries = [(info, archive.read(info)) for info in archive.infolist()]
