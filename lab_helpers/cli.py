@@ -287,12 +287,11 @@ def _print_comparison(
 
 
 def _cmd_results(args: argparse.Namespace) -> int:
-    import json
-
-    from lab_helpers.record.records import load_results, read_records
+    from lab_helpers.record.records import load_results, write_records_json
 
     if args.format == "json":
-        print(json.dumps(read_records(), indent=1))
+        write_records_json(sys.stdout)  # json.dumps(read_records(), indent=1), a record at a time
+        print()
     else:
         load_results().to_csv(sys.stdout, index=False)
     return 0

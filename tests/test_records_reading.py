@@ -103,3 +103,46 @@ def test_text_that_is_not_unicode_is_still_found(line):
     """The encoding check is skipped only for an ASCII line without a surrogate escape (all the lab writes)."""
     [(where, record, problem)] = list(scan_lines(line + b"\n"))
     assert record is None and problem == "text that is not valid Unicode in reason"
+
+
+def _gpu_run(i: int, busy: float, spread: float) -> dict:
+    from lab_helpers.record.time_bound import band
+
+    return {"experiment": "small-batch", "status": "ok", "bound": band(busy), "bound_reason": "measured",
+            "gpu_busy_pct": busy, "gpu_busy_spread_pct": spread, "gpu_busy_sample_count": 12, "run_id": f"r{i}",
+            "device_name": "NVIDIA H200", "profile": "gpu", "rank": 0, "world_size": 1, "overrides": {}}  # fmt: skip
+
+
+def test_a_reason_names_three_runs_labelled_otherwise_and_counts_the_rest():
+    """A class's term holds thousands of runs of one experiment on one GPU: each reason named every run labelled
+    otherwise (a quadratic text: 500 runs, 54 kB a reason). It names the first NAMED_OTHERS and counts the rest;
+    with three or fewer it is what it was (the shipped references)."""
+    from lab_helpers.record.time_bound import NAMED_OTHERS, agree_within_noise
+
+    runs = agree_within_noise([_gpu_run(i, 97.0 if i % 2 else 60.0, 1.0) for i in range(400)])
+    assert {run["bound"] for run in runs} == {"gpu", "both"}
+    reason = runs[0]["bound_reason"]
+    assert reason.count("; the other `small-batch` run on this GPU") == NAMED_OTHERS
+    assert reason.endswith(f"; and {200 - NAMED_OTHERS} more run(s) of `small-batch` on this GPU labelled otherwise")
+    assert "(r1)" in reason and "(r3)" in reason and "(r5)" in reason and "(r7)" not in reason  # in stored order
+    few = agree_within_noise([_gpu_run(i, 97.0 if i == 0 else 60.0, 1.0) for i in range(3)])
+    assert few[0]["bound_reason"].count("; the other") == 2 and "more run(s)" not in few[0]["bound_reason"]
+
+
+def test_pooled_labels_are_the_pairwise_loops():
+    """The pairs of a group are compared at numpy's speed; the labels and pooled figures are the loop's, bit for
+    bit, boundary pairs (figures exactly the joint noise apart) included."""
+    import math
+
+    from lab_helpers.record.time_bound import _apart, _pooled_labels, band
+
+    rnd = random.Random(7)
+    runs = [_gpu_run(i, rnd.choice([48.0, 52.0, 85.0, 88.0, 91.0, round(rnd.uniform(40, 99), 2)]),
+                     rnd.choice([3.0, 4.0, 5.0, 0.0, rnd.uniform(0, 8)])) for i in range(300)]  # fmt: skip
+    runs[5]["gpu_busy_spread_pct"] = None  # no noise estimate: agrees with every run
+    for run, (label, pooled, others) in zip(runs, _pooled_labels(runs), strict=True):
+        agreeing = [other for other in runs if _apart(run, other)[0] <= _apart(run, other)[1]]
+        weights = [12.0 for _ in agreeing]
+        expected = sum(w * o["gpu_busy_pct"] for w, o in zip(weights, agreeing, strict=True)) / sum(weights)
+        assert (others, pooled) == (len(agreeing) - 1, expected) and not math.isnan(pooled)
+        assert label == (band(expected) if len(agreeing) > 1 else run["bound"])

@@ -37,7 +37,7 @@ from lab_helpers.config.iteration_times import length_split, steady_timing, time
 from lab_helpers.config.paths import describe_os_error, open_regular, reference_dir, results_dir
 from lab_helpers.config.record_schema import STATUSES, conform, record_unfit
 from lab_helpers.config.secrets import redact_mapping
-from lab_helpers.record.time_bound import agree_within_noise, rederived
+from lab_helpers.record.time_bound import AGREEMENT_FIELDS, agree_within_noise, pooled_candidate, rederived
 
 RESULTS_FILENAME = "runs.jsonl"
 
@@ -231,7 +231,7 @@ def _scan(lines: Iterable[bytes]) -> Iterator[tuple[str, dict[str, Any] | None, 
     """``scan_lines`` over lines as a binary file yields them (split at b"\\n", each with its newline). "Trailing
     line" names what it always named: the last two parts of the text split at newlines (the last line, and the
     empty part after it where the text ends with one). Keys are shared between the records read (``_shared_keys``:
-    a key's text stored once, not once per record: half of a record's memory)."""
+    a key's text stored once, not once per record: half of a record's memory; repeated text values too)."""
     decoder = json.JSONDecoder(object_pairs_hook=_shared_keys())
     pending: list[bytes] = []  # the last two lines: whether they are "trailing" is known at the end
     number = 0
@@ -267,12 +267,14 @@ def _scan_one(
 
 def _shared_keys():
     """An ``object_pairs_hook`` that builds each JSON object as ``json`` does (the last of a repeated key wins, in
-    the first one's place) with its keys' text taken from those already read: 100,000 records hold each key once."""
-    keys: dict[str, str] = {}
-    shared = keys.setdefault
+    the first one's place) with its keys' text, and its values' where they are text, taken from those already
+    read: 100,000 records hold each key once, and each status, path, version or sentence they repeat once (a
+    string cannot change, so sharing it changes nothing a reader sees)."""
+    texts: dict[str, str] = {}
+    shared = texts.setdefault
 
     def build(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        return {shared(key, key): value for key, value in pairs}
+        return {shared(key, key): shared(value, value) if value.__class__ is str else value for key, value in pairs}
 
     return build
 
@@ -302,6 +304,17 @@ def _open_results_file(target: Path) -> BinaryIO | None:
 
 def read_records(path: Path | str | None = None) -> list[dict[str, Any]]:
     return list(iter_records(path))
+
+
+def write_records_json(out: Any, path: Path | str | None = None) -> None:
+    """The stored records as ``json.dumps(read_records(path), indent=1)`` writes them (``results``), written a
+    record at a time: 100,000 records never stand in memory, as records or as one text. Each record is dumped on
+    its own and indented one level, which is what the list's dump does (a JSON string holds no newline)."""
+    opening = "[\n "
+    for record in iter_records(path):
+        out.write(opening + json.dumps(record, indent=1).replace("\n", "\n "))
+        opening = ",\n "
+    out.write("[]" if opening == "[\n " else "\n]")
 
 
 def lab_and_reference_records() -> list[dict[str, Any]]:
@@ -338,17 +351,46 @@ def conformed_records(records: Iterable[dict[str, Any]], folders: Sequence[Path]
     return agree_within_noise([conformed(record, folders) for record in records])
 
 
+def _conformed_rows(records: Iterable[dict[str, Any]], folders: Sequence[Path]) -> tuple[list[str], list[list[Any]]]:
+    """``conformed_records`` as (columns, one list of values per record): what ``pd.DataFrame`` makes of the
+    conformed dicts, without 100,000 dicts of 100 keys standing in memory together (a third of a GPU record's
+    memory). The columns are the keys in the order first seen (the schema's, then any unknown one), a key a record
+    lacks is NaN, as pandas fills it; ``agree_within_noise`` is given the fields it reads (``AGREEMENT_FIELDS``)
+    of the runs it pools and its labels are written back into their rows."""
+    nan = float("nan")
+    columns: list[str] = []
+    rows: list[list[Any]] = []
+    pooled: list[tuple[int, dict[str, Any]]] = []
+    for record in records:
+        out = conformed(record, folders)
+        if (keys := list(out)) == columns:  # the common case: the keys seen already, in their order (conform's)
+            rows.append(list(out.values()))
+        else:
+            columns += [key for key in keys if key not in set(columns)]
+            rows.append([out.get(key, nan) for key in columns])
+        if pooled_candidate(out):
+            pooled.append((len(rows) - 1, {key: out.get(key) for key in AGREEMENT_FIELDS}))
+    agree_within_noise([fields for _, fields in pooled])
+    if pooled:
+        bound, reason = columns.index("bound"), columns.index("bound_reason")
+        for index, fields in pooled:
+            rows[index][bound], rows[index][reason] = fields["bound"], fields["bound_reason"]
+    for row in rows:  # a key first seen late: NaN in the rows before it
+        row += [nan] * (len(columns) - len(row))
+    return columns, rows
+
+
 def load_results(path: Path | str | None = None):
     """All records as a pandas DataFrame, one row per record (per rank for distributed runs), with every
     field of ``record_schema`` as a column (None where an older record lacks it)."""
     import pandas as pd  # keeps `python -m lab_helpers run` from paying pandas' import time
 
     folders = (results_path(path).parent, results_dir(), reference_dir())  # where its timelines are
-    records = conformed_records(iter_records(path), folders)
-    if not records:
+    columns, rows = _conformed_rows(iter_records(path), folders)
+    if not rows:
         return pd.DataFrame(columns=["experiment", "profile", "status", "rank"])
-    frame = pd.DataFrame(records)  # json_normalize(max_level=0) is this after a deep copy of every record
-    del records  # the frame holds the values: the records' own dicts go now, not when this returns
+    frame = pd.DataFrame(rows, columns=columns)  # as from the dicts: the same conversion of each column
+    del rows  # the frame holds the values now
     for column in ("experiment", "profile", "status", "rank"):
         if column not in frame:
             frame[column] = None
