@@ -1,16 +1,8 @@
-"""The memory arithmetic the notebooks teach: bytes per parameter and model-state GiB, computed, never typed.
-
-Why a module of its own: the notebooks state the same figures in several places (01's 7B model states, 02's
-"8 bytes/param", 00's 13B verdict, the DeepSpeed host RAM), and typed by hand they drifted apart (50 vs 52 GiB,
-18 vs 16 B/param). Here each figure has one source: the experiment's own recipe (precision, optimizer, LoRA,
-quantization) and the real model's parameter count, taken from litgpt's config by building the model on the
-``meta`` device (no weights, no memory, about a second). The planner traces the whole step; this module only
-does the model-state arithmetic a student can check on paper.
-
-Model states are what lives for the whole run whatever the batch: weights, gradients and optimizer states.
-Mixed precision additionally makes half-precision copies of the weights for the matmuls while forward and
-backward run; those are transient (the planner counts them under activations / temporaries), so they are
-shown beside the model states, not in them.
+"""The memory arithmetic the notebooks teach: bytes per parameter and model-state GiB, computed from the
+experiment's recipe and the real model's parameter count, never typed, so the notebooks' several mentions of a
+figure cannot disagree. Model states live the whole run: weights, gradients, optimizer states. Mixed precision's
+half-precision weight copies are transient (the planner counts them with the activations), so they are shown
+beside the model states, not in them.
 """
 
 from __future__ import annotations
@@ -48,7 +40,6 @@ class BytesPerParam:
 
     @property
     def total(self) -> float:
-        """Model states per parameter: weights + gradients + optimizer states (``transient`` excluded)."""
         return self.weights + self.gradients + self.optimizer_states
 
     def formula(self) -> str:
@@ -60,7 +51,6 @@ EIGHT_BIT_OPTIMIZERS = ("adamw8bit", "pagedadamw8bit")  # bitsandbytes.optim.Ada
 
 
 def optimizer_state_count(optimizer: str, optimizer_args: Mapping[str, Any] | None = None) -> int:
-    """How many parameter-sized tensors the optimizer keeps: AdamW 2 moments, SGD 0 (1 with momentum)."""
     name = optimizer.rsplit(".", 1)[-1].lower()
     if name in ("adamw", "adam", "pagedadamw", "deepspeedcpuadam", *EIGHT_BIT_OPTIMIZERS):
         return 2
@@ -72,9 +62,8 @@ def optimizer_state_count(optimizer: str, optimizer_args: Mapping[str, Any] | No
 def trainable_bytes(
     precision: str, optimizer: str = "AdamW", optimizer_args: Mapping[str, Any] | None = None, *, paged: bool = False
 ) -> BytesPerParam:
-    """Bytes per *trained* parameter. Optimizer states take the weights' dtype (torch's AdamW does), except
-    bitsandbytes' paged AdamW (litgpt's QLoRA optimizer), which keeps 32-bit states, and bitsandbytes' 8-bit
-    AdamW, which keeps each moment in 1 byte plus one fp32 scale (absmax) per block of 256 values."""
+    """Optimizer states take the weights' dtype (torch's AdamW does), except bitsandbytes' paged AdamW (litgpt's QLoRA
+    optimizer: 32-bit states) and 8-bit AdamW (1 byte a moment plus an fp32 absmax per block of 256 values)."""
     weight = precision_bytes(precision)
     state = 4 if paged else weight
     if optimizer.rsplit(".", 1)[-1].lower() in EIGHT_BIT_OPTIMIZERS:
@@ -86,7 +75,6 @@ def trainable_bytes(
 
 
 def frozen_bytes(precision: str) -> BytesPerParam:
-    """Bytes per *frozen* parameter (LoRA's base model): the weight only."""
     return BytesPerParam(precision_bytes(precision), 0, 0)
 
 
@@ -102,8 +90,6 @@ def nf4_bytes_per_param(numel: int, double_quant: bool) -> float:
 
 @dataclass(frozen=True)
 class ParamCounts:
-    """Parameters of a model as an experiment builds it (LoRA adapters included where it has them)."""
-
     name: str
     total: int
     trainable: int
@@ -113,11 +99,8 @@ class ParamCounts:
 
 @functools.lru_cache(maxsize=16)
 def count_params(checkpoint_dir: str, lora_items: tuple[tuple[str, Any], ...] = ()) -> ParamCounts:
-    """Count parameters by building the litgpt model on the meta device (no memory, no weights needed).
-
-    ``checkpoint_dir`` names the model as the planner reads it: its ``model_config.yaml`` when downloaded,
-    else litgpt's config of that name.
-    """
+    """Built on the meta device: no memory, no weights needed. ``checkpoint_dir``'s ``model_config.yaml`` where it is
+    downloaded, else litgpt's config of that name."""
     import torch
     from torch import nn
 
@@ -144,8 +127,6 @@ def count_params(checkpoint_dir: str, lora_items: tuple[tuple[str, Any], ...] = 
 
 @dataclass(frozen=True)
 class ModelStates:
-    """The model-state arithmetic of one experiment: parameter counts, bytes per parameter, GiB."""
-
     exp_id: str
     model: str
     precision: str
@@ -161,7 +142,6 @@ class ModelStates:
 
     @property
     def bytes(self) -> float:
-        """Model states in bytes: the trained parameters' states plus the frozen weights."""
         return self.counts.trainable * self.trained.total + self.frozen_params * self.frozen_per_param
 
     @property
@@ -174,7 +154,6 @@ class ModelStates:
         return self.counts.total * self.trained.transient / GIB
 
     def markdown(self) -> str:
-        """The arithmetic as one Markdown paragraph, every figure computed here."""
         c = self.counts
         head = f"**{self.exp_id}** ({self.model}, {self.precision}, {self.optimizer}): "
         trained = (
@@ -208,7 +187,6 @@ class ModelStates:
 
 
 def model_states(exp_id: str, *, profile: str = "gpu", overrides: Mapping[str, Any] | None = None) -> ModelStates:
-    """The model-state arithmetic of ``exp_id`` as it runs on ``profile`` (default: the real models)."""
     from lab_helpers.config.experiments import resolve, resolve_path
 
     run = resolve(exp_id, profile, overrides, check_files=False)
@@ -242,10 +220,8 @@ def model_states(exp_id: str, *, profile: str = "gpu", overrides: Mapping[str, A
 
 
 def fsdp_bytes_per_param(exp_id: str = "fsdp", *, profile: str = "gpu") -> dict[str, str]:
-    """Model states per GPU of a fully sharded experiment, in bytes per parameter as formulas in N (the prose's
-    figures, computed): ``sharded`` between optimizer steps, everything split (``8/N`` in bf16-true), and
-    ``accumulating`` while FSDP1 accumulates under Lightning's ``no_sync``: the gradients whole on every GPU, the
-    weights and optimizer states split (``2 + 6/N``)."""
+    """Per-GPU model states as formulas in N: ``sharded`` between optimizer steps (``8/N`` in bf16-true);
+    ``accumulating`` under FSDP1's ``no_sync``, the gradients whole on every GPU (``2 + 6/N``)."""
     bytes_per = model_states(exp_id, profile=profile).trained
     rest = bytes_per.weights + bytes_per.optimizer_states
     return {"sharded": f"{bytes_per.total:g}/N", "accumulating": f"{bytes_per.gradients:g} + {rest:g}/N"}
@@ -264,20 +240,8 @@ def _optimizer(value: Any) -> tuple[str, dict[str, Any]]:
 
 @dataclass(frozen=True)
 class Communication:
-    """What one optimizer step of a section-02 experiment moves, per GPU, with the recipe's own accumulation.
-
-    The counts are ``planner.communication``'s (derived once there, for the time model too; its docstring says
-    where in torch and Lightning each was read): Ψ is the model's weights in the training precision, a the
-    micro-batches per optimizer step. DDP all-reduces the gradients once per step (Lightning accumulates under
-    ``no_sync``): 2Ψ whatever a. FSDP1 under Lightning (the GPU path) accumulates under ``no_sync`` too: one
-    reduce-scatter per step; FULL_SHARD per block gathers each block for forward and again for backward and the root
-    unit (embedding, final norm, head: Ψ_root) once, in every micro-batch: (2a + 1)Ψ − aΨ_root; one unit (the
-    course's) (a + 1)Ψ; SHARD_GRAD_OP keeps the weights gathered from the first forward to the last backward: 2Ψ.
-    FSDP2 (the CPU ranks) reduce-scatters every micro-batch: 3aΨ − aΨ_root per block, 2aΨ one unit or grad-op.
-    ZeRO-2 (a + 1)Ψ; ZeRO-3 3aΨ. Ring collectives: each GPU sends (N - 1)/N of each; that total is a lower bound of
-    what crosses each GPU's GPU-to-GPU link (NVLink, PCIe peer or the network between nodes): tree algorithms,
-    headers and padding only add. The optimizer offload's copies between GPU and host (PCIe) are apart.
-    """
+    """Ψ is the weights in the training precision, a the micro-batches per optimizer step; the counts are
+    ``planner.communication``'s, whose docstring says where in torch and Lightning each was read."""
 
     exp_id: str
     volume: CommunicationVolume
@@ -287,7 +251,6 @@ class Communication:
 
     @property
     def psi_multiple(self) -> float:
-        """Model-sized transfers per optimizer step (an all-reduce counted as 2): 2.0 for DDP."""
         return self.volume.psi_multiple
 
     @property
@@ -296,7 +259,6 @@ class Communication:
 
     @property
     def root_share(self) -> float:
-        """Ψ_root / Ψ: the root unit's share of the weights (0 where there is no separate root unit)."""
         return self.root_bytes / self.volume.psi_bytes if self.volume.psi_bytes else 0.0
 
     @property
@@ -309,7 +271,7 @@ class Communication:
 
     @property
     def per_gpu_gib(self) -> float:
-        """GiB each GPU sends over the GPU-to-GPU link per optimizer step (ring collectives: a lower bound)."""
+        """Ring collectives: a lower bound."""
         return self.volume.link_bytes_per_gpu / GIB
 
     def formula_words(self) -> str:
@@ -351,7 +313,6 @@ class Communication:
 
 
 def _strategy_words(strategy: str, options: Mapping[str, Any], fsdp_impl: str | None) -> str:
-    """How the run's strategy reads in a sentence: which FSDP, which sharding, which units."""
     if strategy == "ddp":
         return "DDP"
     if strategy != "fsdp":
@@ -370,9 +331,8 @@ def communication(
     micro_batches: int | None = None,
     fsdp_impl: str | None = None,
 ) -> Communication:
-    """Communication per optimizer step of a section-02 experiment on ``ranks`` GPUs (LAB.md's reference: 4), with
-    the accumulation its recipe has there (global batch / (micro batch x ranks)) unless ``micro_batches`` is given.
-    ``fsdp_impl`` (FSDP only): default what the profile runs, FSDP1 on ``gpu`` (CUDA), FSDP2 on ``ci`` (a CPU)."""
+    """On ``ranks`` GPUs (LAB.md's reference: 4) at the recipe's accumulation there unless ``micro_batches`` is given;
+    ``fsdp_impl`` defaults to what the profile runs: FSDP1 on ``gpu``, FSDP2 on ``ci``."""
     from lab_helpers.config.experiments import gradient_accumulation_steps, resolve, resolve_path
     from lab_helpers.config.recipe_defaults import resolve_fsdp_impl
 
@@ -412,18 +372,16 @@ def communication(
 
 
 def show_communication(*exp_ids: str, profile: str = "gpu", ranks: int = 4) -> None:
-    """Display each experiment's communication per optimizer step (Markdown in a notebook, plain text elsewhere)."""
     _display("\n\n".join(communication(e, profile=profile, ranks=ranks).markdown() for e in exp_ids))
 
 
 def offload_host_gib(exp_id: str, *, profile: str = "gpu") -> float:
-    """Host RAM DeepSpeed's optimizer offload needs for ``exp_id``'s trained parameters, in GiB."""
     return model_states(exp_id, profile=profile).counts.trainable * OFFLOAD_HOST_BYTES_PER_PARAM / GIB
 
 
 def show(exp_id: str, *, profile: str = "gpu", overrides: Mapping[str, Any] | None = None) -> None:
-    """Display the arithmetic as Markdown in a notebook (plain text elsewhere). ``overrides`` are the node's
-    (``node_plan.decide``): on a V100 the bf16 experiments run in 16-mixed, whose frozen LoRA base is fp32."""
+    """``overrides`` are the node's (``node_plan.decide``): on a V100 the bf16 experiments run in 16-mixed, whose
+    frozen LoRA base is fp32."""
     _display(model_states(exp_id, profile=profile, overrides=overrides).markdown())
 
 
@@ -441,9 +399,8 @@ REFERENCE_GPU_NAMES = ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3")
 
 
 def bf16_over_fp32_text(node: Mapping[str, Any] | None = None) -> str:
-    """bf16 vs fp32 matmul peak from the lab's peak table (lab_helpers.hardware.gpu_peaks) for this node's GPU, else for
-    the reference GPUs. fp32 matmuls run on TF32 tensor cores because litgpt sets
-    ``torch.set_float32_matmul_precision("high")``, so the ratio is about 2x, not the 10x+ of plain fp32."""
+    """fp32 matmuls run on TF32 tensor cores (litgpt sets ``float32_matmul_precision("high")``), so the ratio is about
+    2x, not plain fp32's 10x+. The reference GPUs stand in where this node has none."""
     from lab_helpers.hardware.gpu_peaks import find_gpu
 
     names = [g.get("name") for g in (node or {}).get("gpus") or []][:1]
@@ -464,8 +421,7 @@ def bf16_over_fp32_text(node: Mapping[str, Any] | None = None) -> str:
 
 
 def activation_ratio(plan: Any, other: Any, *, names: tuple[str, str] = ("this run", "the other")) -> str:
-    """Two predictions' activations side by side with their micro batches, as ratios (``plan`` over ``other``):
-    whether activations scale exactly with the batch is read here, never typed (issue 43)."""
+    """Whether activations scale exactly with the batch is read here, never typed."""
     mine, theirs = (p.breakdown_gib.get("activations") or 0.0 for p in (plan, other))
     if not theirs or not other.micro_batch_size:
         return f"no predicted activations for {names[1]}: no ratio"
@@ -483,7 +439,7 @@ STEP_SETTINGS: dict[str, dict[str, bool]] = {
     "for-loop": {"optimizer.foreach": False},
     "fused": {"optimizer.fused": True},
 }
-"""The ``--set`` override that asks for each step implementation (``planner.spec.STEP_IMPLEMENTATIONS``)."""
+"""Spelled as ``--set`` spells them."""
 
 _STEP_WHAT = {
     "foreach": "updates every parameter in one op, so each intermediate is the size of all parameters at once",
@@ -493,9 +449,8 @@ _STEP_WHAT = {
 
 
 def step_lever(plan: Any) -> dict[str, bool]:
-    """The override that runs ``plan``'s optimizer step the other way: the for-loop where it is foreach (a GPU's
-    default) or fused, foreach where it is the for-loop (a CPU's default, so that a CPU shows what a GPU's default
-    costs); {} where the step is not a torch optimizer's."""
+    """The other optimizer step: the for-loop where it is foreach (a GPU's default) or fused, foreach where it is the
+    for-loop, so a CPU shows what a GPU's default costs; {} for a step that is not torch's."""
     step = getattr(plan, "optimizer_step", None)
     if step is None:
         return {}
@@ -503,12 +458,10 @@ def step_lever(plan: Any) -> dict[str, bool]:
 
 
 def setting_words(step: str) -> str:
-    """``optimizer.foreach=false``: the override of ``STEP_SETTINGS`` as ``--set`` spells it."""
     return ", ".join(f"{key}={str(value).lower()}" for key, value in STEP_SETTINGS[step].items())
 
 
 def phase_words(phase: str | None) -> str:
-    """A planner phase (``w0-step``, ``w1m1-backward``) or a record's ``peak_phase`` in words."""
     if not phase:
         return "an unknown phase"
     for suffix, words in (("-step", "the optimizer step"), ("-backward", "backward"), ("-forward", "forward")):
@@ -527,9 +480,8 @@ def _gib(value: float) -> str:
 
 
 def checkpointing_words(checkpointed: Any, plain: Any, *, names: tuple[str, str] = ("act-ckpt", "full-7b")) -> str:
-    """What activation checkpointing bought, in sentences computed from two plans (issue 43): the activations
-    with and without it, the predicted peak and its phase, and, where the peak is inside the optimizer step, the
-    step's temporaries there beside the parameters."""
+    """What activation checkpointing bought, computed from two plans: the activations, the peak and its phase, and
+    the step's temporaries where the peak is inside the optimizer step."""
     ckpt, pair = names
     act_with, act_without = (p.breakdown_gib.get("activations") or 0.0 for p in (checkpointed, plain))
     lines = []
@@ -560,9 +512,8 @@ def checkpointing_words(checkpointed: Any, plain: Any, *, names: tuple[str, str]
 
 
 def step_lever_words(checkpointed: Any, other_step: Any, *, records: Any = None, name: str = "act-ckpt") -> str:
-    """The lever on a peak inside the optimizer step, computed (issue 43): ``other_step`` (``checkpointed`` with
-    ``step_lever(checkpointed)``) predicted against ``checkpointed``, then both as measured where ``records`` (a
-    list of records or ``records.load_results()``'s frame) hold an ok run of exactly that prediction."""
+    """``other_step`` is ``checkpointed`` with ``step_lever``; ``records`` add both as measured where they hold an ok
+    run of exactly that prediction."""
     step, other = checkpointed.optimizer_step, other_step.optimizer_step
     if step is None or other is None or step == other:
         return f"{name}: no other optimizer step to compare (the step is {step or 'not a torch optimizer'}'s)"
@@ -590,8 +541,8 @@ def step_lever_words(checkpointed: Any, other_step: Any, *, records: Any = None,
 
 
 def _measured(exp_id: str, plan: Any, records: Any) -> tuple[float, str | None] | None:
-    """(peak, phase) of the latest ok rank-0 run of ``exp_id`` that was predicted as ``plan`` (same predicted peak,
-    same step implementation): ``peak_alloc_gib`` on a GPU, ``peak_tensor_gib`` on a CPU; None if there is none."""
+    """The latest ok rank-0 run predicted as ``plan`` (same peak, same step): ``peak_alloc_gib`` on a GPU,
+    ``peak_tensor_gib`` on a CPU."""
     from lab_helpers.planning.planner.spec import step_implementation
 
     if records is None:

@@ -1,39 +1,19 @@
-"""What runs on a node: one decision, asked by every entry point (``run-all``, the notebooks, ``run``, the doctor).
+"""What runs on a node: one decision, asked by every entry point (``run-all``, the notebooks, ``run``, the doctor),
+so the cell, ``scripts/run-lab.sh``, the student's sentence and the notebook's final check agree. LAB.md's matrix
+assumes one 80 GB GPU with native bf16 (four for section 02); :func:`decide` adapts it to the node
+(``describe_node``'s plain dict, so tests give recorded nodes) and to the planner's "does it fit":
 
-Why a module of its own: LAB.md's matrix assumes one 80 GB GPU with native bf16 (and 4 of them for section 02).
-Other nodes need other choices, and they must be the same choice in the cell that runs an experiment, in
-``scripts/run-lab.sh`` (``lab.run_all``), in the sentence the student reads and in the notebook's final check.
-Before this module they were made in six places that disagreed (a V100 skipped bf16 in run-lab.sh and ran it in
-16-mixed in the notebook; host RAM for the offload run came out three ways). :func:`decide` makes them once, from
-the node as :func:`lab_helpers.hardware.node.describe_node` reports it (a plain dict, so tests can give recorded nodes: an
-H200, an A10G, a V100, four H100s, none) and from the planner's predictions for "does it fit":
+* no GPU: the ``ci`` profile on tiny CPU stand-ins; QLoRA and 8-bit AdamW skipped (bitsandbytes needs CUDA);
+* too few GPUs for DDP or FSDP: rank 0 of a simulated world (``simulated_world_here``);
+* a GPU under 80 GB: a smaller micro batch at the same global batch, else a substitute that keeps the lesson
+  (QLoRA for LoRA-13B, the same technique on a smaller model), else skipped naming what runs instead;
+* OOM demonstrations: as the course defines them wherever they do not fit (``predict.oom_demo_overrides``);
+* pairs: one micro batch wherever both run on one model (:func:`_paired`);
+* no native bf16 (V100): ``16-mixed``, fp16 autocast with dynamic loss scaling;
+* optimizer offload: the planner's host RAM against the node's cgroup-aware RAM, else the largest model that fits.
 
-* **which profile** -- ``gpu`` where torch drives the GPUs, ``ci`` where there are none, and a stop with the fix
-  where NVML sees GPUs that torch cannot use (``profile_choice``);
-* **no GPU** -- the ``ci`` profile: every experiment on tiny CPU stand-ins; QLoRA and 8-bit AdamW are skipped
-  (bitsandbytes' kernels need CUDA);
-* **one GPU** -- section 02 runs what one GPU can show (``one-gpu``, DeepSpeed offload); DDP and FSDP on one
-  rank would only measure ``one-gpu`` plus overhead, so they are skipped and say why;
-* **GPUs smaller than 80 GB** -- an experiment that does not fit is offered with a smaller micro batch (the
-  global batch, and so the optimizer step, unchanged; small-batch, defined without accumulation, shrinks both);
-  where no batch fits, a substitute keeps the lesson (QLoRA for LoRA-13B; act-ckpt, 8-bit AdamW and SGD on the
-  largest model that fits); what has none (full-3b, full-7b) is skipped naming the experiments that train its
-  model here;
-* **OOM demonstrations** -- run as the course defines them wherever that is predicted not to fit; only on a GPU
-  that holds the course's batch does :func:`lab_helpers.planning.predict.oom_demo_overrides` raise the batch (baseline)
-  or, where a bigger batch would change the lesson (full-13b on a GPU that holds 13B's states), run a precision
-  whose model states alone do not fit; the sentence says which and why;
-* **pairs** -- an experiment compared with another (``pair:`` in configs/experiments) runs at the same micro batch
-  as its pair wherever both run on one model: the smaller of the two each fits alone (the one that fits more moves
-  down, keeping its global batch); where they cannot compare so (the pair is skipped or runs another model), the
-  sentence says so and names what to compare instead (:func:`_paired`);
-* **no native bf16** (V100) -- bf16 experiments run in ``16-mixed``: fp16 autocast with dynamic loss scaling;
-* **optimizer offload** -- host RAM from the planner's one formula
-  (:func:`lab_helpers.planning.planner.analytic.offload_host_bytes` on the run's real parameter counts and ranks) against
-  the node's cgroup-aware RAM (``node_limits``): the largest model of the profile that fits runs instead, said so.
-
-:func:`blocked` is the same checks for a run already resolved with its overrides: ``run_experiment`` asks it
-before anything starts, so a direct ``run`` and the decision never disagree about what this node can do.
+:func:`blocked` makes the same checks for a run already resolved, so a direct ``run`` and the decision never
+disagree.
 """
 
 from __future__ import annotations
@@ -76,11 +56,8 @@ OFFLOAD_EXPERIMENT = "deepspeed-offload"
 
 
 def blocked(run: Any, node: NodeFacts) -> str | None:
-    """Why ``node`` cannot run ``run`` as resolved (its overrides included), or None: ``run_experiment``'s gate.
-
-    The same checks :func:`decide` makes, without the planner: a run :func:`decide` chose always passes, and a
-    run asked for directly is skipped with the fix the decision would have made (16-mixed, a smaller model).
-    """
+    """``run_experiment``'s gate: :func:`decide`'s checks without the planner, so a run it chose always passes and one
+    asked for directly is skipped with the fix the decision would have made."""
     reason = _hardware_gap(run, node)
     if reason is not None or not run.experiment.options.get("offload_optimizer"):
         return reason
@@ -138,15 +115,9 @@ def decide(
     predict: Predict | None = None,
     oom_overrides: OomOverrides | None = None,
 ) -> Decision:
-    """What ``node`` does with ``exp_id`` on ``profile``: run as defined, run with overrides (and why), or skip
-    (and why, naming what runs instead). ``predict`` (exp_id, overrides) -> a plan with ``gpu_used_gib`` and
-    ``oom_overrides`` default to the lab's planner asked about this node's GPU; tests pass recorded plans.
-
-    An experiment compared with others (``pair``: its group, ``experiments.pair_group``) is decided with them:
-    each is first decided alone, then :func:`_paired` runs the group at one micro batch where it can, or says why
-    it cannot. Every experiment of a group is decided from the same alone-decisions, so the answer does not
-    depend on which the notebook asks first; the planner memoizes its predictions, so asking a group again
-    costs no new prediction, and a skipped experiment asks nothing of its group."""
+    """Run as defined, with overrides, or skip, each with why. ``predict`` and ``oom_overrides`` default to the planner
+    asked about this node's GPU; tests pass recorded plans. A paired experiment is decided with its group from the
+    same alone-decisions, so the answer does not depend on which one the notebook asks first."""
     from lab_helpers.config.experiments import get_experiment, pair_group
 
     how = {"profile": profile, "predict": predict, "oom_overrides": oom_overrides}
@@ -170,7 +141,6 @@ def _decide_alone(
     predict: Predict | None = None,
     oom_overrides: OomOverrides | None = None,
 ) -> Decision:
-    """:func:`decide` for ``exp_id`` as if it were compared with nothing."""
     from lab_helpers.config.experiments import resolve
     from lab_helpers.planning import predict as plans
 
@@ -221,18 +191,10 @@ def _decide_alone(
 
 
 def _paired(exp_id: str, alone: Mapping[str, Decision], node: Mapping[str, Any]) -> Decision:
-    """``exp_id``'s decision within its pair group (``alone``: each experiment of the group decided on its own).
-
-    The rule: experiments linked by ``pair`` that both run on the same model, expecting no OOM, run at one micro
-    batch -- the smallest of the micro batches each fits alone, the largest that fits them all (memory grows with
-    the micro batch, so each fits it without a new prediction). The one that fits a larger batch is the one that
-    moves: the other cannot move up (it would not fit). It keeps its global batch (its optimizer step) unless it
-    is defined without accumulation (small-batch), which shrinks both as it does alone. ``fill_gpu`` takes the
-    largest micro batch when it starts -- the difference is its lesson -- and never moves its pair.
-
-    Where an experiment that runs and its pair cannot compare so (the pair is skipped, runs another model or
-    another micro batch), the sentence of the one that names the pair says so in one clause, and what the
-    student can compare instead: the planner's prediction for the pair at this run's settings."""
+    """Experiments linked by ``pair`` on one model run at the smallest micro batch each fits alone, which fits them all
+    (memory grows with it): the one that fits more moves down, keeping its global batch unless it is defined without
+    accumulation. ``fill_gpu`` never moves its pair: the difference is its lesson. Where the two cannot compare so,
+    the sentence says what to compare instead."""
     from lab_helpers.config.experiments import get_experiment, linked, load_experiments
 
     mine = alone[exp_id]
@@ -267,7 +229,7 @@ def _with_notes(step: Decision, overrides: Mapping[str, Any], notes: list[str]) 
 
 
 class NoPrediction(Exception):
-    """The planner could not answer; the step runs as defined and says why (a prediction is advice)."""
+    """A prediction is advice: the step runs as defined and says why."""
 
 
 def _advice(predict: Predict) -> Predict:
@@ -281,10 +243,8 @@ def _advice(predict: Predict) -> Predict:
 
 
 def simulated_world_here(experiment: Any, node: Mapping[str, Any]) -> int | None:
-    """The world a one-node multi-GPU experiment plays as a simulated rank 0 on ``node``, or None where it runs for
-    real. ``SIMULATED_WORLD`` on a CPU (every multi-rank experiment) and on a 1-GPU node for DDP and FSDP, which one
-    rank cannot show (DeepSpeed's offload runs there for real, on its one rank). Never for several nodes: the
-    multi-node extension stays as it is."""
+    """On a CPU every multi-rank experiment; on one GPU, DDP and FSDP, which one rank cannot show. DeepSpeed's offload
+    runs for real on its one rank, and a multi-node experiment is never simulated."""
     multi_rank = experiment.strategy != "single" and experiment.devices == "all"
     if not experiment.distributed or not multi_rank or experiment.num_nodes > 1:
         return None
@@ -298,8 +258,7 @@ def _simulated(
     exp_id: str, profile: str, overrides: dict[str, Any], notes: list[str], world: int, memory: float | None,
     predict: Predict | None,
 ) -> Decision:  # fmt: skip
-    """Rank 0 of ``world`` on this node's one GPU, expected to run out of memory where the planner says rank 0 of
-    ``world`` does not fit it. ``predict`` stands in for the planner in tests (asked as decide asks it)."""
+    """Expected to run out of memory where the planner says rank 0 of ``world`` does not fit this GPU."""
     from lab_helpers.planning import predict as plans
 
     note = f"this node has 1 GPU: rank 0 of {world} runs alone on it; " + SIMULATED_WORDS.format(n=world)
@@ -408,9 +367,6 @@ def _oom_demo(
     predict: Predict,
     oom_overrides: OomOverrides,
 ) -> Decision:
-    """An OOM demonstration keeps the course's lesson here (``predict.oom_demo_overrides`` decides: the course's
-    batch where it does not fit, else a raised batch or, for a model-states lesson, a precision that does not
-    fit); the step expects the OOM the planner predicts for what runs."""
     memory = gpu_memory_gib(node)
     demo, why = oom_overrides(exp_id)
     chosen = {**demo, **overrides}
@@ -430,8 +386,6 @@ def _fit(
     notes: list[str],
     predict: Predict,
 ) -> Decision:
-    """Run as defined where the planner says it fits; else a smaller micro batch; else a named substitute that
-    keeps the lesson (QLoRA for LoRA, the same technique on a smaller model); else skip, naming what runs."""
     memory = gpu_memory_gib(node)
     if memory is None:
         return Decision(exp_id, profile, True, overrides, "ok", _join(notes, "GPU memory unknown: runs as defined"))
@@ -482,8 +436,7 @@ def section_decisions(
     predict: Predict | None = None,
     oom_overrides: OomOverrides | None = None,
 ):
-    """(exp_id, Decision) for each experiment of ``section`` in order, decided as it is reached (the planner is
-    asked lazily, so the first run does not wait for the last decision): what ``run-all`` runs."""
+    """Decided as each is reached, so the first run does not wait for the last decision: what ``run-all`` runs."""
     from lab_helpers.config.experiments import load_experiments
 
     experiments = load_experiments(section)

@@ -1,10 +1,5 @@
-"""The planner asked about a resolved run, with exactly the settings the run is launched with.
-
-``planner_inputs`` is the one translation from a ``ResolvedRun`` to the planner's arguments: the world size, the
-strategy and the launch options (offload, FSDP wrap policy, sharding and implementation) come from the run
-itself (``ResolvedRun.options``, ``recipe_defaults``), the same values the launcher writes into the command.
-The planner memoizes its own predictions (``planner.plan.predict``) and hands back a copy: there is no second
-cache here.
+"""The planner asked about a resolved run with exactly the settings it is launched with: ``planner_inputs`` is the one
+translation from a ``ResolvedRun`` to the planner's arguments. The planner memoizes its predictions: no cache here.
 """
 
 from __future__ import annotations
@@ -16,21 +11,16 @@ from lab_helpers.config.experiments import ResolvedRun, resolve, runnable_recipe
 from lab_helpers.config.recipe_defaults import resolve_fsdp_impl
 
 OOM_DEMO_MARGIN = 0.2
-"""Where the lab raises an OOM demonstration's batch (only where the course's batch would fit), it raises it until
-the prediction is this far over the GPU's memory (20 %): the planner can be off by up to ~10 %, and a
-demonstration that fits by accident teaches the opposite of what it should."""
+"""How far over the GPU's memory a raised OOM demonstration is predicted: the planner can be off by ~10 %, and a
+demonstration that fits by accident teaches the opposite."""
 
 COURSE_BATCH_FITS_MARGIN = 0.05
-"""The planner's error (``planner.fit.DEFAULT_MARGIN``): a course batch predicted within it of the GPU's size is
-no "fits" (a real H100, 79.19 GiB, ran out of memory at baseline's 32 where a prediction fitted by 0.06 GiB)."""
+"""A course batch predicted to fit by less than the planner's error is no "fits": a real H100 (79.19 GiB) ran out
+of memory at baseline's 32 where a prediction fitted by 0.06 GiB."""
 
 
 def planner_inputs(run: ResolvedRun, gpu_memory_gib: float | None, *, device: str | None = None) -> dict[str, Any]:
-    """``planner.plan_recipe`` keyword arguments for ``run`` (the recipe under ``recipe``).
-
-    ``device`` defaults to where the run trains: "cuda" where torch has CUDA, else "cpu" (a CPU run is compared
-    with its live tensor bytes).
-    """
+    """``device`` defaults to where the run trains; a CPU run is compared with its live tensor bytes."""
     if device is None:
         import torch
 
@@ -54,7 +44,6 @@ def planner_inputs(run: ResolvedRun, gpu_memory_gib: float | None, *, device: st
 
 
 def plan_for(run: ResolvedRun, gpu_memory_gib: float | None, *, device: str | None = None):
-    """The planner's MemoryPlan for ``run`` (memoized by the planner: the notebook's second ask costs nothing)."""
     from lab_helpers.planning.planner import plan_recipe
     from lab_helpers.planning.planner.errors import UnknownModel
 
@@ -75,23 +64,21 @@ def predict_experiment(
     device: str | None = None,
     simulate_world: int | None = None,
 ):
-    """The planner's MemoryPlan for an experiment as it would run here (``.summary()`` prints the verdict);
-    ``device`` "cuda" asks about a GPU from a machine without one (a node fixture); ``simulate_world`` about
-    rank 0 of that many ranks."""
+    """``device`` "cuda" asks about a GPU from a machine without one (a node fixture); ``simulate_world`` about rank 0
+    of that many ranks."""
     run = resolve(exp_id, profile, overrides, check_files=False, simulate_world=simulate_world)
     return plan_for(run, gpu_memory_gib if gpu_memory_gib is not None else _gpu_gib(), device=device)
 
 
 def _gpu_gib() -> float | None:
-    """This GPU's memory in GiB (None without one), the reading the decision uses too; one name, so that a test can
-    stand in a GPU's size on a CPU."""
+    """One name, so that a test can stand in a GPU's size on a CPU."""
     from lab_helpers.hardware.node import this_gpu_memory_gib
 
     return this_gpu_memory_gib()
 
 
 def prediction_fields(run: ResolvedRun) -> dict[str, Any]:
-    """The planner's prediction, stored with the run so plots show predicted beside measured."""
+    """Stored with the run so plots show predicted beside measured."""
     try:
         plan = plan_for(run, _gpu_gib())
     except Exception as exc:  # a prediction is advice: never let it stop a paid-for run
@@ -104,17 +91,16 @@ def prediction_fields(run: ResolvedRun) -> dict[str, Any]:
 
 
 COURSE_GPU_GIB = 80.0
-"""The GPU LAB.md's expectations are written for (one 80 GB GPU): an OOM demonstration whose model states alone
-exceed it teaches "no batch size helps" (full-13b); any other teaches that activations grow with the batch."""
+"""An OOM demonstration whose model states alone exceed LAB.md's one 80 GB GPU teaches "no batch size helps"
+(full-13b); any other, that activations grow with the batch."""
 
 STATES_SUBSTITUTES = ("bf16-mixed",)
-"""Precisions that store more bytes per parameter, tried in order where a GPU holds a states lesson's model
-states as defined: bf16-mixed keeps fp32 weights, gradients and AdamW moments (16 B/param against 8)."""
+"""For a GPU that holds a states lesson's model states: bf16-mixed keeps fp32 weights, gradients and AdamW moments
+(16 B/param against 8)."""
 
 
 def teaches_model_states(exp_id: str) -> bool:
-    """Whether the course's OOM for ``exp_id`` comes from the model states alone: on the real models (the gpu
-    profile, whatever profile runs), weights + gradients + optimizer states exceed the course's 80 GB GPU."""
+    """On the real models, whatever profile runs: weights + gradients + optimizer states exceed an 80 GB GPU."""
     from lab_helpers.planning.arithmetic import model_states
 
     return model_states(exp_id, profile="gpu").gib > COURSE_GPU_GIB
@@ -128,22 +114,10 @@ def oom_demo_overrides(
     gpu_memory_gib: float | None = None,
     device: str | None = None,
 ) -> tuple[dict[str, Any], str]:
-    """Overrides for an OOM demonstration on *this* GPU, and a sentence saying what was chosen and why.
-
-    The course's own batch comes first: where the planner predicts it does not fit, or fits by less than its
-    error (``COURSE_BATCH_FITS_MARGIN``), it runs as LAB.md defines it (on an 80 GB GPU: baseline at micro batch
-    32, full-13b at 1), whatever the margin. Only where the
-    course's batch would fit does the lab change it, and then so that the lesson stays the course's:
-
-    * an activations lesson (baseline): the micro batch doubles until the prediction is ``OOM_DEMO_MARGIN``
-      over the GPU -- the margin decides how far, never whether;
-    * a model-states lesson (full-13b on a GPU that holds 13B's 8 B/param, e.g. a 141 GB H200): a bigger batch
-      would make it an activations OOM, so a precision whose model states alone exceed this GPU runs instead
-      (bf16-mixed, 16 B/param), from the arithmetic, which is exact for model states.
-
-    ``device`` is where the run trains (default: "cuda" where torch has it); ``run_all`` and the notebook
-    (through ``node_plan.decide``) both use this function.
-    """
+    """The course's batch where it is predicted not to fit, or to fit by less than the planner's error. Only where it
+    fits does the lab change it, keeping the course's lesson: an activations lesson (baseline) doubles the micro batch
+    until ``OOM_DEMO_MARGIN`` over; a model-states lesson (full-13b on a GPU that holds 13B's states) would become an
+    activations OOM with a bigger batch, so a precision whose states alone exceed the GPU runs instead."""
     gpu_gib = gpu_memory_gib if gpu_memory_gib is not None else _gpu_gib()
     if gpu_gib is None:
         return {}, "no GPU here: the experiment runs as defined (an OOM needs a GPU)"
@@ -170,7 +144,6 @@ def oom_demo_overrides(
 
 
 def _states_substitute(exp_id: str, profile: str, gpu_gib: float, fits: str) -> tuple[dict[str, Any], str]:
-    """A states lesson on a GPU that holds its states: the precision whose model states alone exceed it."""
     from lab_helpers.planning.arithmetic import model_states
 
     defined = model_states(exp_id, profile="gpu")
@@ -191,8 +164,6 @@ def _states_substitute(exp_id: str, profile: str, gpu_gib: float, fits: str) -> 
 
 
 def _raised_batch(exp_id, profile, gpu_gib, max_doublings, ask, fits) -> tuple[dict[str, Any], str]:
-    """An activations lesson on a GPU that holds the course's batch: double the micro batch until it is
-    predicted ``OOM_DEMO_MARGIN`` over the GPU (beyond the planner's error)."""
     train = dict(resolve(exp_id, profile, check_files=False).recipe["train"])
     needed_gib = gpu_gib * (1 + OOM_DEMO_MARGIN)
     for _ in range(max_doublings):
@@ -214,17 +185,10 @@ def _raised_batch(exp_id, profile, gpu_gib, max_doublings, ask, fits) -> tuple[d
 def fill_gpu_for(
     run: ResolvedRun, *, gpu_memory_gib: float | None = None, device: str | None = None
 ) -> tuple[dict[str, Any], str]:
-    """``fill-gpu`` (an experiment with ``options: {fill_gpu: true}``): the largest micro batch ``plan --fit`` says
-    fits this GPU, accumulation keeping the global batch; and a sentence saying what was chosen and why.
-
-    Why: a run whose GPU waits on the host (Python, kernel launches: the H100 records' lora-1b was 5-25 % busy)
-    pays that host time per micro-batch, not per sample, so fewer and larger micro-batches spend it less often;
-    the global batch, and so the optimisation, stays the same. The micro batch is the largest divisor of the
-    per-device global batch at or under what the planner's fit search allows (``planner.fit.fit``: the predicted
-    GPU memory used under the GPU's memory less its margin), so that accumulation x micro batch is the global batch
-    exactly. Without a GPU (the ci profile) the run's memory is host RAM: the budget is this host's available RAM
-    and the planner predicts live tensor bytes, the quantity a CPU run measures.
-    """
+    """A run whose GPU waits on the host (the H100 records' lora-1b was 5-25 % busy) pays that host time per
+    micro-batch, so fewer, larger micro-batches spend it less often at the same global batch. The micro batch is the
+    largest divisor of the per-device global batch within ``planner.fit.fit``'s limit, so accumulation x micro batch
+    is the global batch exactly. Without a GPU the budget is the host's available RAM, against live tensor bytes."""
     from lab_helpers.planning.planner.fit import fit
     from lab_helpers.planning.planner.spec import spec_from_recipe
 
