@@ -1,5 +1,3 @@
-"""``python -m lab_helpers``."""
-
 import sys
 
 from lab_helpers.cli import main

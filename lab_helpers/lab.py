@@ -1,13 +1,5 @@
-"""Run an experiment of the lab and record it: the one call each notebook cell makes.
-
-    from lab_helpers.lab import run_experiment
-    records = run_experiment("grad-accum", profile="ci")
-
-Order of work, each step its own module, read top to bottom: resolve and check the recipe into a frozen run
-with its numbers derived once (experiments), predict memory with the run's own settings (predict, planner),
-start the training process with the experiment's launcher (launch) and watch it (runner), then turn what it
-reported into one record per rank (run_record, with the fields of record_schema) and append it to the results
-file (records). Bad input fails before any process starts.
+"""Run an experiment of the lab and record it: the one call each notebook cell makes,
+``run_experiment("grad-accum", profile="ci")``. Bad input fails before any process starts.
 """
 
 from __future__ import annotations
@@ -55,9 +47,7 @@ PROFILE_ENV = "LAB_PROFILE"
 
 
 def default_profile(node: Mapping[str, Any] | None = None) -> str:
-    """``$LAB_PROFILE``, else what this node runs (:func:`lab_helpers.planning.profile_choice.default_profile_here`: ``gpu``
-    where CUDA is present, ``ci`` where it is not, a stop with the fix where torch cannot use the GPUs here).
-    ``node`` is ``describe_node()`` when the caller already has it."""
+    """``$LAB_PROFILE``, else what this node runs; ``node``: ``describe_node()`` where the caller has it already."""
     if value := os.environ.get(PROFILE_ENV):
         return value
     from lab_helpers.hardware.node import describe_node
@@ -81,23 +71,11 @@ def run_experiment(
     simulate_world: int | None = None,
     profile_steps: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Run one experiment and append its record(s); returns them (one per rank for distributed runs).
+    """``simulate_world=N``: rank 0 of a world of N alone on this device, its memory measured, its time without
+    communication. ``quick`` (default ``$LAB_QUICK``) runs until the peak memory and a steady step time are measured.
+    ``profile_steps=N`` traces N optimizer steps after warm-up (``step_profile``).
 
-    ``simulate_world=N`` runs a multi-GPU experiment as rank 0 of a world of N alone on this machine's one device
-    (torch's fake process group: ``lab_helpers.training.distributed.simulated``): one record, ``simulated_world_size: N``,
-    its memory measured, its time without communication.
-
-    ``echo`` shows the training output live; ``summary`` prints one result line per record. ``quick`` (default:
-    ``$LAB_QUICK``) runs only until the true peak memory and a steady step time are measured (quick_mode).
-    ``time_limit_s`` overrides the run's wall-clock limit (``lab_helpers.launch.time_limit``; 0: none); a run that
-    reaches it is ended and recorded as ``timeout``. ``profile_steps=N`` (off by default) captures a torch.profiler
-    trace of N optimizer steps right after warm-up (``step_profile``); the run gets N + 1 more steps, so that its
-    timed ones are as many as without, and the record says it was on (``torch_profile_*``).
-
-    Raises LabConfigError for bad input before anything starts, and KeyboardInterrupt after recording
-    ``interrupted`` when the student interrupts. A failed or OOM run is a result, not an exception. Once the
-    run is being ended or recorded, further interrupts are held until its record is stored.
-    """
+    A failed or OOM run is a result, not an exception; KeyboardInterrupt comes only once the run is recorded."""
     from lab_helpers.hardware.node import describe_node
     from lab_helpers.launch.interrupts import InterruptShield
     from lab_helpers.launch.time_limit import time_limit_s as run_time_limit_s
@@ -182,7 +160,7 @@ def run_experiment(
 
 
 def _profile_steps(steps: Any, launcher) -> int | None:
-    """``profile_steps`` checked: None/0 is off; the single-GPU launcher only (the Lightning ranks do not profile yet)."""
+    """The single-GPU launcher only: the Lightning ranks do not profile."""
     from lab_helpers.training.step_profile import check_steps
 
     try:
@@ -198,15 +176,9 @@ def _profile_steps(steps: Any, launcher) -> int | None:
 def settled_overrides(
     asked: ResolvedRun, *, quick: bool = False, profile_steps: int | None = None
 ) -> tuple[dict[str, Any], str | None]:
-    """The overrides a run runs with: what was asked, plus what the lab adds, decided on the run as asked (and a
-    sentence where the lab chose something: fill-gpu's micro batch).
-
-    In order, each read from the ``train`` section as the one before leaves it (``ResolvedRun.train_with``):
-    fill-gpu's micro batch (the largest that fits here, ``predict.fill_gpu_for``); quick mode's shorter run
-    (``quick_overrides``: the litgpt child stops by quick mode's rule, the Lightning ranks time a fixed count); and
-    ``profile_steps`` + 1 more optimizer steps for a profiled run, the profiled ones after warm-up and one for the
-    micro-batch that stops the profiler (left out of the time figures too), so that as many are timed as without
-    (a run by epochs has none added: the profiled steps come out of the epoch)."""
+    """What was asked plus what the lab adds, each read from the ``train`` section the one before leaves: fill-gpu's
+    micro batch, quick mode's shorter run, and ``profile_steps`` + 1 more steps for a profiled run, as the profiled
+    steps and the one that stops the profiler are not timed."""
     settled, why = _filled(asked, dict(asked.overrides))
     train = asked.train_with(settled)
     if quick:
@@ -229,7 +201,6 @@ def _filled(run: ResolvedRun, given: dict[str, Any]) -> tuple[dict[str, Any], st
 
 
 def _profile_env(steps: int | None, run_dir: Path) -> dict[str, str]:
-    """What tells the training process to profile, and where to write the trace (the run's ``profile/``)."""
     from lab_helpers.training.step_profile import DIR_ENV, STEPS_ENV
 
     return {STEPS_ENV: str(steps), DIR_ENV: str(run_dir / "profile")} if steps else {STEPS_ENV: ""}
@@ -244,12 +215,8 @@ def run_all(
     echo: bool = True,
     quick: bool | None = None,
 ) -> list[dict[str, Any]]:
-    """Every experiment of a section in order; a failing experiment is recorded and the next one runs.
-
-    What runs, with which overrides, or is skipped and why, is the decision the notebooks' cells make
-    (``decision.decide`` on this node): a V100's bf16 runs in 16-mixed, a 24 GB GPU's micro batches shrink, an
-    OOM demonstration keeps the course's lesson, exactly as in 01 and 02.
-    """
+    """A failing experiment is recorded and the next one runs; what runs, and how, is what the notebooks' cells
+    decide on this node (``decision.decide``)."""
     from lab_helpers.hardware.node import describe_node
 
     node = describe_node()
@@ -276,15 +243,12 @@ def record_skipped(
     results_path: Path | None = None,
     simulate_world: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Record that the lab chose not to run ``exp_id`` on this node, and why (lab_helpers.planning.decision decides:
-    too few GPUs, model states larger than the GPU). A skip is a result like any other: tables show its reason.
-    """
+    """A skip is a result like any other: the tables show its reason."""
     run = resolve(exp_id, profile or default_profile(), overrides, check_files=False, simulate_world=simulate_world)
     return _skip({**base_record(run), "mode": "full"}, reason, results_path, summary=True)
 
 
 def _skip(base: dict[str, Any], reason: str, results_path: Path | None, summary: bool) -> list[dict[str, Any]]:
-    """A skip is a result like any other: recorded with its reason, and said."""
     record = {**base, "status": "skipped", "reason": reason}
     append_record(record, path=results_path)
     if summary:
@@ -302,9 +266,7 @@ def predict_experiment(
     overrides: Mapping[str, Any] | list[str] | None = None,
     gpu_memory_gib: float | None = None,
 ):
-    """The planner's MemoryPlan for an experiment as it would run here (``.summary()`` prints the verdict).
-    ``overrides`` as ``run_experiment`` takes them (a mapping, or ``KEY=VALUE`` strings); ``gpu_memory_gib`` a GPU
-    size in GiB above 0 (default: this node's)."""
+    """The planner's MemoryPlan as the run would be here; ``.summary()`` prints the verdict."""
     if isinstance(overrides, list):
         overrides = parse_set_args(overrides)
     if gpu_memory_gib is not None and not (
@@ -322,10 +284,7 @@ def predict_experiment(
 def filled_overrides(
     exp_id: str, *, profile: str | None = None, overrides: Mapping[str, Any] | None = None
 ) -> tuple[dict[str, Any], str | None]:
-    """The overrides ``run_experiment`` runs ``exp_id`` with, and why: for an experiment with ``fill_gpu`` (fill-gpu)
-    the largest micro batch that fits here (``predict.fill_gpu_for``) is added unless a micro batch is given;
-    any other experiment runs with ``overrides`` as given (None: nothing chosen). The notebook asks this before
-    predicting, so that the prediction it shows is of the batch the run will use."""
+    """The notebook asks this before predicting, so the prediction it shows is of the batch the run will use."""
     given = dict(overrides or {})
     return _filled(resolve(exp_id, profile or default_profile(), given, check_files=False), given)
 

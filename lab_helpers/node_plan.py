@@ -1,9 +1,5 @@
-"""What the notebooks do with each experiment on *this* node, in the notebooks' words: the decision of
-:mod:`lab_helpers.planning.decision` (the one ``run-all`` makes too), with a ``run()`` for the cell, 00_check_node's
-overview and the sentence at the top of 01 / 02.
-
-Why apart from the decision: running a step needs ``lab.run_experiment``, and ``lab.run_all`` needs the decision;
-the decision sits below the lab, and this module, which the notebooks import, above it.
+"""What the notebooks do with each experiment on *this* node: the decision ``run-all`` makes, with a ``run()`` for
+the cell. Apart from ``planning.decision`` because running needs ``lab``, which sits above the decision.
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ class Step(Decision):
     """A :class:`~lab_helpers.planning.decision.Decision` a notebook cell can run."""
 
     def run(self, **kwargs: Any) -> list[dict[str, Any]]:
-        """``lab.run_experiment`` with this step's overrides, or a ``skipped`` record saying why."""
         from lab_helpers import lab
 
         if self.runs:
@@ -37,15 +32,12 @@ class Step(Decision):
         return lab.record_skipped(self.exp_id, profile=self.profile, reason=self.sentence, overrides=self.overrides)
 
     def with_overrides(self, more: Mapping[str, Any]) -> Step:
-        """This step with ``more`` set on top of this node's overrides: a lever on the same run (the optimizer
-        step's implementation, ``arithmetic.step_lever``) that runs, or is skipped, where this step is."""
+        """A lever on the same run (``arithmetic.step_lever``) that runs, or is skipped, where this step is."""
         return replace(self, overrides={**self.overrides, **more})
 
 
 def decide(exp_id: str, node: Mapping[str, Any], *, path: str | None = None, **how: Any) -> Step:
-    """:func:`lab_helpers.planning.decision.decide` (``how``: its keywords, ``profile`` and the test stand-ins), as a step
-    the notebook cell runs; on the core path (``path`` or ``$LAB_PATH``: ``lease.run_path``) an optional experiment is
-    a skip that says what it would have added."""
+    """On the core path (``path`` or ``$LAB_PATH``) an optional experiment is a skip saying what it would have added."""
     from lab_helpers.present.lease import core_path_skip
 
     sentence = core_path_skip(exp_id, path)
@@ -55,29 +47,25 @@ def decide(exp_id: str, node: Mapping[str, Any], *, path: str | None = None, **h
 
 
 def notebook_minutes(notebook: str, node: Mapping[str, Any], *, profile: str, path: str | None = None):
-    """``lease.notebook_minutes``: the notebook's predicted minutes on ``node``."""
     from lab_helpers.present.lease import notebook_minutes as minutes
 
     return minutes(notebook, node, profile=profile, path=path)
 
 
 def lease_table(node: Mapping[str, Any], *, profile: str, path: str | None = None):
-    """Every notebook's predicted minutes on ``node`` and the path's sum (00's table, ``python -m lab_helpers
-    minutes``): runs, reading, in all and on the core path."""
+    """00's table, and ``python -m lab_helpers minutes``."""
     from lab_helpers.present import lease
 
     return lease.path_table({nb: notebook_minutes(nb, node, profile=profile, path=path) for nb in lease.NOTEBOOKS})
 
 
 def minutes_words(notebook: str, node: Mapping[str, Any], *, profile: str, path: str | None = None) -> str:
-    """The line at a notebook's top: its predicted minutes on this node (:func:`notebook_minutes`)."""
     where = f"{gpu_words(node)}, {profile} profile" if node.get("gpus") else f"this machine's CPU, {profile} profile"
     return notebook_minutes(notebook, node, profile=profile, path=path).words_line(where)
 
 
 def _full_mode_s(step: Step, node: Mapping[str, Any], resolve: Any) -> float:
-    """The course's micro-batches of ``step`` at the time model's seconds per micro-batch on this GPU (0 where the
-    run trains by epochs or the model cannot time it: the figure then counts the quick-mode cost alone)."""
+    """0 where the run trains by epochs or the time model cannot time it: the quick-mode cost alone then counts."""
     from lab_helpers.present.plan_command import experiment_time
 
     iterations = resolve(step.exp_id, step.profile, step.overrides, check_files=False).total_iterations
@@ -94,8 +82,7 @@ def _full_mode_s(step: Step, node: Mapping[str, Any], resolve: Any) -> float:
 
 
 def overview(node: Mapping[str, Any], *, profile: str = "gpu"):
-    """00_check_node's table: per single-GPU experiment, its model states (arithmetic, no planner) against this
-    node's GPU -- a quick first answer; 01 asks the planner, activations included, before each run."""
+    """Model states only, no planner: a quick first answer; 01 asks the planner before each run."""
     import pandas as pd
 
     from lab_helpers.config.experiments import load_experiments
@@ -137,9 +124,7 @@ def section_note(node: Mapping[str, Any], *, section: str, profile: str) -> str:
 
 
 def offload_words(step: Decision, node: Mapping[str, Any]) -> str:
-    """An optimizer-offload run as it runs on ``node``: its micro batch and accumulation, and ONE host-RAM figure
-    (the planner's formula, the one the run's gate checks), split into its parts (issue 43: one offload, one
-    figure)."""
+    """ONE host-RAM figure, the planner's formula that the run's gate checks, split into its parts."""
     from lab_helpers.config.experiments import gradient_accumulation_steps, resolve
     from lab_helpers.config.record_schema import GIB
     from lab_helpers.planning.arithmetic import model_states
