@@ -1,16 +1,8 @@
-"""What fits on this GPU: the largest micro batch, the longest sequence, and -- when nothing fits -- the cheapest
-change that does, each answer a ``predict()`` of the planner.
-
-Why a search and not a formula: activations grow linearly with batch and (attention aside) with sequence, but
-the peak moves between phases (forward, optimizer step, validation) and the allocator rounds, so only the
-planner itself says what fits. Memory is monotonic in micro batch and in sequence length and close to affine
-in both, so a secant search (``largest``) asks few predictions, typically 2-5 (``FitResult.predictions`` says
-how many), falling back to bisection where the line guesses wrong.
-
-"Fits" means the predicted GPU memory used (``MemoryPlan.worst_gpu_used_gib``: allocated peak + allocator slack
-+ CUDA context, over the training loop or the whole run, whichever is larger: a run that dies loading is an OOM
-too) stays under the GPU's memory minus a safety ``margin`` (default 5 %: the planner's error on
-litgpt's published LoRA and full rows is under 3 %, on QLoRA larger).
+"""What fits on this GPU: the largest micro batch, the longest sequence and, where nothing fits, the cheapest change
+that does. A search, not a formula: the peak moves between phases and the allocator rounds, so only the planner
+says what fits; memory is monotonic and close to affine in batch and sequence, so a secant search asks 2-5
+predictions. "Fits": ``MemoryPlan.worst_gpu_used_gib`` (a run that dies loading is an OOM too) stays under the
+GPU's memory less ``margin`` (5 %: the planner's error on litgpt's published LoRA and full rows is under 3 %).
 """
 
 from __future__ import annotations
@@ -36,7 +28,7 @@ LAB_LORA = {
 
 @dataclass
 class Alternative:
-    """One change to the recipe, at micro batch 1, with its predicted peak (or why it was not predicted)."""
+    """At micro batch 1, with its predicted peak or why it was not predicted."""
 
     change: str
     fits: bool | None
@@ -66,14 +58,12 @@ class FitResult:
 
     @property
     def cheapest(self) -> Alternative | None:
-        """The first alternative (they are in order of cost) that fits."""
         return next((alt for alt in self.alternatives if alt.fits), None)
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "cheapest": self.cheapest.change if self.cheapest else None}
 
     def lines(self) -> list[str]:
-        """What ``plan --fit`` prints."""
         out = [
             f"GPU memory {_gib(self.gpu_memory_gib)} GiB, margin {self.margin:.0%} kept free: a run fits under "
             f"{_gib(self.budget_gib)} GiB predicted used",
@@ -121,8 +111,6 @@ def _gib(value: float) -> str:
 
 
 class _Judge:
-    """Asks the planner, counts the questions, and remembers the answers by spec."""
-
     def __init__(self, budget_gib: float) -> None:
         self.budget_gib = budget_gib
         self.asked: dict[str, MemoryPlan] = {}
@@ -140,14 +128,10 @@ class _Judge:
 def largest(
     used: Callable[[int], float], budget: float, *, start: int, low: int, high: int, step: int = 1
 ) -> int | None:
-    """The largest value on the grid (``low``, the multiples of ``step``, ``high``) whose ``used(value)`` stays
-    within ``budget``, or None when not even ``low`` does. ``used`` must be monotonic in the value.
-
-    Memory is close to affine in batch and sequence (activations grow with both), so after two answers the
-    secant through the two nearest the budget predicts where it is crossed; the guess and its grid neighbour
-    are checked. After one answer under the budget, memory proportional to the value guesses (``_proportional``:
-    below the crossing). Where a guess is off, the bracket is bisected. Typically 2-5 calls; never more than the
-    doubling-and-bisection bound (about 2 x log2(high / low))."""
+    """Over the grid (``low``, the multiples of ``step``, ``high``); None where not even ``low`` fits; ``used`` must be
+    monotonic. After two answers the secant through the two nearest the budget guesses the crossing, after one
+    ``_proportional`` does; a wrong guess bisects, so it never asks more than doubling and bisection would
+    (about 2 x log2(high / low))."""
     if low > high:
         raise PlanError(f"empty search range [{low}, {high}]")
     seen: dict[int, float] = {}
@@ -196,17 +180,13 @@ def largest(
 
 
 def _proportional(value: int, used: float, budget: float) -> float:
-    """With one answer under the budget, the value where memory proportional to it would reach the budget.
-
-    Memory is affine with a positive constant part (weights, ...): ``c + a v``. Then ``v (budget / used)`` never
-    overshoots the crossing ``(budget - c) / a`` (their difference is ``c (budget - used) / a / used`` >= 0), so
-    the guess fits and gives the secant its second point: where the recipe and the search limit both fit, two
-    questions answer, where doubling would ask once per doubling up to the limit."""
+    """Memory is ``c + a v`` with c > 0 (the weights), so ``v (budget / used)`` never overshoots the crossing
+    ``(budget - c) / a``: the guess fits and gives the secant its second point."""
     return value * 2 if used <= 0 else value * budget / used
 
 
 def _secant(seen: dict[int, float], budget: float, good: int | None, bad: int | None) -> float | None:
-    """Where the line through the two answers nearest the budget crosses it; None without a rising line."""
+    """None without a rising line."""
     if good is not None and bad is not None:
         a, b = good, bad
     else:
@@ -221,7 +201,6 @@ def _secant(seen: dict[int, float], budget: float, good: int | None, bad: int | 
 
 
 def _with_micro_batch(spec: TrainingSpec, micro: int, per_device_batch: int) -> TrainingSpec:
-    """The same global batch, reached with ``micro``-sized micro-batches."""
     return dataclasses.replace(
         spec, micro_batch_size=micro, gradient_accumulation_iters=max(1, per_device_batch // micro)
     )
@@ -237,11 +216,8 @@ def fit(
     sequence: bool = True,
     alternatives: bool = True,
 ) -> FitResult:
-    """What fits: the largest micro batch (up to ``max_micro_batch_size``, default the per-device global batch,
-    same global batch), the longest sequence at the spec's micro batch (multiples of ``seq_multiple`` up to the
-    block size; skipped with ``sequence=False``), and, when not even micro batch 1 fits, the alternatives in order of cost (``alternatives_for``).
-    ``gpu_memory_gib`` defaults to ``spec.gpu_memory_gib``; the planner probes no hardware (the command line
-    passes this node's GPU)."""
+    """``max_micro_batch_size`` defaults to the per-device global batch (the global batch is kept); the sequence goes
+    in multiples of ``seq_multiple`` up to the block size; alternatives only where micro batch 1 does not fit."""
     gpu_gib = gpu_memory_gib if gpu_memory_gib is not None else spec.gpu_memory_gib
     if gpu_gib is None:
         raise PlanError("no GPU memory to fit into: pass --gpu-memory-gib G (no GPU found on this machine)")
@@ -306,13 +282,9 @@ def fit(
 
 
 def alternatives_for(spec: TrainingSpec, judge: _Judge) -> list[Alternative]:
-    """Each change that could make ``spec`` (at micro batch 1) fit, in order of cost, with its prediction.
-
-    The order is what each costs a student: bf16-true (half the bytes, no extra time), activation checkpointing
-    (about a third more compute), LoRA (trains adapters, not the model), QLoRA (4-bit base weights: slower, a
-    little less accurate), FSDP over N GPUs (N GPUs), DeepSpeed ZeRO-3 with CPU offload over N GPUs (N GPUs and a
-    host-bound optimizer step). FSDP and offload stop at the first N that fits. A change the planner cannot
-    predict here is listed with the reason instead of a number."""
+    """In order of what each costs a student: bf16-true (no extra time), activation checkpointing (~1/3 more compute),
+    LoRA (adapters, not the model), QLoRA (slower, a little less accurate), FSDP over N GPUs, ZeRO-3 with CPU offload
+    (N GPUs and a host-bound step). FSDP and offload stop at the first N that fits."""
     out: list[Alternative] = []
 
     def ask(change: str, make: Callable[[], TrainingSpec]) -> bool:
@@ -366,7 +338,6 @@ def _as_qlora(spec: TrainingSpec) -> TrainingSpec:
 
 
 def _sharded(spec: TrainingSpec, strategy: str, devices: int, *, offload: bool) -> TrainingSpec:
-    """``spec`` on ``devices`` GPUs, same global batch (micro batch 1, fewer accumulation steps per GPU)."""
     if spec.method == "qlora":
         raise PlanError("litgpt does not support quantization on more than one device")
     per_device = max(1, spec.gradient_accumulation_iters // devices)

@@ -1,26 +1,11 @@
 """What each traced op costs a GPU: FLOPs, bytes moved and kernels launched, read off its shapes and dtypes.
 
-The tracer's dispatch mode sees every aten op of the real training step (``accounting.make_dispatch_tracker``);
-``op_cost`` turns one into an ``OpCost``:
-
-* **kernels**: 0 for views, metadata and allocations (``empty``; a view changes strides, not memory), the
-  multi-tensor-apply launches of a ``_foreach_*`` op or a fused optimizer step (``foreach_kernels``: CUDA packs
-  up to 110/64/48/36/30 tensors, by how many lists the op touches, and 320 blocks of 65,536 elements per launch),
-  else 1. An op that
-  CUDA runs as several kernels (a split-K matmul, a two-pass reduction) counts 1: the per-launch host cost
-  fitted to measured runs absorbs the difference, and ``benchmarks/planner_time_check.py`` prints traced
-  against profiled kernels;
-* **flops**: matmuls and convolutions from torch's own formulas (``torch.utils.flop_counter``), attention as
-  causal (half of the full score matrix: the kernels skip the masked half), 2 and 5 matmuls of B x H x T^2 x D
-  forward and backward; 0 for everything else (elementwise work is bounded by bytes);
-* **bytes**: every tensor the op reads plus every tensor it writes, at its own size (an embedding reads only the
-  rows it gathers: its output, twice).
-
-``device_seconds`` is the roofline over a multiset of them: each op takes the larger of its FLOPs over the dense
-peak of its unit x a matmul efficiency, and its bytes over the memory bandwidth x a bandwidth efficiency.
-``OpCosts`` holds the ops of one steady micro-batch (forward and backward) and of one optimizer step, as
-(op, count) pairs, so that traces at two depths or two batch sizes combine like the memory timeline does
-(``combined``).
+* kernels: 0 for views, metadata and allocations; a ``_foreach_*`` op or a fused optimizer step as CUDA's
+  multi_tensor_apply packs it (``foreach_kernels``); else 1, even where CUDA runs several (split-K, two-pass
+  reductions): the fitted per-launch cost absorbs it (``benchmarks/planner_time_check.py`` compares profiles);
+* flops: ``torch.utils.flop_counter``'s formulas; attention causal (the kernels skip the masked half): 2 and 5
+  matmuls of B x H x T^2 x D forward and backward; elementwise work is bounded by bytes: 0;
+* bytes: every tensor read and written (an embedding reads only the rows it gathers: its output, twice).
 """
 
 from __future__ import annotations
@@ -57,8 +42,7 @@ _ATTENTION_FORWARD = {
 }
 _ATTENTION_BACKWARD = {name + "_backward" for name in _ATTENTION_FORWARD}
 _FUSED_OPTIMIZER_STEPS = {"_fused_adam_", "_fused_adamw_", "_fused_sgd_", "_fused_adagrad_"}
-"""A fused optimizer's step: one in-place multi-tensor-apply kernel over params, grads and states (ATen's
-``fused_adamw_impl.cu``: ``multi_tensor_apply_for_fused_optimizer<4>`` over params, grads, exp_avgs, exp_avg_sqs),
+"""One in-place multi_tensor_apply kernel over params, grads and states (ATen's ``fused_adamw_impl.cu``: depth 4),
 launched like a ``_foreach_`` op of that depth."""
 FOREACH_MAX_TENSORS = (110, 64, 48, 36, 30)  # ATen MultiTensorApply.cuh: depthToMaxTensors
 FOREACH_MAX_BLOCKS = 320  # depthToMaxBlocks
@@ -68,8 +52,7 @@ _UNIT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32_mat
 
 @dataclass(frozen=True)
 class OpCost:
-    """One op as traced: its name, the matmul unit its FLOPs run on (None: no FLOPs counted), FLOPs, bytes
-    read and written, and kernels launched on a GPU."""
+    """``unit``: the matmul unit its FLOPs run on (None: no FLOPs counted)."""
 
     name: str
     unit: str | None
@@ -95,8 +78,7 @@ def _nbytes(tensors: Iterable[torch.Tensor]) -> int:
 
 
 def foreach_kernels(lists: Sequence[Sequence[torch.Tensor]]) -> int:
-    """Launches of one ``_foreach_*`` op on CUDA (multi_tensor_apply): a launch each time the packed tensors or
-    blocks are full. ``lists`` are the tensor lists it reads and writes (the depth)."""
+    """A launch each time CUDA's multi_tensor_apply fills its packed tensors (by depth, ``len(lists)``) or blocks."""
     if not lists or not lists[0]:
         return 0
     depth = min(len(lists), len(FOREACH_MAX_TENSORS))
@@ -124,8 +106,7 @@ def _attention_flops(args, backward: bool) -> float:
 
 
 def launches_kernel(name: str) -> bool:
-    """Whether the aten op ``name`` ("mm", "detach") launches a kernel by ``op_cost``'s rule (views, metadata and
-    allocations do not): for ops known by name only, as a profiler's events name them."""
+    """For ops known by name only, as a profiler's events name them."""
     if name in _NO_KERNEL:
         return False
     packet = getattr(torch.ops.aten, name, None)
@@ -133,8 +114,7 @@ def launches_kernel(name: str) -> bool:
 
 
 def op_cost(func, args, kwargs, out) -> OpCost | None:
-    """The cost of one dispatched op, or None for what launches nothing and moves nothing (metadata, views,
-    allocations)."""
+    """None for what launches nothing and moves nothing."""
     if func.namespace != "aten":
         return None
     name = func._overloadpacket.__name__
@@ -186,7 +166,7 @@ Ops = tuple[tuple[OpCost, float], ...]
 
 @dataclass(frozen=True)
 class OpCosts:
-    """The ops of one steady micro-batch (a forward and its backward) and of one optimizer step."""
+    """As (op, count) pairs, so traces at two depths or batch sizes combine like the memory timeline (``combined``)."""
 
     micro_batch: Ops
     optimizer_step: Ops
@@ -219,9 +199,8 @@ def device_seconds(
     matmul_efficiency: float,
     bandwidth_efficiency: float,
 ) -> float:
-    """The roofline of ``ops``: each op the larger of FLOPs / (its unit's peak x matmul efficiency) and bytes /
-    (bandwidth x bandwidth efficiency), summed (one kernel at a time: no overlap between kernels).
-    ``peaks`` maps a unit ("bf16", "fp16", "fp32_matmul") to FLOP/s; ``bandwidth`` is bytes/s."""
+    """One kernel at a time: no overlap. ``peaks`` maps a unit ("bf16", "fp16", "fp32_matmul") to FLOP/s; ``bandwidth``
+    is bytes/s."""
     rate = bandwidth * bandwidth_efficiency
     total = 0.0
     for op, n in ops:
@@ -234,8 +213,6 @@ def device_seconds(
 
 
 def from_trace(records: Sequence[tuple[str, OpCost]], micro_phases: set[str], step_phases: set[str]) -> OpCosts:
-    """``OpCosts`` from the tracer's (phase name, op) list: the phases named are one steady micro-batch and one
-    steady optimizer step."""
     micro = tuple((op, 1.0) for phase, op in records if phase in micro_phases)
     step = tuple((op, 1.0) for phase, op in records if phase in step_phases)
     return OpCosts(micro, step)
@@ -248,9 +225,8 @@ def _aligned(a: Ops, b: Ops) -> bool:
 
 
 def _combine_ops(a: Ops, b: Ops, factor: float) -> tuple[Ops, bool]:
-    """``a + (b - a) x factor``: op by op where the two lists run the same ops in the same order (a batch size,
-    or an optimizer step over more blocks' parameters), else as multisets of identical ops (blocks added). The
-    flag is False when the multisets do not line up (a count would go negative) and ``b`` is returned as is."""
+    """Op by op where the two run the same ops in order (another batch size, a bigger optimizer step), else as multisets
+    (blocks added); False where a count would go negative, and ``b`` is returned as is."""
 
     def lerp(x: float, y: float) -> float:
         return x + (y - x) * factor
@@ -282,7 +258,6 @@ def _combine_ops(a: Ops, b: Ops, factor: float) -> tuple[Ops, bool]:
 
 
 def combined(a: OpCosts, b: OpCosts, factor: float, what: str) -> OpCosts:
-    """``a`` (factor 0) continued through ``b`` (factor 1): two depths or two micro-batch sizes."""
     micro, ok_micro = _combine_ops(a.micro_batch, b.micro_batch, factor)
     step, ok_step = _combine_ops(a.optimizer_step, b.optimizer_step, factor)
     notes = list(b.notes)

@@ -1,9 +1,8 @@
 """What a prediction needs, and how to read it from a litgpt fine-tuning recipe.
 
-``TrainingSpec`` is independent of recipe files so that the runner, notebooks and the Lightning-Trainer
-experiments (which have no litgpt recipe) can describe a run directly. ``spec_from_recipe`` turns any YAML that
-``litgpt finetune_full`` / ``finetune_lora`` accept into a spec. It reads a recipe and does not check it:
-``lab_helpers.config.recipe_check.check_recipe`` does, once, wherever a recipe comes from a person (``run``, ``plan``).
+``TrainingSpec`` does not depend on recipe files, so the Lightning-Trainer experiments (which have no litgpt recipe)
+describe a run directly. ``spec_from_recipe`` reads a recipe without checking it: ``recipe_check.check_recipe``
+does, wherever a recipe comes from a person.
 """
 
 from __future__ import annotations
@@ -47,17 +46,14 @@ EIGHT_BIT_OPTIMIZERS: tuple[str, ...] = ("AdamW8bit", "PagedAdamW8bit")
 OPTIMIZERS: tuple[str, ...] = ("AdamW", "Adam", "SGD", "DeepSpeedCPUAdam", *EIGHT_BIT_OPTIMIZERS)
 TORCH_OPTIMIZERS: tuple[str, ...] = ("AdamW", "Adam", "SGD")
 STEP_IMPLEMENTATIONS: tuple[str, ...] = ("foreach", "for-loop", "fused")
-"""How a torch optimizer's step runs. ``foreach``: each update is one op over every parameter at once
-(``_foreach_*``), so a temporary of an update is the size of all parameters (AdamW's ``exp_avg_sq.sqrt()``: one
-parameter-sized tensor); ``for-loop``: one parameter at a time, temporaries the size of the largest parameter;
-``fused``: one in-place kernel per parameter group (``_fused_adamw_``), no parameter-sized temporaries."""
+"""``foreach``: one ``_foreach_*`` op over every parameter, so an update's temporary is the size of all parameters
+(AdamW's ``exp_avg_sq.sqrt()``); ``for-loop``: temporaries the size of the largest parameter; ``fused``: one
+in-place kernel per parameter group, no parameter-sized temporaries."""
 
 
 def step_implementation(foreach: object, fused: object, device: str) -> str:
-    """The step implementation torch runs for a torch optimizer's ``foreach`` / ``fused`` arguments on ``device``,
-    as ``torch.optim.adam.adam`` (and SGD alike) decides it: ``fused=True`` is fused; ``foreach=True`` foreach;
-    both None (the default, litgpt's recipes) is torch's choice, ``_default_to_fused_or_foreach``: foreach for CUDA
-    tensors, the for-loop on a CPU; anything else (``foreach=False``, or ``fused=False`` alone) the for-loop."""
+    """As ``torch.optim.adam.adam`` (and SGD) decides it: both None (litgpt's recipes) is torch's
+    ``_default_to_fused_or_foreach``, foreach on CUDA tensors and the for-loop on a CPU."""
     if fused:
         return "fused"
     if foreach:
@@ -90,13 +86,13 @@ def _release(package: str, version: str) -> Version:
 
 @dataclass(frozen=True)
 class Software:
-    """The differences between releases that change a run's memory, derived once from the version numbers.
+    """Release differences that change a run's memory.
 
-    * ``bnb_keeps_matmul_input``: bitsandbytes < 0.43.2 kept each 4-bit layer's input ``A`` as an attribute of
-      the autograd node (``ctx.tensors = (A, B)``), which autograd never frees after that node's backward: every
-      input lives as long as the graph, which litgpt's loop keeps through the next forward (``logits``).
-    * ``qlora_stable_embedding``: litgpt >= 0.5.0 trains QLoRA with a ``bnb.nn.StableEmbedding`` (a trainable
-      copy of the embedding, its gradient and the old embedding kept alive); before, the frozen embedding stayed.
+    * ``bnb_keeps_matmul_input``: bitsandbytes < 0.43.2 kept each 4-bit layer's input on its autograd node, which
+      autograd never frees after the node's backward: every input lives through the next forward (litgpt keeps
+      ``logits``).
+    * ``qlora_stable_embedding``: litgpt >= 0.5.0 trains QLoRA with a trainable ``bnb.nn.StableEmbedding`` copy, its
+      gradient and the old embedding all alive.
     """
 
     bnb_keeps_matmul_input: bool = False
@@ -113,12 +109,8 @@ class Software:
 
 @dataclass
 class TrainingSpec:
-    """Everything that decides GPU memory in a litgpt-style fine-tuning step.
-
-    ``seq_len`` is the worst-case padded length of a micro-batch (litgpt pads each batch to its longest sample,
-    so the peak comes from the batch holding the longest sample). Fields after ``gpu_memory_gib`` are extras
-    with defaults matching litgpt 0.5.13 finetune scripts.
-    """
+    """``seq_len`` is the worst-case padded length: litgpt pads each batch to its longest sample. Defaults match litgpt
+    0.5.13's finetune scripts."""
 
     model_config: Any  # litgpt.Config
     method: Method
@@ -175,9 +167,7 @@ class TrainingSpec:
 
     @property
     def optimizer_step(self) -> str | None:
-        """How the optimizer's step runs (``STEP_IMPLEMENTATIONS``), from ``optimizer.init_args`` as the run passes
-        them and the device; None where the step is not a torch optimizer's (QLoRA's paged AdamW, 8-bit AdamW,
-        DeepSpeed's)."""
+        """None where the step is not a torch optimizer's (QLoRA's paged AdamW, 8-bit AdamW, DeepSpeed's)."""
         if (
             self.optimizer not in TORCH_OPTIMIZERS
             or self.method == "qlora"
@@ -190,11 +180,9 @@ class TrainingSpec:
 
     @property
     def software(self) -> Software:
-        """What the run's bitsandbytes and litgpt releases do that the planner models."""
         return Software.of(self.bitsandbytes_version, self.litgpt_version)
 
     def validate(self) -> None:
-        """Reject impossible combinations with one clear line."""
         self.software  # noqa: B018 -- a version the planner cannot read or does not model raises here
         if self.device not in ("cuda", "cpu"):
             raise PlanError(f"device must be 'cuda' or 'cpu', got {self.device!r}")
@@ -257,8 +245,7 @@ class TrainingSpec:
 
 
 def _set_dotted(tree: dict, dotted: str, value: object) -> None:
-    """Set ``dotted`` in ``tree``; ``data.X`` and ``optimizer.X`` mean ``data.init_args.X`` and
-    ``optimizer.init_args.X``, as ``--set`` has them (``experiments.apply_overrides``), so that
+    """``data.X`` and ``optimizer.X`` mean their ``init_args.X``, as ``--set`` has them, so that
     ``overrides={"optimizer.foreach": False}`` reaches the optimizer here too."""
     node = tree
     parts = dotted.split(".")
@@ -278,7 +265,6 @@ def _set_dotted(tree: dict, dotted: str, value: object) -> None:
 
 
 def load_recipe(recipe: dict | str | Path) -> dict:
-    """A recipe as a nested dict (a copy); paths are read as YAML."""
     if isinstance(recipe, dict):
         return yaml.safe_load(yaml.safe_dump(recipe))  # deep copy of plain data
     path = Path(recipe)
@@ -296,11 +282,8 @@ def load_recipe(recipe: dict | str | Path) -> dict:
 
 
 def resolve_model_config(checkpoint_dir: str | Path, lora: dict | None = None):
-    """The litgpt ``Config`` for a checkpoint directory, without any weights.
-
-    A ``model_config.yaml`` in the directory wins (that is what litgpt reads); otherwise the directory's name
-    must be one of litgpt's config names (``checkpoints/meta-llama/Llama-3.2-1B`` -> ``Llama-3.2-1B``).
-    """
+    """A ``model_config.yaml`` in the directory wins (litgpt reads it); else the directory's name must be one of
+    litgpt's config names (``checkpoints/meta-llama/Llama-3.2-1B`` -> ``Llama-3.2-1B``)."""
     from litgpt import Config
 
     kwargs = dict(lora or {})
@@ -384,19 +367,11 @@ def spec_from_recipe(
     fsdp_impl: str | None = None,
     ddp_gradient_as_bucket_view: bool = True,
 ) -> TrainingSpec:
-    """Read a litgpt finetune recipe into a :class:`TrainingSpec`.
-
-    ``overrides`` are dotted keys (``"train.micro_batch_size": 2``). ``devices=None`` / ``strategy=None`` take
-    the recipe's ``devices`` and litgpt's own choice: on several devices ``litgpt finetune_full`` runs FSDP with
-    every Block wrapped and checkpointed, and Fabric keeps unsharded gradients while accumulating. An explicit
-    ``ddp`` / ``fsdp`` / ``deepspeed-zero3`` (which the litgpt CLI cannot run) means the lab's Lightning-Trainer
-    module: no activation checkpointing unless asked; gradients accumulate sharded under FSDP2 and unsharded under
-    FSDP1 (``fsdp_impl="fsdp1"``: the Trainer runs the accumulating micro-batches in FSDP1's ``no_sync``).
-    The sequence length is ``train.max_seq_length`` capped by the model's block size and by ``data_max_len``.
-    ``device="cpu"`` predicts the live tensor bytes of the same step on a CPU (no CUDA context, no cuBLAS
-    workspace): what the lab measures there as ``peak_tensor_gib``. ``fsdp_reshard_after_forward=False`` is
-    FSDP's SHARD_GRAD_OP (ZeRO-2): gathered weights stay whole from forward until backward.
-    """
+    """``devices=None`` / ``strategy=None`` take the recipe's devices and litgpt's own choice: on several devices
+    ``finetune_full`` runs FSDP with every Block wrapped and checkpointed, gradients unsharded while accumulating. An
+    explicit strategy means the lab's Lightning-Trainer module: no checkpointing unless asked; FSDP1 accumulates
+    unsharded (under ``no_sync``), FSDP2 sharded. ``device="cpu"`` predicts live tensor bytes (no CUDA context, no
+    cuBLAS workspace), what a CPU run measures as ``peak_tensor_gib``."""
     from litgpt.args import TrainArgs
 
     tree = load_recipe(recipe)
@@ -485,7 +460,6 @@ def spec_from_recipe(
 
 
 def _seq_len(train_cfg: dict, model_config: Any, data_max_len: int | None) -> int:
-    """``train.max_seq_length`` capped by the model's block size and by the data's longest sample."""
     max_seq = train_cfg.get("max_seq_length")
     seq_len = (
         model_config.block_size
@@ -498,7 +472,6 @@ def _seq_len(train_cfg: dict, model_config: Any, data_max_len: int | None) -> in
 
 
 def _method(has_lora: bool, quantize: Any) -> Method:
-    """``full``, ``lora`` or ``qlora`` (LoRA with a 4-bit base), from the recipe's LoRA keys and ``quantize``."""
     method: Method = "full"
     if has_lora:
         method = "lora"

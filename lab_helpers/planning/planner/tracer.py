@@ -1,18 +1,13 @@
 """Run litgpt's real model, loss and optimizer for a few micro-batches on fake CPU tensors.
 
-The loop mirrors ``litgpt/finetune/{full,lora}.py`` (litgpt 0.5.13) and Fabric's precision plugins line by line
-where memory is concerned: the logits are converted to fp32 by the precision plugin, the previous micro-batch's
-``logits`` variable stays alive until the next forward returns, optimizer state appears lazily at the first
-step, ``zero_grad`` frees gradients, and validation runs an unchunked loss under ``no_grad``.
-A first window of one micro-batch creates gradients and the (lazy) optimizer state; a second window of
-``min(accumulation, 2)`` micro-batches then shows the steady state, which later micro-batches repeat exactly.
+The loop mirrors ``litgpt/finetune/{full,lora}.py`` (0.5.13) and Fabric's precision plugins where memory is
+concerned: fp32 logits, the previous micro-batch's ``logits`` alive until the next forward returns, lazy optimizer
+state, ``zero_grad`` freeing gradients, an unchunked validation loss under ``no_grad``. One micro-batch creates
+gradients and optimizer state; a second window of ``min(accumulation, 2)`` shows the steady state later ones repeat.
 
-Blocks are identical (or repeat with a period: alternating sliding-window layers), so every term is affine in the
-number of blocks: ``trace`` runs the real code with one and two periods of blocks (1 and 2 for most models) and
-extrapolates each phase's breakdown to the model's depth, which keeps a 13B prediction to a few seconds
-(``trace_training`` traces the full depth; tests check the two agree). For a fixed sequence length, every storage
-is affine in the micro-batch size too: traces at two sizes answer any other size by replaying the recorded
-timeline (``scaled_trace``), so a search over batch sizes costs about three traces.
+Blocks repeat, so every term is affine in the number of blocks: ``trace`` runs one and two periods of blocks and
+extrapolates to the model's depth (a 13B in seconds). Every storage is affine in the micro batch too, so two traces
+answer any other size (``scaled_trace``).
 """
 
 from __future__ import annotations
@@ -88,9 +83,8 @@ _PER_LAYER_PATTERNS = ("sliding_window_indices", "rope_indices")  # litgpt Confi
 
 
 def layer_period(config) -> int:
-    """The smallest p such that block i and block i + p are built alike (1 for most models; 2 for alternating
-    sliding-window layers). Blocks that differ otherwise (``first_k_dense_replace``: dense blocks before MoE ones)
-    have no period: 0, and the model is traced at full depth."""
+    """1 for most models, 2 for alternating sliding-window layers; 0 where blocks differ otherwise
+    (``first_k_dense_replace``: dense blocks before MoE ones), and the model is traced at full depth."""
     if getattr(config, "first_k_dense_replace", None):
         return 0
     n = config.n_layer
@@ -102,8 +96,6 @@ def layer_period(config) -> int:
 
 
 def scaling_depths(config) -> tuple[int, int] | None:
-    """The two depths traced and extrapolated from (one and two periods of the layer pattern), or None when the
-    model is traced at full depth (shallow, or no repeating pattern)."""
     p = layer_period(config)
     if p == 0 or 2 * p >= config.n_layer:
         return None
@@ -111,7 +103,6 @@ def scaling_depths(config) -> tuple[int, int] | None:
 
 
 def trace(spec: TrainingSpec) -> TraceResult:
-    """The trace of ``spec`` at full depth, extrapolated from two shallow traces when the model is deep."""
     n_layer = spec.model_config.n_layer
     depths = scaling_depths(spec.model_config)
     if depths is None:
@@ -124,7 +115,7 @@ def trace(spec: TrainingSpec) -> TraceResult:
 
 
 def _extrapolated(a: TraceResult, b: TraceResult, factor: float, notes: list[str]) -> TraceResult:
-    """Every size of the trace continued along the line through ``a`` (factor 0) and ``b`` (factor 1)."""
+    """Continued along the line through ``a`` (factor 0) and ``b`` (factor 1)."""
 
     def ext(x: float, y: float) -> int:
         return int(round(x + (y - x) * factor))
@@ -195,14 +186,13 @@ UNTRACED_FIELDS = (
     "generate_example",
     "max_new_tokens",
 )
-"""``TrainingSpec`` fields ``trace_training`` never reads: the strategy's analytic terms and the whole-run phases
-use them. Runs that differ only in these (FSDP over 2, 4 or 8 GPUs, a GPU's size) share one trace;
-``tests/test_planner.py`` checks that changing them leaves the trace as it was."""
+"""Runs that differ only in these (FSDP over 2, 4 or 8 GPUs, a GPU's size) share one trace; tests/test_planner.py
+checks that they leave it as it was."""
 
 
 def _batch_free_key(spec: TrainingSpec, n_layer: int | None) -> str:
-    """What the trace depends on, but the micro-batch size. Accumulation only decides whether a second micro-batch
-    runs before the step (``min(accumulation, 2)``): 2, 4 and 32 trace alike."""
+    """Everything but the micro-batch size. Accumulation only decides whether a second micro-batch runs before the
+    step, so 2, 4 and 32 trace alike."""
     defaults = {name: TrainingSpec.__dataclass_fields__[name].default for name in UNTRACED_FIELDS}
     traced = dataclasses.replace(
         spec, micro_batch_size=0, gradient_accumulation_iters=min(spec.gradient_accumulation_iters, 2), **defaults
@@ -223,8 +213,8 @@ def _same_structure(a: TraceResult, b: TraceResult) -> bool:
 
 
 def scaled_trace(a: TraceResult, b: TraceResult, batch_a: int, batch_b: int, batch: int) -> TraceResult | None:
-    """The trace at micro-batch ``batch`` computed from traces at ``batch_a`` and ``batch_b`` (all >= 2), or None
-    when the two timelines differ in structure or a storage is not affine in the batch size."""
+    """From traces at ``batch_a`` and ``batch_b`` (all >= 2); None where the two timelines differ in structure or a
+    storage is not affine in the batch."""
     if a.timeline is None or b.timeline is None or min(batch_a, batch_b, batch) < 2 or batch_a == batch_b:
         return None
     if not _same_structure(a, b):
@@ -253,16 +243,14 @@ def scaled_trace(a: TraceResult, b: TraceResult, batch_a: int, batch_b: int, bat
 
 
 TRACE_TOKENS_CAP = 1 << 15
-"""Tokens of the largest micro-batch traced op by op (64 x 512). Tracing costs time and host memory in proportion
-to the tokens (the loss runs in 128-row chunks): micro batch 1e9 once took 19.6 GB of RSS and minutes. Beyond the
-cap, memory is continued along the line through two traces at smaller batches -- activations, logits and their
-temporaries are proportional to the batch, weights and optimizer states do not depend on it -- so ``plan`` and
-``run`` answer any batch in seconds. Every micro-batch of the lab's experiments (at most 32 x 512) is traced."""
+"""64 x 512 tokens. Tracing costs time and host memory in proportion to the tokens (micro batch 1e9 took 19.6 GB of
+RSS and minutes); beyond the cap memory continues along the line through two smaller traces (activations grow with
+the batch, weights and optimizer states do not). Every micro-batch of the lab's experiments (<= 32 x 512) is traced."""
 
 
 def _trace_at_batch(spec: TrainingSpec, n_layer: int | None) -> TraceResult:
-    """``trace_training(spec, n_layer)``, answered from remembered timelines of the same run at other
-    micro-batch sizes when two of them allow it, and extrapolated in the batch beyond ``TRACE_TOKENS_CAP``."""
+    """Answered from remembered timelines at other micro batches where two allow it; extrapolated in the batch beyond
+    ``TRACE_TOKENS_CAP``."""
     batch = spec.micro_batch_size
     if batch > 4 and batch * spec.seq_len > TRACE_TOKENS_CAP:
         hi = max(4, TRACE_TOKENS_CAP // spec.seq_len // 2 * 2)
@@ -293,8 +281,7 @@ def _trace_at_batch(spec: TrainingSpec, n_layer: int | None) -> TraceResult:
 
 
 def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResult:
-    """Trace the spec's single-device training step (optionally with fewer blocks): two optimizer windows and
-    a validation pass."""
+    """Two optimizer windows and a validation pass, on one device."""
     from litgpt.utils import chunked_cross_entropy
 
     started = time.perf_counter()
@@ -351,8 +338,7 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
             return to_default_float(out)
 
         def training_step(input_ids, targets):
-            """Lightning Trainer: the loss is computed inside training_step, under the precision context, and
-            the logits die with it."""
+            """Lightning's Trainer computes the loss inside training_step, so the logits die with it."""
             with forward_context():
                 out = model(input_ids, lm_head_chunk_size=LORA_LM_HEAD_CHUNK) if lora else model(input_ids)
                 return loss_of(out, targets)
@@ -414,8 +400,7 @@ def trace_training(spec: TrainingSpec, n_layer: int | None = None) -> TraceResul
 
 
 def _quantize_for_qlora(spec: TrainingSpec, model: torch.nn.Module, pdtype: torch.dtype, keep_alive: list) -> None:
-    """QLoRA as litgpt's lora.py does it: 4-bit base weights and, where bitsandbytes does, a stable embedding (the
-    old one stays referenced in ``keep_alive``)."""
+    """As litgpt's lora.py does it; a replaced embedding stays referenced in ``keep_alive``, as it does there."""
     if spec.method == "qlora":
         software = spec.software
         double_quant = str(spec.quantize).endswith("-dq")
@@ -429,7 +414,6 @@ def _quantize_for_qlora(spec: TrainingSpec, model: torch.nn.Module, pdtype: torc
 
 
 def _with_layers(spec: TrainingSpec, n_layer: int | None) -> TrainingSpec:
-    """``spec`` with only ``n_layer`` blocks (a copy), or ``spec`` itself where None."""
     if n_layer is not None:
         spec = copy.copy(spec)
         spec.model_config = copy.deepcopy(spec.model_config)
@@ -438,7 +422,6 @@ def _with_layers(spec: TrainingSpec, n_layer: int | None) -> TrainingSpec:
 
 
 def _mark_optimizer_states(acct: StorageAccountant, optimizer: torch.optim.Optimizer) -> None:
-    """The optimizer's states (every tensor of more than one element) marked as such."""
     for state in optimizer.state.values():
         for value in state.values():
             if isinstance(value, torch.Tensor) and value.numel() > 1:
@@ -459,8 +442,6 @@ def _trace_result(
     largest_weight: int,
     largest_param: int,
 ) -> TraceResult:
-    """What the trace measured: the phases and their storages, parameter and optimizer-state sizes, the timeline, the
-    op costs of the steady window."""
     acct.summarize()
     blocks = model.transformer.h
     block_params = list(blocks[0].parameters()) + list(blocks[0].buffers())
