@@ -1,19 +1,10 @@
 """Activation memory by hand: what a llama block keeps for backward, per token and layer, from the model's config.
 
-Why: activations are the largest part of most runs, and the planner's bar gives their size but not where it
-comes from. Counted by hand, the bytes are a short sum over the tensors autograd saves in one litgpt llama block
-(``Block``: RMSNorm, attention through ``scaled_dot_product_attention``, RMSNorm, SwiGLU MLP), each one a
-vector per token whose length comes from the config (``n_embd``, ``n_head``, ``head_size``,
-``intermediate_size``) and whose element size comes from the precision. Times layers and tokens, plus the
-head (final norm, logits, the loss's log-softmax), that is what a forward leaves for backward.
-
-The assumptions, and where a formula this simple misses (``misses``): one precision throughout (``-true``; in
-``-mixed`` autocast keeps fp32 residuals beside bf16 copies), RMSNorm computing in fp32 whatever the weights'
-dtype (litgpt upcasts), a fused attention kernel that keeps its output and one fp32 log-sum-exp per head and
-token instead of the T x T score matrix, litgpt repeating grouped K/V heads to every query head before it, no
-dropout, and the logits converted to fp32 and kept once more by the loss's log-softmax. RoPE's cos and sin are
-per position, not per token of the batch, and left out (a few bytes per token).
-The arithmetic is checked against the planner's trace of the same block (tests/test_activations_by_hand.py).
+The planner's bar gives the activations' size but not where it comes from: here it is a short sum over the tensors
+autograd saves in one litgpt block, each a vector per token whose length comes from the config, times layers and
+tokens, plus the head. Assumed besides what ``misses`` prints: litgpt repeats grouped K/V heads to every query head,
+no dropout, RoPE's per-position cos and sin left out. tests/test_activations_by_hand.py checks the sum against the
+planner's trace of the same block.
 """
 
 from __future__ import annotations
@@ -29,8 +20,7 @@ FP32_BYTES = 4
 
 
 class Term(NamedTuple):
-    """One kind of tensor saved for backward: its length per token, bytes per element, and how many a layer has
-    (``count``: the two RMSNorms of a block are one term). Its bytes per token: ``per_token_bytes(term)``."""
+    """``count``: how many a layer has (a block's two RMSNorms are one term)."""
 
     tensor: str
     elements_per_token: int
@@ -39,13 +29,10 @@ class Term(NamedTuple):
 
 
 def per_token_bytes(term: Term) -> int:
-    """Elements x bytes x count: one term's bytes for one token of one layer."""
     return term.count * term.bytes_per_element * term.elements_per_token
 
 
 def element_bytes(precision: str) -> int:
-    """Bytes per element for a ``-true`` precision (the planner's ``precision_bytes``); a mixed precision has no
-    single answer, so it is refused."""
     if precision.endswith("-mixed"):
         raise ValueError(
             f"{precision}: the hand count assumes one dtype throughout (32-true, bf16-true, 16-true); "
@@ -65,9 +52,7 @@ def _norm_terms(width: int, b: int, where: str) -> list[Term]:
 
 
 def block_terms(config: Any, precision: str) -> list[Term]:
-    """The tensors one llama block keeps for backward, per token (a litgpt ``Config`` with ``mlp_class_name``
-    LLaMAMLP). The two RMSNorms are one term each with ``count=2``; an RMSNorm's output is the input of the
-    linear layers after it, which keep it (one tensor, counted once)."""
+    """An RMSNorm's output is the input of the linear layers after it, which keep it: one tensor, counted once."""
     if config.mlp_class_name != "LLaMAMLP" or config.parallel_residual:
         raise ValueError(f"{config.name}: the hand count is for llama blocks (LLaMAMLP, sequential residual)")
     b = element_bytes(precision)
@@ -101,9 +86,8 @@ def block_terms(config: Any, precision: str) -> list[Term]:
 
 
 def head_terms(config: Any, precision: str) -> list[Term]:
-    """Outside the blocks, per token: the final norm, the logits in fp32 (Fabric converts the model's output to
-    fp32, and litgpt's loop keeps ``logits`` until the next forward; a lower-precision lm_head output is only a
-    temporary) and the fp32 log-softmax that the chunked cross-entropy keeps for backward."""
+    """The final norm, the fp32 logits (Fabric converts the output; litgpt keeps ``logits`` until the next forward) and
+    the log-softmax the chunked cross-entropy keeps for backward."""
     vocab = config.padded_vocab_size
     return [
         *_norm_terms(config.n_embd, element_bytes(precision), "final norm"),
@@ -113,13 +97,12 @@ def head_terms(config: Any, precision: str) -> list[Term]:
 
 
 def bytes_per_token_per_layer(config: Any, precision: str) -> int:
-    """The sum of ``block_terms``: bytes one block keeps for backward, per token."""
     return sum(per_token_bytes(term) for term in block_terms(config, precision))
 
 
 @dataclass(frozen=True)
 class Estimate:
-    """The hand count for one run: ``tokens`` = micro batch x sequence length."""
+    """``tokens`` = micro batch x sequence length."""
 
     model: str
     precision: str
@@ -142,7 +125,6 @@ class Estimate:
 
 
 def estimate(config: Any, precision: str, micro_batch_size: int, seq_len: int) -> Estimate:
-    """What one forward keeps for backward, counted by hand."""
     return Estimate(
         model=str(config.name),
         precision=precision,
@@ -154,7 +136,6 @@ def estimate(config: Any, precision: str, micro_batch_size: int, seq_len: int) -
 
 
 def terms_table(config: Any, precision: str):
-    """The block's terms as a table a person reads: tensor, elements per token, bytes each, count, bytes."""
     import pandas as pd
 
     rows = [
@@ -188,8 +169,7 @@ def experiment_spec(
     *,
     device: str | None = None,
 ):
-    """The planner's spec for an experiment as the run would give it (``predict.planner_inputs``); ``device``
-    defaults to the profile's (a CPU for ci, CUDA for gpu)."""
+    """As the run would give it (``predict.planner_inputs``)."""
     from lab_helpers.config.experiments import resolve
     from lab_helpers.planning.planner.spec import spec_from_recipe
     from lab_helpers.planning.predict import planner_inputs
@@ -202,11 +182,8 @@ def experiment_spec(
 def compare_with_planner(
     runs: Mapping[str, Mapping[str, Any] | None], *, profile: str, gpu_memory_gib: float | None = None
 ):
-    """For each experiment (id -> this node's overrides): the hand count against the planner, in GiB.
-
-    Two planner figures: what its trace of the forward keeps at the forward's end (the same moment the hand
-    count describes) and its activation bar, taken at the step's peak (often in backward, when the loss's
-    log-softmax is gone and part of the graph already freed). ``per token per layer`` is in bytes."""
+    """Two planner figures: its trace at the forward's end (the moment the hand count describes) and its activation bar
+    at the step's peak, often in backward, after the log-softmax is freed."""
     import pandas as pd
 
     from lab_helpers.planning.planner import predict
@@ -239,13 +216,11 @@ def compare_with_planner(
 def experiment_terms(
     exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None
 ):
-    """``terms_table`` for the model and precision an experiment runs with on ``profile``."""
     spec = experiment_spec(exp_id, profile, overrides)
     return terms_table(spec.model_config, spec.precision)
 
 
 def summary(table) -> str:
-    """One sentence per row of ``compare_with_planner``, with the arithmetic written out."""
     lines = []
     for row in table.to_dict("records"):
         hand, forward, bar = row["by hand (GiB)"], row["planner, end of forward (GiB)"], row["planner bar, at the peak (GiB)"]
@@ -260,7 +235,6 @@ def summary(table) -> str:
 
 
 def misses() -> str:
-    """Where the simple count and a real step part ways (what the notebook prints under the table)."""
     return (
         "Where a simple formula misses:\n"
         "* the head: 'bytes per token per layer x layers' leaves out the vocabulary-wide tensors, the logits in "

@@ -1,16 +1,8 @@
-"""The parallelisms the lab does not run, named (issue 53 item 5): what each shards or moves, its model states per
-GPU in the lab's notation (bytes per parameter and N GPUs, as 02 writes FSDP's ``8/N``), computed for the real 7B
-on this node's GPUs, and when a course would reach for it.
-
-Why a module of its own: 02 shows the rows with one call and ``docs/parallelisms.md`` carries the same table,
-generated (``scripts/write_parallelisms_doc.py``; tests/test_parallelisms.py checks the two agree), so no figure is
-typed. Every figure comes from the experiment's bytes per parameter (``arithmetic.model_states``: 2 + 2 + 4 in
-bf16-true with AdamW) and from the model's parameters counted by part on the ``meta`` device (``model_parts``).
-
-Each parallelism is taken alone over N GPUs (its degree: tensor-parallel width, pipeline stages, ...); a real
-course combines them (tensor parallel inside a node, pipeline or FSDP across nodes). Only the model states are
-computed (weights, gradients, optimizer states): activations are said in words, since they depend on the batch
-and the sequence, which the planner traces for the runs the lab does run.
+"""The parallelisms the lab does not run, named: what each shards or moves, and its model states per GPU in 02's
+notation (``8/N``), computed for the real 7B on this node's GPUs. ``docs/parallelisms.md`` carries the same table,
+generated (tests/test_parallelisms.py checks they agree), so no figure is typed. Each parallelism is taken alone
+over N GPUs, where a real course combines them; only model states are computed, since activations depend on the
+batch and sequence.
 """
 
 from __future__ import annotations
@@ -29,12 +21,12 @@ from lab_helpers.planning.decision import LAB_GPU_GIB, SIMULATED_WORLD
 from lab_helpers.planning.planner.analytic import DS_MAX_LIVE_PARAMETERS, OFFLOADED_BYTES_PER_TRAINABLE_PARAM
 
 EXPERIMENT = "one-gpu"
-"""The run whose model and bytes per parameter the rows are computed for: 02's 7B, full fine-tuning, bf16-true."""
+"""02's 7B, full fine-tuning, bf16-true."""
 
 
 @dataclass(frozen=True)
 class ModelParts:
-    """A litgpt model's parameters by the part each parallelism splits (counted on the meta device)."""
+    """By the part each parallelism splits."""
 
     name: str
     total: int
@@ -48,18 +40,16 @@ class ModelParts:
 
     @property
     def block(self) -> int:
-        """One block's parameters (the blocks are identical)."""
         return (self.total - self.embedding - self.head - self.final_norm) // self.layers
 
     @property
     def root(self) -> int:
-        """What no block holds: embedding, final norm, head (FSDP's root unit; ``ParamCounts.outside_blocks``)."""
+        """FSDP's root unit."""
         return self.embedding + self.head + self.final_norm
 
 
 @functools.lru_cache(maxsize=8)
 def model_parts(checkpoint_dir: str) -> ModelParts:
-    """Count ``checkpoint_dir``'s model by part: litgpt's GPT built on the meta device (no weights, no memory)."""
     import torch
     from litgpt.model import GPT
     from torch import nn
@@ -87,8 +77,6 @@ def model_parts(checkpoint_dir: str) -> ModelParts:
 
 @dataclass(frozen=True)
 class Parallelism:
-    """One row: a parallelism, what it splits or moves, its model states per GPU (formula and GiB), when to use it."""
-
     name: str
     moves: str  # what it shards or moves, activations included
     formula: str  # model states per GPU in bytes per parameter, in N (and G, M where it has them)
@@ -100,7 +88,7 @@ class Parallelism:
 
 @dataclass(frozen=True)
 class Setting:
-    """Where the rows are computed: N GPUs in all, G per node over M nodes, against a GPU of ``gpu_gib``."""
+    """N GPUs in all, G per node over M nodes."""
 
     ranks: int
     per_node: int
@@ -110,9 +98,8 @@ class Setting:
 
 
 def node_setting(node: Mapping[str, Any] | None = None) -> Setting:
-    """N and the GPU from this node: its GPUs where it has at least 2, else LAB.md's reference 4 GPUs (the world a
-    simulated rank plays); its GPU's memory, else the 80 GB GPU LAB.md is written for. Nodes: the ``multi-node``
-    experiment's."""
+    """Its GPUs where it has at least 2, else LAB.md's reference 4 (the world a simulated rank plays); its GPU's
+    memory, else 80 GB."""
     gpus = (node or {}).get("gpus") or []
     memory = gpu_memory_gib(node or {})
     if len(gpus) >= 2:
@@ -127,7 +114,6 @@ def node_setting(node: Mapping[str, Any] | None = None) -> Setting:
 
 
 def reference_setting() -> Setting:
-    """LAB.md's reference: 4 GPUs of 80 GB (``docs/parallelisms.md``'s table)."""
     return _setting(SIMULATED_WORLD, LAB_GPU_GIB, "LAB.md's reference GPUs", f"an {LAB_GPU_GIB:.0f} GiB GPU")
 
 
@@ -142,8 +128,7 @@ def _setting(ranks: int, gpu_gib: float, here: str, gpu: str) -> Setting:
 def rows(
     setting: Setting, *, exp_id: str = EXPERIMENT, profile: str = "gpu", model: ModelParts | None = None
 ) -> list[Parallelism]:
-    """The table: FSDP (what the lab runs, to compare with) and each parallelism it does not run, for ``exp_id``'s
-    model (or ``model``: another's parts, at ``exp_id``'s bytes per parameter) at ``setting``'s N, G and M."""
+    """``model``: another experiment's parts, at ``exp_id``'s bytes per parameter."""
     from lab_helpers.config.experiments import resolve, resolve_path
 
     states = arithmetic.model_states(exp_id, profile=profile)
@@ -272,8 +257,8 @@ def rows(
 
 @dataclass(frozen=True)
 class TensorParallelTraffic:
-    """What tensor parallel sends per micro-batch: Megatron's all-reduces of the activations, two per block in the
-    forward (after attention, after the MLP) and two in the backward, each of micro batch x tokens x hidden."""
+    """Megatron's all-reduces of the activations: two per block in the forward (after attention, after the MLP) and two
+    in the backward, each of micro batch x tokens x hidden."""
 
     ranks: int
     all_reduces: int  # per micro-batch
@@ -283,12 +268,11 @@ class TensorParallelTraffic:
 
     @property
     def link_bytes_per_gpu(self) -> float:
-        """Bytes each GPU sends per micro-batch (ring all-reduce: 2(N - 1)/N of the tensor each), a lower bound."""
+        """Ring all-reduce: 2(N - 1)/N of the tensor each; a lower bound."""
         return self.all_reduces * 2 * (self.ranks - 1) / self.ranks * self.tensor_bytes
 
 
 def tensor_parallel_traffic(ranks: int, *, exp_id: str = EXPERIMENT, profile: str = "gpu") -> TensorParallelTraffic:
-    """Tensor parallel's activation all-reduces for ``exp_id``'s model, micro batch and longest sequence."""
     from lab_helpers.config.experiments import resolve, resolve_path
 
     run = resolve(exp_id, profile, check_files=False)
@@ -300,7 +284,6 @@ def tensor_parallel_traffic(ranks: int, *, exp_id: str = EXPERIMENT, profile: st
 
 
 def markdown(setting: Setting, *, exp_id: str = EXPERIMENT, profile: str = "gpu") -> str:
-    """The rows as a Markdown table, under a line that says the model, the bytes per parameter and N, G, M."""
     states = arithmetic.model_states(exp_id, profile=profile)
     found = rows(setting, exp_id=exp_id, profile=profile)
     head = (
@@ -319,7 +302,6 @@ def markdown(setting: Setting, *, exp_id: str = EXPERIMENT, profile: str = "gpu"
 
 
 def show(node: Mapping[str, Any] | None = None, *, profile: str = "gpu") -> None:
-    """02's one call: the table for this node (Markdown in a notebook, plain text elsewhere)."""
     text = markdown(node_setting(node), profile=profile)
     try:
         from IPython.display import Markdown, display
@@ -336,13 +318,10 @@ DOC_END = "<!-- end of the generated table -->"
 
 
 def doc_block() -> str:
-    """``docs/parallelisms.md``'s generated table: ``markdown`` at LAB.md's reference (4 GPUs of 80 GB), between
-    its markers."""
     return f"{DOC_START}\n{markdown(reference_setting())}\n{DOC_END}"
 
 
 def with_doc_block(text: str) -> str:
-    """``text`` (the page) with its generated table replaced by ``doc_block()`` (ValueError without the markers)."""
     start, end = text.find(DOC_START), text.find(DOC_END)
     if start < 0 or end < start:
         raise ValueError(f"no generated block: the page needs the lines {DOC_START!r} and {DOC_END!r}")

@@ -1,8 +1,6 @@
-"""What tracing one device cannot see: sharding across ranks, DDP buckets, ZeRO-3 and its CPU offload, paged
-optimizer state, the CUDA context and communication libraries.
-
-Every function takes a phase breakdown measured by the tracer (bytes at that phase's peak on one device) and
-returns the per-GPU breakdown under the strategy. Constants are named and explained where they are defined.
+"""What tracing one device cannot see: sharding across ranks, DDP buckets, ZeRO and its CPU offload, paged optimizer
+state, the CUDA context and communication libraries. Each strategy's function turns the tracer's one-device phase
+breakdown into the per-GPU one.
 """
 
 from __future__ import annotations
@@ -50,11 +48,8 @@ def _host_bytes(total_numel: int, devices: int, offloaded_bytes: int) -> int:
 
 
 def offload_host_bytes(total_numel: int, trainable_numel: int, devices: int) -> int:
-    """Host memory of a ZeRO-3 run with the optimizer offloaded: what ``deepspeed_zero3`` predicts, without a trace.
-
-    The doctor and the lab's pre-run gate ask this (seconds cheaper than a plan) so that one number decides
-    whether a node's RAM can hold the offload run everywhere.
-    """
+    """Without a trace (seconds cheaper than a plan), so that the doctor and the pre-run gate decide with one number
+    whether a node's RAM holds the offload run."""
     return _host_bytes(total_numel, devices, OFFLOADED_BYTES_PER_TRAINABLE_PARAM * trainable_numel)
 
 
@@ -65,7 +60,7 @@ DS_MAX_LIVE_PARAMETERS = 1_000_000_000
 
 @dataclass
 class DeviceBreakdown:
-    """Per-GPU bytes at one moment, by part (allocator-visible parts only)."""
+    """Allocator-visible parts only."""
 
     parts: dict[str, int]
     phase: str
@@ -108,15 +103,10 @@ def single(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
 
 
 def ddp(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
-    """Every rank holds everything. DDP's reducer allocates flat gradient buckets covering all trainable
-    parameters when the model is wrapped: with torch's default they are a second copy of the gradients; with
-    gradient_as_bucket_view=True the gradients are views into them, held for the whole run.
-
-    Lightning accumulates under DDP's ``no_sync``, where the reducer does not run: if the gradients were freed
-    (torch's ``zero_grad(set_to_none=True)``), autograd makes new ones beside the buckets and only the last
-    micro-batch's backward copies them in. The lab's module zeroes them in place instead (``optimizer_zero_grad``),
-    so with bucket views they stay in the buckets while accumulating: one copy. The course's settings (no views,
-    freed gradients) hold two."""
+    """DDP's reducer allocates flat gradient buckets for all trainable parameters at wrap time: a second copy of the
+    gradients, or with ``gradient_as_bucket_view`` their storage. Under ``no_sync`` freed gradients would be made anew
+    beside the buckets; the lab's module zeroes them in place (``optimizer_zero_grad``), so with bucket views it holds
+    one copy. The course's settings hold two."""
     grad_bytes = _trainable_grad_bytes(spec, trace)
     out = []
     for p in trace.phases:
@@ -137,13 +127,9 @@ def _trainable_grad_bytes(spec: TrainingSpec, trace: TraceResult) -> int:
 
 
 def fsdp(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
-    """FULL_SHARD: parameters, gradients and optimizer state are split over N ranks; each rank gathers the unit
-    it computes (one block, with the next one prefetched) plus the root unit (embedding, head), which FSDP keeps
-    unsharded between forward and backward. Without per-block wrapping the whole model is one unit.
-    SHARD_GRAD_OP (``fsdp_reshard_after_forward=False``, ZeRO-2): a unit gathered for the forward stays whole
-    until its backward (under FSDP1's no_sync until the step's last backward), so while the step runs every rank
-    holds the whole model's weights: the parameter sharding's saving lost, the backward's all-gathers saved
-    (``communication.py`` counts them)."""
+    """FULL_SHARD: each rank holds 1/N and gathers the unit it computes (the next one prefetched) plus the root unit,
+    kept whole between forward and backward. SHARD_GRAD_OP keeps a unit whole from its forward to its backward (under
+    FSDP1's no_sync, to the step's last), so every rank holds the whole weights while the step runs."""
     n = spec.devices
     block, root, full = trace.block_param_bytes, trace.root_param_bytes, trace.param_bytes
     if spec.precision.endswith("-mixed"):  # fp32 shards, bf16 gathered copies
@@ -185,10 +171,9 @@ def fsdp(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
 
 
 def deepspeed_zero3(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
-    """ZeRO-3 with bf16 weights: bf16 parameter and gradient partitions on each GPU; fp32 master weights and
-    Adam moments (12 bytes per trainable parameter) either on the GPU or, offloaded, in host memory together
-    with fp32 gradient partitions (another 4 bytes). Gathered parameters are bounded by DeepSpeed's
-    max-live-parameters and prefetch settings; reduce buckets hold gradients in flight."""
+    """bf16 parameter and gradient partitions on each GPU; fp32 master weights and Adam moments (12 B per trainable
+    parameter) there or, offloaded, in host memory with fp32 gradient partitions (4 B more). Gathered parameters are
+    bounded by max-live-parameters and prefetch; reduce buckets hold gradients in flight."""
     n = spec.devices
     numel = trace.total_param_numel
     trainable = trace.trainable_param_numel
@@ -219,9 +204,8 @@ def deepspeed_zero3(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
 
 
 def _offloaded_on_device(spec: TrainingSpec, trainable_numel: int) -> dict[str, int]:
-    """The offloaded optimizer's share of this rank that the device's own memory holds: nothing on a GPU (it is in
-    host RAM), all of it on a CPU, where the host is the device -- the fp32 master weights and both Adam moments
-    (12 B per trainable parameter) and the fp32 gradient partition (4 B), each 1/N per rank."""
+    """Nothing on a GPU (it is in host RAM); on a CPU, where the host is the device, all of it: 16 B per trainable
+    parameter, 1/N per rank."""
     if spec.device == "cuda" or not spec.offload_optimizer:
         return {"gradients": 0, "optimizer_states": 0}
     n = spec.devices
@@ -232,7 +216,6 @@ def _offloaded_on_device(spec: TrainingSpec, trainable_numel: int) -> dict[str, 
 def _deepspeed_worst(
     out: list[DeviceBreakdown], spec: TrainingSpec, trace: TraceResult, note: str = ""
 ) -> DeviceBreakdown:
-    """The worst phase of a DeepSpeed run, with NCCL's buffers and the host memory of the offloaded states."""
     best = _max(out)
     best.outside_allocator_bytes = NCCL_BUFFERS_BYTES
     offloaded = OFFLOADED_BYTES_PER_TRAINABLE_PARAM * trace.trainable_param_numel if spec.offload_optimizer else 0
@@ -246,12 +229,9 @@ def _deepspeed_worst(
 
 
 def deepspeed_zero2(spec: TrainingSpec, trace: TraceResult) -> DeviceBreakdown:
-    """ZeRO-2: every GPU keeps the whole model's weights (no parameter sharding, so nothing is gathered for
-    forward or backward); gradients leave the GPU through reduce buckets into partitions of 1/N; fp32 master
-    weights and Adam moments are partitioned. With the optimizer offloaded (the 8B blog run's setup) the fp32
-    master weights, moments and gradient partitions live in host memory (16 B/param in all, as for ZeRO-3) and
-    the GPU keeps the weights, the buckets and the activations; after the CPU step the updated weights come
-    back through an all-gather bucket."""
+    """Every GPU keeps the whole weights (nothing gathered); gradients leave through reduce buckets into 1/N partitions
+    and the fp32 master weights and moments are partitioned. Offloaded (the 8B blog run), those 16 B/param live in host
+    memory and the updated weights come back through an all-gather bucket."""
     n = spec.devices
     trainable = trace.trainable_param_numel
     bytes_per = 4 if spec.precision == "32-true" else 2
@@ -286,8 +266,8 @@ STRATEGY_MODELS = {
 
 
 def gpu_used_bytes(breakdown: DeviceBreakdown, device: str = "cuda") -> int:
-    """What NVML would show: reserved memory (allocated plus allocator slack), the CUDA context and memory
-    allocated outside PyTorch's allocator. On a CPU (the ci profile) the live tensors alone: no context."""
+    """What NVML would show: reserved memory, the CUDA context and allocations outside PyTorch's; on a CPU the live
+    tensors alone."""
     if device != "cuda":
         return breakdown.allocated_bytes
     return (
