@@ -818,6 +818,66 @@ def test_a_live_run_or_one_in_a_fallback_is_no_orphan(results):
     assert orphaned_runs() == [live]
 
 
+OK_REPORT = {"status": "ok", "train_s": 1.5, "iterations": 4, "tokens": 400, "tokens_padded": 512, "device_name": "cpu"}
+
+
+def _plant(run_dir: Path, what: str, outside: Path) -> None:
+    """Issue 54: what another user (or a fault) may leave in an orphaned run folder."""
+    if what == "a FIFO at launch.json":
+        (run_dir / "launch.json").unlink()
+        os.mkfifo(run_dir / "launch.json")
+    elif what in ("a FIFO at reports/rank0.json", "a FIFO at timeline.csv", "a FIFO at output.log"):
+        name = what.split(" at ")[1]
+        (run_dir / name).unlink(missing_ok=True)
+        os.mkfifo(run_dir / name)
+    elif what == "reports/rank0.json linked outside":
+        outside.write_text(json.dumps({"rank": None, **OK_REPORT, "peak_alloc_gib": 99.0, "train_s": 12345.0}))
+        (run_dir / "reports" / "rank0.json").unlink()
+        (run_dir / "reports" / "rank0.json").symlink_to(outside)
+    elif what == "reports linked outside":
+        outside.mkdir()
+        (outside / "rank0.json").write_text(json.dumps({"rank": None, **OK_REPORT, "train_s": 12345.0}))
+        for path in (run_dir / "reports").iterdir():
+            path.unlink()
+        (run_dir / "reports").rmdir()
+        (run_dir / "reports").symlink_to(outside)
+
+
+@pytest.mark.parametrize(
+    ("what", "recovered", "said"),
+    [("a FIFO at launch.json", True, "launch.json not read (not a regular file (a FIFO))"),
+     ("a FIFO at timeline.csv", True, None), ("a FIFO at output.log", True, None),
+     ("a FIFO at reports/rank0.json", False, "reports/rank0.json is not a regular file"),
+     ("reports/rank0.json linked outside", False, "reports/rank0.json is not a regular file"),
+     ("reports linked outside", False, "reports is a symbolic link")],
+)  # fmt: skip
+def test_recovery_reads_a_run_folders_files_only_as_regular_files_inside_it(results, tmp_path, what, recovered, said):
+    """A FIFO at launch.json or reports/rank0.json hung `results` (and run, compare, export-reference); a report
+    linked to a file outside stored a `recovered` record with its figures (peak 99, train_s 12345). The real CLI now
+    recovers what it can read by the rule, skips the rest in one line, and never hangs."""
+    run_dir = _orphan(results, "20261126-080000-grad-accum-aaaaaa", OK_REPORT)
+    _plant(run_dir, what, tmp_path / "outside")
+    shown = subprocess.run(cli("results"), capture_output=True, text=True, timeout=60, cwd=REPO)
+    lines = shown.stderr.strip().splitlines()
+    stored = json.loads(shown.stdout)
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr[-2000:]
+    assert len(stored) == int(recovered) and all(r["train_s"] == 1.5 for r in stored)
+    assert ("lab: recovered the record of run" in lines[-1]) == recovered
+    assert len(lines) == int(recovered) + int(said is not None) and (said is None or said in lines[0]), lines
+
+
+def test_a_linked_runs_folder_is_read_through_by_no_recovery(results, tmp_path):
+    """``$LAB_RESULTS/runs`` a link: no run folder is read through it (nor, see test_lab_files, written)."""
+    elsewhere = tmp_path / "elsewhere"
+    _orphan(elsewhere, "20261126-080000-grad-accum-aaaaaa", OK_REPORT)
+    results.mkdir()
+    (results / "runs").symlink_to(elsewhere / "runs")
+    shown = subprocess.run(cli("results"), capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert shown.returncode == 0 and json.loads(shown.stdout) == []
+    said = f"lab: {results}/runs is a symbolic link: no run folder is read through it (remove the link)"
+    assert shown.stderr.strip() == said
+
+
 def _disk_fault_env(tmp_path: Path, fixture: str | None = None) -> dict[str, str]:
     env = _site(tmp_path, fixture) if fixture else dict(os.environ)
     return {**env, "LAB_PROFILE": "ci", "XDG_STATE_HOME": str(tmp_path / "state")}

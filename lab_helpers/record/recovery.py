@@ -1,6 +1,8 @@
 """A launcher killed after its training ended (a ``kill -9``, a kernel restart, a lost SSH session) leaves a report
 and no record. The next start finds each such run folder (a report, no launcher holding its lock, no record of its
 ``run_id``) and records it as the launcher would have, marked recovered, with what only the launcher knew unknown.
+A run folder is data anyone may have edited: its files are read only when regular files inside it
+(``paths.open_lab_file``), or the run is skipped in one line.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import contextlib
 import csv
 import datetime as dt
 import fcntl
+import io
 import json
 import os
 import re
@@ -17,17 +20,19 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from lab_helpers.config.paths import results_dir, write_lab_file
+from lab_helpers.config.paths import open_lab_file, read_lab_file, results_dir, shown_path, write_lab_file
 from lab_helpers.config.secrets import redact_mapping
 from lab_helpers.launch.runner import ProcessOutcome, say
 from lab_helpers.launch.sampler import TimelineSummary
 from lab_helpers.record.fallback import fallback_places, store_records
-from lab_helpers.record.records import _json_safe, results_path
+from lab_helpers.record.records import MAX_RESULTS_BYTES, _json_safe, results_path
 from lab_helpers.training.child_report import read_reports
 
 LAUNCH_FILENAME = "launch.json"
 RECOVER_COMMAND = "python -m lab_helpers results"
 _TAIL_BYTES = 64 * 1024
+LAUNCH_MAX_BYTES = 4 * 2**20  # the fields known before the run and its ranks: a few kB
+TIMELINE_MAX_BYTES = 256 * 2**20  # a sample a second of 8 GPUs for a day is ~70 MB
 _checked: set[Path] = set()  # results files already checked by this process
 
 
@@ -64,7 +69,11 @@ def orphaned_runs(results_file: Path | None = None) -> list[Path]:
 
 
 def _unrecorded(results_file: Path | None, only: Path | None = None) -> list[Path]:
+    """None where ``runs`` is a link or the results file cannot be read (what is recorded is then unknown)."""
     runs = results_dir() / "runs"
+    if os.path.islink(runs):
+        _said(f"lab: {shown_path(runs)} is a symbolic link: no run folder is read through it (remove the link)")
+        return []
     try:
         folders = [only] if only is not None else [Path(entry.path) for entry in os.scandir(runs)
                                                     if entry.is_dir(follow_symlinks=False)]  # fmt: skip
@@ -73,7 +82,10 @@ def _unrecorded(results_file: Path | None, only: Path | None = None) -> list[Pat
     candidates = [folder for folder in folders if _has_report(folder)]
     if not candidates:
         return []
-    stored = set(_RUN_ID.findall(_bytes_of(results_path(results_file))))  # one pass, however many runs
+    results = _bytes_of(results_path(results_file))
+    if results is None:
+        return []
+    stored = set(_RUN_ID.findall(results))  # one pass, however many runs
     return [
         run_dir for run_dir in sorted(candidates)
         if run_dir.name.encode() not in stored and not _in_a_fallback(run_dir)
@@ -85,18 +97,41 @@ _RUN_ID = re.compile(rb'"run_id": "([^"\\]*)"')
 
 
 def _has_report(run_dir: Path) -> bool:
+    """A report that is a link or a FIFO, or a linked ``reports``, skips the run in one line: its figures would be
+    another file's (a link outside stored peak 99 GiB), or its read would hang."""
+    reports = run_dir / "reports"
     try:
-        return any(name.startswith("rank") and name.endswith(".json") for name in os.listdir(run_dir / "reports"))
+        entries = [] if os.path.islink(reports) else [e for e in os.scandir(reports)
+                                                       if e.name.startswith("rank") and e.name.endswith(".json")]  # fmt: skip
     except OSError:
         return False
+    odd = [e.name for e in entries if not e.is_file(follow_symlinks=False)]
+    if os.path.islink(reports) or odd:
+        what = "reports is a symbolic link" if not odd else f"reports/{odd[0]} is not a regular file"
+        _said(f"lab: run {run_dir.name} not recovered: its {what} (the lab reads a run's files only when they are "
+              "regular files inside its folder)")  # fmt: skip
+        return False
+    return bool(entries)
 
 
-def _bytes_of(path: Path) -> bytes:
+def _bytes_of(path: Path) -> bytes | None:
     try:
-        with open(path, "rb") as fh:
-            return fh.read()
-    except OSError:
+        return read_lab_file(path, max_bytes=MAX_RESULTS_BYTES)
+    except FileNotFoundError:
         return b""
+    except OSError as exc:
+        _said(f"lab: {shown_path(path)}: not read ({exc.strerror}): no finished run is recovered")
+        return None
+
+
+_seen_lines: set[str] = set()
+
+
+def _said(line: str) -> None:
+    """Once per process: recovery runs at every command's start, and a notebook runs many."""
+    if line not in _seen_lines:
+        _seen_lines.add(line)
+        say(line, file=sys.stderr)
 
 
 def _in_a_fallback(run_dir: Path) -> bool:
@@ -141,7 +176,7 @@ def recovered_records(run_dir: Path) -> list[dict[str, Any]]:
     launch = _launch(run_dir)
     base = dict(launch.get("base") or {})
     base["run_id"] = run_dir.name
-    reports = read_reports(run_dir / "reports")
+    reports = read_reports(run_dir / "reports", folder=run_dir)
     outcome = _outcome(run_dir, reports, base)
     note = (
         f"recovered on {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')} from the run folder: the launcher "
@@ -163,10 +198,15 @@ def recovered_records(run_dir: Path) -> list[dict[str, Any]]:
 def _launch(run_dir: Path) -> dict[str, Any]:
     """``launch.json``; for a run folder of an older lab (none), what its recipe and reports say."""
     try:
-        launch = json.loads((run_dir / LAUNCH_FILENAME).read_text())
+        launch = json.loads(read_lab_file(run_dir / LAUNCH_FILENAME, max_bytes=LAUNCH_MAX_BYTES, folder=run_dir))
         if isinstance(launch, dict) and isinstance(launch.get("base"), dict):
             return launch
-    except (OSError, ValueError):
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        _said(f"lab: run {run_dir.name}: {LAUNCH_FILENAME} not read ({exc.strerror}): its record is built from its "
+              "reports alone")  # fmt: skip
+    except (ValueError, RecursionError):
         pass
     experiment = run_dir.name.split("-", 2)[2].rsplit("-", 1)[0] if run_dir.name.count("-") >= 3 else "unknown"
     return {"base": {"experiment": experiment, "run_id": run_dir.name, "rank": None}, "ranks": None}
@@ -206,7 +246,7 @@ def _timeline(path: Path) -> dict[str, Any]:
     summary = TimelineSummary(path=path)
     last_t = None
     try:
-        with open(path, newline="") as fh:
+        with io.TextIOWrapper(open_lab_file(path, max_bytes=TIMELINE_MAX_BYTES, folder=path.parent), newline="") as fh:
             for row in csv.DictReader(fh):
                 summary.samples += 1
                 last_t = _number(row.get("t_s")) or last_t
@@ -230,7 +270,7 @@ def _number(text: str | None) -> float | None:
 
 def _tail(log_path: Path, lines: int = 60) -> list[str]:
     try:
-        with open(log_path, "rb") as fh:
+        with open_lab_file(log_path, max_bytes=sys.maxsize, folder=log_path.parent) as fh:  # its tail alone is read
             fh.seek(max(0, os.fstat(fh.fileno()).st_size - _TAIL_BYTES))
             text = fh.read().decode("utf-8", errors="replace")
     except OSError:

@@ -37,12 +37,20 @@ def write_report(fields: dict[str, Any], *, rank: int | None = None, directory: 
     return write_lab_file(target, json.dumps(redact_mapping({"rank": rank, **fields}), default=str).encode())
 
 
-def read_reports(directory: Path) -> dict[int, dict[str, Any]]:
+REPORT_MAX_BYTES = 4 * 2**20  # a report's fields and its error's tail (_ERROR_TAIL_CHARS): a few kB
+
+
+def read_reports(directory: Path, *, folder: Path | None = None) -> dict[int, dict[str, Any]]:
+    """Each read as a regular file inside ``folder`` (default ``directory``), never through a link nor from a FIFO
+    (``paths.read_lab_file``): a report is data anyone may have planted."""
+    from lab_helpers.config.paths import read_lab_file
+
     reports: dict[int, dict[str, Any]] = {}
     for path in sorted(directory.glob("rank*.json")):
         try:
-            reports[int(path.stem[4:])] = json.loads(path.read_text())
-        except (ValueError, OSError):
+            data = read_lab_file(path, max_bytes=REPORT_MAX_BYTES, folder=folder or directory)
+            reports[int(path.stem[4:])] = json.loads(data)
+        except (ValueError, OSError, RecursionError):
             continue  # a report that cannot be read is the same as none: the runner falls back to exit codes
     return reports
 
