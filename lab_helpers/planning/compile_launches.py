@@ -1,20 +1,10 @@
-"""What compiling a transformer block does to the kernels it launches, measured on this machine: one real litgpt
-Block, eager and compiled by torch's inductor on the CPU (``plan --time``'s ``compile`` lever;
-``benchmarks/compile_launches.py`` prints it).
+"""What compiling a transformer block does to its kernel launches, measured on this machine: one real litgpt Block,
+eager and compiled by inductor on the CPU (``plan --time``'s ``compile`` lever).
 
-Why measured: the time model's host time is kernels launched x a per-launch cost (``planner.timing``), and how
-many launches compiling removes is what inductor's fusion decides for this block's code, which no table says.
-``plan`` measures it on the ci profile's model of the experiment (the same Block code as the GPU's model, at a size
-a CPU compiles and runs in seconds) and carries the factor to a GPU's prediction, saying so.
-
-How: a model of one block (``trace_setup.build_model``, real fp32 CPU tensors), a micro-batch of the spec's size
-and length. Eager: every aten op of the block's forward and of its backward, classified as the planner classifies
-traced ops (``op_costs.op_cost``: views and allocations launch nothing). Compiled: ``block.compile()``, as the
-training process compiles each block (``training.compile_blocks``), then a profile of one forward and one backward
-counting what the compiled graphs call: each kernel inductor generated (its kernel profiling on) and each aten op
-they call outside them (matmuls, attention, random numbers), the same classifier deciding which launch. The result
-is kept on disk (``planner.ops_cache``) under the block's spec, this file and torch's version: compiling takes
-tens of seconds on 2 cores.
+Measured because how many launches inductor's fusion removes depends on the block's code, which no table says.
+``plan`` measures the ci model of the experiment (the same Block code, at a size a CPU compiles in seconds) and
+carries the factor to a GPU's prediction, saying so. Kept on disk (``ops_cache``): compiling takes tens of seconds
+on 2 cores.
 """
 
 from __future__ import annotations
@@ -34,7 +24,6 @@ GENERATED = ("cpp_fused", "triton_")
 
 
 def compiled_block(spec: TrainingSpec) -> CompiledBlock:
-    """``measure(spec)``, kept on disk: the first ask compiles, every later one (any process) reads it."""
     from lab_helpers.planning.planner import ops_cache
 
     key = _key(spec)
@@ -49,8 +38,7 @@ def compiled_block(spec: TrainingSpec) -> CompiledBlock:
 
 
 def kept_block(data: Any) -> CompiledBlock | str:
-    """The CompiledBlock a cache entry holds, if ``measure`` could have made it: its fields, each launch count a
-    finite number >= 0, some eager launches to divide by (``factor``). Else why not, in a few words."""
+    """Every launch count finite and >= 0, with eager launches to divide by; else why not, in a few words."""
     names = [field.name for field in dataclasses.fields(CompiledBlock)]
     if not isinstance(data, dict) or set(data) != set(names) or not isinstance(data["source"], str):
         return "not CompiledBlock's fields"
@@ -63,7 +51,6 @@ def kept_block(data: Any) -> CompiledBlock | str:
 
 
 def measure(spec: TrainingSpec) -> CompiledBlock:
-    """One block of ``spec``'s model, its launches per micro-batch eager and compiled (see the module docstring)."""
     import torch
 
     block, inputs = _one_block(spec)
@@ -85,7 +72,7 @@ def measure(spec: TrainingSpec) -> CompiledBlock:
 
 
 def _one_block(spec: TrainingSpec) -> tuple[Any, tuple[Any, ...]]:
-    """(the first Block of a one-block model of ``spec``, its inputs: activations, RoPE cos and sin)."""
+    """(the first Block of a one-block model, its inputs: activations, RoPE cos and sin)."""
     import copy
 
     import torch
@@ -121,7 +108,6 @@ def _ones(out: Any) -> Any:
 
 
 def _eager_launches(block: Any, inputs: tuple[Any, ...]) -> tuple[float, float]:
-    """(forward, backward) kernels of the eager block, each op classified by ``op_costs.op_cost``."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from lab_helpers.planning.planner.op_costs import op_cost
@@ -147,8 +133,6 @@ def _eager_launches(block: Any, inputs: tuple[Any, ...]) -> tuple[float, float]:
 
 
 def _compiled_launches(block: Any, inputs: tuple[Any, ...]) -> tuple[float, float]:
-    """(forward, backward) launches of the compiled block: a profile's generated kernels and the kernel-launching
-    aten ops called outside any other aten op (``launched``)."""
     from torch.profiler import ProfilerActivity, profile
 
     _fresh(block, inputs)
@@ -161,9 +145,8 @@ def _compiled_launches(block: Any, inputs: tuple[Any, ...]) -> tuple[float, floa
 
 
 def launched(events: Any) -> float:
-    """Kernels launched among a profile's CPU events: each generated kernel (``GENERATED``) and each aten op that
-    launches one (``op_costs.launches_kernel``), counted where no aten op encloses it (an op's own inner ops are
-    its kernels, not more launches)."""
+    """Generated kernels and kernel-launching aten ops, counted where no aten op encloses them: an op's inner ops are
+    its kernels, not more launches."""
     from lab_helpers.planning.planner.op_costs import launches_kernel
 
     count = 0
@@ -182,8 +165,7 @@ def launched(events: Any) -> float:
 
 
 def _key(spec: TrainingSpec) -> str:
-    """The cache key: the spec (every field, the model's config included), this file, the planner's code and
-    torch's version (``ops_cache.code_digest``)."""
+    """Every spec field, this file, the planner's code and torch's version."""
     from lab_helpers.planning.planner import ops_cache
 
     text = f"compiled-block\0{ops_cache.code_digest()}\0{_this_file()}\0{spec!r}"

@@ -1,13 +1,10 @@
-"""Stand-ins for pieces that cannot run on fake CPU tensors but whose memory behaviour is known.
+"""Stand-ins for what cannot run on fake CPU tensors but whose memory behaviour is known.
 
-* ``NF4Linear``: a bitsandbytes ``Linear4bit`` (nf4, optional double quantization) as Lightning's
-  ``BitsandbytesPrecision`` builds it with the bitsandbytes the lab installs (>=0.45.2,<0.50; read in 0.49.2). It
-  stores exactly the bytes bnb stores and, like ``MatMul4Bit``, dequantizes the whole weight for each matmul.
-* ``StableEmbedding``: what litgpt's QLoRA path swaps in for the token embedding (bnb.nn.StableEmbedding).
-* ``PagedAdamWStandIn``: bnb's PagedAdamW as litgpt builds it for QLoRA: 32-bit states, paged (CUDA managed
-  memory, invisible to ``max_memory_allocated``) for tensors of at least 1e5 elements.
-* ``CudaAutocastEmulation``: CUDA ``torch.autocast`` casting rules, since CPU autocast casts differently
-  (e.g. it keeps ``log_softmax`` in bf16 where CUDA computes it in fp32).
+* ``NF4Linear``: bitsandbytes' ``Linear4bit`` as Lightning's ``BitsandbytesPrecision`` builds it (read in bnb
+  0.49.2): bnb's exact bytes, the whole weight dequantized for each matmul as ``MatMul4Bit`` does;
+* ``PagedAdamWStandIn``: litgpt's QLoRA optimizer, its 32-bit states paged (CUDA managed memory, invisible to
+  ``max_memory_allocated``) for tensors of at least 1e5 elements;
+* ``CudaAutocastEmulation``: CPU autocast casts differently (it keeps ``log_softmax`` in bf16 where CUDA uses fp32).
 """
 
 from __future__ import annotations
@@ -27,7 +24,6 @@ PAGED_MIN_NUMEL = 100_000  # bnb pages optimizer state tensors of at least this 
 
 
 def nf4_storage_bytes(numel: int, double_quant: bool) -> dict[str, int]:
-    """Bytes bnb keeps for one 4-bit weight: packed values plus quantization statistics."""
     blocks = math.ceil(numel / NF4_BLOCK)
     parts = {"packed": math.ceil(numel / 2)}
     if double_quant:
@@ -40,26 +36,22 @@ def nf4_storage_bytes(numel: int, double_quant: bool) -> dict[str, int]:
 
 
 QUANT_STATE_DTYPE = torch.float16
-"""Lightning's ``_Linear4bit.quantize`` quantizes ``weight.to(dtype=torch.half)`` (lightning/fabric/plugins/precision/
-bitsandbytes.py), so the quant state's dtype -- the dtype ``dequantize_4bit`` returns -- is fp16 whatever the
-compute dtype."""
+"""Lightning's ``_Linear4bit.quantize`` quantizes ``weight.to(torch.half)``, so ``dequantize_4bit`` returns fp16
+whatever the compute dtype."""
 
 
 def _dequantized(like: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-    """``F.dequantize_4bit(B, quant_state).to(A.dtype)`` (bitsandbytes 0.49.2 autograd/_functions.py:315 and :346):
-    a full fp16 copy of the weight, then, unless the compute dtype is fp16, a second one in the compute dtype;
-    both are alive while ``.to`` runs."""
+    """``F.dequantize_4bit(B, quant_state).to(A.dtype)`` (bnb 0.49.2): an fp16 copy of the weight, then, unless the
+    compute dtype is fp16, a second one in it; both alive while ``.to`` runs."""
     fp16 = torch.empty(*shape, dtype=QUANT_STATE_DTYPE, device=like.device)
     return fp16 if like.dtype == QUANT_STATE_DTYPE else fp16.to(like.dtype)
 
 
 class _DequantMatmul(torch.autograd.Function):
-    """``bnb.matmul_4bit`` memory in training (``MatMul4Bit``): full-size dequantized weights live only during each
-    matmul. bitsandbytes >= 0.43.2 keeps nothing per token for backward (``ctx.tensors = (None, B)``,
-    autograd/_functions.py:321-324 in 0.49.2). Earlier releases set ``ctx.tensors = (A, B)`` (``keeps_input``): a
-    plain attribute of the node, not ``save_for_backward``, so autograd does not free ``A`` after the node's
-    backward; it dies with the graph. The stand-in keeps it the same way. Where no input needs a gradient (block 0's
-    first layer over a frozen embedding) no node is recorded and ``ctx`` dies at once, as in bitsandbytes."""
+    """Dequantized weights live only during each matmul. bnb >= 0.43.2 keeps nothing per token
+    (``ctx.tensors = (None, B)``); earlier releases kept ``(A, B)`` (``keeps_input``) as a plain attribute, not
+    ``save_for_backward``, so ``A`` dies with the graph, not after the node's backward. Where no input needs a
+    gradient no node is recorded, as in bnb."""
 
     @staticmethod
     def forward(ctx, x, packed, out_features, in_features, keeps_input):
@@ -97,7 +89,7 @@ class NF4Linear(nn.Module):
 
 
 def quantize_linears(model: nn.Module, double_quant: bool, keeps_input: bool = False) -> int:
-    """Replace every plain ``nn.Linear`` (Lightning's bnb plugin converts them all, lm_head included)."""
+    """Lightning's bnb plugin converts every plain ``nn.Linear``, lm_head included."""
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
@@ -228,8 +220,8 @@ _FP32 = {
 
 
 class CudaAutocastEmulation(TorchFunctionMode):
-    """CUDA autocast's cast rules at the torch-function level, so casts are recorded by autograd like the real
-    thing; weight casts of leaf tensors that require grad are cached for the duration, as CUDA autocast does."""
+    """At the torch-function level, so autograd records the casts as it does the real ones; weight casts of leaf tensors
+    that require grad are cached, as CUDA autocast does."""
 
     def __init__(self, dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__()

@@ -1,14 +1,8 @@
-"""The levers of an overhead-bound loop, as the time model sees them: compiled blocks, CUDA graphs, the attention
-backend (issue 52). Padding is no lever here: it reaches the model as the micro-batches' padded lengths.
-
-Why only launches: the host's time is kernels launched x a per-launch cost (``timing``), and what compiling a block
-does to the launches is measured, never typed: ``CompiledBlock`` holds one block's launches eager and compiled,
-counted on a real litgpt Block (``lab_helpers.planning.compile_launches``, given here as an argument: the planner
-probes nothing). Its factor, compiled / eager, is applied to the launches the trace counts in the step's blocks
-(the step traced at two blocks less the step at one), so the launches outside them (embedding, head, loss, their
-backward) stay as traced. With CUDA graphs (``compile_mode: reduce-overhead`` on CUDA) each compiled region
-is one graph replay: a block's forward and its backward, two launches a block. That is a model, and says so. The
-device's work is left as traced: fusion's saved memory traffic is not modelled.
+"""The levers of an overhead-bound loop as the time model sees them: compiled blocks, CUDA graphs, the attention
+backend. Host time is kernels launched x a per-launch cost, so a lever is what it does to launches: the measured
+compiled / eager factor (``compile_launches``) applies to the blocks' traced launches only, the rest of the step
+stays as traced. CUDA graphs are modelled, not measured: two replays a block (forward, backward). Fusion's saved
+memory traffic is not modelled.
 """
 
 from __future__ import annotations
@@ -27,8 +21,7 @@ there) and cuDNN asked for; flash, efficient and math attention build none."""
 
 @dataclass(frozen=True)
 class CompiledBlock:
-    """One transformer block's kernel launches per micro-batch, eager and compiled, forward and backward, with
-    where and how they were counted (``source``)."""
+    """``source``: where and how they were counted."""
 
     eager_forward: float
     eager_backward: float
@@ -38,7 +31,6 @@ class CompiledBlock:
 
     @property
     def factor(self) -> float:
-        """Compiled launches / eager launches of one block, forward and backward together."""
         return (self.compiled_forward + self.compiled_backward) / (self.eager_forward + self.eager_backward)
 
     def describe(self) -> str:
@@ -50,8 +42,7 @@ class CompiledBlock:
 
 @dataclass(frozen=True)
 class Levers:
-    """What an experiment switches on that the trace does not show: ``compiled`` (None: eager), ``cuda_graphs``
-    (the compiled blocks replayed as CUDA graphs), ``attention_backend`` (None: torch's choice)."""
+    """What the trace does not show; ``compiled`` None is eager, ``attention_backend`` None is torch's choice."""
 
     compiled: CompiledBlock | None = None
     cuda_graphs: bool = False
@@ -59,13 +50,11 @@ class Levers:
 
     @property
     def builds_plans(self) -> bool:
-        """Whether the backend builds an attention plan per first-seen length where the GPU would."""
         return self.attention_backend in PLAN_BUILDING_BACKENDS
 
 
 def block_kernels(spec: TrainingSpec, seq_len: int) -> float:
-    """Kernels one block launches per micro-batch (forward and backward), traced: the step traced with two blocks
-    less the step with one (blocks are identical; the rest of the step is the same in both)."""
+    """The step traced at two blocks less the step at one: blocks are identical."""
 
     def with_blocks(n: int) -> TrainingSpec:
         config = copy.deepcopy(spec.model_config)
@@ -77,9 +66,8 @@ def block_kernels(spec: TrainingSpec, seq_len: int) -> float:
 
 
 def launches_saved(spec: TrainingSpec, seq_len: int, levers: Levers) -> tuple[float, str]:
-    """(kernel launches per micro-batch the levers take off the host, a note saying how), (0, "") without
-    compiled blocks. The blocks' traced launches shrink by the measured factor, or with CUDA graphs to two replays
-    a block; the count of blocks' launches does not depend on the length, so one figure serves every micro-batch."""
+    """(launches per micro-batch taken off the host, a note saying how). A block's launches do not depend on the length,
+    so one figure serves every micro-batch."""
     if levers.compiled is None:
         return 0.0, ""
     per_block, blocks = block_kernels(spec, seq_len), spec.model_config.n_layer

@@ -1,19 +1,11 @@
-"""Traced op costs and memory plans kept on disk, so that each process does not trace the same steps again.
+"""Traced op costs and memory plans kept on disk, so that each process does not trace the same steps again (04's
+explorer, ``what_if``, the tests and the benchmarks would each take ~40 s on 2 cores; a run's launcher a second).
 
-Why: the time model is fitted to the shipped records by tracing each record's training step on fake tensors
-(``tracer.trace``), seconds per model on a CPU, and 04's explorer, ``what_if``, the tests and the benchmarks each
-did it again in their own process (about 40 s each on a 2-core machine). What a trace gives is a pure function of
-the spec (every field, the model's config included), the sequence length, the planner's code and the torch and
-litgpt that ran it (their installed versions, and litgpt's code: litgpt 0.5.13 has no ``__version__``, which gave
-every litgpt the same keys), so the key is a digest of all of these: changed code or another torch is a miss, never
-a stale answer. A file per key, written whole or not at all (a temporary file renamed), JSON rather than pickle: a
-folder anyone may write to must not run code when read. An entry is read by the rule of every file the lab reads
-(``paths.read_lab_file``: a regular file, never through a link, size-capped) and checked against its schema
-before use (types, finite numbers, in range; each user checks its own); anything else is a miss, traced again and
-the entry replaced, with one line. Any problem reading or writing is a miss: the cache never fails a prediction. ``$LAB_TRACE_CACHE``: the folder (default: ``$XDG_CACHE_HOME/lab_helpers/traced-ops``,
-else ``~/.cache/...``), or ``0`` for none. Standard library only: joblib's ``Memory`` would add a dependency and
-pickle. Memory plans (``plan.predict``) are kept the same way, under their own keys: every run's launcher, each
-notebook kernel and each CLI call traced its run's plan again (a second or more each).
+The key digests all a trace depends on (the spec, the length, the planner's code, torch's and litgpt's versions and
+litgpt's code, since 0.5.13 has no ``__version__``): changed code is a miss, never a stale answer. One JSON file per
+key, written whole or not at all; JSON, not pickle, since a folder anyone may write must not run code when read.
+Entries are read by ``paths.read_lab_file``'s rule and checked against their schema; any problem is a miss said in
+one line: the cache never fails a prediction. ``$LAB_TRACE_CACHE``: the folder, or ``0`` for none.
 """
 
 from __future__ import annotations
@@ -43,7 +35,6 @@ ENTRY_MAX_BYTES = 8 * 2**20  # the largest entry (a 7B model's traced ops) is ~7
 
 
 def cache_dir() -> Path | None:
-    """Where traced ops are kept, or None where ``$LAB_TRACE_CACHE`` is ``0``."""
     value = os.environ.get(CACHE_ENV, "").strip()
     if value == "0":
         return None
@@ -55,9 +46,7 @@ def cache_dir() -> Path | None:
 
 @functools.cache
 def code_digest() -> str:
-    """A digest of what a trace depends on besides its spec: the planner's code, the lab's config code it reads
-    (recipe defaults, LoRA settings), torch's and litgpt's installed versions, and litgpt's code (an edited or
-    source install keeps its version)."""
+    """litgpt's code too: an edited or source install keeps its version."""
     lab = Path(__file__).resolve().parents[2]  # lab_helpers/
     digest = hashlib.sha256(f"{FORMAT} torch {installed('torch')} litgpt {installed('litgpt')}".encode())
     litgpt = importlib.util.find_spec("litgpt")
@@ -76,12 +65,10 @@ def installed(package: str) -> str:
 
 
 def key_for(spec_text: str, seq_len: int) -> str:
-    """The file name of one trace: the spec's ``repr`` (every field), the length and ``code_digest``."""
     return hashlib.sha256(f"{code_digest()}\0{seq_len}\0{spec_text}".encode()).hexdigest()
 
 
 def load(key: str) -> OpCosts | None:
-    """The traced ops kept under ``key``, or None (not there, unreadable, not the schema ``store`` writes)."""
     data = load_json(key)
     if data is None:
         return None
@@ -95,12 +82,10 @@ def load(key: str) -> OpCosts | None:
 
 
 def refused(key: str, why: str) -> None:
-    """A kept entry that is not what was kept (edited, damaged, planted): said in one line, and a miss."""
     warnings.warn(f"trace cache {key[:12]}: not used ({why}): traced again", stacklevel=3)
 
 
 def store(key: str, ops: OpCosts) -> None:
-    """Keep ``ops`` under ``key`` (``store_json``)."""
     store_json(key, {
         "micro_batch": [[dataclasses.asdict(op), n] for op, n in ops.micro_batch],
         "optimizer_step": [[dataclasses.asdict(op), n] for op, n in ops.optimizer_step],
@@ -109,8 +94,6 @@ def store(key: str, ops: OpCosts) -> None:
 
 
 def load_json(key: str) -> Any:
-    """What ``store_json`` kept under ``key``, or None (no cache, not there, unreadable; a link, not a regular file,
-    larger than ``ENTRY_MAX_BYTES`` or not JSON, each said in one line)."""
     folder = cache_dir()
     if folder is None:
         return None
@@ -123,8 +106,6 @@ def load_json(key: str) -> Any:
 
 
 def store_json(key: str, data: Any) -> None:
-    """Keep ``data`` under ``key``: written to a temporary file and renamed, so a reader sees all of it or none;
-    an unusable folder keeps nothing and raises nothing."""
     folder = cache_dir()
     if folder is None:
         return
@@ -145,7 +126,6 @@ _OP_NUMBERS = ("flops", "bytes", "kernels", "tensors", "chunks", "depth")
 
 
 def _ops(rows: Any) -> tuple[tuple[OpCost, float], ...]:
-    """The (op, count) pairs ``store`` wrote, each field of its type, every number finite and >= 0; else ValueError."""
     ops = []
     for op, n in rows:
         if set(op) != {field.name for field in dataclasses.fields(OpCost)} or not _texts([op["name"]]):

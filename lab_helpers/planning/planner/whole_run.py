@@ -1,28 +1,18 @@
-"""The phases of a litgpt fine-tuning process outside the traced training step: loading (and quantizing) the
-checkpoint, and example generation with a KV cache. litgpt prints ``max_memory_allocated`` over the whole process;
-the lab's ``peak_alloc_gib`` starts when training starts (``child_litgpt`` resets the peak in ``fit``). A run that
-dies while loading is an OOM too, so ``fits`` is judged on the larger of the two.
+"""The phases of a litgpt fine-tuning process outside the traced step: loading (and quantizing) the checkpoint, and
+example generation. litgpt's ``max_memory_allocated`` covers the whole process where the lab's ``peak_alloc_gib``
+starts with training; a run that dies loading is an OOM too, so ``fits`` takes the larger.
 
-What litgpt 0.5.13 does (``litgpt/finetune/{full,lora}.py``, one device):
+As litgpt 0.5.13 does it on one device:
 
-* **load**: ``fabric.init_module(empty_init=False)`` builds the model on the GPU in the precision's dtype; then
-  ``load_checkpoint`` -> ``lazy_load`` (the checkpoint stays on the CPU, one tensor is materialized at a time) ->
-  ``model.load_state_dict``, which copies each tensor into its parameter in place (a CPU->GPU copy converts dtypes
-  on the CPU side: no GPU temporary). GPU peak: the parameters. On a CPU (the ci profile) the materialized tensor
-  is itself a live tensor: parameters + the largest checkpoint tensor.
-* **QLoRA's quantization pass** (Lightning's ``BitsandbytesPrecision``): every ``Linear`` is created on the GPU in
-  bf16 and quantized at once (``_Linear4bit.__init__`` -> ``quantize_``: ``weight.to(torch.half)`` then
-  ``quantize_4bit``); ``load_state_dict`` re-quantizes each weight from the checkpoint through a pre-hook
-  (``_quantize_on_load_hook``): an fp16 copy of one weight on the GPU and its new 4-bit storage beside the old one.
-  litgpt then swaps in a ``StableEmbedding`` and keeps the old embedding referenced (``old_embedding``).
-* **generation** (``generate_example``): the model with a KV cache for batch 1 (``set_kv_cache``: k and v of
-  ``max_seq_length`` positions per block, plus a ``(T, T)`` bool mask cache), while the optimizer state and the
-  last micro-batch's fp32 ``logits`` are still alive; the prompt's prefill computes its logits (fp32 after Fabric's
-  ``convert_output``). The single-token decoding steps of a 4-bit model use ``gemv_4bit`` (no dequantized copy).
-  With bitsandbytes < 0.43.2 the last graph's 4-bit inputs are alive too; this phase leaves them out (only runs
-  with that old release hold them, and the traced validation before generation includes them).
-* **final save**: litgpt saves through ``torch.save`` of GPU tensors (copied to the CPU as they are written) and
-  merges LoRA weights on the CPU; the lab skips it altogether (``child_litgpt._skip_final_save``). Not a GPU peak.
+* load: the model is built on the GPU, then each checkpoint tensor is materialized on the CPU and copied into its
+  parameter in place (dtype converted on the CPU side): the GPU peak is the parameters; on a CPU, the parameters
+  plus the largest checkpoint tensor;
+* QLoRA: ``load_state_dict`` re-quantizes each weight through a pre-hook, an fp16 copy of one weight on the GPU
+  and its new 4-bit storage beside the old; the old embedding stays referenced after the ``StableEmbedding`` swap;
+* generation: a batch-1 KV cache of ``max_seq_length`` positions per block and a (T, T) mask, beside the optimizer
+  state and the last micro-batch's fp32 ``logits``; the prefill's logits are fp32; 4-bit decoding uses
+  ``gemv_4bit`` (no dequantized copy);
+* the final save: skipped by the lab (``child_litgpt._skip_final_save``).
 """
 
 from __future__ import annotations
@@ -38,7 +28,6 @@ _ITEMSIZE = {"32-true": 4, "bf16-true": 2, "16-true": 2, "bf16-mixed": 4, "16-mi
 
 
 def load_bytes(spec: TrainingSpec, trace: TraceResult) -> tuple[int, str]:
-    """(bytes, phase name) at the worst moment of building the model and loading the checkpoint, one device."""
     params = trace.param_bytes + trace.kept_alive_bytes
     if spec.device != "cuda":
         return params + trace.largest_param_bytes, "load"
@@ -55,7 +44,7 @@ def load_bytes(spec: TrainingSpec, trace: TraceResult) -> tuple[int, str]:
 
 
 def generation_bytes(spec: TrainingSpec, trace: TraceResult) -> int:
-    """Bytes at the prefill of ``generate_example`` (the longest prompt that still lets it run)."""
+    """At the prefill of the longest prompt that still lets it run."""
     cfg = spec.model_config
     itemsize = _ITEMSIZE.get(spec.precision, 4)
     T = spec.seq_len
@@ -78,8 +67,8 @@ def generation_bytes(spec: TrainingSpec, trace: TraceResult) -> int:
 
 
 def whole_run(spec: TrainingSpec, trace: TraceResult, training_bytes: int, training_phase: str) -> dict:
-    """Per-phase peaks of the whole process (bytes) and the phase of the largest. Strategies other than one device
-    load and generate differently (sharded loads, rank 0 only): their whole-run peak is the training loop's."""
+    """Other strategies load and generate differently (sharded, rank 0 only): their whole-run peak is the training
+    loop's."""
     phases = {"training": (training_bytes, training_phase)}
     if spec.strategy == "single" and spec.loop == "litgpt":
         load, name = load_bytes(spec, trace)
