@@ -1,10 +1,5 @@
-"""The command lines behind each experiment, as a student would type them outside the lab, and how to leave.
-
-Why: the lab runs every experiment through one call so that it is measured and recorded; after the course the
-student runs litgpt and Lightning directly. Each experiment cell therefore shows the equivalent
-``litgpt finetune_*`` command (built from the same recipe and overrides the lab runs, never typed by hand),
-02 shows the Lightning strategy line that changes, and the last cell says where the results are, how to copy
-them off the node, how to stop the container and that the lease should be released.
+"""The command lines behind each experiment as a student would type them after the course, built from the same
+recipe and overrides the lab runs (never typed), and how to leave the node.
 """
 
 from __future__ import annotations
@@ -32,13 +27,8 @@ def _cli_value(value: Any) -> str:
 def litgpt_command(
     exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None, one_rank: Mapping[str, Any] | None = None
 ) -> str:
-    """``litgpt finetune_full --config configs/... --precision ... --train.micro_batch_size ...`` for ``exp_id``.
-
-    The recipe file plus every key the experiment (and this node's overrides) set on top of it; for section
-    02 this is the single-GPU litgpt run of the same recipe (litgpt's CLI cannot run DDP or DeepSpeed).
-    Secrets are masked as records mask them (``secrets``): ``--access_token '***'``; the run uses the real value.
-    ``one_rank``: keys printed on top, after the run is resolved (one rank's batch, ``one_rank_words``).
-    """
+    """For section 02 the single-GPU run of the same recipe: litgpt's CLI cannot run DDP or DeepSpeed. Secrets are
+    masked as records mask them; the run uses the real value."""
     experiment = get_experiment(exp_id)
     run = resolve(exp_id, profile, overrides, check_files=False)
     merged = redact_mapping(
@@ -57,9 +47,7 @@ def litgpt_command(
 
 
 def strategy_lines(exp_id: str) -> str:
-    """The Lightning lines that change for a section-02 experiment: the strategy ``make_strategy`` builds for it on
-    CUDA, printed from the same ``strategies.strategy_call`` (its plumbing -- backend, timeout -- left out); the
-    model, data and training loop stay the same for every strategy."""
+    """Printed from the ``strategies.strategy_call`` the run uses; model, data and loop are the same for every one."""
     from lab_helpers.training.distributed.command import strategy_settings
     from lab_helpers.training.distributed.strategies import strategy_call
 
@@ -98,8 +86,7 @@ def strategy_lines(exp_id: str) -> str:
 
 
 def cpu_adam_lines(exp_id: str) -> list[str]:
-    """The optimizer a DeepSpeed run with an offloaded optimizer builds on CUDA (``optimizer_class_path``): DeepSpeed's
-    C++ Adam, which steps the states in host memory; the recipe's torch AdamW would be several times slower there."""
+    """DeepSpeed's C++ Adam steps the states in host memory; torch's AdamW would be several times slower there."""
     from lab_helpers.training.distributed.deepspeed_config import CPU_ADAM_CLASS, cpu_adam_kwargs, optimizer_class_path
 
     run = resolve(exp_id, "gpu", check_files=False)
@@ -140,8 +127,7 @@ LENGTH_GROUPED_NOTE = "\n".join(
 
 
 def lever_notes(options: Mapping[str, Any]) -> list[str]:
-    """What the litgpt command leaves out of an experiment with levers (``recipe_defaults.CHILD_LEVERS``): the lab's
-    switch of the training process, and the lines that do the same in the student's own script."""
+    """The litgpt command leaves the levers out: the lines that do the same in the student's own script."""
     child = "python -m lab_helpers.training.child_litgpt finetune_... --config ..."
     notes = []
     if options.get("compile"):
@@ -165,11 +151,8 @@ def lever_notes(options: Mapping[str, Any]) -> list[str]:
 
 
 def one_rank_words(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None) -> tuple[str, dict]:
-    """What one rank of a section-02 run does, as a one-GPU litgpt run: the words before the command, and the batch
-    overrides that make the command that rank's share (its micro batch, its micro-batches per step).
-
-    Why: the one-GPU line used to print the recipe without the run's global batch (the course rows set none: micro
-    x ranks), and a sharding strategy's model on one GPU needs every state whole, which the line now says."""
+    """The overrides that make the one-GPU command one rank's share of the batch (the course rows set no global
+    batch), and words saying that a sharded model on one GPU needs every state whole."""
     from lab_helpers.planning.arithmetic import model_states
 
     run = resolve(exp_id, profile, overrides, check_files=False)
@@ -213,11 +196,8 @@ def show_commands(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | N
 
 
 def closing_text(*, host: str | None = None, on_gpu_node: bool | None = None, in_container: bool | None = None) -> str:
-    """Where the results are and, only where it applies to this machine, how to copy them off a leased node and
-    give it back: a laptop or a CPU machine gets no rsync line, no ``docker stop`` and no lease (03 printed
-    placeholder paths and ``docker stop lab`` on a laptop). ``on_gpu_node`` defaults to "this machine has a GPU",
-    ``in_container`` to "running in the lab's Docker image" (start-lab.sh sets LAB_HOME; Docker makes
-    /.dockerenv)."""
+    """Only what applies here: a laptop gets no rsync line, no ``docker stop`` and no lease. ``in_container``
+    defaults to the lab's Docker image (start-lab.sh sets LAB_HOME; Docker makes /.dockerenv)."""
     import getpass
     import os
     import socket

@@ -1,9 +1,6 @@
 """``python -m lab_helpers doctor``: what this node has and which lab sections it can run, before a lease burns.
 
-Why: a student who finds out after an hour that the node has one V100 and no bitsandbytes has lost money and
-the hour. The doctor reads the node (lab_helpers.hardware.node), prints a GPU table and a checklist with what to do
-about each missing piece (the verdicts of lab_helpers.planning.decision, the ones run-all and the notebooks act on), or
-the raw facts as JSON (``--json``) for scripts and bug reports.
+A student who finds out after an hour that the node has one V100 and no bitsandbytes has lost money and the hour.
 """
 
 from __future__ import annotations
@@ -22,10 +19,7 @@ CI_ONLY = "◐"  # runs on this machine, on the ci profile only (tiny stand-ins 
 
 
 def check_node() -> CheckedNodeFacts:
-    """``describe_node()`` plus what needs an imported torch and a look for nvcc: the doctor's full facts.
-
-    The run records skip these (seconds per run); the doctor, asked once before a lease burns, can afford them.
-    """
+    """What needs torch imported and nvcc found: the records skip it (seconds per run); the doctor, asked once, can."""
     from lab_helpers.hardware.cuda_compat import deepspeed_build_problem, nvcc_version, torch_facts
 
     node: CheckedNodeFacts = {**describe_node(), **torch_facts()}
@@ -104,8 +98,7 @@ def format_report(node: dict[str, Any]) -> str:
 
 
 def _launch_cost_lines(gpus: list[dict[str, Any]]) -> list[str]:
-    """The host's cost per kernel launch as measured here (``python -m lab_helpers launch-cost``), or how
-    ``plan --time`` does without it: what bounds a host-bound run (the lab's GPU records all are)."""
+    """What bounds a host-bound run, which the lab's GPU records all are."""
     from lab_helpers.planning.launch_cost import NOT_MEASURED, measured_launch_cost
 
     device = gpus[0].get("name") if gpus else "cpu"
@@ -147,7 +140,6 @@ def _or_dash(value: Any) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The doctor's options, for the ``doctor`` subcommand of ``python -m lab_helpers``."""
     parser.add_argument("--json", action="store_true", help="print the raw facts as JSON instead of the report")
 
 

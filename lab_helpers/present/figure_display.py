@@ -1,12 +1,6 @@
-"""A matplotlib figure that shows itself as a PNG in Jupyter, whatever the backend.
-
-Why: the lab draws on ``matplotlib.figure.Figure`` without pyplot (no GUI backend, no global state; see
-lab_helpers.present.figures). IPython only has a PNG formatter for ``Figure`` once the inline backend has been activated
-(``%matplotlib inline``, or pyplot imported under it). Without that, a notebook executed by nbclient, or a
-JupyterLab kernel started with another ``MPLBACKEND``, shows ``<Figure size 800x240 with 1 Axes>`` instead of
-the chart. IPython falls back to an object's own ``_repr_png_`` when no formatter is registered for its type,
-so a figure that has one renders everywhere, and where the inline formatter is registered that one is used
-(also a PNG).
+"""A matplotlib figure that shows itself as a PNG in Jupyter, whatever the backend: IPython has a PNG formatter for
+``Figure`` only once the inline backend is active, so under nbclient or another ``MPLBACKEND`` a plain one shows as
+``<Figure size 800x240 with 1 Axes>``. An object's own ``_repr_png_`` works everywhere.
 """
 
 from __future__ import annotations
@@ -33,8 +27,7 @@ class LabFigure(Figure):
 def new_figure(
     width: float, height: float, rows: int = 1, cols: int = 1, *, layout: str | None = "constrained", **kwargs: Any
 ):
-    """A figure without pyplot; ``layout=None`` for figures that set their own margins (see
-    ``figures.plot_timeline``). Returns ``(figure, axes)`` as pyplot's ``subplots`` does."""
+    """``layout=None`` for figures that set their own margins."""
     figure = LabFigure(figsize=(width, height), layout=layout)
     axes = figure.subplots(rows, cols, **kwargs)
     return figure, axes

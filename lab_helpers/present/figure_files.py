@@ -1,6 +1,4 @@
-"""How the figures are written: the folder created and checked, each file (a PNG, ``comparison.csv``) written, by the
-rule of every folder and file the lab writes (``paths.lab_folder``, ``paths.write_lab_file``): a folder or file it
-cannot write is one LabConfigError line naming it. Which folder (``figures_dir``) is ``figures``'.
+"""The figures written by the rule of every folder and file the lab writes: one it cannot write is one line naming it.
 """
 
 from __future__ import annotations
@@ -26,9 +24,6 @@ def made_figures_dir(out_dir: Path | str | None) -> Path:
 
 
 def write_figure_file(folder: Path | str | None, filename: str, data) -> Path:
-    """Write one file of the figures folder (a PNG, comparison.csv) by the rule of every file the lab writes
-    (``paths.write_lab_file``: a regular file in its folder, never through a link); a folder or file it cannot
-    write is one LabConfigError line naming it."""
     path = made_figures_dir(folder) / filename
     try:
         return write_lab_file(path, data)
@@ -37,7 +32,6 @@ def write_figure_file(folder: Path | str | None, filename: str, data) -> Path:
 
 
 def save_table(table: pd.DataFrame, folder: Path | str | None) -> Path:
-    """The comparison table as ``comparison.csv`` in the figures folder."""
     return write_figure_file(folder, "comparison.csv", table.to_csv(index=False).encode())
 
 

@@ -1,10 +1,6 @@
-"""What a figure shows, in words for its title: which device measured the runs and in which mode.
-
-Why: the same plots are drawn from an H100's records, from the CPU stand-ins of the ci profile and from a
-student's own runs, and a PNG travels without its notebook. A figure that does not say "NVIDIA H100 80GB HBM3,
-quick mode" or "CPU stand-in" invites reading CPU noise as GPU figures, or a quick run's 3 s beside a full run's
-24 s as a 7x slowdown. The words come from the records themselves (``device_name``, ``profile``, ``mode``),
-never from the machine drawing the figure.
+"""Which device measured a figure's runs and in which mode, for its title: a PNG travels without its notebook, and
+one that does not say "CPU stand-in" or "quick mode" invites reading CPU noise as GPU figures. Read from the
+records, never from the machine drawing the figure.
 """
 
 from __future__ import annotations
@@ -25,10 +21,7 @@ UNKNOWN_DEVICE = "device not recorded"
 
 
 def device_of(record: Mapping[str, Any]) -> str:
-    """The GPU's name for a run on a GPU, ``CPU stand-in`` for a run on a CPU (``device_name`` "cpu (...)", or an
-    older ci record without a device name). A gpu-profile record without one (a run skipped before its process
-    started) takes the node's GPU from ``environment.gpu_names``; one that measured CUDA memory, or ran the gpu
-    profile, without either was on an unnamed GPU; with neither, the figure says the device is not recorded rather than guess."""
+    """Where the record names no device, the figure says so rather than guess."""
     name = record.get("device_name")
     if isinstance(name, str) and name:
         return CPU_STAND_IN if name.lower().startswith("cpu") else name
@@ -42,20 +35,17 @@ def device_of(record: Mapping[str, Any]) -> str:
 
 
 def mode_of(record: Mapping[str, Any]) -> str | None:
-    """``quick`` or ``full`` as the record says (None where it does not)."""
     mode = record.get("mode")
     return mode if mode in ("quick", "full") else None
 
 
 def on_cpu(records: Iterable[Mapping[str, Any]]) -> bool:
-    """True when every run drawn trained on a CPU: their times are the code path's only."""
     devices = {device_of(r) for r in records}
     return devices == {CPU_STAND_IN}
 
 
 def describe(records: Iterable[Mapping[str, Any]]) -> str:
-    """One line for a title: the device(s) and the mode, naming the runs of a minority mode, e.g.
-    ``NVIDIA H100 80GB HBM3, quick mode (full: one-gpu)`` or ``CPU stand-in (code path only), full mode``."""
+    """Naming the runs of a minority mode: ``NVIDIA H100 80GB HBM3, quick mode (full: one-gpu)``."""
     records = list(records)
     if not records:
         return "no runs"
@@ -73,8 +63,7 @@ def describe(records: Iterable[Mapping[str, Any]]) -> str:
 
 
 def gpu_capacity_gib(records: Iterable[Mapping[str, Any]]) -> tuple[float, str] | None:
-    """(GiB, GPU name) of the GPU the runs measured on, from its nominal size (``gpu_peaks.nominal_memory_gib``);
-    None for CPU runs, mixed GPUs or a GPU whose size is unknown: no line is better than a wrong one."""
+    """None for CPU runs, mixed GPUs or an unknown size: no line is better than a wrong one."""
     names = {device_of(r) for r in records}
     if len(names) != 1 or names & {CPU_STAND_IN, UNNAMED_GPU, UNKNOWN_DEVICE}:
         return None

@@ -1,11 +1,6 @@
-"""The plots the notebooks show after a section: memory, time, memory against time, the time model's
-prediction, and one run's timeline, from the same records as ``tables``' comparison table.
-
-Runs that did not finish are drawn as their status text, not as an empty bar. Plots use
-``matplotlib.figure.Figure`` directly rather than pyplot: no GUI backend is needed (PNG files are written with Agg
-on a machine with no display) and no global figure state leaks between calls. Such a figure is not pyplot's, so
-Jupyter shows it as ``<Figure size ...>`` unless something registered a PNG formatter; the figures are therefore
-``LabFigure``s (``figure_display.new_figure``), which render as a PNG on their own.
+"""The plots the notebooks show after a section, from the same records as ``tables``. ``matplotlib.figure.Figure``,
+not pyplot: no GUI backend is needed and no global figure state leaks between calls. Runs that did not finish are
+drawn as their status text, not as an empty bar.
 """
 
 from __future__ import annotations
@@ -38,9 +33,7 @@ NO_RUNS = "no runs recorded yet"
 
 
 def figures_dir(frame: pd.DataFrame | None = None) -> Path:
-    """Where a frame's figures go: ``results/figures`` for your own runs, ``results/figures/reference-<name>/`` for
-    shipped reference results (rows tagged ``reference`` by ``load_reference``), so that looking at the reference
-    never overwrites your own figures or ``comparison.csv``."""
+    """A folder of their own for reference results, so looking at them never overwrites your figures."""
     base = results_dir() / "figures"
     if frame is None or "reference" not in frame:
         return base
@@ -48,8 +41,6 @@ def figures_dir(frame: pd.DataFrame | None = None) -> Path:
 
 
 def figures_folder(out_dir: Path | str | None, frame: pd.DataFrame | None = None) -> Path:
-    """The folder a frame's figures go to (``out_dir``, else ``figures_dir(frame)``), created and checked by the
-    rule of every folder the lab writes into (``paths.lab_folder``): a LabConfigError line where it cannot be."""
     return made_figures_dir(out_dir if out_dir is not None else figures_dir(frame))
 
 
@@ -68,11 +59,7 @@ def plot_memory(
     order: Sequence[str] | None = None,
     profile: str | None = None,
 ) -> Any:
-    """Per experiment: the measured peak beside a stacked bar of the planner's predicted breakdown.
-
-    Runs that ended in OOM / error / skipped show their status as text where the measured bar would be. With
-    CPU runs only (no GPU memory recorded) the measured bar is the host RSS peak, and the title says so.
-    """
+    """The measured peak beside a stacked bar of the planner's predicted breakdown."""
     table = comparison_table(df, order=order, profile=profile)
     if table.empty:
         return _empty_plot(out_dir, "memory.png", "Peak memory: measured vs predicted")
@@ -154,8 +141,7 @@ def plot_memory(
 
 
 def _legend_in_stack_order(ax: Any) -> tuple[list[Any], list[str]]:
-    """The legend as the bars read from top to bottom: capacity, predicted peak, then the predicted parts from the
-    top of the stack down (BREAKDOWN_PARTS is the stacking order, bottom first), the measured bar last."""
+    """The legend as the bars read, top down: BREAKDOWN_PARTS is the stacking order, bottom first."""
     handles, labels = ax.get_legend_handles_labels()
     parts = [part.replace("_", " ") for part in BREAKDOWN_PARTS]
 
@@ -174,7 +160,6 @@ def _legend_in_stack_order(ax: Any) -> tuple[list[Any], list[str]]:
 
 
 def _breakdown_for(latest: pd.DataFrame, experiment: str) -> Mapping[str, Any]:
-    """The predicted breakdown (GiB per part) of the rank-0 record of one experiment."""
     if "predicted" not in latest:
         return {}
     rows = latest[latest["experiment"] == experiment].sort_values("rank_n")
@@ -192,16 +177,8 @@ def plot_time(
     order: Sequence[str] | None = None,
     profile: str | None = None,
 ) -> Any:
-    """Four panels per experiment, like with like first: time per training sample and the median micro-batch time
-    (both from the steady iterations after warm-up, with their interquartile range), padded tokens per second from
-    the same median (MFU's count; each bar labelled with what bounds the run, ``bound``: nothing on a CPU), and
-    last the whole timed loop (``train_s``), which depends on how many steps ran: quick and full mode differ.
-
-    The title names the device and the mode (``figure_source``); where modes are mixed, each bar's mode is in its
-    label. CPU stand-ins' times are labelled "code path only". Where one-off iterations inflate a run's
-    ``train_s`` (``one_off_pct``), the part they took beyond a median iteration is hatched; the steady panels
-    leave them out.
-    """
+    """Like with like first: the steady panels, then ``train_s`` last, as it depends on how many steps ran (quick
+    and full mode differ)."""
     table = comparison_table(df, order=order, profile=profile)
     if table.empty:
         return _empty_plot(out_dir, "time.png", "Training time and throughput")
@@ -259,20 +236,17 @@ def plot_time(
 
 
 def per_sample_ms(table: pd.DataFrame, micro: pd.Series) -> pd.Series:
-    """Each row's time per sample as the figures draw it: the steady time (``steady_ms_per_sample``, lengths seen
-    before) where the run has one, else its median micro-batch over the micro batch (first-seen lengths included)."""
+    """The steady time where the run has one, else its median micro-batch (first-seen lengths included)."""
     steady = pd.to_numeric(table["steady_ms_per_sample"], errors="coerce")
     return steady.fillna(pd.to_numeric(table["iter_median_s"], errors="coerce") * 1e3 / micro.values)
 
 
 def _micro_batch(record: Mapping[str, Any]) -> float:
-    """The recipe's micro batch size (samples per micro-batch), NaN when the record does not say."""
     micro = _number(as_mapping(as_mapping(record.get("config")).get("train")).get("micro_batch_size"))
     return micro if micro else math.nan
 
 
 def _labels_with_mode(experiments: pd.Series, records: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Experiment ids, each with its mode where the figure mixes quick and full runs (else the title says it)."""
     modes = {e: figure_source.mode_of(records.get(e, {})) for e in experiments}
     if len(set(modes.values())) < 2:
         return list(experiments)
@@ -280,7 +254,6 @@ def _labels_with_mode(experiments: pd.Series, records: Mapping[str, Mapping[str,
 
 
 def _iqr_bars(ax: Any, medians: pd.Series, iqrs: pd.Series, *, counts: pd.Series | None = None) -> None:
-    """The interquartile range of each run's timed micro-batches, centred on its median, and the count below."""
     for i, (median, iqr) in enumerate(zip(medians, iqrs, strict=True)):
         if pd.notna(median) and pd.notna(iqr):
             ax.errorbar(i, median, yerr=iqr / 2, color="#222222", capsize=3, linewidth=1)
@@ -289,7 +262,6 @@ def _iqr_bars(ax: Any, medians: pd.Series, iqrs: pd.Series, *, counts: pd.Series
 
 
 def _bound_labels(ax: Any, table: pd.DataFrame, values: pd.Series) -> None:
-    """Above each throughput bar: ``bound`` and the GPU's busy share over the loop (``time_bound``)."""
     for i, (value, bound, busy) in enumerate(zip(values, table["bound"], table["gpu_busy_pct"], strict=True)):
         if pd.isna(value) or not isinstance(bound, str):
             continue
@@ -298,9 +270,7 @@ def _bound_labels(ax: Any, table: pd.DataFrame, values: pd.Series) -> None:
 
 
 def _one_off_spans(ax: Any, values: pd.Series, share: pd.Series) -> float:
-    """Hatch the top of each ``train_s`` bar that one-off iterations took beyond a median one (``share`` of the
-    run's ``train_s``): the hatching always means "time that was there, spent on one-offs", never a time or rate
-    the run did not have. Returns the highest point drawn."""
+    """Hatching means "time that was there, spent on one-offs", never a time or rate the run did not have."""
     top = 0.0
     label = "one-off iterations' time beyond a median iteration (one_off_pct)"
     for i, (value, part) in enumerate(zip(values, share, strict=True)):
@@ -320,9 +290,7 @@ def plot_memory_vs_time(
     order: Sequence[str] | None = None,
     profile: str | None = None,
 ) -> Any:
-    """Scatter of peak memory against the steady time per training sample (``per_sample_ms``: comparable across
-    quick and full mode, unlike ``train_s``), one labelled point per experiment that has both; * marks a run
-    whose time includes first-seen lengths."""
+    """Against time per sample, which quick and full mode share, unlike ``train_s``."""
     table = comparison_table(df, order=order, profile=profile)
     if table.empty:
         return _empty_plot(out_dir, "memory_vs_time.png", "Peak memory vs time per sample")
@@ -359,9 +327,7 @@ def plot_time_prediction(
     order: Sequence[str] | None = None,
     profile: str | None = None,
 ) -> Any:
-    """Per experiment: measured optimizer-step time beside the planner's prediction (lab_helpers.planning.planner.timing),
-    like the memory plot. Each prediction takes its MFU from the *other* records (leave-one-out), so a run is
-    never predicted from itself; the title gives the median and worst error."""
+    """Each prediction takes its MFU from the *other* records (leave-one-out): a run is never predicted from itself."""
     from lab_helpers.hardware.cpu_speed import measure_cpu_rates
     from lab_helpers.planning.planner.calibration import CPU, device_key
     from lab_helpers.planning.planner.timing import predicted_vs_measured
@@ -394,7 +360,6 @@ def plot_time_prediction(
 
 
 def read_timeline(path: Path | str) -> pd.DataFrame:
-    """A timeline CSV with every expected column present (missing ones are NaN) and numbers as floats."""
     frame = pd.read_csv(path)
     for column in ("t_s", "gpu", "util_pct", "mem_used_gib", "power_w", "host_cpu_pct", "host_ram_gib"):
         if column not in frame:
@@ -425,15 +390,8 @@ def _timeline_path(record_or_path: Any) -> tuple[Path | None, str]:
 
 
 def plot_timeline(record_or_path: Any, *, out_dir: Path | str | None = None) -> Any:
-    """One run over time: per GPU utilisation %, memory used and power, then host CPU % and RAM.
-
-    Stretches where every GPU is below 5 % utilisation are shaded, so idle gaps (model loading, a CPU optimizer
-    step under DeepSpeed offload, validation) stand out; samples more than 3 sampling intervals apart are not
-    joined by a line, so a gap in the recording is visible too. Given a record, the title names the experiment,
-    the device and the mode (``figure_source``), dotted lines split load + warm-up, the timed loop and teardown,
-    and a red line marks the OOM moment (``timeline_phases``). Percent axes are fixed at 0-100 %: an axis that
-    auto-scales draws 96.6-100 % as a full swing.
-    """
+    """Idle stretches are shaded and gaps in the recording left unjoined, so both stand out. Percent axes are fixed
+    at 0-100 %: an axis that auto-scales draws 96.6-100 % as a full swing."""
     path, name = _timeline_path(record_or_path)
     record = {} if isinstance(record_or_path, (str, Path)) else dict(record_or_path)
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120]  # a name the file system takes
@@ -490,7 +448,6 @@ def plot_timeline(record_or_path: Any, *, out_dir: Path | str | None = None) -> 
 
 
 def _timeline_title(record: Mapping[str, Any], name: str, idle_spans: list, run_phases: list) -> str:
-    """What run, on which device and in which mode; what the shading means; whether phases are known."""
     experiment = record.get("experiment")
     head = f"Timeline: {experiment or name}"
     notes = [f"run {name}"] if experiment else []
@@ -504,8 +461,6 @@ def _timeline_title(record: Mapping[str, Any], name: str, idle_spans: list, run_
 
 
 def _mark_phases(ax: Any, run_phases: list[tuple[str, float, float]], oom_s: float | None, *, labelled: bool) -> None:
-    """Dotted lines between load + warm-up, the timed loop and teardown (names on the top panel), and the OOM
-    moment as a red line."""
     for i, (phase, start, end) in enumerate(run_phases):
         if i:
             ax.axvline(start, color="#333333", linestyle=":", linewidth=1)
@@ -537,7 +492,6 @@ def _broken_line(t: pd.Series, y: pd.Series) -> tuple[list[float], list[float]]:
 
 
 def _idle_spans(gpu_rows: pd.DataFrame, threshold_pct: float = 5.0) -> list[tuple[float, float]]:
-    """Time spans in which every GPU's utilisation is below ``threshold_pct`` (merged, in seconds)."""
     if gpu_rows.empty or gpu_rows["util_pct"].isna().all():
         return []
     busiest = gpu_rows.groupby("t_s")["util_pct"].max().sort_index()
@@ -567,8 +521,7 @@ def save_all(
     order: Sequence[str] | None = None,
     profile: str | None = None,
 ) -> list[Path]:
-    """Write every plot (and a timeline per latest run that recorded one) as PNG; return the files written.
-    ``out_dir`` defaults to ``figures_dir(df)``: reference results get a folder of their own."""
+    """``out_dir`` defaults to ``figures_dir(df)``: reference results get a folder of their own."""
     out_dir = out_dir if out_dir is not None else figures_dir(df)
     paths: list[Path] = []
     for plot in (plot_memory, plot_time, plot_memory_vs_time):

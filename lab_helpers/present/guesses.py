@@ -1,9 +1,5 @@
-"""Guess first, then compare: the student's own number beside the planner's prediction and the measurement.
-
-Why a module of its own: the strongest habit the lab can build is "guess, then measure". A notebook cell asks
-for a number in GiB *before* the planner prints its answer, and the cell after the run shows the three side by
-side, so the student sees how far their own model of memory was off, and in which direction. This is a
-presenting layer: it reads records (``record_schema`` fields) and the guess; it asks nothing of the planner.
+"""Guess first, then compare: the student's number beside the prediction and the measurement, so they see how far
+their own model of memory was off, and which way.
 """
 
 from __future__ import annotations
@@ -34,8 +30,7 @@ def check_guess(guess_gib: Any) -> float | None:
 
 
 def measured_peak(record: Mapping[str, Any]) -> tuple[float | None, str | None]:
-    """The peak the planner's prediction is compared with: ``peak_alloc_gib`` on a GPU, ``peak_tensor_gib`` (live
-    tensor bytes) on a CPU; (None, None) where the run measured neither (skipped)."""
+    """``peak_tensor_gib`` on a CPU: the live tensor bytes the planner predicts there."""
     for field in ("peak_alloc_gib", "peak_tensor_gib"):
         value = record.get(field)
         if isinstance(value, (int, float)) and value == value:  # not NaN
@@ -44,9 +39,7 @@ def measured_peak(record: Mapping[str, Any]) -> tuple[float | None, str | None]:
 
 
 def guess_table(records: Iterable[Mapping[str, Any]], guess_gib: float | None) -> pd.DataFrame:
-    """One row per experiment in ``records`` (a run's records, one per rank): the guess, the prediction and the
-    measured peak (the largest over ranks: the rank that runs out first decides), and how far the guess was off
-    in % of the measurement (positive: the guess was too high). Missing values are NaN, never 0."""
+    """The largest peak over ranks: the rank that runs out first decides. Positive: the guess was too high."""
     guess = check_guess(guess_gib)
     rows: dict[str, dict[str, Any]] = {}
     for record in records:

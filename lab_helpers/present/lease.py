@@ -1,10 +1,6 @@
-"""How long a notebook takes on this node, predicted: its runs, its reading, its questions.
-
-Why: a student's lease is 2-3 hours and every GPU minute costs money, so each notebook says at its top how long it
-will take here, and ``python -m lab_helpers minutes`` adds up the path, before anything runs. A run's seconds
-come from the measured cost of that experiment in the GPU sessions' chunk logs (``configs/gpu-chunk-costs.tsv``:
-launch to record, in quick mode), and in full mode the course's micro-batches at the time model's step on top;
-reading comes from the notebook's own words. 04's path cost prices the same seconds (``what_if.path_cost``).
+"""How long a notebook takes on this node, said before anything runs: a lease is 2-3 hours and every GPU minute costs
+money. A run's seconds are its measured cost in the GPU sessions' chunk logs (``configs/gpu-chunk-costs.tsv``, quick
+mode), plus in full mode the time model's steps; reading comes from the notebook's own words.
 """
 
 from __future__ import annotations
@@ -28,8 +24,7 @@ PATHS = ("all", "core")
 
 
 def run_path(value: str | None = None) -> str:
-    """Which runs a notebook makes: ``all``, or ``core`` (a short lease: the experiments marked ``optional:`` in
-    configs/experiments are recorded skipped). ``value``, else ``$LAB_PATH``, else ``all``; anything else is one line."""
+    """``core`` is for a short lease: the experiments marked ``optional:`` are recorded skipped."""
     import os
 
     from lab_helpers.config.config_error import LabConfigError
@@ -52,7 +47,6 @@ def core_path_skip(exp_id: str, path: str | None = None) -> str | None:
 
 
 def run_costs_s(profile: str) -> dict[str, float]:
-    """Seconds per experiment on ``profile`` from the cost table (launch to record, measured in quick mode)."""
     costs = {}
     for line in (lab_home() / COSTS_FILE).read_text().splitlines():
         if not line.strip() or line.startswith("#"):
@@ -68,7 +62,7 @@ def notebook_cells(notebook: str) -> list[dict]:
 
 
 def prose_words(notebook: str) -> int:
-    """Words of the notebook's Markdown cells (code and its comments left out: they are run, not read)."""
+    """Markdown cells only: code and its comments are run, not read."""
     return sum(len("".join(c["source"]).split()) for c in notebook_cells(notebook) if c["cell_type"] == "markdown")
 
 
@@ -79,8 +73,7 @@ def question_count(notebook: str) -> int:
 
 
 def decided_experiments(notebook: str) -> list[str]:
-    """The experiments the notebook's cells decide and run, in order: ``node_plan.decide("ID", ...)``, or a name
-    the notebook set to a string first (``PROFILED_EXPERIMENT = "small-batch"``); loops over ids are checks."""
+    """``node_plan.decide("ID", ...)``, or a name set to a string first; loops over ids are checks, not runs."""
     names: dict[str, str] = {}
     found: list[str] = []
     for cell in notebook_cells(notebook):
@@ -150,7 +143,6 @@ class NotebookMinutes:
 
 
 def table_note(profile: str) -> str:
-    """What :func:`path_table`'s figures are made of."""
     from lab_helpers.training.quick_mode import quick_from_env
 
     full = profile != "ci" and not quick_from_env()
@@ -165,9 +157,7 @@ def _count(n: int, noun: str) -> str:
 
 
 def notebook_minutes(notebook: str, node: Mapping[str, Any], *, profile: str, path: str | None = None):
-    """``notebook``'s predicted minutes on ``node``: each experiment its cells decide, as decided here (a skip costs
-    nothing; on the core path the optional ones are skips), at its measured cost in the chunk logs; in full mode on a
-    GPU, plus the course's micro-batches at the time model's step (``plan --time``)."""
+    """Each experiment as decided here: a skip costs nothing, and on the core path the optional ones are skips."""
     from lab_helpers.config.experiments import get_experiment, resolve
     from lab_helpers.planning import decision
     from lab_helpers.training.quick_mode import quick_from_env
@@ -194,8 +184,7 @@ def notebook_minutes(notebook: str, node: Mapping[str, Any], *, profile: str, pa
 
 
 def _full_mode_s(step: Any, run: Any, node: Mapping[str, Any]) -> float:
-    """The course's micro-batches of ``run`` at the time model's seconds per micro-batch on this GPU (0 where the
-    run trains by epochs or the model cannot time it: the figure then counts the quick-mode cost alone)."""
+    """0 where the run trains by epochs or the time model cannot time it: the quick-mode cost alone then counts."""
     from lab_helpers.present.plan_command import experiment_time
 
     gpus = node.get("gpus") or []

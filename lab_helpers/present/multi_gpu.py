@@ -28,11 +28,7 @@ RANK_COLUMNS = (
 def prediction_text(
     exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None, simulate_world: int | None = None
 ) -> str:
-    """The planner's per-GPU and host predictions for ``exp_id`` here, or why there is none (never raises);
-    ``simulate_world``: for rank 0 of that many ranks, as a simulated rank runs it.
-
-    A prediction is advice shown before a run: a planner failure must not stop the student from running it.
-    """
+    """Never raises: a prediction is advice, and a planner failure must not stop the student from running."""
     from lab_helpers.planning.predict import predict_experiment
 
     try:
@@ -61,13 +57,8 @@ def rank_rows(records: Sequence[Mapping[str, Any]]):
 
 
 def check_records(records: Mapping[str, Sequence[Mapping[str, Any]]], expected: Mapping[str, set[str]]) -> list[str]:
-    """Problems with the notebook's runs: each experiment needs one record per rank with an expected status, and
-    each finished rank a record that follows the schema, reports the timed loop and ran the strategy asked for.
-
-    ``expected`` maps an experiment to the statuses accepted for it (e.g. {"ok"}, or {"ok", "skipped"} where a
-    machine may lack what it needs). A skipped run has a single record with its reason. This is the check CI
-    relies on for the multi-GPU section: nbval runs the notebook's last cell on the ci profile.
-    """
+    """The check CI relies on for the multi-GPU section: nbval runs the notebook's last cell on the ci profile.
+    ``expected``: each experiment's accepted statuses ({"ok", "skipped"} where a machine may lack what it needs)."""
     problems = []
     for exp_id, allowed in expected.items():
         recs = list(records.get(exp_id) or [])
@@ -99,8 +90,6 @@ def check_records(records: Mapping[str, Sequence[Mapping[str, Any]]], expected: 
 
 
 def _ok_rank_problems(record: Mapping[str, Any], run) -> list[str]:
-    """What is wrong with one finished rank's record of ``run`` (its ResolvedRun): schema, the timed loop (warm-up
-    apart), the world size, the strategy."""
     from lab_helpers.config.record_schema import record_problems
 
     problems = record_problems(record)
@@ -123,8 +112,7 @@ def _ok_rank_problems(record: Mapping[str, Any], run) -> list[str]:
 
 
 def strategy_words(strategy: str, options: Mapping[str, Any]) -> list[str]:
-    """Words ``strategy_used`` must contain for a run of ``strategy`` with these launch options (whichever
-    Lightning class ran it: FSDP1 or FSDP2, CUDA or CPU)."""
+    """Whichever Lightning class ran it: FSDP1 or FSDP2, CUDA or CPU."""
     if strategy == "fsdp":
         return ["fsdp", "SHARD_GRAD_OP"] if options.get("sharding") == "grad-op" else ["fsdp"]
     if strategy.startswith("deepspeed-zero"):
@@ -134,15 +122,11 @@ def strategy_words(strategy: str, options: Mapping[str, Any]) -> list[str]:
 
 
 SCALING_GPUS = (2, 4, 8)
-"""The GPU counts ``batch_words`` spells a multi-GPU recipe out for: multi.yaml's global batches divide by the micro
-batch times each."""
+"""multi.yaml's global batches divide by the micro batch times each of these."""
 
 
 def batch_words(steps: Mapping[str, Any], *exp_ids: str, gpus: Sequence[int] = SCALING_GPUS) -> str:
-    """What one optimizer step of each of ``exp_ids`` takes: global batch = micro batch x micro-batches per step
-    (accumulation) x GPUs, read from the recipes (issue 53: 02 typed "16 samples ... 32 for ddp"). First the gpu
-    profile's recipe (on 1 GPU, or on each of ``gpus`` for a multi-GPU experiment), then the run as this node makes
-    it (``steps``: node_plan's decisions, by experiment)."""
+    """Read from the recipes, never typed: the gpu profile's first, then the run as this node makes it (``steps``)."""
     from lab_helpers.config.experiments import resolve
 
     def spelled(run) -> str:
@@ -181,10 +165,8 @@ def batch_words(steps: Mapping[str, Any], *exp_ids: str, gpus: Sequence[int] = S
 
 
 def offload_time_words(exp_id: str = "deepspeed-offload") -> str:
-    """The time model's step of an optimizer-offload run as the gpu profile runs it (``plan EXPERIMENT --profile gpu
-    --time``): the GPUs' compute, then the host's optimizer step and the copies over PCIe, which the model adds to
-    the step, overlapping none of it (issue 53: 02 said "the GPUs wait while the CPU steps" with no record behind
-    it). A prediction, said so; never raises (advice before a run)."""
+    """The model adds the host's optimizer step and the PCIe copies to the step, overlapping none of it: a
+    prediction, and said so. Never raises: advice before a run."""
     from lab_helpers.present.plan_command import experiment_time
 
     try:

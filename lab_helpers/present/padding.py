@@ -1,12 +1,5 @@
-"""What grouping samples by length changed, in sentences computed from two records: the length-grouped run and its
-pair (small-batch, the same run in shuffled micro-batches), measured beside predicted.
-
-The prediction of each run is read from the batches of quick mode's own sampler on the run's own samples
-(``data_lengths.recipe_batch_padding``, ``quick_mode.batch_sampler``): the padding share and the mean padded length
-of one pass in that order, and the time model (``plan_command.predict_step_time``) asked for the time of a
-micro-batch over that pass's micro-batches, each at its own padded length. The memory prediction is the record's
-own (``predicted_peak_alloc_gib``): the planner plans the longest batch, which both orders hold. No number in the
-sentences is typed (issue 43).
+"""What grouping samples by length changed, computed from two records (length-grouped and its shuffled pair), measured
+beside predicted; the prediction reads the batches of quick mode's own sampler on the run's own samples.
 """
 
 from __future__ import annotations
@@ -21,8 +14,7 @@ PAIR = "small-batch"
 
 
 def latest_record(exp_id: str, *, profile: str | None = None, path: Path | str | None = None) -> dict[str, Any] | None:
-    """The latest record of ``exp_id`` (rank 0) on ``profile`` in the results file (``path``: another one), as a
-    dict with None for missing values; None when it never ran."""
+    """Rank 0's, with None for missing values; None when it never ran."""
     from lab_helpers.record.records import latest_runs, load_results
 
     latest = latest_runs(load_results(path), profile=profile)
@@ -33,10 +25,8 @@ def latest_record(exp_id: str, *, profile: str | None = None, path: Path | str |
 
 
 def predicted_padding(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The prediction for the run ``record`` describes, in its batch order: ``padding_pct``, ``mean_padded_length``
-    (tokens a sample is padded to, on average over one pass), ``micro_batch_s``, ``tokens_per_s`` and
-    ``tokens_per_s_padded`` (the time model at that mean padded length), ``peak_gib`` (the record's own memory
-    prediction), and ``why`` where a part could not be predicted (None values then)."""
+    """In the run's batch order; ``peak_gib`` is the record's own: the planner plans the longest batch, which both
+    orders hold."""
     from lab_helpers.config.experiments import resolve
     from lab_helpers.training.data_lengths import recipe_batch_padding
 
@@ -72,11 +62,8 @@ def predicted_padding(record: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _time_plan(run: Any, record: Mapping[str, Any], lengths: Sequence[int]) -> tuple[Any, str]:
-    """(the time model's ``TimePlan`` on the device the record ran on, each micro-batch at its padded length in
-    ``lengths``, "") or (None, why not). Its micro-batch is ``step_s / gradient_accumulation_iters`` (the optimizer
-    step included where every micro-batch ends a step, as small-batch's do); on a GPU it splits a micro-batch into
-    host and device time, and a length-grouped pass's long micro-batches stay device-bound where its short ones
-    are host-bound (at the mean length alone the host floor hid the padding it removed)."""
+    """Each micro-batch at its own length: a length-grouped pass's long micro-batches stay device-bound where its
+    short ones are host-bound, which the mean length alone hid."""
     from lab_helpers.planning.planner.spec import spec_from_recipe
     from lab_helpers.planning.predict import planner_inputs
     from lab_helpers.present.plan_command import predict_step_time
@@ -95,9 +82,7 @@ def _time_plan(run: Any, record: Mapping[str, Any], lengths: Sequence[int]) -> t
 def padding_words(
     pair: Mapping[str, Any] | None, grouped: Mapping[str, Any] | None, *, predict=predicted_padding
 ) -> str:
-    """The length-grouped run against its pair, from their two records: the padding share, the mean padded length,
-    the time of a micro-batch, real and padded tokens/s and the peak memory, each measured before -> after with the
-    prediction beside it, and what changed. ``predict`` is ``predicted_padding`` (a test may stand in another)."""
+    """``predict`` is ``predicted_padding``; a test may stand in another."""
     problem = _not_comparable(pair, grouped)
     if problem:
         return problem
@@ -150,7 +135,6 @@ def _line(label: str, measured: tuple, predicted: tuple, form: str, suffix: str 
 
 
 def _not_comparable(pair: Mapping[str, Any] | None, grouped: Mapping[str, Any] | None) -> str | None:
-    """Why the two records cannot be compared (one missing, not ok, or run at other settings), or None."""
     for name, record in ((PAIR, pair), ("length-grouped", grouped)):
         if not record:
             return f"no comparison: {name} has no record on this profile yet"
@@ -180,8 +164,7 @@ def _not_comparable(pair: Mapping[str, Any] | None, grouped: Mapping[str, Any] |
 def _split(
     pair: Mapping[str, Any], grouped: Mapping[str, Any], before: Mapping[str, Any], after: Mapping[str, Any]
 ) -> str:
-    """The time model's micro-batch split into device and host time, and which bounds it, beside what the runs
-    measured (GPU busy, bound): where it predicts host-bound, fewer padded tokens cannot shorten its micro-batch."""
+    """Where the model predicts host-bound, fewer padded tokens cannot shorten a micro-batch."""
     device = " -> ".join(f"{p['device_ms']:.0f}" for p in (before, after))
     host = " -> ".join(f"{p['host_ms']:.0f}" for p in (before, after))
     bound = " -> ".join(str(p.get("time_bound")) for p in (before, after))
@@ -198,7 +181,6 @@ def _split(
 
 
 def _verdict(pair: Mapping[str, Any], grouped: Mapping[str, Any], memory: tuple[float | None, float | None]) -> str:
-    """One sentence: how much of the padding went, what it did to real tokens/s, and how far the peak moved."""
     pad = [_number(r.get("padding_pct")) for r in (pair, grouped)]
     speed = [_number(r.get("tokens_per_s")) for r in (pair, grouped)]
     parts = []
@@ -214,8 +196,7 @@ def _verdict(pair: Mapping[str, Any], grouped: Mapping[str, Any], memory: tuple[
 
 
 def _cut_note(record: Mapping[str, Any]) -> str | None:
-    """Where padding cannot fall much: when most samples are longer than max_seq_length, every micro-batch is cut to
-    it whatever the order (the ci profile's 64 tokens)."""
+    """When most samples are longer than max_seq_length, every micro-batch is cut to it whatever the order."""
     from lab_helpers.training.data_lengths import recipe_sample_lengths
 
     config = record.get("config") or {}
@@ -243,15 +224,13 @@ def _peaks(pair: Mapping[str, Any], grouped: Mapping[str, Any]) -> tuple[tuple[f
 
 
 def _padded_length(record: Mapping[str, Any]) -> float | None:
-    """The measured mean padded length of a sample: tokens_padded / (timed micro-batches x micro batch)."""
     padded, iterations = _number(record.get("tokens_padded")), _number(record.get("iterations"))
     micro = _number(_config(record).get("micro_batch_size"))
     return padded / (iterations * micro) if padded and iterations and micro else None
 
 
 def _micro_s(record: Mapping[str, Any]) -> float | None:
-    """The measured time of a micro-batch the record's rates use: padded tokens of a mean micro-batch / its padded
-    tokens/s (the median micro-batch; a length-grouped run's mean one, ``iteration_times.steady_timing``)."""
+    """The micro-batch the record's rates use: the median one, a length-grouped run's mean one."""
     padded, iterations = _number(record.get("tokens_padded")), _number(record.get("iterations"))
     rate = _number(record.get("tokens_per_s_padded"))
     return padded / iterations / rate if padded and iterations and rate else None

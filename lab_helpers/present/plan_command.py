@@ -135,8 +135,7 @@ def _print_table(plan) -> None:
 
 
 def run(args: argparse.Namespace, *, default_profile: Callable[[], str] | None = None) -> int:
-    """The command; ``default_profile`` gives an experiment's profile where ``--profile`` does not (the CLI's
-    ``lab.default_profile``: ``$LAB_PROFILE``, else what this node runs)."""
+    """``default_profile`` gives an experiment's profile where ``--profile`` does not."""
     try:
         if args.devices is not None and args.devices < 1:
             raise PlanError(f"--devices must be at least 1, got {args.devices}")
@@ -211,7 +210,6 @@ def run(args: argparse.Namespace, *, default_profile: Callable[[], str] | None =
 
 
 def _price(args: argparse.Namespace) -> float | None:
-    """``--usd-per-gpu-hour`` checked (``cost.checked_price``: one line naming the flag), or None."""
     value = getattr(args, "usd_per_gpu_hour", None)
     if value is None:
         return None
@@ -222,9 +220,7 @@ def _price(args: argparse.Namespace) -> float | None:
 
 
 def run_steps(recipe: Mapping[str, Any], run: ResolvedRun | None, *, quick: bool | None = None) -> tuple[int | None, str]:
-    """(the optimizer steps the run takes, which ones in words), or (None, why not): an experiment's as the lab
-    settles them (``lab.settled_overrides``: quick mode's, ``quick`` default ``$LAB_QUICK``, as ``run`` reads it),
-    else the recipe's ``max_steps``."""
+    """An experiment's steps as the lab settles them (``lab.settled_overrides``), else the recipe's ``max_steps``."""
     from lab_helpers.training.quick_mode import quick_from_env, quick_overrides
 
     if run is None:
@@ -247,9 +243,7 @@ def run_cost(
     time_plan: TimePlan | None, recipe: Mapping[str, Any], run: ResolvedRun | None, gpus: int,
     usd_per_gpu_hour: float | None, *, quick: bool | None = None,
 ) -> tuple[RunCost | None, str]:
-    """(the predicted run's RunCost, "") or (None, why not): its optimizer steps (``run_steps``) x the predicted
-    step time, on ``gpus`` GPUs; a simulated rank (``run.simulated_world_size``) without the communication term
-    (it sends nothing). The training steps only: launch, loading and the record are not predicted."""
+    """The training steps only: launch, loading and the record are not predicted. A simulated rank sends nothing."""
     if time_plan is None:
         return None, "not predicted (no step time)"
     steps, words = run_steps(recipe, run, quick=quick)
@@ -287,14 +281,12 @@ def _words(options: dict[str, Any]) -> str:
 
 
 REFUSED_WITH_EXPERIMENT = ("devices", "strategy", "offload_optimizer", "data_max_len", "batch_order")
-"""Flags that would plan another run than the experiment's: it is planned as it runs (``--set`` changes it the
-way ``run --set`` does)."""
+"""An experiment is planned as it runs; ``--set`` changes it the way ``run --set`` does."""
 
 
 def _experiment_run(
     args: argparse.Namespace, default_profile: Callable[[], str] | None, *, simulate_world: int | None = None
 ) -> ResolvedRun | None:
-    """The run ``args.recipe`` names where it is an experiment id (None: a recipe file); PlanError for neither."""
     from lab_helpers.config.experiments import load_experiments, parse_set_args, resolve
 
     name = args.recipe
@@ -317,8 +309,7 @@ def _experiment_run(
 def experiment_time(
     exp_id: str, *, profile: str, sets: Sequence[str] = (), gpu_name: str | None = None
 ) -> tuple[TimePlan | None, str, dict[str, Any] | None]:
-    """What ``plan EXPERIMENT --profile P --time`` predicts, for a notebook: (the TimePlan or None, why not, one
-    pass of the sampler's batches or None). ``sets`` are ``--set`` pairs ("train.micro_batch_size=2")."""
+    """``plan EXPERIMENT --time`` for a notebook; ``sets`` are ``--set`` pairs."""
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     gpu = ["--gpu-name", gpu_name] if gpu_name else []
@@ -332,9 +323,7 @@ def experiment_cost(
     exp_id: str, *, profile: str, sets: Sequence[str] = (), simulate_world: int | None = None,
     usd_per_gpu_hour: float | None = None, quick: bool | None = None,
 ) -> tuple[RunCost | None, str]:
-    """What ``plan EXPERIMENT --profile P --time --usd-per-gpu-hour PRICE`` prices (``run_cost``), for a notebook:
-    (the RunCost, "") or (None, why not); ``simulate_world=N``: rank 0 of N alone on one GPU, as the notebooks run
-    a multi-GPU experiment on a node with fewer GPUs; ``usd_per_gpu_hour`` None: the GPU-hours only."""
+    """``plan EXPERIMENT --time --usd-per-gpu-hour`` for a notebook; without a price, the GPU-hours only."""
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args([exp_id, "--profile", profile, "--time", *(f"--set={pair}" for pair in sets)])
@@ -346,8 +335,7 @@ def experiment_cost(
 
 
 def _experiment_spec(run: ResolvedRun, args: argparse.Namespace) -> tuple[dict[str, Any], TrainingSpec]:
-    """(the run's recipe, its TrainingSpec): ``predict.planner_inputs``, as ``lab.predict_experiment`` asks; on the
-    device the profile trains on (a CUDA profile on a GPU, ci where torch has CUDA or not) unless ``--device``."""
+    """On the device the profile trains on, unless ``--device``."""
     from lab_helpers.config.experiments import check_profile
     from lab_helpers.planning.predict import planner_inputs
 
@@ -362,15 +350,12 @@ def _experiment_spec(run: ResolvedRun, args: argparse.Namespace) -> tuple[dict[s
 
 
 def _lever_options(run: ResolvedRun) -> dict[str, Any]:
-    """The run's options the time model reads beyond its recipe (the levers and the batch order), where set."""
     keys = ("compile", "compile_mode", "pad_multiple", "attention_backend", "batch_order")
     return {key: run.options[key] for key in keys if run.options.get(key) not in (None, "default", "shuffle")}
 
 
 def experiment_levers(run: ResolvedRun, device: str) -> Levers:
-    """The levers ``run`` switches on, as the time model takes them: compiled blocks with their launches measured on
-    the ci profile's model of the experiment on this CPU (``compile_launches.compiled_block``, kept on disk), CUDA
-    graphs where its compile mode records them on CUDA, its attention backend."""
+    """Compiled blocks' launches are measured on the experiment's ci model on this CPU, and kept on disk."""
     from lab_helpers.config.experiments import resolve
     from lab_helpers.config.recipe_defaults import CUDA_GRAPH_MODES
     from lab_helpers.planning.compile_launches import compiled_block
@@ -395,9 +380,7 @@ def experiment_levers(run: ResolvedRun, device: str) -> Levers:
 
 
 def padded_pass(batches: BatchPadding, pad_multiple: int | str | None, limit: int) -> tuple[list[int], int]:
-    """(each micro-batch's length, the padded tokens of the pass) with each micro-batch padded up as the training
-    process pads it (``recipe_defaults.padded_length``: to the multiple, or ``max`` to ``limit``, the longest
-    training sample)."""
+    """Padded as the training process pads (``recipe_defaults.padded_length``)."""
     from lab_helpers.config.recipe_defaults import padded_length
 
     lengths = [padded_length(n, pad_multiple, limit) for n in batches.batch_lengths]
@@ -406,7 +389,6 @@ def padded_pass(batches: BatchPadding, pad_multiple: int | str | None, limit: in
 
 
 def _batches(batches: BatchPadding, pad_multiple: int | str | None, limit: int) -> tuple[list[int], dict[str, Any]]:
-    """(the padded lengths, what one pass of the sampler is: micro-batches, distinct lengths, tokens, padding)."""
     lengths, padded = padded_pass(batches, pad_multiple, limit)
     how = f", padded to a multiple of {pad_multiple}" if isinstance(pad_multiple, int) else (
         ", padded to the longest sample" if pad_multiple else "")  # fmt: skip
@@ -428,9 +410,7 @@ def _batches(batches: BatchPadding, pad_multiple: int | str | None, limit: int) 
 
 
 def _checked_recipe(args: argparse.Namespace, strategy: str | None) -> tuple[dict[str, Any], int]:
-    """(the recipe file with ``--set`` applied, the devices it runs on), read and checked as ``run`` reads and
-    checks an experiment's (``experiments.parse_set_args`` / ``apply_overrides``, ``recipe_check.check_recipe``):
-    one message for one mistake, whichever command meets it. The devices are ``--devices``, else the recipe's."""
+    """Checked as ``run`` checks an experiment's: one message for one mistake, whichever command meets it."""
     from lab_helpers.config.experiments import apply_overrides, parse_set_args
     from lab_helpers.config.recipe_check import check_recipe, recipe_command
 
@@ -452,8 +432,7 @@ def _checked_recipe(args: argparse.Namespace, strategy: str | None) -> tuple[dic
 
 
 def _gpu_memory_gib(args: argparse.Namespace) -> float | None:
-    """--gpu-memory-gib, else the size of the GPU --gpu-name names (a plan for an A100-80GB said "GPU size
-    unknown"), else None: this node's GPU. An unknown --gpu-name is one line naming the GPUs the lab knows."""
+    """--gpu-memory-gib, else the size of the GPU --gpu-name names, else None: this node's GPU."""
     from lab_helpers.hardware.gpu_peaks import find_gpu, known_gpus, nominal_memory_gib
 
     name = getattr(args, "gpu_name", None)
@@ -465,9 +444,7 @@ def _gpu_memory_gib(args: argparse.Namespace) -> float | None:
 
 
 def predict_step_time(spec: TrainingSpec, *, gpu_name: str | None = None, **options: Any) -> TimePlan:
-    """The time model (``planner.timing.predict_time``) asked about this node, with what it cannot know itself:
-    this node's GPU (unless ``gpu_name`` names another), the lab's and the shipped records to fit the MFU to, and
-    this CPU's measured rates where the step needs them (a CPU step, optimizer offload's host step)."""
+    """With what the time model cannot know itself: this GPU, the records to fit MFU to, this CPU's rates."""
     from lab_helpers.hardware.cpu_speed import measure_cpu_rates
     from lab_helpers.hardware.node import describe_node
     from lab_helpers.planning.launch_cost import measured_launch_cost
@@ -496,14 +473,8 @@ def predict_step_time(spec: TrainingSpec, *, gpu_name: str | None = None, **opti
 def _time(
     spec: TrainingSpec, args: argparse.Namespace, recipe: dict[str, Any], run: ResolvedRun | None = None
 ) -> tuple[TimePlan | None, str, dict[str, Any] | None]:
-    """(TimePlan, "", the pass's batches) or (None, why not, None): a plan without a known GPU still prints its
-    memory.
-
-    The inputs the planner does not look up itself are gathered here: the link bandwidth (``--link-gbs``, else
-    this node's measured one) and the data's sample lengths (``--sample-lengths``, else the recipe's data); with
-    ``--batch-order``, or for an experiment (``run``) in its own order, the padded length of each micro-batch quick
-    mode's sampler makes of them (``data_lengths.batch_padding``: the same batches the run takes), each timed at its
-    own length; an experiment's micro-batches padded further as its ``pad_multiple`` says, and its levers."""
+    """A plan without a known GPU still prints its memory. An experiment's micro-batches are those quick mode's
+    sampler makes (``data_lengths.batch_padding``), each timed at its own padded length."""
     from lab_helpers.hardware.bandwidth import measured_link_gbs
     from lab_helpers.training.data_lengths import batch_padding, read_sample_lengths, recipe_sample_lengths
 
@@ -550,9 +521,7 @@ def _time(
 
 
 def _gpu_for_experiment() -> tuple[str | None, str]:
-    """(the GPU to time an experiment of a CUDA profile on where this node has none, a note saying so): this node's
-    GPU where it has one (None: ``predict_step_time`` reads it), else the GPU most of the lab's and the shipped
-    records with a profile ran on, whose figures the time model is fitted to."""
+    """Without a GPU here, the one most records ran on, whose figures the time model is fitted to."""
     from lab_helpers.hardware.node import describe_node
     from lab_helpers.record.records import lab_and_reference_records
 

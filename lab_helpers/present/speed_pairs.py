@@ -1,19 +1,8 @@
-"""Speed verdicts beyond the noise: the lesson pairs side by side, and the one rule every speed sentence follows.
-
-Why: a quick run times a handful of micro-batches, first-seen sequence lengths cost 2-3x a repeated one on a GPU,
-and two runs of one experiment on the H200 differed by a quarter. A verdict read off two medians ("bf16 slower")
-was then often noise or a share of new lengths. The rule, in one place (``compare``):
-
-* each run's time is its steady time per sample (``iteration_times.length_split``: micro-batches of lengths the
-  run had already seen); where either side has none, both sides use all their timed micro-batches, and say so;
-* an experiment's time is the median over its runs on that device of each run's median (a length-grouped run:
-  mean) micro-batch, per sample;
-* the spread is a two-level bootstrap: resample the runs, then each run's micro-batches; the 95 % interval of
-  the ratio of the two times. "faster" or "slower" only when the whole interval is on one side of x1; else
-  "within noise (±N %)", N half the interval's width; a side of fewer than 3 micro-batches is "too few to tell".
-
-The notebooks' speed sentences (``tables.speed_words``), the answer key and ``compare --pairs`` all call
-``compare``, so the three cannot disagree.
+"""Speed verdicts beyond the noise, by the one rule (``compare``) that the notebooks' sentences, the answer key and
+``compare --pairs`` all call. A quick run times a handful of micro-batches, first-seen lengths cost 2-3x a repeated
+one on a GPU, and two runs of one experiment on the H200 differed by a quarter: a verdict read off two medians is
+often noise. So each side's time is its steady time per sample, the spread a two-level bootstrap (runs, then
+micro-batches), and "faster" or "slower" needs the whole 95 % interval of the ratio on one side of x1.
 """
 
 from __future__ import annotations
@@ -54,12 +43,10 @@ LESSON_PAIRS: tuple[tuple[str, str, str], ...] = (
     ("fsdp-course", "fsdp", "the course's FSDP (one unit) against per block"),
     ("ddp-course", "ddp", "the course's DDP (no bucket views) against the lab's"),
 )
-"""(experiment, against, what differs): the speed comparisons the notebooks teach, in their order. Every
-``pair:`` of configs/experiments is one of them (tests/test_speed_pairs.py)."""
+"""In the notebooks' order; every ``pair:`` of configs/experiments is one of them (tests/test_speed_pairs.py)."""
 
 STEP_OVERRIDES = ("optimizer.foreach", "optimizer.fused")
-"""Overrides that run an experiment with another optimizer step (01's lever, ``arithmetic.step_lever``): such a
-run is a variant of its experiment, never the experiment as the other questions mean it."""
+"""01's lever: such a run is a variant of its experiment, never the experiment the other questions mean."""
 
 
 def step_variant(record: Mapping[str, Any]) -> bool:
@@ -144,13 +131,11 @@ class Verdict:
 
     @property
     def timed_counts(self) -> tuple[int, int]:
-        """Micro-batches each side's figure is of, over all its runs."""
         return (sum(len(r.per_sample_s) for r in self.exp_runs), sum(len(r.per_sample_s) for r in self.against_runs))
 
     @property
     def verdict(self) -> str:
-        """faster | slower | within noise | too few to tell (a side with fewer than MIN_STEADY_ITERATIONS
-        micro-batches: a bootstrap of one or two values has no width to judge by): the rule."""
+        """A bootstrap of one or two values has no width to judge by: too few to tell."""
         if self.unlike:
             return "not like for like"
         if min(self.timed_counts) < MIN_STEADY_ITERATIONS:
@@ -163,11 +148,9 @@ class Verdict:
 
     @property
     def label(self) -> str:
-        """The verdict as a table cell: 'within noise' with its ±N %, else the verdict itself."""
         return f"within noise (±{self.noise_pct:.0f} %)" if self.verdict == "within noise" else self.verdict
 
     def words(self) -> str:
-        """One line: both times, what they are of, the change with its interval, the verdict."""
         kind = "steady" if self.steady else "all timed micro-batches (first-seen lengths included)"
         runs = f"{len(self.exp_runs)} and {len(self.against_runs)} runs" if max(
             len(self.exp_runs), len(self.against_runs)) > 1 else "one run each"  # fmt: skip
@@ -184,7 +167,6 @@ class Verdict:
         )
 
     def first_seen_words(self) -> str:
-        """What first-seen lengths cost each side's latest run (or why it cannot say)."""
         parts = []
         for name, runs in ((self.exp, self.exp_runs), (self.against, self.against_runs)):
             latest = runs[-1]
@@ -219,8 +201,7 @@ def world(record: Mapping[str, Any]) -> int:
 
 
 def finished_runs(records: Iterable[Mapping[str, Any]], exp: str) -> list[Mapping[str, Any]]:
-    """``exp``'s finished rank-0 runs, in the order stored (a table's NaN rank is a single process's None); a run
-    with another optimizer step (01's lever) is a variant, not the experiment."""
+    """A table's NaN rank is a single process's None."""
     return [
         r for r in records
         if r.get("experiment") == exp and r.get("status") == "ok" and finite_number(r.get("rank")) in (None, 0)
@@ -229,8 +210,7 @@ def finished_runs(records: Iterable[Mapping[str, Any]], exp: str) -> list[Mappin
 
 
 def compare(records: Iterable[Mapping[str, Any]], exp: str, against: str, *, ranks: int | None = None) -> Verdict | str:
-    """``exp`` against ``against`` by the rule (module docstring), on the device of ``exp``'s latest run and at its
-    ranks (or ``ranks``); a string saying why not where the records cannot compare them."""
+    """On the device of ``exp``'s latest run, at its ranks; a string saying why not where records cannot compare."""
     records = list(records)
     mine = [r for r in finished_runs(records, exp) if ranks is None or world(r) == ranks]
     if not mine:
@@ -275,8 +255,6 @@ def _unlike(mine: Sequence[Mapping[str, Any]], theirs: Sequence[Mapping[str, Any
 def pairs_rows(
     records: Iterable[Mapping[str, Any]], pairs: Sequence[tuple[str, str, str]] = LESSON_PAIRS
 ) -> list[dict]:
-    """One row per lesson pair (per rank count, for simulated ranks) both of whose experiments ran: what
-    ``compare --pairs`` prints."""
     records = list(records)
     rows = []
     for exp, against, what in pairs:
@@ -328,7 +306,6 @@ PAIR_COLUMNS = (
 
 
 def pairs_text(records: Iterable[Mapping[str, Any]], *, markdown: bool = False) -> str:
-    """``compare --pairs``: every lesson pair the records hold, one row each, then what the columns are."""
     rows = pairs_rows(records)
     if not rows:
         return "no lesson pair has finished runs of both its experiments here"

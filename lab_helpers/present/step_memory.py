@@ -1,11 +1,6 @@
-"""Draw one training step's memory over time: the planner's timeline by part, and the same step measured beside it.
-
-Why: the planner's breakdown is one moment; this shows the moments around it -- activations piling up through
-each forward, draining through backward while gradients appear, AdamW's states arriving at the first step --
-with the peak marked and labelled by what is alive there. The right panel is the same step run for real in its
-own process (``step_memory_measure``): on CUDA the allocator's history (``torch.cuda.memory._record_memory_history``),
-on a CPU the live tensor bytes after every op, the quantity the lab records there as ``peak_tensor_gib``.
-The data come from ``planner.step_timeline`` and ``step_memory_measure``; this module only draws.
+"""One training step's memory over time, the planner's timeline by part beside the same step measured: the planner's
+breakdown is one moment, and this shows the moments around it (activations piling up and draining, AdamW's states
+arriving). This module only draws.
 """
 
 from __future__ import annotations
@@ -38,9 +33,7 @@ def planned(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = 
 
 
 def measured(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None):
-    """The same step run for real; ``(timeline, None)`` or ``(None, why not)``. With CUDA in its own process (the
-    notebook's kernel must not keep a CUDA context and cached blocks beside the training runs that follow); on a
-    CPU here, where nothing stays behind."""
+    """With CUDA in its own process: the kernel must not keep a CUDA context beside the training runs that follow."""
     import torch
 
     from lab_helpers.training.step_memory_measure import MeasuredTimeline, measure_step, spec_for_experiment
@@ -73,8 +66,7 @@ def _peak_label(parts: Mapping[str, int]) -> str:
 
 
 def plot_step(exp_id: str, *, profile: str, overrides: Mapping[str, Any] | None = None):
-    """Left: the planner's traced step, stacked by part, peak marked and labelled; right: the same step measured
-    here (or why not). Returns the figure (a LabFigure: a PNG in any notebook) and prints what each panel shows."""
+    """Returns a LabFigure: a PNG in any notebook."""
     from lab_helpers.present.figure_display import breakdown_colors, new_figure
 
     plan = planned(exp_id, profile=profile, overrides=overrides)

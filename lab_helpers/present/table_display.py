@@ -1,10 +1,5 @@
-"""The comparison table as a person reads it: no all-empty columns, one line of ``reason``, numbers for people.
-
-Why its own module: the table (lab_helpers.present.tables.comparison_table) keeps every column and full values for code,
-the CSV and the records' readers; only what is *shown* changes. On a CPU, a table of 20-odd columns, a third of
-them NaN (no GPU memory, no MFU), with whole CUDA OOM messages in ``reason`` and ``1.9e+03`` for a throughput, was
-about 250 characters wide. ``readable_table`` gives the shown view; ``ComparisonTable`` is a DataFrame that shows
-itself that way in a notebook and in ``print``, while its data (``table["mfu"]``, ``to_csv``) stay complete.
+"""The comparison table as a person reads it, while its data (``table["mfu"]``, ``to_csv``) stay complete. Raw, a CPU's
+table is ~250 characters wide: a third of its columns NaN, whole OOM messages in ``reason``.
 """
 
 from __future__ import annotations
@@ -27,9 +22,7 @@ TERMINAL_COLUMNS = (
     "prediction_error_pct", "ms_per_sample", "steady_ms_per_sample", "first_seen_count", "tokens_per_s_padded",
     "gpu_busy_pct", "bound", "mfu", "padding_pct", "train_s",
 )  # fmt: skip
-"""What a person compares in a terminal, in the order they are kept while the width allows: memory measured and
-predicted first, then speed; the reason of a run that did not finish fills what is left. ``--wide`` shows all.
-``cost_usd`` is there only where ``compare --usd-per-gpu-hour`` asked for it, and then kept after the status."""
+"""In the order they are kept while the width allows; the reason fills what is left. ``--wide`` shows all."""
 MIN_REASON_CHARS = 20
 TERMINAL_HEADERS = {
     "peak_alloc_gib": "peak GiB", "peak_tensor_gib": "tensors GiB", "predicted_peak_alloc_gib": "predicted GiB",
@@ -38,13 +31,10 @@ TERMINAL_HEADERS = {
     "gpu_busy_pct": "GPU busy %", "padding_pct": "padding %", "train_s": "train s", "mfu": "MFU",
     "cost_usd": "cost USD",
 }  # fmt: skip
-"""Short headers for the terminal (the columns' names say the units; the CSV keeps the names)."""
 SIMULATED_LABEL = re.compile(r" \(simulated rank 0 of (\d+), no communication\)")
 
 
 def readable_table(table: pd.DataFrame) -> pd.DataFrame:
-    """A copy of ``table`` for reading: columns that are empty in every row dropped, ``reason`` shortened to its
-    first line, each number formatted by what it measures (its column's unit suffix) and missing values blank."""
     shown = pd.DataFrame(table).copy()
     empty = [column for column in shown.columns if shown[column].map(_is_missing).all()]
     shown = shown.drop(columns=empty)
@@ -59,23 +49,19 @@ def readable_table(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def printable(text: str) -> str:
-    """``text`` with every character that is not printable written as its escape (``\\x1b``, ``\\u202e``): a
-    record's field holding a terminal's escape code, a bell or a direction override is shown, never obeyed."""
+    """A record's field holding an escape code, a bell or a direction override is shown, never obeyed."""
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _columns(line: str) -> int:
-    """The columns a line takes by any count: its UTF-8 bytes, never fewer than its characters or the cells a
-    terminal draws (a tool that counts bytes -- awk, ``cut -c`` -- saw a 120-character line with a "…" as 122)."""
+    """UTF-8 bytes: a tool that counts bytes (awk, ``cut -c``) saw a 120-character line with a "…" as 122."""
     return len(line.encode("utf-8"))
 
 
 def terminal_table(table: pd.DataFrame, *, width: int | None = None, wide: bool = False) -> str:
-    """The table for a terminal: the ``TERMINAL_COLUMNS`` that fit in ``width`` columns (counted as ``_columns``:
-    the terminal's width where stdout is one, else ``TERMINAL_WIDTH``), then the reason cut to what is left, and a
-    line naming how many columns were left out. ``wide``: every column (the CSV always has them all)."""
+    """``wide``: every column (the CSV always has them all)."""
     shown = readable_table(table)
     if wide or not len(shown):
         return shown.to_string(index=False)
@@ -109,7 +95,7 @@ def terminal_table(table: pd.DataFrame, *, width: int | None = None, wide: bool 
 
 
 def first_line(text: Any, limit: int = REASON_CHARS) -> str:
-    """The first non-empty line of a reason (a CUDA OOM message is a paragraph), at most ``limit`` characters."""
+    """A CUDA OOM message is a paragraph."""
     if _is_missing(text):
         return ""
     line = printable(next((part.strip() for part in str(text).splitlines() if part.strip()), ""))
@@ -117,9 +103,7 @@ def first_line(text: Any, limit: int = REASON_CHARS) -> str:
 
 
 def format_number(column: str, value: Any) -> str:
-    """One number as a person reads it, chosen by the column's name: GiB with the digits its size needs (CPU
-    stand-ins are tens of MiB), throughput with thousands separators, MFU as a percentage, FLOPs with an SI
-    prefix, counts as integers; blank when missing."""
+    """By the column's name: GiB with the digits its size needs, as CPU stand-ins are tens of MiB."""
     if _is_missing(value):
         return ""
     if isinstance(value, str):
@@ -158,8 +142,7 @@ def _is_missing(value: Any) -> bool:
 
 
 class ComparisonTable(pd.DataFrame):
-    """The comparison table: every column and full value as data, shown as ``readable_table`` (notebook HTML, repr,
-    ``print``). Anything computed from it (a filter, a column, ``to_csv``) works on the complete data."""
+    """Shown as ``readable_table``; anything computed from it works on the complete data."""
 
     @property
     def _constructor(self):

@@ -1,10 +1,5 @@
-"""The comparison table the notebooks show after a section: measured beside predicted, per experiment, and the
-reference results shipped with the lab.
-
-Why its own module: it only presents data, so it reads records (lab_helpers.record.records) and never runs anything;
-a student without a GPU can point it at the reference results shipped with the lab and see the same table a GPU
-node would give. Missing values stay NaN (an OOM'd run has no training time; it did not take 0 s), and runs that
-did not finish keep their status. The plots of the same table are ``figures``.
+"""The comparison table, measured beside predicted, from records alone: a student without a GPU sees the same table
+from the shipped references. Missing values stay NaN: an OOM'd run has no training time, it did not take 0 s.
 """
 
 from __future__ import annotations
@@ -109,24 +104,10 @@ def comparison_table(
     profile: str | None = None,
     usd_per_gpu_hour: float | None = None,
 ) -> pd.DataFrame:
-    """One row per experiment: status, measured and predicted peak memory, prediction error, time, throughput.
-
-    Distributed runs have one record per rank: memory is the maximum over ranks (the rank that runs out first
-    decides whether it fits), time, throughput and MFU come from rank 0. ``prediction_error_pct`` is
-    (measured - predicted) / predicted x 100 on ``peak_alloc_gib`` -- on a CPU on ``peak_tensor_gib``, the live
-    tensor bytes the planner predicts there: positive means the planner under-predicted. ``one_off_pct`` is the
-    share of ``train_s`` that one-off iterations took beyond a typical one (``one_offs``). The steady time figures
-    (``iter_median_s`` with ``iter_iqr_s`` and ``iter_count``, both tokens/s, ``mfu``) come from the median timed
-    iteration (``iteration_times.steady_timing``): MFU = tokens_per_s_padded x flops_per_token / gpu_peak_flops,
-    by hand from this table. ``steady_ms_per_sample`` is the median micro-batch of a sequence length the run had
-    already seen, per sample, apart from the ``first_seen_count`` micro-batches of a new length (which took
-    ``first_seen_pct`` of the timed time beyond a steady one); ``steady_basis`` says what it is of, or why a run has
-    none (``iteration_times.length_split``). ``gpu_busy_pct``, ``host_core_pct`` and ``bound`` say where the time went
-    (``time_bound``; None on a CPU). Missing values are NaN, never 0. With ``usd_per_gpu_hour`` (the user's price;
-    the lab has none), ``cost_usd`` after ``status``: rank 0's ``wall_s`` (launch to exit) x the GPUs the run held
-    (its ranks: ``world_size``, 1 for a simulated rank; on the ci profile the CPU stands in) x the price
-    (``cost.cost_usd``); a run without a ``wall_s`` has none.
-    """
+    """Memory is the maximum over ranks (the rank that runs out first decides), time rank 0's.
+    ``prediction_error_pct`` is (measured - predicted) / predicted on ``peak_alloc_gib`` (on a CPU ``peak_tensor_gib``,
+    what the planner predicts there): positive means under-predicted. ``cost_usd`` needs the user's
+    ``usd_per_gpu_hour``: the lab has no price."""
     latest = latest_runs(df, profile=profile, order=order)
     if latest.empty:
         return ComparisonTable({column: pd.Series(dtype=_dtype(column)) for column in TABLE_COLUMNS})
@@ -179,8 +160,7 @@ def comparison_table(
 
 
 def steady_notes(table: pd.DataFrame) -> str:
-    """One line naming the rows whose steady time is blank and why (``steady_basis``): the terminal table cuts
-    that column, and a blank cell must not read as "not measured" (issue 51: never a silent fallback)."""
+    """The terminal table cuts the steady column, and a blank cell must not read as "not measured"."""
     if "steady_basis" not in table or not len(table):
         return ""
     blank = table[table["steady_ms_per_sample"].isna() & table["steady_basis"].notna()]
@@ -202,9 +182,7 @@ def gpu_label(device_name: Any) -> str | None:
 
 
 def _gpu_column(table: pd.DataFrame) -> list[str]:
-    """``["gpu"]`` where the rows come from more than one GPU, with one warning: a results folder kept across
-    leases on different nodes (a home directory) would otherwise put an H100's row beside an A100's unmarked, and
-    each row is the latest run of its experiment, whichever GPU ran it. ``[]`` for one GPU (or none)."""
+    """A results folder kept across leases on different nodes would put an H100's row beside an A100's unmarked."""
     gpus = table["gpu"].dropna().value_counts()
     if len(gpus) < 2:
         return []
@@ -237,9 +215,7 @@ MARKDOWN_COLUMNS = {
 
 
 def markdown_table(table: pd.DataFrame) -> str:
-    """The comparison table's headline columns as a Markdown table (for reference_results/README.md): printed
-    from the records by ``python -m lab_helpers compare --reference NAME --markdown``, never typed. The measured
-    peak is the quantity measured on that device (``measured_memory``: live tensor bytes on a CPU), named so."""
+    """For reference_results/README.md: printed from the records (``compare --reference NAME --markdown``), never typed."""
     measured, label = measured_memory(table) if len(table) else ("peak_alloc_gib", "")
     columns = dict(MARKDOWN_COLUMNS)
     if "gpu" in table.columns:  # rows of more than one GPU (_gpu_column)
@@ -283,15 +259,13 @@ def markdown_table(table: pd.DataFrame) -> str:
 
 
 def _samples(record: Mapping[str, Any]) -> float | None:
-    """Training samples one rank saw: micro-batches (``iterations``) x the recipe's micro batch size."""
     iterations = _number(record.get("iterations"))
     micro = _number(as_mapping(as_mapping(record.get("config")).get("train")).get("micro_batch_size"))
     return iterations * micro if iterations and micro else None
 
 
 def _per_sample_ms(train_s: float | None, samples: float | None) -> float | None:
-    """Milliseconds of training loop per sample (rank 0): the fair time comparison between runs that see
-    different numbers of samples (grad-accum sees 4x small-batch's samples in the same number of steps)."""
+    """The fair comparison between runs that see different numbers of samples (grad-accum sees 4x small-batch's)."""
     return 1000 * train_s / samples if train_s is not None and samples else None
 
 
@@ -307,15 +281,12 @@ def as_mapping(value: Any) -> Mapping[str, Any]:
 
 
 def _one_off_pct(record: Mapping[str, Any], train_s: float | None) -> float | None:
-    """100 x the one-offs' excess seconds / ``train_s``: 0 for a steady run, None when it cannot be told."""
     excess_s = one_off_excess_s(record)
     return None if excess_s is None or not train_s else 100 * excess_s / train_s
 
 
 def one_offs(df: pd.DataFrame, *, order: Sequence[str] | None = None, profile: str | None = None) -> pd.DataFrame:
-    """One row per one-off iteration of each experiment's latest run (rank 0, whose time the table shows): its
-    iteration, seconds, the run's median iteration, how many medians it took, and its excess as a share of
-    ``train_s`` -- the raw samples behind the table's ``one_off_pct``."""
+    """The raw samples behind the table's ``one_off_pct``, of rank 0, whose time the table shows."""
     columns = ("experiment", "iter", "iter_time_s", "median_s", "x_median", "pct_of_train_s")
     latest = latest_runs(df, profile=profile, order=order)
     rows = []
@@ -343,13 +314,11 @@ CODE_PATH_ONLY = "code path only (ci profile on a CPU: tiny stand-ins, not GPU f
 
 
 def shipped_references() -> list[str]:
-    """The names of the reference files shipped in reference_results/ (``h100-80gb``, ``ci-cpu``), sorted."""
     folder = reference_dir()
     return sorted(p.stem for p in folder.glob("*.jsonl")) if folder.is_dir() else []
 
 
 def reference_stem(name: str) -> str:
-    """A reference file's name as the user may give it ("h100-80gb", "h100-80gb.jsonl", a path) -> "h100-80gb"."""
     return Path(name).name.removesuffix(".jsonl")
 
 
@@ -358,15 +327,8 @@ DEFAULT_GPU_REFERENCE = "h100-80gb"
 
 
 def load_reference(name: str | None = None) -> pd.DataFrame:
-    """Results recorded on a real GPU node, for students without one; ``name`` picks one file (e.g. "h100-80gb").
-
-    With no ``name``: one file measured on a GPU (profile ``gpu``) when any is shipped (``DEFAULT_GPU_REFERENCE``
-    where several are, with a warning naming the others), else every file (the CPU code-path run), so that GPU
-    figures and CPU stand-ins, or two GPUs, never share one table. Each row is tagged with its
-    file (``reference``) and with ``measured_on``: "real GPU measurement (<GPU>)" or "code path only (...)";
-    ``reference_label`` says it in one line. Returns an empty frame, with a warning that says why, when nothing is
-    shipped (yet).
-    """
+    """With no ``name``, one GPU's file where any is shipped, else every file: GPU figures and CPU stand-ins, or two
+    GPUs, never share one table."""
     folder = reference_dir()
     shipped = shipped_references()
     if name is not None:
@@ -410,8 +372,7 @@ def load_reference(name: str | None = None) -> pd.DataFrame:
 
 
 def _no_reference() -> pd.DataFrame:
-    """An empty frame that is still the reference's (a ``reference`` column), so that 03's figures of it go to a
-    reference folder (``figures.figures_dir``) and a REFERENCE_NAME typo never overwrites your own figures."""
+    """Still the reference's (a ``reference`` column), so a REFERENCE_NAME typo never overwrites your own figures."""
     return empty_runs_frame().drop(columns="rank_n").assign(reference=pd.Series(dtype=object))
 
 
@@ -432,14 +393,12 @@ def _measured_on(frame: pd.DataFrame) -> list[str]:
 
 
 def _first_gpu(environment: Any) -> str | None:
-    """The node's first GPU, for a record without a ``device_name`` (a skipped run measured nothing)."""
+    """For a record without a ``device_name``: a skipped run measured nothing."""
     names = environment.get("gpu_names") if isinstance(environment, Mapping) else None
     return names[0] if isinstance(names, list) and names and isinstance(names[0], str) else None
 
 
 def reference_label(frame: pd.DataFrame) -> str:
-    """One line saying what the reference rows are: which GPU measured them, or that they only show the code path,
-    and which experiments' time columns a one-off iteration inflates (``one_offs``)."""
     if frame.empty or "measured_on" not in frame:
         return "no reference results"
     parts = []
@@ -460,8 +419,7 @@ def _gpu_measured(table: pd.DataFrame) -> bool:
 
 
 def measured_memory(table: pd.DataFrame) -> tuple[str, str]:
-    """(column, label) of the measured peak the plots compare with the prediction: CUDA's allocated peak on a
-    GPU, the live tensor bytes on a CPU (the same quantity the planner predicts there), host RSS for old records."""
+    """Live tensor bytes on a CPU, the quantity the planner predicts there; host RSS for old records."""
     if _gpu_measured(table):
         return "peak_alloc_gib", "measured peak allocated (max over ranks)"
     if len(table) and table["peak_tensor_gib"].notna().any():
@@ -472,7 +430,6 @@ def measured_memory(table: pd.DataFrame) -> tuple[str, str]:
 def rank0_records(
     df: pd.DataFrame, *, order: Sequence[str] | None, profile: str | None
 ) -> dict[str, dict[str, Any]]:
-    """Each experiment's latest rank-0 record, by experiment, in the table's order."""
     latest = latest_runs(df, profile=profile, order=order)
     if latest.empty:
         return {}
@@ -484,8 +441,6 @@ def rank0_records(
 
 
 def reference_for(node: Mapping[str, Any] | None) -> str:
-    """The shipped reference that matches ``node``: its GPU's own file where one is shipped (``h100-80gb``,
-    ``h200-141gb``), else ``ci-cpu`` (a CPU, or a GPU no reference measured)."""
     from lab_helpers.hardware.gpu_peaks import reference_name_for_gpu
 
     gpus = (node or {}).get("gpus") or []
@@ -494,13 +449,11 @@ def reference_for(node: Mapping[str, Any] | None) -> str:
 
 
 def shipped_frames() -> list[tuple[str, pd.DataFrame]]:
-    """Every shipped reference file as (name, its records), untagged: what the sentences below compute from."""
     return [(name, load_results(reference_dir() / f"{name}.jsonl")) for name in shipped_references()]
 
 
 def mfu_words() -> str:
-    """MFU against what to expect, from the data: the time model's assumption (``planner.timing.DEFAULT_MFU``)
-    and the range every shipped GPU reference measured, per file (issue 43: no typed "good" MFU)."""
+    """What to expect of MFU from the data, never a typed "good" figure."""
     from lab_helpers.planning.planner.calibration import DEFAULT_MFU
 
     assumed = ", ".join(f"{method} {mfu:.2f}" for method, mfu in DEFAULT_MFU.items())
@@ -523,11 +476,8 @@ def mfu_words() -> str:
 
 
 def speed_words(exp_id: str, pair: str, df: pd.DataFrame | None = None, *, cpu: bool = False) -> str:
-    """``exp_id`` against ``pair`` by the lab's one speed rule (``speed_pairs.compare``: steady time per sample, a
-    verdict only beyond the 95 % interval), from every shipped GPU reference that ran both (and ``df``, the node's
-    own results, where both ran on a GPU; with ``cpu`` its CPU runs too, as the code path's own: a lever's mechanism
-    shows there), with what first-seen lengths cost each and how busy each GPU was. Issue 43: a speed sentence is
-    computed from the records, never typed; issue 51: never a verdict inside the noise."""
+    """Computed from the records by the one speed rule (``speed_pairs.compare``), never typed, and never a verdict
+    inside the noise. ``cpu``: the node's CPU runs too, where a lever's mechanism shows."""
     from lab_helpers.present.speed_pairs import compare, finished_runs
 
     frames = shipped_frames()
@@ -555,10 +505,7 @@ def speed_words(exp_id: str, pair: str, df: pd.DataFrame | None = None, *, cpu: 
 
 
 def lever_plan_words(exp_id: str, pair: str, *, profile: str) -> str:
-    """What the time model predicts for a lever and its pair before either runs (``plan EXPERIMENT --time``:
-    ``plan_command.experiment_time``), one line each: kernels launched, host and device time per micro-batch, the
-    bound, the first-seen lengths and the pass's padding, then where each part comes from. On the ci profile the
-    gpu profile's prediction follows (timed on the GPU the shipped profiles ran on): what a GPU would change."""
+    """Before either runs. On the ci profile the gpu profile's prediction follows: what a GPU would change."""
     from lab_helpers.present.plan_command import experiment_time
 
     lines = []
@@ -586,11 +533,7 @@ def lever_plan_words(exp_id: str, pair: str, *, profile: str) -> str:
 
 
 def regime_words(df: pd.DataFrame | None = None, node: Mapping[str, Any] | None = None) -> str:
-    """Where each finished run sits, from the device's side: ``overhead`` where the GPU waited on the host
-    (``bound: host``), ``device`` where it was busy (``gpu``), ``both`` between (the bound rule,
-    ``time_bound.classify``), with its busy share and MFU; this node's runs first, then the shipped reference of
-    this node's GPU, else the shipped GPU reference with the most runs whose device figures say a bound (a CPU
-    has none)."""
+    """This node's runs first, then its GPU's shipped reference, else the one with the most runs that say a bound."""
     from lab_helpers.config.paths import reference_dir
 
     name = reference_for(node)
@@ -627,15 +570,12 @@ REGIME_WORDS = {
     "both": "overhead and device",
     "communication": "communication-bound",
 }
-"""The lab's words for a ``bound`` label (``time_bound.classify``): the regimes 01's levers section names."""
 
 MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"})
-"""Matrix multiplies: with attention (an op with ``attention`` in its name), the ops whose time is arithmetic; the
-other ops (elementwise, copies, concatenations) mostly move memory."""
+"""With attention, the ops whose time is arithmetic; the rest (elementwise, copies) mostly move memory."""
 
 
 def profiled_run(records: Sequence[Mapping[str, Any]], experiment: str | None = None) -> dict[str, Any] | None:
-    """The latest finished rank-0 record with a ``--profile-steps`` summary, of ``experiment`` where one has it."""
     profiled = sorted(
         (r for r in records if _number(r.get("rank")) in (None, 0) and r.get("status") == "ok"
          and isinstance(r.get("torch_profile_summary"), Mapping)),
@@ -645,8 +585,7 @@ def profiled_run(records: Sequence[Mapping[str, Any]], experiment: str | None = 
 
 
 def reference_profile(experiment: str, node: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any] | None]:
-    """(reference name, its profiled run): this node's GPU's shipped reference first (``reference_for``), else the
-    first shipped file that holds a profile; ("no shipped reference", None) where none does."""
+    """This node's GPU's reference first, else the first shipped file that holds a profile."""
     first = reference_for(node)
     for name, frame in sorted(shipped_frames(), key=lambda nf: nf[0] != first):
         if (record := profiled_run(frame.to_dict("records"), experiment)) is not None:
@@ -655,9 +594,7 @@ def reference_profile(experiment: str, node: Mapping[str, Any] | None = None) ->
 
 
 def _top_ops(summary: Mapping[str, Any]) -> tuple[bool, list[tuple[str, str, float, float]]]:
-    """(on a device, [(name, kind, calls per step, self ms per step)]): device time on a GPU, CPU time on a CPU.
-    ``kind``: an aten ``op``; a device ``kernel`` (torch lists it on its own and inside the op that launched it);
-    a ``range`` the code marked (the optimizer step, the data loader), which holds ops listed too."""
+    """Torch lists a ``kernel`` on its own and inside the op that launched it, and a ``range`` holds ops listed too."""
     device = summary.get("top_ops_by") == "device time"
     rows = []
     for op in summary.get("top_ops") or []:
@@ -669,7 +606,7 @@ def _top_ops(summary: Mapping[str, Any]) -> tuple[bool, list[tuple[str, str, flo
 
 
 def _matmul_pct(rows: Sequence[tuple[str, str, float, float]]) -> float | None:
-    """Matrix multiplies' and attention's share of the top aten ops' time (kernels and ranges would count twice)."""
+    """Of the aten ops only: kernels and ranges would count twice."""
     ops = [(name, ms) for name, kind, _, ms in rows if kind == "op"]
     total = sum(ms for _, ms in ops)
     matmul = sum(ms for name, ms in ops if name in MATMUL_OPS or "attention" in name)
@@ -677,8 +614,6 @@ def _matmul_pct(rows: Sequence[tuple[str, str, float, float]]) -> float | None:
 
 
 def profile_table(record: Mapping[str, Any] | None) -> pd.DataFrame:
-    """A profiled run's top ops per optimizer step (``step_profile.top_ops_from``): self device time on a GPU, self
-    CPU time on a CPU; ``kind`` as ``_top_ops`` says. Empty without a profile."""
     summary = as_mapping(as_mapping(record).get("torch_profile_summary"))
     device, rows = _top_ops(summary)
     column = "self_device_ms_per_step" if device else "self_cpu_ms_per_step"
@@ -687,9 +622,7 @@ def profile_table(record: Mapping[str, Any] | None) -> pd.DataFrame:
 
 
 def profile_words(record: Mapping[str, Any] | None, where: str = "this node") -> str:
-    """A profiled run's figures per optimizer step: wall time, the device's busy time and idle share, kernels and
-    their mean length (a GPU), else that a CPU has no device; and the matrix multiplies' share of the top ops. The
-    figures 03's regime question reads; the verdict is ``profile_regime``'s."""
+    """The figures 03's regime question reads; the verdict is ``profile_regime``'s."""
     summary = as_mapping(as_mapping(record).get("torch_profile_summary"))
     if not summary:
         why = f": {record.get('status')}, {record.get('reason') or 'no trace'}" if record else ""
@@ -715,9 +648,8 @@ def profile_words(record: Mapping[str, Any] | None, where: str = "this node") ->
 
 
 def profile_regime(record: Mapping[str, Any]) -> tuple[str | None, str]:
-    """(bound, words): the regime a profiled run's own figures put it in, by the lab's bound rule on its device-idle
-    share (``time_bound.classify``) and, where the device worked, what it worked on: matrix multiplies and attention
-    (compute) or the rest (bandwidth). None on a CPU, with why."""
+    """By the lab's bound rule on the device-idle share and, where the device worked, on what: matrix multiplies
+    and attention (compute) or the rest (bandwidth)."""
     from lab_helpers.record.time_bound import BAND_WORDS, classify
 
     summary = as_mapping(record.get("torch_profile_summary"))
@@ -739,8 +671,7 @@ def profile_regime(record: Mapping[str, Any]) -> tuple[str | None, str]:
 
 
 def pairs_words(df: pd.DataFrame | None = None, node: Mapping[str, Any] | None = None) -> str:
-    """Every lesson pair by the one speed rule (``speed_pairs.pairs_text``): this node's own runs (``df``), then
-    the shipped reference of this node's GPU (``reference_for``: the same table a GPU node would give)."""
+    """This node's own runs, then its GPU's shipped reference: the same table a GPU node would give."""
     from lab_helpers.config.paths import reference_dir
     from lab_helpers.present.speed_pairs import pairs_text
 
@@ -754,10 +685,7 @@ def pairs_words(df: pd.DataFrame | None = None, node: Mapping[str, Any] | None =
 
 
 def first_seen_words(exp_id: str, df: pd.DataFrame | None = None) -> str:
-    """What first-seen sequence lengths cost ``exp_id``'s latest run, here (``df``) and in every shipped reference:
-    its timed micro-batches split into lengths seen before (the steady time, with its noise) and first-seen ones
-    (what each cost over a steady one, and their share of the timed micro-batches' time), beside the median of
-    all of them that ``iter_median_s`` shows (``iteration_times.length_split``)."""
+    """Here and in every shipped reference, beside the median of all that ``iter_median_s`` shows."""
     frames = shipped_frames()
     if df is not None:
         frames.insert(0, ("this node", df))
@@ -792,9 +720,7 @@ def first_seen_words(exp_id: str, df: pd.DataFrame | None = None) -> str:
 
 
 def steps_and_samples(df: pd.DataFrame, experiments: Sequence[str], *, profile: str | None = None) -> pd.DataFrame:
-    """Per experiment, from its latest rank-0 record: micro-batches timed, the optimizer steps they make
-    (micro-batches / accumulation) and the samples seen -- what ``train_s`` alone hides when runs differ in them.
-    A name that is no experiment of the lab is a LabConfigError (a typo gave an empty table without a word)."""
+    """What ``train_s`` alone hides when runs differ in steps or samples; a typo is an error, not an empty table."""
     from lab_helpers.config.config_error import LabConfigError, did_you_mean
     from lab_helpers.config.experiments import load_experiments
 

@@ -1,20 +1,6 @@
-"""The "what if" explorer of notebook 04: change the model, method, precision, batch, sequence, GPUs, strategy,
-optimizer, FSDP sharding, DeepSpeed stage, offload or activation checkpointing and see the planner's predicted memory against this GPU, the largest micro
-batch that fits and the predicted step time.
-
-Why a module: the notebook's cells stay two lines long, and ``explore`` -- the widgets' callback -- is a plain
-function that nbval (and the tests) run without a browser. Each answer asks the planner a handful of questions
-(one prediction, a short search for the largest micro batch, the time model), a few seconds on a CPU.
-
-Choices come from the lab's own recipes (``configs/<profile>/<model>/<method>.yaml``): on the ``ci`` profile the
-tiny CPU stand-ins, predicted as the live tensor bytes of a CPU step, against a pretend device memory (a CPU
-has no GPU memory to run out of); on ``gpu`` the real models, against this node's GPU (80 GiB where there is
-none).
-
-``host_or_device`` splits a GPU step into the host's time (kernel launches) and the device's, says which bounds it
-and asks the traced time model what would change that: a bigger micro batch, LoRA on fewer layers, another GPU on
-the same host (notebook 04's "Host or device?"). Beside each split, the GPU's busy share it implies and the label a
-run's measured ``bound`` would give it (``time_bound``: the device's side, with a middle band ``both``).
+"""The "what if" explorer of notebook 04: change a run and see the planner's memory against this GPU, the largest
+micro batch that fits and the step time. ``explore``, the widgets' callback, is a plain function, so nbval and the
+tests run it without a browser.
 """
 
 from __future__ import annotations
@@ -36,14 +22,11 @@ OPTIMIZERS: dict[str, str | None] = {
     "AdamW8bit": "bitsandbytes.optim.AdamW8bit",  # as adamw-8bit sets it
     "PagedAdamW8bit": "bitsandbytes.optim.PagedAdamW8bit",  # the same, its moments in CUDA managed memory
 }
-"""The explorer's optimizer choices, each with the recipe's ``optimizer`` value a run sets for it (the ``set`` of
-configs/experiments/single.yaml, applied by ``experiments.apply_overrides``). bitsandbytes' paged 8-bit AdamW is
-the paged AdamW the planner models for full fine-tuning and LoRA; QLoRA's recipes keep their own paged AdamW."""
+"""Each with the recipe's ``optimizer`` value a run sets for it; QLoRA's recipes keep their own paged AdamW."""
 FSDP_SHARDINGS = ("full", "grad-op")  # FULL_SHARD (ZeRO-3) | SHARD_GRAD_OP (ZeRO-2): an experiment's `sharding`
 DEEPSPEED_STAGES = (2, 3)  # ZeRO-2 (gradients and optimizer states sharded) | ZeRO-3 (parameters too)
 CI_PRETEND_GPU_GIB = 0.05
-"""On the ci profile: a pretend device memory for the tiny models (tens of MiB), so that a bigger batch can run
-out of it. Not a real GPU: a CPU has no device memory to exhaust."""
+"""For the tiny ci models (tens of MiB), a memory a bigger batch can run out of: a CPU has none to exhaust."""
 NO_GPU_GIB = 80.0  # gpu profile on a machine without a GPU: ask for an 80 GB card, as notebook 00 does
 NO_GPU_NAME = "NVIDIA H100 80GB HBM3"  # ... and predict its time for the lab's reference GPU (an H100 SXM)
 
@@ -79,7 +62,6 @@ class Answer:
 
 
 def models(profile: str) -> list[str]:
-    """The models this profile has recipes for, smallest first (the folders of configs/<profile>/)."""
     if not isinstance(profile, str) or not profile:  # None was a TypeError from the path join
         raise ValueError(f"unknown profile {profile!r}: ci or gpu")
     folder = configs_dir() / profile
@@ -127,7 +109,6 @@ def defaults(profile: str) -> dict[str, Any]:
 
 
 def default_gpu_memory_gib(profile: str) -> float:
-    """This node's GPU memory (GiB); without a GPU, a pretend size (ci) or 80 GiB (gpu)."""
     if profile == "ci":
         return CI_PRETEND_GPU_GIB
     from lab_helpers.hardware.node import this_gpu_memory_gib
@@ -136,9 +117,7 @@ def default_gpu_memory_gib(profile: str) -> float:
 
 
 def planner_strategy(values: dict[str, Any]) -> str:
-    """The planner's strategy name for the explorer's strategy and DeepSpeed stage ("deepspeed", 2 ->
-    "deepspeed-zero2"). CPU offload is modelled under DeepSpeed only, so offload ticked under another strategy
-    means DeepSpeed at the chosen stage (the answer says so). "deepspeed-zero2" / "deepspeed-zero3" are read too."""
+    """CPU offload is modelled under DeepSpeed only: offload ticked under another strategy means DeepSpeed."""
     strategy = str(values["strategy"])
     if strategy.startswith("deepspeed-zero"):
         return strategy
@@ -151,12 +130,7 @@ def planner_strategy(values: dict[str, Any]) -> str:
 
 
 def spec_for(values: dict[str, Any], profile: str):
-    """The planner's TrainingSpec for the explorer's values, read from the lab's recipe for that model/method.
-
-    The optimizer, FSDP sharding and offload reach the planner as a run sets them: the optimizer as the recipe's
-    ``optimizer`` (``apply_overrides``, what an experiment's ``set`` does), sharding and offload through the
-    launch options' defaults (``recipe_defaults.launch_options``) and the same translation as
-    ``predict.planner_inputs``: grad-op is ``fsdp_reshard_after_forward=False``."""
+    """The optimizer, sharding and offload reach the planner as a run sets them (``predict.planner_inputs``)."""
     from lab_helpers.config.experiments import apply_overrides, resolve_path
     from lab_helpers.config.recipe_defaults import launch_options
     from lab_helpers.planning.planner.spec import load_recipe, spec_from_recipe
@@ -197,9 +171,6 @@ def spec_for(values: dict[str, Any], profile: str):
 
 
 def explore(*, profile: str, draw: bool = True, **values: Any) -> Answer:
-    """Predict memory, the largest micro batch that fits and the step time for ``values`` (see ``defaults``).
-
-    The widgets' callback: a plain function, so nbval and the tests run it without a browser."""
     from lab_helpers.planning.planner import PlanError, fit, predict
     from lab_helpers.present.plan_command import predict_step_time
 
@@ -271,7 +242,6 @@ def draw_answer(answer: Answer, *, budget_gib: float | None = None):
 
 
 def _setup_line(values: dict[str, Any]) -> str:
-    """What was asked, in one line: model, method, precision, batch, optimizer and how the devices share."""
     strategy = planner_strategy(values)
     if strategy == "fsdp":
         strategy = f"fsdp ({values.get('sharding', 'full')} shard)"
@@ -284,7 +254,6 @@ def _setup_line(values: dict[str, Any]) -> str:
 
 
 def show(*, profile: str, **values: Any) -> Answer:
-    """``explore`` and print/display the answer (what a widget change calls)."""
     answer = explore(profile=profile, **values)
     print(answer.text())
     try:
@@ -305,9 +274,7 @@ PATH_NOTEBOOKS = ("01_single_gpu", "02_multi_gpu")
 
 @dataclass
 class PathCost:
-    """The predicted cost of one run's training steps (``plan --time --usd-per-gpu-hour``) and of every run the
-    notebooks make on this node, launch to record (``lease.notebook_minutes``: the seconds each notebook's top
-    prints), at the user's price, or in GPU-hours without one."""
+    """One run's training steps and every run the notebooks make here, at the user's price or in GPU-hours."""
 
     profile: str
     usd_per_gpu_hour: float | None
@@ -349,10 +316,7 @@ class PathCost:
 
 
 def path_cost(profile: str, usd_per_gpu_hour: float | None = None, node: Any = None) -> PathCost:
-    """The predicted cost of ``COST_EXPERIMENT``'s training steps and of every run 01 and 02 make on ``node``
-    (default: this one), at ``usd_per_gpu_hour`` (checked: ``cost.checked_price``), or in GPU-hours where it is
-    None. The path's seconds are the lease's (``lease.notebook_minutes``), so 04's cost and the notebooks' minutes
-    are one prediction."""
+    """The path's seconds are the lease's, so 04's cost and the notebooks' minutes are one prediction."""
     from lab_helpers.hardware.node import describe_node
     from lab_helpers.planning.cost import RunCost, checked_price
     from lab_helpers.present.lease import notebook_minutes
@@ -373,17 +337,14 @@ def path_cost(profile: str, usd_per_gpu_hour: float | None = None, node: Any = N
 # ------------------------------------------------------------------------------------------------ host or device
 
 COMPARED_GPUS = ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")
-"""The GPUs ``host_or_device`` may set beside this one (NVML names in the lab's peak and bandwidth tables): the one
-whose traced device time for the same step is shortest."""
+"""NVML names in the lab's peak and bandwidth tables."""
 LORA_TARGETS = ("lora_query", "lora_key", "lora_value", "lora_projection", "lora_mlp", "lora_head")
 FEWER_LORA_TARGETS = {"lora_key": False, "lora_projection": False, "lora_mlp": False, "lora_head": False}
 """LoRA on the query and value alone (litgpt's defaults), against a recipe that adapts more layers."""
 
 
 def predicted_busy_pct(plan: Any) -> float:
-    """The GPU's busy share a split implies: its device time over the longer of the two (the host runs ahead until
-    the queue is full, so a micro-batch takes the longer): what a run's ``gpu_busy_pct`` measures and ``bound``
-    reads."""
+    """The host runs ahead until the queue is full, so a micro-batch takes the longer of the two."""
     device, host = plan.device_ms_per_micro_batch, plan.host_ms_per_micro_batch
     return 100 * device / max(device, host) if max(device, host) > 0 else 0.0
 
@@ -418,7 +379,6 @@ class HostOrDevice:
     notes: list[str] = field(default_factory=list)
 
     def changed(self) -> list[Variant]:
-        """The variants whose bound differs from the run's."""
         return [v for v in self.variants if v.plan.time_bound != self.base.time_bound]
 
     def text(self) -> str:
@@ -440,15 +400,8 @@ class HostOrDevice:
 
 
 def host_or_device(profile: str, values: dict[str, Any] | None = None, **time_options: Any) -> HostOrDevice:
-    """The traced time model's host and device time per micro-batch for the explorer's ``values`` on a GPU, the
-    bound (and the GPU busy share it implies, labelled as a measured run's ``bound`` would be), and the same run
-    changed three ways: bigger micro batches (doubled up to where the device takes longer than the host, or memory
-    runs out), LoRA on the query and value only, and the GPU in ``COMPARED_GPUS`` with
-    the shortest device time (the same host: its per-launch cost kept).
-
-    A CPU has no split (one core is host and device), so on the ``ci`` profile this asks about the ``gpu``
-    profile's default recipe. The GPU is this node's, else ``NO_GPU_NAME``. ``time_options`` go to the planner
-    (``launch_cost_s``, ``device_efficiency``: given, nothing is fitted to records)."""
+    """A CPU has no split (one core is host and device), so on ``ci`` this asks about the ``gpu`` profile's default
+    recipe. ``time_options`` go to the planner as given: nothing is fitted to records."""
     import copy
     import dataclasses
 

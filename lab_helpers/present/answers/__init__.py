@@ -1,23 +1,8 @@
-"""The answer key (issue 43): every question the notebooks ask, answered from one reference's records.
-
-Why generated: a typed key drifts from the notebooks and from the data, and the shipped references differ (an
-H100's quick runs, an H200's speed chunk and simulated ranks, the ci profile on a CPU). So the questions are read
-from the notebooks themselves (``**Question.**`` paragraphs, keyed by notebook, section and order), and each answer
-is a short function of that reference's records (measured columns and the planner's stored prediction) and of the
-lab's arithmetic (``lab_helpers.planning.arithmetic``, ``planner.communication``, ``activations_by_hand``): no figure is
-typed here. Where a question is open, the answer gives the figures and one sentence whose wording is chosen by
-comparing them. What a reference cannot answer (an experiment it did not run, a CPU's missing GPU memory, a
-simulated rank's missing communication) is said, with why. ``python -m lab_helpers answers --reference NAME``.
-
-A section is the backticked experiment id of the nearest ``##``/``###`` heading above the question (else a slug of
-the heading), so rewording a question keeps its answer; a question without an entry here is printed as such and
-fails tests/test_answers.py. Where a section asks fewer questions than it has entries, its last question gets the
-rest too (a section that merges two questions keeps both answers).
-
-The package (issue 44): ``key`` holds the questions, a reference's ``Facts``, ``Cannot``, the registry
-(``@answer(notebook, section, n)``) and the report's formatting; the answers are one module per notebook group,
-each registering its entries when imported here: ``single`` and ``single_levers`` (01), ``multi`` (02),
-``others`` (00, 03, 04).
+"""The answer key: every question the notebooks ask, answered from one reference's records. Generated, as a typed key
+drifts from the notebooks and the data: the questions are read from the notebooks, and each answer is a short
+function of the records and the lab's arithmetic. A section is the experiment id of the nearest heading, so
+rewording a question keeps its answer; one without an entry fails tests/test_answers.py. The answers register
+when their modules are imported here: ``single`` and ``single_levers`` (01), ``multi`` (02), ``others`` (00, 03, 04).
 """
 
 from __future__ import annotations
@@ -61,8 +46,7 @@ __all__ = [
 
 
 def report(name: str, *, notebook: str | None = None, markdown: bool = False) -> str:
-    """The key for reference ``name`` (``--reference``), of every notebook or only ``notebook`` ("01" or its
-    file's stem), as ``python -m lab_helpers answers`` prints it."""
+    """``notebook``: "01" or its file's stem."""
     f = load_facts(name)
     asked = notebook_questions(notebooks_dir())
     questions = [q for q in asked if notebook is None or q.notebook == notebook or q.file == notebook]

@@ -1,5 +1,5 @@
-"""The answer key's machinery (issue 43): the notebooks' questions, one reference's facts, the registry the answers
-register in, and the report's formatting. The answers themselves are the notebook modules beside this one."""
+"""The answer key's machinery: the notebooks' questions, one reference's facts, the registry the answers register in,
+and the report's formatting. The answers themselves are the notebook modules beside this one."""
 
 from __future__ import annotations
 
@@ -42,8 +42,7 @@ def notebooks_dir() -> Path:
 
 
 def section_key(heading: str) -> str:
-    """``## 3 · `grad-accum`: ...`` -> ``grad-accum``; ``## 6 · Timeline: where the GPUs wait`` ->
-    ``timeline-where-the-gpus-wait`` (its number left out, so renumbering keeps the key)."""
+    """``## 3 · `grad-accum`: ...`` -> ``grad-accum``: the number is left out, so renumbering keeps the key."""
     text = heading.lstrip("#").strip()
     named = re.search(r"`([^`]+)`", text)
     if named:

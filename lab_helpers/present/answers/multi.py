@@ -60,8 +60,8 @@ def _ddp(f: Facts) -> Answer:
 
 
 def _accumulation_words(f: Facts, base: str) -> str:
-    """`ddp`'s and the one-GPU run's micro-batches per optimizer step, from their records' recipes (issue 53: the
-    scaling question compared `one-gpu`, accumulating 4, with `ddp`, accumulating 2 on 4 GPUs, without saying so)."""
+    """From their records' recipes: the scaling question compares `one-gpu`, accumulating 4, with `ddp`, accumulating
+    2 on 4 GPUs, and must say so."""
     from lab_helpers.config.experiments import gradient_accumulation_steps
 
     runs = {exp: f.run(exp) for exp in (base, "ddp")}

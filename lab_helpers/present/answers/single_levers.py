@@ -192,8 +192,7 @@ def _step_runs(f: Facts) -> dict[str, dict[str, Any]]:
 
 
 def _lever_plans(f: Facts) -> dict[str, Any]:
-    """`act-ckpt`'s step as defined and the other one (``arithmetic.step_lever``): each the prediction stored with
-    this reference's run of it, else traced by the planner now (with the run's overrides, for this profile)."""
+    """Each the prediction stored with this reference's run of it, else traced by the planner now."""
     from lab_helpers.planning.arithmetic import step_lever
     from lab_helpers.planning.planner.spec import step_implementation
 
