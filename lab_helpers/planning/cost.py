@@ -1,8 +1,5 @@
-"""What a run costs in money: its seconds x the GPUs it holds x a price per GPU-hour that the user gives.
-
-The lab types no price (a lease's price is the user's to know): ``plan --time --usd-per-gpu-hour P`` prices the
-predicted run, ``compare --usd-per-gpu-hour P`` the measured one (a record's ``wall_s``), 04 the notebook path.
-One formula for all three (``cost_usd``), here where the planner and the tables both read it.
+"""What a run costs: its seconds x the GPUs it holds x a price per GPU-hour that the user gives (a lease's price is
+theirs to know). One formula (``cost_usd``) for ``plan --time``, ``compare`` and 04.
 """
 
 from __future__ import annotations
@@ -14,12 +11,11 @@ from typing import Any
 PRICE_FLAG = "--usd-per-gpu-hour"
 SECONDS_PER_HOUR = 3600.0
 MAX_USD_PER_GPU_HOUR = 1_000_000.0
-"""A typo guard, not a price: beyond this a number is a mistake (1e308 made every cost ``inf``)."""
+"""A typo guard, not a price: beyond this a number is a mistake (1e308 would make every cost ``inf``)."""
 
 
 def checked_price(value: Any, *, source: str = PRICE_FLAG) -> float:
-    """A price in US dollars per GPU-hour: a finite number above 0 (a string is read as one); anything else is a
-    ValueError whose text is one line naming ``source``."""
+    """A string is read as a number; anything not finite and > 0 is a one-line ValueError naming ``source``."""
     try:
         price = float(value)
     except (TypeError, ValueError, OverflowError):
@@ -33,24 +29,21 @@ def checked_price(value: Any, *, source: str = PRICE_FLAG) -> float:
 
 
 def gpu_hours(seconds: float, gpus: int) -> float:
-    """GPU-hours: ``seconds`` on each of ``gpus`` GPUs."""
     return seconds * gpus / SECONDS_PER_HOUR
 
 
 def cost_usd(seconds: float, gpus: int, usd_per_gpu_hour: float) -> float:
-    """US dollars for ``seconds`` on ``gpus`` GPUs at ``usd_per_gpu_hour``: seconds x GPUs x price / 3,600."""
     return gpu_hours(seconds, gpus) * usd_per_gpu_hour
 
 
 def usd_text(usd: float) -> str:
-    """Dollars as a person reads them: cents from one dollar up, two significant digits below (a CPU run is a
-    fraction of a cent)."""
+    """Two significant digits below a dollar: a CPU run costs a fraction of a cent."""
     return f"${usd:,.2f}" if usd >= 1 else f"${usd:.2g}"
 
 
 @dataclass(frozen=True)
 class RunCost:
-    """The seconds a run takes (``what`` says which seconds), the GPUs it holds, and the price where one is given."""
+    """``what`` says which seconds."""
 
     seconds: float
     gpus: int

@@ -1,7 +1,5 @@
-"""The types the planning modules that decide share: :class:`Decision` (one experiment on this node), ``Predict``
-(the planner as the decision asks it) and ``OomOverrides``. A module of their own, below ``decision``,
-``micro_batch`` and ``pairs``, so the two helpers name them without importing ``decision``, which imports them
-(no circle). ``decision`` re-exports them: ``from lab_helpers.planning.decision import Decision`` still works.
+"""Types shared by ``decision``, ``micro_batch`` and ``pairs``, in a module below all three so that the helpers name
+them without importing ``decision`` (no circle).
 """
 
 from __future__ import annotations

@@ -36,15 +36,10 @@ def train_flops_per_step(
     micro_batch_size: int,
     seq_len: int,
 ) -> float:
-    """FLOPs of one forward + backward (loss included) of one micro-batch of ``micro_batch_size x seq_len``.
-
-    ``config`` is a ``litgpt.Config`` (or a litgpt model name). ``method`` is "full", "lora" or "qlora";
-    QLoRA counts as LoRA: the 4-bit weights are dequantised and then multiplied like LoRA's frozen weights,
-    and dequantising is not model arithmetic. ``lora`` gives r, alpha and which layers get adapters
-    (query/key/value/projection/mlp/head booleans; "lora_"-prefixed keys work too); a setting left out is
-    litgpt's default (``recipe_defaults.lora_defaults``), as in a run whose recipe leaves it out. Counted are the matmuls (as ``torch.utils.flop_counter`` does), not the
-    element-wise work, and no activation recomputation: these are model FLOPs, the numerator of MFU.
-    """
+    """QLoRA counts as LoRA: its 4-bit weights are dequantised, then multiplied like LoRA's frozen ones, and
+    dequantising is not model arithmetic. A ``lora`` setting left out is litgpt's default, as in a run whose recipe
+    leaves it out. Counted are the matmuls (as ``torch.utils.flop_counter`` counts them), no element-wise work and no
+    recomputation: model FLOPs, the numerator of MFU."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
     if micro_batch_size < 1 or seq_len < 1:

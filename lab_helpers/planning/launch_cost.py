@@ -1,21 +1,11 @@
-"""Measure this node's host cost per kernel launch, and keep it for the time model
-(``python -m lab_helpers launch-cost``).
+"""Measure this node's host cost per kernel launch for the time model (``python -m lab_helpers launch-cost``).
 
-Why: on the lab's GPU records one host core runs flat out while the GPU idles, so a micro-batch takes the number
-of kernels the host launches times what each launch costs the host: the node's CPU, Python and torch build, not
-its GPU (``planner.timing``: host time = kernels counted in the trace x this cost). Measured once, it is recorded
-in ``$LAB_RESULTS/launch_cost.json`` and ``plan --time`` uses it on this node (the plan command reads the file and
-passes the number in; the planner does not). Where it was not measured the planner fits it to the lab's GPU
-records and says so.
-
-What is measured is the same path the model counts: a tiny litgpt model (2 blocks, 64 wide, 2 x 32 tokens) runs a
-training step -- forward, ``chunked_cross_entropy``, backward, a foreach AdamW step -- on this node's GPU (or
-CPU), so small that the device never makes the host wait. Its kernels are counted once with the planner's own op
-classifier (``planner.op_costs.op_cost``: views and allocations launch nothing, a foreach op launches per packed
-chunk); the steps are then timed without counting. Cost = seconds per step / kernels per step, the best of
-``REPEATS`` (other work on the node only slows a timing down). Python, autograd, the module calls and the
-allocator are in it, as they are in a real step's; a bare loop of ``x.add_(1)`` would measure only the dispatch
-and read several times lower.
+On the lab's GPU records one host core runs flat out while the GPU idles, so a micro-batch takes kernels launched x
+a per-launch cost set by the node's CPU, Python and torch build, not its GPU. Measured on the path the model counts:
+a tiny litgpt model's whole training step, so small that the device never makes the host wait, its kernels counted
+by ``op_costs.op_cost``; the best of ``REPEATS``. A bare ``x.add_(1)`` loop would leave out autograd, module calls and
+the allocator and read several times lower. Kept in ``$LAB_RESULTS/launch_cost.json``; where it was not measured,
+the planner fits it to the GPU records and says so.
 """
 
 from __future__ import annotations
@@ -34,8 +24,6 @@ WARMUP = 3
 
 @dataclass(frozen=True)
 class LaunchCostResult:
-    """One measurement on one node: host seconds per kernel launch on ``device_name`` ("cpu" or a GPU's name)."""
-
     host: str
     device_name: str
     launch_cost_s: float
@@ -82,7 +70,6 @@ def _tiny_model(device: Any):
 
 
 def measure(*, device: str | None = None, steps: int = STEPS) -> LaunchCostResult:
-    """Time ``steps`` training steps of a tiny model on ``device`` ("cuda" where there is one, else "cpu")."""
     import torch
     from litgpt.utils import chunked_cross_entropy
 
@@ -161,15 +148,14 @@ def launch_cost_path() -> Path:
 
 
 def save(result: LaunchCostResult, path: Path | None = None) -> Path:
-    """Keep the latest measurement per (host, device), as ``bandwidth`` keeps its own."""
+    """The latest measurement per (host, device), as ``bandwidth`` keeps its own."""
     from lab_helpers.hardware.bandwidth import keep_per_node
 
     return keep_per_node(result, path or launch_cost_path())
 
 
 def measured_launch_cost(device_name: str | None, path: Path | None = None) -> tuple[float | None, str | None]:
-    """(seconds per launch, where from) measured on *this* host for ``device_name`` ("cpu", a GPU's name, or None
-    for this node's GPU), or (None, None) when nothing was measured here."""
+    """(None, None) where nothing was measured on this host; ``device_name`` None is this node's GPU."""
     from lab_helpers.hardware.bandwidth import this_hosts_entries
 
     for entry in this_hosts_entries(path or launch_cost_path()):

@@ -1,7 +1,5 @@
-"""The micro batch a run fits at on this node, asked of the planner (``largest_micro_batch``: the largest that fits,
-keeping the global batch), and the substitute that keeps an experiment's lesson where its own model does not fit
-(``lesson_substitute``: QLoRA for LoRA, the same technique on the largest model that fits). ``decision._fit``
-applies them.
+"""The micro batch a run fits at on this node, and the substitute that keeps an experiment's lesson where its own
+model does not fit; ``decision._fit`` applies them.
 """
 
 from __future__ import annotations
@@ -29,12 +27,9 @@ def largest_micro_batch(
     overrides: dict[str, Any],
     predict: Predict,
 ) -> tuple[dict[str, Any] | None, str]:
-    """(overrides, how it fits) at the largest micro batch that fits, halving from the recipe's; (None, why not).
-
-    An experiment defined without accumulation (global batch = micro batch: small-batch) shrinks both, so it still
-    teaches a small batch, as does one whose global batch follows its ranks (``accumulation: 1``, the course's
-    rows); one defined with it keeps its global batch and accumulates more micro-batches.
-    """
+    """Halving from the recipe's. An experiment defined without accumulation (small-batch), or whose global batch
+    follows its ranks (``accumulation: 1``), shrinks both and still teaches a small batch; one with accumulation keeps
+    its global batch."""
     from lab_helpers.config.experiments import resolve
     from lab_helpers.planning.arithmetic import model_states
 
@@ -84,7 +79,7 @@ def lesson_substitute(
     overrides: dict[str, Any],
     predict: Predict,
 ) -> tuple[dict[str, Any], str, str] | None:
-    """A run that keeps the experiment's lesson on this node: (overrides, what it is, how it fits), or None."""
+    """(overrides, what it is, how it fits), or None."""
     candidates: list[tuple[dict[str, Any], str]] = []
     has_bnb = bool((node.get("packages") or {}).get("bitsandbytes"))
     if experiment.method == "lora" and not recipe.get("quantize") and has_bnb and "precision" not in overrides:
@@ -102,7 +97,6 @@ def lesson_substitute(
 
 
 def smaller_models(profile: str, model: str) -> list[str]:
-    """The profile's models smaller than ``model``, smallest first (profiles list them so)."""
     from lab_helpers.config.experiments import check_profile
 
     models = list(check_profile(profile)["models"])
@@ -110,8 +104,7 @@ def smaller_models(profile: str, model: str) -> list[str]:
 
 
 def named_elsewhere(experiment: Any) -> str:
-    """For a skipped experiment: which experiments of its section train the same model here (their cells say
-    how), so the sentence names what ran instead."""
+    """So that a skipped experiment's sentence names what trains its model here instead."""
     from lab_helpers.config.experiments import load_experiments
 
     section = load_experiments(experiment.section).items()

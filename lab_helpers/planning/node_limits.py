@@ -1,6 +1,5 @@
-"""What this node offers a run, in the words and numbers ``decision`` weighs: native bf16, its GPUs in words,
-the ranks a run starts here, and host RAM against an optimizer-offload run (``offload_fit``: the planner's one
-formula, and the profile's largest model that fits where the run's own does not).
+"""What this node offers a run, in the words and numbers ``decision`` weighs: native bf16, its GPUs in words, the
+ranks a run starts here, and host RAM against an optimizer-offload run.
 """
 
 from __future__ import annotations
@@ -60,8 +59,7 @@ def node_ranks(run: Any, node: Mapping[str, Any]) -> int:
 
 @dataclass(frozen=True)
 class OffloadFit:
-    """Host RAM of an optimizer-offload run against the node's: the run's own need and, where it does not fit,
-    the profile's largest model that does (None: none does)."""
+    """``smaller``: the profile's largest model that fits where the run's own does not (None: none does)."""
 
     need_gib: float
     ram_gib: float | None
@@ -82,7 +80,6 @@ class OffloadFit:
 
 
 def offload_host_gib(run: Any, ranks: int) -> float:
-    """The planner's one formula for the host RAM of an offload run, on its real parameter counts."""
     from lab_helpers.planning.arithmetic import model_states
     from lab_helpers.planning.planner.analytic import offload_host_bytes
 
@@ -91,7 +88,6 @@ def offload_host_gib(run: Any, ranks: int) -> float:
 
 
 def offload_fit(run: Any, node: Mapping[str, Any]) -> OffloadFit:
-    """``run``'s offload host RAM on ``node``, with the largest model of its profile that fits where it does not."""
     from lab_helpers.config.experiments import check_profile
 
     ranks = node_ranks(run, node)

@@ -1,7 +1,5 @@
-"""What an experiment and its pair (``pair:`` in configs/experiments) compare: the settings each decided alone runs
-with (``PairSettings``), whether one can run at the other's micro batch on this node, that micro batch as
-overrides, and the one sentence that says what moved or why the two do not compare here and what to compare
-instead. ``decision._paired`` applies them.
+"""What an experiment and its pair (``pair:`` in configs/experiments) compare on this node, and the one sentence that
+says what moved or what to compare instead; ``decision._paired`` applies them.
 """
 
 from __future__ import annotations
@@ -21,8 +19,6 @@ if TYPE_CHECKING:  # annotations only: no import at run time
 
 @dataclass(frozen=True)
 class PairSettings:
-    """What a decided experiment runs with, as far as a pair compares it."""
-
     runs: bool
     ok: bool  # runs expecting no OOM (an OOM demonstration's batch is its lesson: never moved)
     model: str  # the model key (1b, 3b, ...) it trains here
@@ -62,8 +58,7 @@ def pair_settings(step: Decision) -> PairSettings:
 
 
 def model_key(run: Any, defined: Any) -> str:
-    """The model key (``1b``) ``run`` trains: its experiment's, or the profile's model whose checkpoint a
-    substitute's ``checkpoint_dir`` names."""
+    """A substitute's is the profile's model whose checkpoint its ``checkpoint_dir`` names."""
     from lab_helpers.config.experiments import check_profile
 
     checkpoint_dir = str(run.recipe["checkpoint_dir"])
@@ -74,8 +69,7 @@ def model_key(run: Any, defined: Any) -> str:
 
 
 def can_run_at(s: PairSettings, micro: int, step: Decision, node: Mapping[str, Any]) -> bool:
-    """Whether ``micro`` divides the global batch over the ranks the step runs on (it always fits: it is no
-    larger than the micro batch the step fits alone)."""
+    """``micro`` fits, no larger than what the step fits alone; it must divide the global batch over the ranks."""
     if micro >= s.micro or s.shrinks_global or s.per_rank:
         return True
     ranks = step.simulate_world or (len(node.get("gpus") or []) if s.all_gpus else 1) or 1
@@ -83,7 +77,7 @@ def can_run_at(s: PairSettings, micro: int, step: Decision, node: Mapping[str, A
 
 
 def at_micro(overrides: Mapping[str, Any], s: PairSettings, micro: int) -> dict[str, Any]:
-    """``overrides`` with the micro batch ``micro`` (none where it is the recipe's own)."""
+    """No override where ``micro`` is the recipe's own."""
     out = dict(overrides)
     if micro == s.micro:
         return out
@@ -110,8 +104,7 @@ def moved_words(s: PairSettings, target: int, others: list[str], setter: str) ->
 def pair_clause(
     exp_id: str, pair: str, alone: Mapping[str, Decision], settings: Mapping[str, PairSettings], micro: Mapping[str, int]
 ) -> str | None:
-    """The one clause that says why ``exp_id`` and its ``pair`` do not compare at the same settings here, and what
-    to compare instead; None where they do."""
+    """None where they compare at the same settings."""
     mine, theirs = settings[exp_id], settings[pair]
     if theirs.runs and theirs.model == mine.model:
         if mine.fills:
@@ -137,7 +130,7 @@ def pair_clause(
 
 
 def prediction_overrides(pair_step: Decision, theirs: PairSettings, mine: PairSettings, micro: int) -> dict[str, Any]:
-    """The pair's overrides at this run's model and micro batch (the pair's own precision route kept)."""
+    """The pair's own precision route kept."""
     batch = ("train.micro_batch_size", "train.global_batch_size", "checkpoint_dir")
     out = {k: v for k, v in pair_step.overrides.items() if k not in batch}
     if mine.checkpoint_dir != theirs.defined_checkpoint_dir:

@@ -1,9 +1,5 @@
 """Which profile this node runs, and why a profile or its GPUs cannot run here: the first of ``decision``'s
 questions, asked by ``lab.default_profile``, the doctor and ``decision.decide``.
-
-``gpu`` where torch drives the GPUs, ``ci`` where there are none, and a stop with the fix where NVML sees GPUs that
-torch cannot use (a driver older than torch's CUDA build, a CPU-only torch, a V100 with a build without Volta
-kernels). ``$LAB_MODELS`` narrows the model sizes a node prepared.
 """
 
 from __future__ import annotations
@@ -13,12 +9,12 @@ from collections.abc import Mapping
 from typing import Any
 
 MODELS_ENV = "LAB_MODELS"
-"""``LAB_MODELS=1b,7b``: this node prepared only these model sizes (a GPU slice, a small disk): every experiment of
-another size is decided ``skipped``, and the notebooks' final checks expect exactly that."""
+"""``LAB_MODELS=1b,7b``: the node prepared only these sizes (a GPU slice, a small disk); experiments of another size
+are decided ``skipped``, as the notebooks' final checks expect."""
 
 
 def models_here(profile: str) -> frozenset[str] | None:
-    """The model sizes ``$LAB_MODELS`` names (None: unset, every size); an unknown size is one line."""
+    """None: unset, every size; an unknown size is one line."""
     from lab_helpers.config.config_error import LabConfigError
     from lab_helpers.config.experiments import check_profile
 
@@ -37,9 +33,8 @@ def models_here(profile: str) -> frozenset[str] | None:
 
 
 def default_profile_here(node: Mapping[str, Any]) -> str:
-    """``gpu`` where torch drives this node's GPUs, ``ci`` where there are none; LabConfigError where NVML sees
-    GPUs that torch cannot use (a driver older than torch's CUDA build, a CPU-only torch, a V100 with a build that
-    has no Volta kernels): a paid GPU node must not quietly train tiny CPU models."""
+    """LabConfigError where NVML sees GPUs that torch cannot use (a driver older than torch's CUDA build, a CPU-only
+    torch, a build without Volta kernels): a paid GPU node must not quietly train tiny CPU models."""
     from lab_helpers.config.config_error import LabConfigError
 
     if problem := gpu_problem(node):
@@ -50,7 +45,6 @@ def default_profile_here(node: Mapping[str, Any]) -> str:
 
 
 def profile_problem(profile: str, node: Mapping[str, Any]) -> str | None:
-    """Why ``profile`` cannot run on this node at all (it needs CUDA, and torch has none here), or None."""
     from lab_helpers.config.experiments import check_profile
 
     if not check_profile(profile).get("needs_cuda"):
@@ -67,7 +61,6 @@ def profile_problem(profile: str, node: Mapping[str, Any]) -> str | None:
 
 
 def gpu_problem(node: Mapping[str, Any]) -> str | None:
-    """Why torch cannot drive the GPUs NVML sees here, with the fix; None where it can or there are none."""
     from lab_helpers.hardware.cuda_compat import torch_facts, torch_gpu_problem
 
     if not node.get("gpus"):
@@ -76,8 +69,7 @@ def gpu_problem(node: Mapping[str, Any]) -> str | None:
 
 
 def torch_problem(node: Mapping[str, Any]) -> str | None:
-    """Why torch cannot drive these GPUs (driver too old, CPU build, Volta without kernels), when the doctor
-    added torch's own facts to ``node``; None otherwise."""
+    """Only where the doctor added torch's own facts to ``node``."""
     if "torch_cuda_available" not in node:
         return None
     from lab_helpers.hardware.cuda_compat import torch_gpu_problem

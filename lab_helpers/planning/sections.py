@@ -14,13 +14,8 @@ from lab_helpers.planning.profile_choice import torch_problem
 
 
 def sections_runnable(node: NodeFacts) -> dict[str, tuple[bool, str]]:
-    """Which parts of the lab ``node`` runs at full size (``gpu`` profile), and why not: the doctor's and
-    00_check_node's checklist, in the words of the decision above (bf16 on a V100 is the 16-mixed route; the
-    offload run's host RAM is :func:`offload_fit`, the formula the run's gate uses).
-
-    Every experiment also exists in the ``ci`` profile, which runs on any CPU; the reasons say so where
-    that is the way out.
-    """
+    """At full size (``gpu``), in the decision's words. Every experiment also exists in the ``ci`` profile, and the
+    reasons say so where that is the way out."""
     gpus = node.get("gpus") or []
     packages = node.get("packages") or {}
     n = len(gpus)
@@ -76,7 +71,6 @@ def sections_runnable(node: NodeFacts) -> dict[str, tuple[bool, str]]:
 
 
 def _offload_section(node: Mapping[str, Any]) -> tuple[bool, str]:
-    """The offload run on ``node``: its host RAM (the gate's formula) and what runs where the 13B does not fit."""
     from lab_helpers.config.experiments import resolve
 
     packages = node.get("packages") or {}

@@ -1,13 +1,9 @@
-"""Predict a fine-tuning run's GPU memory before it runs, on a CPU, with no weights downloaded.
+"""Predict a fine-tuning run's GPU memory before it runs, on a CPU, with no weights downloaded: litgpt's real step
+traced on fake tensors (``tracer``), every storage accounted (``accounting``), plus what one traced device cannot
+show (``analytic``). ``python -m lab_helpers plan`` (``present.plan_command``) gathers the node's facts and prints.
 
-The planner traces litgpt's real model, loss and optimizer on fake CPU tensors (``tracer``), accounts every
-storage the step allocates (``accounting``), and adds what one traced device cannot show: sharding, buckets,
-offload, paged state and the CUDA context (``analytic``). ``spec`` reads litgpt recipes. ``python -m lab_helpers plan``
-is ``lab_helpers.present.plan_command``, a layer above: it gathers what the planner takes as arguments (this node's GPU,
-records, CPU rates, link bandwidth) and prints.
-
-The names below are imported on first use (PEP 562): tracing needs torch (seconds to import), and
-``python -m lab_helpers`` builds the ``plan`` subcommand's arguments for every command, ``results`` included.
+Names are imported on first use (PEP 562): tracing needs torch (seconds to import), and ``python -m lab_helpers``
+builds the ``plan`` subcommand's arguments for every command.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def _imports():
 
 @functools.lru_cache(maxsize=1)
 def check_tracing_supported() -> None:
-    """Fail loudly unless fake tensors allocate, share and free storages the way the tracer assumes."""
+    """Fail loudly unless fake tensors allocate, share and free storages as the tracer assumes."""
     version = _torch_version()
     if not (TESTED_TORCH[0] <= version <= (TESTED_TORCH[1][0], TESTED_TORCH[1][1] + 99)):
         raise PlannerUnavailable(
@@ -62,17 +62,14 @@ def check_tracing_supported() -> None:
 
 
 def fake_tensor_mode():
-    """A fresh ``FakeTensorMode`` (CPU fake tensors; no real memory is ever allocated)."""
     check_tracing_supported()
     FakeTensorMode, _, _, _ = _imports()
     return FakeTensorMode()
 
 
 def metadata_queries() -> tuple[dict, type | None]:
-    """FakeTensorMode's own answers to metadata queries (device, size, stride, storage offset) and the FakeTensor
-    type they apply to, or ({}, None) where this torch has none. The autograd engine asks a tensor's device
-    thousands of times per backward pass; answering those in the tracker, exactly as the fake mode would as the
-    first thing it does, skips a round trip through the mode stack (about a tenth of a trace)."""
+    """({}, None) where this torch has none. The autograd engine asks a tensor's device thousands of times per backward;
+    answering in the tracker, as the fake mode would, skips a round trip through the mode stack: a tenth of a trace."""
     try:
         from torch._subclasses.fake_tensor import _DISPATCH_META_HANDLERS, FakeTensor
     except ImportError:  # pragma: no cover - depends on the torch build

@@ -48,8 +48,6 @@ class Phase:
 
 
 class StorageAccountant:
-    """Records allocations and frees; turns them into per-phase peak breakdowns."""
-
     def __init__(self) -> None:
         self.records: list[AllocRecord] = []
         self.phases: list[Phase] = []
@@ -90,7 +88,6 @@ class StorageAccountant:
         self.current_bytes -= record.nbytes
 
     def mark(self, tensor: torch.Tensor, category: str) -> None:
-        """Give an already tracked storage its role (a gradient, an optimizer state)."""
         index = self._live.get(id(tensor.untyped_storage()))
         if index is None:
             self.track(tensor, category)
@@ -107,14 +104,12 @@ class StorageAccountant:
         self.phases[-1].t_end = self.clock
 
     def summarize(self) -> None:
-        """Fill each phase's peak and its breakdown at that peak (``replay`` of the recorded sizes)."""
         self.phases = replay(self.records, self.phases, [r.nbytes for r in self.records])
 
 
 def resolved_categories(records: list[AllocRecord], phases: list[Phase]) -> list[tuple[str, bool]]:
-    """Each record's role, and whether it is a temporary of an optimizer step. Roles not marked are decided by
-    lifetime: what a forward allocates and keeps past its end is an activation, everything else a temporary.
-    Depends on the timeline's structure only, never on sizes."""
+    """Roles not marked go by lifetime: what a forward allocates and keeps past its end is an activation, anything else
+    a temporary. Depends on the timeline's structure only, never on sizes."""
     out = []
     for rec in records:
         cat, step = rec.category, False
@@ -130,13 +125,8 @@ def resolved_categories(records: list[AllocRecord], phases: list[Phase]) -> list
 
 
 def replay(records: list[AllocRecord], phases: list[Phase], sizes: list[int]) -> list[Phase]:
-    """The phases of a recorded timeline with each storage ``records[i]`` of ``sizes[i]`` bytes: each phase's
-    peak (the most bytes live from its start until the next phase starts, first moment it is reached) and the
-    breakdown by role at that moment.
-
-    ``summarize`` calls it with the traced sizes; ``tracer`` calls it with sizes computed for another micro-batch
-    on the same timeline, which is how one trace answers for several batch sizes.
-    """
+    """Each phase's peak (the most bytes live from its start to the next phase's, first reached) and the breakdown then.
+    The tracer replays sizes computed for another micro batch on the same timeline: one trace, several batch sizes."""
     events: list[tuple[int, int, int]] = []  # (clock, kind, index): kind 0 begin, 1 alloc, 2 free
     for k, ph in enumerate(phases):
         events.append((ph.t_start, 0, k))
@@ -182,10 +172,8 @@ def replay(records: list[AllocRecord], phases: list[Phase], sizes: list[int]) ->
 
 
 def make_dispatch_tracker(accountant: StorageAccountant, shortcuts: dict | None = None, on_op=None):
-    """A dispatch mode that reports every op output's storage to ``accountant``. ``shortcuts`` maps an op to a
-    function of its positional arguments that makes its outputs directly, or returns None to let the op run
-    (``loss_outputs.SHORTCUTS``: the same storages, made faster than the op's fake kernel makes them).
-    ``on_op(func, args, kwargs, out)`` is told of every op that ran (the time model's op costs)."""
+    """``shortcuts`` (``loss_outputs.SHORTCUTS``) make an op's outputs directly, or return None to run it; ``on_op`` is
+    told of every op that ran (the time model's op costs)."""
     base = dispatch_mode_base()
     tree_leaves, _ = pytree()
 

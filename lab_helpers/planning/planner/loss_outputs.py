@@ -1,15 +1,9 @@
-"""The cross-entropy ops' outputs, made directly instead of through their fake kernels: a faster trace, the same one.
+"""The cross-entropy ops' outputs made directly instead of by their fake kernels: the same trace, faster.
 
-Why: litgpt's chunked cross-entropy calls ``log_softmax`` and ``nll_loss`` once per 128 rows of logits (for full
-fine-tuning, micro batch x sequence / 128 times a step). On fake tensors these ops run their meta kernels, which
-are Python decompositions of several milliseconds each, and FakeTensor's cache misses on every chunk, because each
-chunk is a view at another storage offset. A full fine-tune at micro batch 32 spent over half its trace there.
-Their outputs are new contiguous tensors whose shapes and dtypes follow from the inputs alone, so the tracker makes
-them with one ``torch.empty`` each: the same storages, in the same order, with the same sizes.
-
-Only the plain case is shortcut (contiguous input, 2-D for nll_loss, no class weights, the argument count the
-schema has); anything else runs the op as usual. ``tests/test_planner.py`` checks that a trace's timeline is the
-same record for record with and without the shortcut.
+litgpt's chunked cross-entropy calls ``log_softmax`` and ``nll_loss`` per 128 rows of logits; their meta kernels
+take milliseconds each and FakeTensor's cache misses every chunk (a view at another offset): over half of a full
+fine-tune's trace at micro batch 32. Only the plain case is shortcut; tests/test_planner.py checks that a trace's
+timeline is the same record for record with and without.
 """
 
 from __future__ import annotations
@@ -34,8 +28,8 @@ def _log_softmax(args: tuple):
 
 
 def _nll_loss_forward(args: tuple):
-    """``nll_loss_forward(self, target, weight, reduction, ignore_index)`` on (N, C) log-probabilities: the loss,
-    (N,) without reduction and a scalar with one, and the total weight, a scalar; both in the input's dtype."""
+    """On (N, C) log-probabilities: the loss ((N,), or a scalar with a reduction) and the total weight, both in the
+    input's dtype."""
     if len(args) != 5:
         return None
     x, _target, weight, reduction, _ignore = args
@@ -46,8 +40,6 @@ def _nll_loss_forward(args: tuple):
 
 
 def _nll_loss_backward(args: tuple):
-    """``nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)``: the
-    gradient of the (N, C) input, shaped like it."""
     if len(args) != 7:
         return None
     _grad, x, _target, weight, _reduction, _ignore, _total = args

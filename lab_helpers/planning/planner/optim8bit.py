@@ -1,12 +1,9 @@
-"""A memory stand-in for bitsandbytes' 8-bit AdamW (``bnb.optim.AdamW8bit`` / ``PagedAdamW8bit``).
+"""A memory stand-in for bitsandbytes' 8-bit AdamW: bitsandbytes needs CUDA, so the tracer cannot step it.
 
-bitsandbytes needs CUDA (and is not installed on a CPU node), so the tracer cannot step the real optimizer on
-fake tensors. Its memory layout is simple and documented in its source (``Optimizer2State.init_state``,
-bitsandbytes 0.4x): for a parameter of at least ``min_8bit_size`` (4096) elements, both Adam moments are
-``uint8`` tensors of the parameter's shape (1 B each) plus, block-wise, one fp32 ``absmax`` per 256 values per
-moment; smaller parameters keep two fp32 moments. The paged variant allocates the two moment tensors of at least
-1e5 elements in CUDA managed memory (outside ``max_memory_allocated``), the absmax vectors on the allocator.
-Only the bytes matter here: ``step`` makes the same allocations, once, and does no arithmetic.
+Layout from ``Optimizer2State.init_state`` (bitsandbytes 0.4x): a parameter of >= 4096 elements keeps two uint8
+moments of its shape plus one fp32 absmax per 256 values each; a smaller one two fp32 moments. The paged variant
+puts moments of >= 1e5 elements in CUDA managed memory (outside ``max_memory_allocated``). ``step`` makes the same
+allocations once and does no arithmetic.
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ PAGED_MIN_NUMEL = 100_000  # bnb get_state_buffer: tensors below 1e5 elements ar
 
 
 def state_bytes(numel: int) -> int:
-    """Bytes bnb's 8-bit AdamW keeps for one parameter of ``numel`` elements (both moments, statistics)."""
     if numel < MIN_8BIT_SIZE:
         return 2 * 4 * numel
     return 2 * numel + 2 * 4 * math.ceil(numel / BLOCKWISE_BLOCK)
@@ -33,8 +29,6 @@ def bytes_per_param() -> float:
 
 
 class AdamW8bitStandIn(torch.optim.Optimizer):
-    """Allocates what ``bnb.optim.AdamW8bit`` allocates at its first step; with ``paged``, counts the paged part."""
-
     def __init__(self, params, *, paged: bool = False) -> None:
         super().__init__(params, {})
         self.paged = paged

@@ -21,12 +21,10 @@ from .tracer import trace
 
 @dataclass
 class MemoryPlan:
-    """A prediction. ``peak_alloc_gib`` is the training loop's peak (from the start of ``fit``, validation and
-    example generation inside it included: what the lab records as ``peak_alloc_gib``), comparable with
-    ``torch.cuda.max_memory_allocated`` (per GPU): the breakdown's parts other than ``cuda_context`` sum to it.
-    ``whole_run_peak_alloc_gib`` is the whole process's (checkpoint load and QLoRA's quantization included: what
-    litgpt prints), in phase ``whole_run_peak_phase``; ``peaks_by_phase_gib`` has each phase's. ``gpu_used_gib`` is
-    comparable with NVML's "used"; ``fits`` is judged on the larger of it and ``whole_run_gpu_used_gib``."""
+    """``peak_alloc_gib``: the training loop's peak from the start of ``fit`` (validation and generation inside it),
+    what the lab records, comparable with ``max_memory_allocated`` per GPU; the breakdown's parts but
+    ``cuda_context`` sum to it. ``whole_run_peak_alloc_gib`` adds the checkpoint load and QLoRA's quantization
+    (what litgpt prints). ``gpu_used_gib`` is comparable with NVML's "used"."""
 
     peak_alloc_gib: float
     breakdown_gib: dict[str, float]
@@ -59,7 +57,7 @@ class MemoryPlan:
 
     @property
     def worst_gpu_used_gib(self) -> float:
-        """What ``fits`` is judged on: the larger of the training loop's and the whole run's GPU memory used."""
+        """A run that dies while loading is an OOM too."""
         return max(self.gpu_used_gib, self.whole_run_gpu_used_gib)
 
     def summary(self) -> str:
@@ -84,10 +82,7 @@ _CACHE_SIZE = 64
 
 
 def predict(spec: TrainingSpec) -> MemoryPlan:
-    """Predict per-GPU peak memory for ``spec`` without allocating any real weights.
-
-    Results are memoized per spec (notebooks ask again for the same run, and the OOM demonstrations try a few
-    batch sizes), so a repeated question costs nothing; a copy is returned each time."""
+    """Memoized per spec (notebooks ask again, OOM demonstrations try a few batch sizes); a copy each time."""
     spec.validate()
     check_tracing_supported()  # before the memo: a torch upgrade must fail loudly even for a remembered spec
     key = repr(spec)
@@ -99,8 +94,7 @@ def predict(spec: TrainingSpec) -> MemoryPlan:
 
 
 def _kept_on_disk(key: str, spec: TrainingSpec) -> MemoryPlan:
-    """``_predict(spec)``, kept on disk between processes (``ops_cache``: keyed by the spec and the planner's code;
-    a miss, an unreadable file or an entry ``kept_plan`` refuses traces again and replaces it)."""
+    """Kept between processes (``ops_cache``); a miss or a refused entry traces again and replaces it."""
     on_disk = ops_cache.key_for(f"memory plan\0{key}", int(spec.seq_len or 0))
     kept = ops_cache.load_json(on_disk)
     if kept is not None:
@@ -127,10 +121,8 @@ _ROUNDING_GIB = 1e-4  # breakdown_gib and peaks_by_phase_gib are rounded to 4 pl
 
 
 def kept_plan(data: Any, spec: TrainingSpec) -> MemoryPlan | str:
-    """The plan a cache entry holds, if it is one ``_predict(spec)`` could have made: MemoryPlan's fields each of its
-    type, the spec's own values where the plan repeats them, sizes finite and >= 0, the breakdown summing to the
-    peak and the whole run's peak its phases' largest (within rounding), ``fits`` what the sizes say. Else why not,
-    in a few words: an edited entry said 7.5 GiB for a 0.035 GiB run, and NaN or -3 were printed as figures."""
+    """Only a plan ``_predict(spec)`` could have made (types, the spec's own values, finite sizes summing to the peak,
+    ``fits`` as the sizes say), else why not: an edited entry must not print NaN, or 7.5 GiB for a 0.035 GiB run."""
     if not isinstance(data, dict) or set(data) != {f.name for f in dataclasses.fields(MemoryPlan)}:
         return "not MemoryPlan's fields"
     expected = {name: getattr(spec, name) for name in _ECHOED} | {"model_name": str(spec.model_config.name)}

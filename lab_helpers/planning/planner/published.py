@@ -1,19 +1,12 @@
-"""litgpt's published LoRA timings: the rows of one public table, kept once.
+"""litgpt's published LoRA timings, kept once: ``calibration.QLORA_SPEED_RATIO`` cites them and
+``benchmarks/planner_time_published.py`` predicts every row.
 
-The time model cites them (``timing.QLORA_SPEED_RATIO``: QLoRA's time against LoRA's on the same model) and
-``benchmarks/planner_time_published.py`` predicts every row from its settings.
-
-Source: Lightning-AI/litgpt ``tutorials/resource-tables.md``, section "Finetuning with LoRA on 1 GPU", added in
-commit 0cc02afa (2023-10-27; the file says "Last updated: 10/20/2023", "Lit-GPT version: commit 8641822",
-NVIDIA A100-SXM4-40GB, PyTorch 2.1.0+cu121, bitsandbytes 0.41.1); the rows are unchanged at litgpt's commit
-26857050 (2026-06-29). What the table's text and Lit-GPT 8641822's ``finetune/lora.py`` say about the settings:
-``--precision bf16-true``; Alpaca (``scripts/prepare_alpaca.py``: alpaca_data_cleaned_archive.json, 2,000 test
-samples, each sample the prompt, response and EOS, no truncation); a "minibatch" (global batch) of 128; LoRA r 8,
-alpha 16, dropout 0.05 on the query and value projections only (the table's trainable parameters are exactly
-that); AdamW, or bitsandbytes' PagedAdamW with ``--quantize``. An iteration is one micro-batch (the first one
-forced to the longest sample); the time of 1,000 reads as what the script prints as "Training time", which also
-holds its sanity-check validation (100 forward passes and a 100-token sample) before the first step. Rows the
-table gives as OOM are not kept, nor the ``bnb.nf4-dq`` rows (2-6 % slower than their nf4 rows).
+Source: Lightning-AI/litgpt ``tutorials/resource-tables.md``, "Finetuning with LoRA on 1 GPU" (commit 0cc02afa;
+Lit-GPT commit 8641822, A100-SXM4-40GB, PyTorch 2.1.0+cu121, bitsandbytes 0.41.1; rows unchanged at 26857050).
+Settings, from the table and 8641822's ``finetune/lora.py``: bf16-true; Alpaca (2,000 test samples, untruncated);
+global batch 128; LoRA r 8, alpha 16, dropout 0.05 on query and value; AdamW, or PagedAdamW with ``--quantize``. An
+iteration is one micro-batch; the time per 1,000 is the printed "Training time", which holds the sanity-check
+validation before the first step. OOM rows and the ``bnb.nf4-dq`` rows (2-6 % slower than nf4) are left out.
 """
 
 from __future__ import annotations
@@ -43,8 +36,7 @@ LITGPT_LORA_A100_LORA = {
 
 @dataclass(frozen=True)
 class PublishedLoraRow:
-    """One row: the model as the table names it, litgpt's name for it (``Config.from_name``), ``--quantize``,
-    the micro batch and the published minutes per 1,000 iterations (micro-batches)."""
+    """``litgpt_name`` for ``Config.from_name``; iterations are micro-batches."""
 
     model: str
     litgpt_name: str

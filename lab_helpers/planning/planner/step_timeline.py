@@ -1,14 +1,7 @@
-"""One training step's memory over time, as the planner traced it: live bytes by part after every allocation
-and free, the forward / backward / optimizer-step phases, and the peak with what is alive there.
-
-Why: the planner's breakdown is one moment (the peak); a student also needs to see how memory moves *within* a
-step -- activations piling up through the forward, draining through the backward while gradients appear, the
-optimizer's states arriving at the first step. The tracer already records every storage's allocation and free
-(``accounting.AllocRecord``); this module replays them in order. No drawing here (``step_memory`` draws).
-
-The trace is taken at the model's full depth (``tracer.trace_training``): the depth-extrapolated trace that
-``predict`` uses keeps no timeline. For a single device it is the step ``predict`` describes; a strategy's
-analytic terms (sharding, buckets, offload) and the CUDA context are not part of a traced timeline.
+"""One training step's memory over time as the planner traced it: live bytes by part after every allocation and free,
+the phases, and what is alive at the peak. The breakdown is one moment; this shows memory moving within a step.
+Traced at full depth (the extrapolated trace keeps no timeline) on one device: a strategy's analytic terms and the
+CUDA context are not in it. ``step_memory`` draws it.
 """
 
 from __future__ import annotations
@@ -35,22 +28,18 @@ class StepTimeline:
 
     @property
     def peak_index(self) -> int:
-        """The first event at which the live total is highest."""
         total = self.total_bytes
         return max(range(len(total)), key=lambda i: (total[i], -i))
 
     def alive_at(self, index: int) -> dict[str, int]:
-        """Bytes of each part live after event ``index``."""
         return {part: values[index] for part, values in self.bytes_by_part.items()}
 
     def phase_at(self, index: int) -> str:
-        """The name of the phase that event ``index`` belongs to ("" before the first)."""
         names = [name for name, _, first, last in self.phases if first <= index <= last]
         return names[-1] if names else ""
 
 
 def step_timeline(spec: TrainingSpec) -> StepTimeline:
-    """Trace ``spec``'s step at full depth and replay its allocations in order, by part."""
     from .tracer import trace_training
 
     result = trace_training(spec)

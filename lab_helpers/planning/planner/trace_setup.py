@@ -1,6 +1,5 @@
-"""What the trace builds before it runs the step (``tracer.trace_training``): the model at the run's precision on fake
-tensors, its activation checkpointing, the precision contexts of the forward pass, and the optimizer as the recipe
-asks for it (``torch_optimizer_kwargs``: the recipe's foreach/fused, else the device's default).
+"""What the trace builds before it runs the step: the model at the run's precision on fake tensors, its activation
+checkpointing, the forward's precision contexts, and the optimizer as the recipe asks for it.
 """
 
 from __future__ import annotations
@@ -77,14 +76,9 @@ def build_model(spec: TrainingSpec, pdtype: torch.dtype):
 
 
 def torch_optimizer_kwargs(spec: TrainingSpec) -> tuple[dict, list[str]]:
-    """The init arguments the trace builds a torch optimizer with, and what it could not take as given.
-
-    ``foreach`` and ``fused`` are the recipe's (``optimizer.init_args``, as litgpt's ``instantiate_torch_optimizer``
-    passes them): they decide the step's temporaries (``spec.STEP_IMPLEMENTATIONS``). Where the recipe gives
-    neither, torch chooses by where the tensors are -- foreach for CUDA tensors, the for-loop on a CPU -- and the
-    trace's tensors are fake CPU ones, so the device's choice is asked for explicitly. ``capturable=True`` needs
-    CUDA tensors and is traced as False: its step adds one-element tensors per parameter, the same
-    parameter-sized temporaries."""
+    """Without the recipe's foreach/fused torch chooses by where the tensors are, and the trace's are fake CPU ones, so
+    the device's choice is asked for explicitly. ``capturable=True`` needs CUDA tensors and is traced as False: the
+    same parameter-sized temporaries."""
     kwargs = dict(spec.optimizer_kwargs)
     notes = []
     if kwargs.pop("capturable", None):
