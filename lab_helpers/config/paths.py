@@ -1,8 +1,5 @@
-"""Where the lab keeps its configs, checkpoints, data and results.
-
-One place decides, so notebooks, the CLI and tests agree. Each location can be moved with an environment
-variable (tests point ``LAB_RESULTS`` at a temporary folder; an instructor may point ``LAB_CHECKPOINTS``
-at a shared disk).
+"""Where the lab keeps its configs, checkpoints, data and results, and the rules by which it reads and writes files
+there: one place decides, so notebooks, the CLI and tests agree.
 """
 
 from __future__ import annotations
@@ -19,7 +16,6 @@ _PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
 def lab_home() -> Path:
-    """The lab's root: ``$LAB_HOME``, else the checkout this package lives in, else the working directory."""
     if env := os.environ.get("LAB_HOME"):
         return Path(env).expanduser().resolve()
     checkout = _PACKAGE_DIR.parent
@@ -34,8 +30,8 @@ def configs_dir() -> Path:
 
 LOCATION_ENV = ("LAB_RESULTS", "LAB_CHECKPOINTS", "LAB_DATA")
 LOCATION_DEFAULTS = {"LAB_RESULTS": "results", "LAB_CHECKPOINTS": "checkpoints", "LAB_DATA": "data"}
-"""The folders a user may move. A relative value is read against the working directory of the process that reads
-it; the training process runs in the lab's home, so the launcher makes each absolute once (``absolute_locations``)."""
+"""A relative value is read against the reader's working directory, and the training process runs in the lab's
+home: the launcher makes each absolute once (``absolute_locations``)."""
 
 
 def _location(name: str, default: Path) -> Path:
@@ -56,9 +52,7 @@ def results_dir() -> Path:
 
 
 def location_problem(name: str) -> str | None:
-    """One line on what is wrong with the folder ``$name`` (one of ``LOCATION_ENV``) names, or None: the lab could
-    not keep its files there (``lab_folder``'s rule: a file, a dangling link, /proc, a name too long, a byte that
-    is not UTF-8). Only a folder the user set is judged; creating nothing."""
+    """Only a folder the user set is judged, and nothing is created."""
     if not os.environ.get(name):
         return None
     folder = _location(name, Path())
@@ -72,8 +66,6 @@ def location_problem(name: str) -> str | None:
 
 
 def check_locations(names: tuple[str, ...] = LOCATION_ENV) -> None:
-    """Raise LabConfigError (one line) for the first of ``names`` whose folder the lab cannot use
-    (``location_problem``): before a command reads or writes anything there."""
     from lab_helpers.config.config_error import LabConfigError
 
     for name in names:
@@ -88,15 +80,13 @@ def shown_path(path: Path | str, limit: int = 80) -> str:
 
 
 def absolute_locations() -> dict[str, str]:
-    """``LAB_RESULTS``, ``LAB_CHECKPOINTS`` and ``LAB_DATA`` as this process reads them, made absolute: the
-    environment a child started in another working directory needs to read the same folders."""
+    """For a child started in another working directory, to read the same folders."""
     return {name: str(_location(name, Path())) for name in LOCATION_ENV if os.environ.get(name)}
 
 
 def regular_file_inside(folder: Path, relative: str | Path) -> Path | None:
-    """``folder/relative`` resolved, if it is a regular file that stays inside ``folder`` once every link is
-    followed; else None. A record is data that anyone can edit: its ``timeline_path`` must never make the lab read
-    (or export-reference publish) ``/etc/passwd``, a link to a secret, a directory or a FIFO that blocks a read."""
+    """A record is data anyone can edit: its ``timeline_path`` must never make the lab read (or publish)
+    ``/etc/passwd``, a link to a secret, or a FIFO that blocks a read."""
     text = str(relative)
     if not text or Path(text).is_absolute() or ".." in Path(text).parts or "\0" in text:
         return None
@@ -114,7 +104,6 @@ REFERENCE_DIRNAME = "reference_results"
 
 
 def reference_dir() -> Path:
-    """Reference results shipped with the lab: ``<lab home>/reference_results/<gpu-name>.jsonl``."""
     return lab_home() / REFERENCE_DIRNAME
 
 
@@ -144,9 +133,7 @@ def _refused(number: int, why: str, path: Path | str) -> OSError:
 
 
 def path_problem(path: Path) -> str | None:
-    """Why ``path`` cannot name a place the lab keeps files, judged from its text alone, or None: a name longer than
-    the file system takes, a byte that is not UTF-8 (litgpt reads its paths as UTF-8 text and fails late), a
-    special file system."""
+    """From the text alone. A byte that is not UTF-8 is refused: litgpt reads its paths as UTF-8 and fails late."""
     text = os.fsencode(path)
     if len(text) > PATH_MAX or any(len(part) > NAME_MAX for part in text.split(b"/")):
         return f"a name in it is too long (at most {NAME_MAX} bytes a name, {PATH_MAX} in all)"
@@ -161,9 +148,7 @@ def path_problem(path: Path) -> str | None:
 
 
 def lab_folder(folder: Path, *, create: bool = True) -> Path:
-    """``folder`` as a folder the lab may write files into: created if missing (``create``), a folder once links
-    are followed (a link the user made to a bigger disk is fine), on storage (not /proc, /sys, /dev), with names
-    the file system takes. Raises OSError, its ``strerror`` in words (``describe_os_error``)."""
+    """A link the user made to a bigger disk is fine; /proc, /sys and /dev are not storage."""
     if (problem := path_problem(folder)) is not None:
         raise _refused(errno.EINVAL, problem, folder)
     if os.path.islink(folder) and not os.path.exists(folder):
@@ -184,9 +169,7 @@ def lab_folder(folder: Path, *, create: bool = True) -> Path:
 
 
 def open_regular(path: Path, flags: int, mode: int = 0o644) -> int:
-    """An fd on ``path`` opened with ``flags``, never through a symbolic link (``O_NOFOLLOW``) and never anything but
-    a regular file (a FIFO would block, a directory or a device is no file of the lab's): the rule of every file
-    the lab appends to or streams into (runs.jsonl, output.log). Raises OSError."""
+    """The rule of every file the lab appends to: no link followed, and a regular file only (a FIFO would block)."""
     fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -199,13 +182,8 @@ def open_regular(path: Path, flags: int, mode: int = 0o644) -> int:
 
 
 def write_lab_file(path: Path, data: bytes | Callable[[BinaryIO], None]) -> Path:
-    """Write a whole file of the lab's (a figure, a CSV, a report, an export) by the rule every file it writes
-    follows: a regular file named in its folder (``lab_folder``), never written through a symbolic link, never into
-    a file another name shares (a hard link), never left half-written. A name that is there as anything but a
-    regular file (a link, a folder, a FIFO, a device) is refused; otherwise the bytes (or what ``data`` writes
-    into the file it is given) go to a new file beside it, created exclusively, and one rename puts it in place.
-    Raises OSError (``describe_os_error`` words it); on any failure the old file is as it was and no new file is
-    left."""
+    """The rule of every whole file the lab writes: never through a link or into a hard link's shared file, never
+    left half-written (a new file beside it, then one rename); on failure the old file is as it was."""
     path = Path(path)
     lab_folder(path.parent)
     if path.name in ("", ".", "..") or len(os.fsencode(path.name)) > NAME_MAX - 20:
@@ -239,12 +217,8 @@ def write_lab_file(path: Path, data: bytes | Callable[[BinaryIO], None]) -> Path
 
 
 def open_lab_file(path: Path, *, max_bytes: int, folder: Path | None = None) -> BinaryIO:
-    """``path`` opened for reading by the rule of every file the lab reads, the readers' ``write_lab_file``: a
-    regular file (a FIFO's read would hang, ``/dev/zero`` never ends), never opened through a symbolic link
-    (``O_NOFOLLOW``, ``O_NONBLOCK``), at most ``max_bytes`` long; with ``folder``, named inside it with no link
-    on the way (a run's ``reports`` linked elsewhere is not read). A file is data anyone may have planted: a cache
-    entry, a run folder, ``bandwidth.json``. Raises OSError, its ``strerror`` in words (FileNotFoundError where
-    nothing is there)."""
+    """The rule of every file the lab reads, as anyone may have planted it: a regular file (a FIFO's read would hang,
+    ``/dev/zero`` never ends), no link followed, at most ``max_bytes``; with ``folder``, no link on the way."""
     path = Path(path)
     if folder is None:
         folder, parts = path.parent, (path.name,)
@@ -279,8 +253,7 @@ def open_lab_file(path: Path, *, max_bytes: int, folder: Path | None = None) -> 
 
 
 def read_lab_file(path: Path, *, max_bytes: int, folder: Path | None = None) -> bytes:
-    """The bytes of ``path``, opened by ``open_lab_file``'s rule; never more than ``max_bytes`` (a file that grows
-    while read is cut there and refused). Raises OSError, worded."""
+    """A file that grows while read is cut at ``max_bytes`` and refused."""
     with open_lab_file(path, max_bytes=max_bytes, folder=folder) as fh:
         data = fh.read(max_bytes + 1)
     if len(data) > max_bytes:

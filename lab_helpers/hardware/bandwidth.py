@@ -1,16 +1,7 @@
-"""Measure the bus bandwidth between this node's GPUs (NCCL), or between processes over gloo on a CPU, and
-keep it for the time model (``python -m lab_helpers bandwidth``).
-
-Why: the time model's communication term is bytes per optimizer step over a link bandwidth, and the link is the
-one figure no datasheet gives for a leased node (NVLink or PCIe, which topology, how many GPUs share a switch).
-Measured once, it is recorded in ``$LAB_RESULTS/bandwidth.json`` and ``plan --time`` uses it on this node when
-no ``--link-gbs`` is given (the plan command reads the file and passes the number in; the planner does not).
-
-What is measured is nccl-tests' *bus bandwidth*: the algorithm bandwidth (tensor bytes / seconds) times the
-ring factor, 2(N-1)/N for all-reduce and (N-1)/N for all-gather (of the gathered size). That is the rate at
-which each GPU's bytes cross its link, the quantity ``planner.communication`` counts in ``link_bytes_per_gpu``,
-so the two divide directly. Each collective is timed on one tensor after a warm-up; the best of the repeats is
-kept (other work only slows a timing down).
+"""Measure the bus bandwidth between this node's GPUs (NCCL, or gloo on a CPU) for the time model: the link is the
+one figure no datasheet gives for a leased node. It is nccl-tests' *bus bandwidth* (algorithm bandwidth times the
+ring factor, 2(N-1)/N for all-reduce), the rate at which each GPU's bytes cross its link, so it divides
+``planner.communication``'s ``link_bytes_per_gpu`` directly. The best of the repeats is kept: other work only slows.
 """
 
 from __future__ import annotations
@@ -33,8 +24,8 @@ from lab_helpers.config.paths import read_lab_file, shown_path, write_lab_file
 FILE_NAME = "bandwidth.json"
 FILE_MAX_BYTES = 2**20  # an entry per host and device is ~300 bytes: a node's file is a few kB
 PLAUSIBLE_GBS = (1e-3, 1e4)
-"""Bus bandwidths a measurement can give, GB/s: from a congested 10 Mb/s link to beyond NVLink's 900. Outside, an
-entry is a hand's or a fault's (1e-300 GB/s made a step of 1.88e+297 s) and is treated as unmeasured."""
+"""GB/s, from a congested 10 Mb/s link to beyond NVLink's 900: outside, an entry is hand-made or a fault (1e-300
+GB/s makes a step of 1.88e+297 s) and is treated as unmeasured."""
 CPU_PROCESSES = 2  # the ci profile plays a 2-rank run on one CPU (configs/experiments/multi.yaml: devices "all")
 GPU_SIZE_BYTES = 256 * 2**20  # large enough that NCCL reaches its bus bandwidth (nccl-tests plateau ~64-256 MiB)
 CPU_SIZE_BYTES = 16 * 2**20  # gloo on a shared CPU: a size that takes tens of ms, not seconds
@@ -72,7 +63,6 @@ class BandwidthResult:
 def measure(
     *, world_size: int | None = None, size_bytes: int | None = None, progress: Callable[[str], None] = print
 ) -> BandwidthResult:
-    """Time all-reduce and all-gather across ``world_size`` processes: one per GPU with CUDA, else gloo on CPU."""
     import torch
     import torch.multiprocessing as mp
 
@@ -113,7 +103,6 @@ def _free_port() -> int:
 
 
 def _rank_main(rank: int, world_size: int, backend: str, size: int, port: int, results: Any) -> None:
-    """One rank: join the group, time each collective ``REPEATS`` times after a warm-up, rank 0 reports."""
     import torch
     import torch.distributed as dist
 
@@ -180,9 +169,7 @@ def save(result: BandwidthResult, path: Path | None = None) -> Path:
 
 
 def keep_per_node(result: Any, path: Path) -> Path:
-    """Keep the latest measurement per (host, device) of a node measurement (a dataclass with ``host`` and
-    ``device_name``: bandwidth's, launch_cost's) in one small JSON file, written atomically. A file there that the
-    lab may not read or write (a FIFO, a link, a directory) is one LabConfigError line; the measurement is lost."""
+    """The latest per (host, device); a file there the lab may not write (a FIFO, a link) loses the measurement."""
     try:
         entries = _read(path, strict=True)
         entries[f"{result.host}|{result.device_name}"] = asdict(result)
@@ -193,15 +180,12 @@ def keep_per_node(result: Any, path: Path) -> Path:
 
 
 def this_hosts_entries(path: Path) -> list[dict[str, Any]]:
-    """The measurements ``keep_per_node`` kept in ``path`` for this host (none when the file is missing or bad)."""
     host = platform.node()
     return [e for e in _read(path).values() if isinstance(e, dict) and e.get("host") == host]
 
 
 def _read(path: Path, *, strict: bool = False) -> dict[str, Any]:
-    """The file's entries, read by the rule of every file the lab reads (``paths.read_lab_file``: a regular file,
-    never through a link, at most ``FILE_MAX_BYTES``; a FIFO there hung ``plan --time``): one that is not, or is
-    not JSON, is skipped with one line (``strict``: raised, as OSError), an absent one is no entries."""
+    """A file that breaks the lab's reading rule, or is not JSON, is skipped in one line (``strict``: raised)."""
     try:
         data = json.loads(read_lab_file(path, max_bytes=FILE_MAX_BYTES))
     except FileNotFoundError:
@@ -218,8 +202,6 @@ def _read(path: Path, *, strict: bool = False) -> dict[str, Any]:
 
 
 def _link_gbs(entry: dict[str, Any]) -> float | str:
-    """The link figure of a kept entry (``BandwidthResult.link_gbs``), or why it is none: a field missing, of
-    another type, or a bandwidth outside ``PLAUSIBLE_GBS``."""
     figures = [entry.get("all_reduce_busbw_gbs"), entry.get("all_gather_busbw_gbs")]
     if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in figures):
         return "its bus bandwidths are missing or not numbers"
@@ -232,8 +214,7 @@ def _link_gbs(entry: dict[str, Any]) -> float | str:
 
 
 def measured_link_gbs(device_name: str | None, path: Path | None = None) -> tuple[float | None, str | None]:
-    """(GB/s, where from) measured on *this* host for ``device_name`` ("cpu", a GPU's name, or None for this
-    node's GPUs), or (None, None) when nothing was measured here."""
+    """Measured on *this* host only; ``device_name`` None: this node's GPUs."""
     host = platform.node()
     for entry in this_hosts_entries(path or bandwidth_path()):
         same = (

@@ -1,20 +1,7 @@
-"""The lab's results file: one JSON line per run (and per rank), appended, never rewritten.
-
-Why JSON lines with one ``write`` per record: a student's lease is expensive, so a crash, a ``kill -9`` or a
-full disk must never damage records that are already there. Each record is written by a single append
-under an exclusive lock and fsynced; a write that fails half-way is cut back to where it started; and a
-damaged trailing line (a kill in the middle of that one write) is skipped by the reader with a warning and
-fenced off with a newline before the next append, so it can never swallow a later record. An exception of
-any kind in the middle of the write (an interrupt too) cuts the file back to where it started.
-
-Every record is redacted as it is written (tokens from the environment and Hugging Face token shapes), so no
-error text or reason ever stores a secret, and ``export-reference`` cannot publish one.
-
-The file is opened without following a symbolic link (``O_NOFOLLOW``) and must be a regular file: a link planted
-as ``runs.jsonl`` must not make a run (perhaps as root) append to the file it points at. When the file cannot be
-opened or written at the end of a run, ``fallback.store_records`` puts the record in a fallback file and says how to merge
-it back. Readers set aside, with one warning that counts them, every line that is not a record the schema
-accepts (``record_schema.record_unfit``): one hostile line must not break every table.
+"""The lab's results file: one JSON line per run (and rank), appended, never rewritten. A lease is expensive, so a
+crash, a ``kill -9`` or a full disk must never damage records already there: each is one locked, fsynced append,
+cut back on any failure, and a damaged trailing line is skipped and fenced off. Records are redacted as written; a
+link planted as ``runs.jsonl`` is never followed; and one hostile line is set aside, never breaking every table.
 """
 
 from __future__ import annotations
@@ -47,13 +34,11 @@ class RecordWriteError(OSError):
 
 
 def results_path(path: Path | str | None = None) -> Path:
-    """The results file: ``path`` if given, else ``<results_dir>/runs.jsonl``."""
     return Path(path) if path is not None else results_dir() / RESULTS_FILENAME
 
 
 def _json_safe(value: Any) -> Any:
-    """Make a value JSON-clean: NaN and infinities become null (JSON has no NaN); paths, dates and any other
-    non-JSON value become strings -- a run that finished must never lose its record to a value's type."""
+    """A run that finished must never lose its record to a value's type; JSON has no NaN."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, Mapping):
@@ -74,17 +59,11 @@ def _json_safe(value: Any) -> Any:
 
 
 def append_record(record: Mapping[str, Any], *, path: Path | str | None = None) -> Path:
-    """Append one record durably and return the file it went to.
-
-    Refuses a record without ``experiment`` or with an unknown ``status`` so that nothing malformed is ever
-    stored (a bad record would be there forever: the file is never rewritten).
-    """
     return append_records([record], path=path)
 
 
 def record_lines(records: Sequence[Mapping[str, Any]]) -> bytes:
-    """Records as the lines a records file stores (``record_line``), each checked first: a record without
-    ``experiment`` or with an unknown ``status`` is refused (ValueError), so that nothing malformed is ever stored."""
+    """Each checked first: a malformed record would stay forever, as the file is never rewritten."""
     for record in records:
         if not record.get("experiment"):
             raise ValueError("a record needs an 'experiment'")
@@ -99,10 +78,8 @@ def record_line(record: Mapping[str, Any]) -> bytes:
 
 
 def open_locked(target: Path) -> int:
-    """An fd for appending to ``target`` (``open_results_file``) holding its exclusive lock: the one lock every
-    writer of a records file takes (ranks of one run append at the same moment; ``merge_records`` holds it across
-    its whole merge). A file unlinked while this waited for its lock (a fallback file that a merge took) is opened
-    again, so that nothing is appended to a file no one can read any more. Raises RecordWriteError."""
+    """The one lock every writer of a records file takes. A file unlinked while this waited (a fallback a merge
+    took) is opened again, so nothing is appended to a file no one can read."""
     while True:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -122,8 +99,7 @@ def open_locked(target: Path) -> int:
 
 
 def append_locked(fd: int, target: Path, data: bytes) -> None:
-    """Append ``data`` (whole lines) to the locked ``fd`` in one write, fsynced; a failure or an interrupt half-way
-    cuts the file back to where it started."""
+    """A failure or an interrupt half-way cuts the file back to where it started."""
     size_before = os.fstat(fd).st_size
     try:
         if size_before and _last_byte(target, size_before) != b"\n":
@@ -138,16 +114,12 @@ def append_locked(fd: int, target: Path, data: bytes) -> None:
 
 
 def open_results_file(target: Path) -> int:
-    """An fd for appending to ``target``: created if missing, by the rule of every file the lab appends to
-    (``paths.open_regular``: never through a symbolic link, never anything but a regular file). Raises OSError."""
     return open_regular(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 
 
 def append_records(records: Sequence[Mapping[str, Any]], *, path: Path | str | None = None) -> Path:
-    """``append_record`` for several records (a run's ranks) in one fenced, fsynced write: all are stored, or none.
-
-    A file this call created is removed again when the write fails, so that a full disk is not left with an empty
-    fallback file that looks like a stored record."""
+    """All stored or none; a file this call created is removed if the write fails, so that a full disk is not left
+    with an empty fallback file that looks like a stored record."""
     data = record_lines(records)
     target = results_path(path)
     existed = os.path.lexists(target)
@@ -193,9 +165,7 @@ _SHOWN_PROBLEMS = 3
 
 
 def iter_records(path: Path | str | None = None) -> Iterator[dict[str, Any]]:
-    """Yield the stored records in order, setting aside every line that is not a record the schema accepts
-    (a damaged line, a hand-edited or hostile one) with one warning that counts them and names the first few.
-    The file is read a line at a time: 100,000 records never stand in memory as text beside the records."""
+    """A line at a time: 100,000 records never stand in memory as text beside the records."""
     target = results_path(path)
     fh = _open_results_file(target)
     if fh is None:
@@ -222,16 +192,12 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def scan_lines(data: bytes) -> Iterator[tuple[str, dict[str, Any] | None, str | None]]:
-    """(where, record, None) for each line that is a record the schema accepts, (where, None, why not) for each
-    other non-blank line; ``where`` is "line N" or "trailing line"."""
+    """``where`` is "line N" or "trailing line"."""
     return _scan(io.BytesIO(data))
 
 
 def _scan(lines: Iterable[bytes]) -> Iterator[tuple[str, dict[str, Any] | None, str | None]]:
-    """``scan_lines`` over lines as a binary file yields them (split at b"\\n", each with its newline). "Trailing
-    line" names what it always named: the last two parts of the text split at newlines (the last line, and the
-    empty part after it where the text ends with one). Keys are shared between the records read (``_shared_keys``:
-    a key's text stored once, not once per record: half of a record's memory; repeated text values too)."""
+    """Keys and repeated text are shared between the records read: a key's text is half a record's memory."""
     decoder = json.JSONDecoder(object_pairs_hook=_shared_keys())
     pending: list[bytes] = []  # the last two lines: whether they are "trailing" is known at the end
     number = 0
@@ -266,10 +232,7 @@ def _scan_one(
 
 
 def _shared_keys():
-    """An ``object_pairs_hook`` that builds each JSON object as ``json`` does (the last of a repeated key wins, in
-    the first one's place) with its keys' text, and its values' where they are text, taken from those already
-    read: 100,000 records hold each key once, and each status, path, version or sentence they repeat once (a
-    string cannot change, so sharing it changes nothing a reader sees)."""
+    """A string cannot change, so sharing it changes nothing a reader sees."""
     texts: dict[str, str] = {}
     shared = texts.setdefault
 
@@ -280,8 +243,7 @@ def _shared_keys():
 
 
 def _open_results_file(target: Path) -> BinaryIO | None:
-    """The file opened for reading, or None (with a warning) when it is not a regular file one may read: a symbolic
-    link, a directory, a FIFO (whose read would block), a device, or a file too large to be a results file."""
+    """None with a warning for a link, a directory, a FIFO (whose read would block) or a file too large."""
     try:
         fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -307,9 +269,7 @@ def read_records(path: Path | str | None = None) -> list[dict[str, Any]]:
 
 
 def write_records_json(out: Any, path: Path | str | None = None) -> None:
-    """The stored records as ``json.dumps(read_records(path), indent=1)`` writes them (``results``), written a
-    record at a time: 100,000 records never stand in memory, as records or as one text. Each record is dumped on
-    its own and indented one level, which is what the list's dump does (a JSON string holds no newline)."""
+    """What the list's ``json.dumps(..., indent=1)`` writes, a record at a time: 100,000 never stand in memory."""
     opening = "[\n "
     for record in iter_records(path):
         out.write(opening + json.dumps(record, indent=1).replace("\n", "\n "))
@@ -318,8 +278,7 @@ def write_records_json(out: Any, path: Path | str | None = None) -> None:
 
 
 def lab_and_reference_records() -> list[dict[str, Any]]:
-    """The lab's own results (``$LAB_RESULTS/runs.jsonl``) and the shipped reference results: what the time
-    model fits its MFU to on this node (``plan_command.predict_step_time`` passes them in)."""
+    """What the time model fits its MFU to on this node."""
     from lab_helpers.config.paths import reference_dir
 
     paths = [results_dir() / "runs.jsonl", *sorted(reference_dir().glob("*.jsonl"))]
@@ -327,12 +286,8 @@ def lab_and_reference_records() -> list[dict[str, Any]]:
 
 
 def conformed(record: dict[str, Any], folders: Sequence[Path] | None = None) -> dict[str, Any]:
-    """A stored record as every reader sees it: every schema field present, the time figures derived from what it
-    measured (``iteration_times.steady_timing``: the same arithmetic for a record written today and for an old
-    one, whose stored tokens/s and MFU came from ``train_s``), and its ``bound`` by today's rule
-    (``time_bound.rederived``: the noise of an older record's busy figure from its timeline, looked for in
-    ``folders``, by default the results and reference folders); a figure it cannot derive keeps what the record
-    stored. Measured values are never changed."""
+    """Time figures re-derived from what was measured, for old records too, and ``bound`` by today's rule; a
+    measured value is never changed."""
     out = conform(record)
     timed = timed_iterations(out)  # once: both derivations read the same timed iterations
     out.update({key: value for key, value in steady_timing(out, timed).items() if value is not None})
@@ -342,21 +297,14 @@ def conformed(record: dict[str, Any], folders: Sequence[Path] | None = None) -> 
 
 
 def conformed_records(records: Iterable[dict[str, Any]], folders: Sequence[Path] | None = None) -> list[dict[str, Any]]:
-    """Records as every reader sees them (``conformed``), with one ``bound`` for the runs of one experiment on one
-    GPU whose busy figures agree within their noise (``time_bound.agree_within_noise``): a label needs the other
-    runs, so this is the step that the tables and the answer key read. ``records`` is read once, one at a time (an
-    iterator of stored records never stands in memory beside the conformed ones)."""
+    """A ``bound`` agreed within the noise needs the other runs, so this is the step the tables and the key read."""
     if folders is None:
         folders = (results_dir(), reference_dir())
     return agree_within_noise([conformed(record, folders) for record in records])
 
 
 def _conformed_rows(records: Iterable[dict[str, Any]], folders: Sequence[Path]) -> tuple[list[str], list[list[Any]]]:
-    """``conformed_records`` as (columns, one list of values per record): what ``pd.DataFrame`` makes of the
-    conformed dicts, without 100,000 dicts of 100 keys standing in memory together (a third of a GPU record's
-    memory). The columns are the keys in the order first seen (the schema's, then any unknown one), a key a record
-    lacks is NaN, as pandas fills it; ``agree_within_noise`` is given the fields it reads (``AGREEMENT_FIELDS``)
-    of the runs it pools and its labels are written back into their rows."""
+    """What ``pd.DataFrame`` makes of the conformed dicts, without 100,000 dicts of 100 keys in memory together."""
     nan = float("nan")
     columns: list[str] = []
     rows: list[list[Any]] = []
@@ -381,8 +329,6 @@ def _conformed_rows(records: Iterable[dict[str, Any]], folders: Sequence[Path]) 
 
 
 def load_results(path: Path | str | None = None):
-    """All records as a pandas DataFrame, one row per record (per rank for distributed runs), with every
-    field of ``record_schema`` as a column (None where an older record lacks it)."""
     import pandas as pd  # keeps `python -m lab_helpers run` from paying pandas' import time
 
     folders = (results_path(path).parent, results_dir(), reference_dir())  # where its timelines are
@@ -409,21 +355,15 @@ def load_results(path: Path | str | None = None):
 # ------------------------------------------------------------------------------------------------ selecting
 
 LATE_MARKS = ("recovered", "merged_at")
-"""Fields of a record the lab appends after runs that started later may be stored: a run recovered from its run
-folder (``recovery``), a fallback file merged back (``merge_records``). Such a record takes its place in the order
-of records by when it started, never after a run that started after it."""
+"""A record the lab appends late (recovered, merged) takes its place by when it started."""
 
 CLOCK_SLACK_S = 300.0
-"""How far a ``started_at`` may run ahead of the records after it (or of now) before it is shown as odd: clocks
-of two machines, or one adjusted by NTP, differ by seconds, not by minutes."""
+"""Two machines' clocks, or one adjusted by NTP, differ by seconds, not by minutes."""
 
 
 def record_order(frame) -> list[float]:
-    """Each row's place in the order of records: its position in the file (append-only: a later line is a later
-    run, whatever any clock said), so that a clock ahead or an edited ``started_at`` hides nothing. A row appended
-    late by the lab itself (``LATE_MARKS``) is placed just before the first ordinary row that started after it.
-    Linear in the rows, bar one binary search per late row; the starts are compared as the integer ticks of one
-    datetime array (no Timestamp object per row: 100,000 of them took a second, on every table)."""
+    """The position in the file (a later line is a later run, whatever a clock said); a row the lab appended late
+    goes just before the first ordinary row that started after it. Integer ticks: a Timestamp per row cost a second."""
     import numpy as np
 
     rows = len(frame)
@@ -441,12 +381,9 @@ def record_order(frame) -> list[float]:
 
 
 _NAT_TICKS = -(2**63)
-"""NaT as a datetime array's integer ticks: the smallest int64."""
 
 
 def _start_ticks(frame):
-    """Each row's ``started_at`` as the int64 ticks of one UTC datetime array (``_started``'s times, comparable
-    among themselves), ``_NAT_TICKS`` where there is none."""
     import numpy as np
     import pandas as pd
 
@@ -457,11 +394,8 @@ def _start_ticks(frame):
 
 
 def odd_started_at(frame) -> list[tuple[int, str]]:
-    """(row, why) for each ordinary row whose ``started_at`` cannot be when it started -- a clock ahead or behind,
-    an edited record. A run is stored once it has ended, so a run stored earlier started before every run stored
-    later had ended: where two rows break that, the fewer of the two explanations is shown (the rows ahead of
-    the runs stored after them, or the rows behind the runs stored before them), and any start in the future.
-    Tables order by ``record_order`` whatever this finds; nothing is changed."""
+    """A run is stored once it has ended, so a run stored earlier started before every run stored later had ended;
+    where two rows break that, the fewer of the two explanations is shown. Nothing is changed."""
     import datetime as dt
 
     import pandas as pd
@@ -494,9 +428,7 @@ def odd_started_at(frame) -> list[tuple[int, str]]:
 
 
 def _odd_in_ticks(frame, now) -> list[tuple[int, str]] | None:
-    """``odd_started_at`` in integer nanoseconds, at numpy's speed (the Timestamp arithmetic per row took seconds
-    for 100,000 records): the same instants, sums and comparisons, so the same rows. None where a start is out of
-    nanoseconds' range (the caller then does it with Timestamps)."""
+    """Timestamps per row take seconds for 100,000 records; None where a start is beyond nanoseconds' range."""
     import numpy as np
     import pandas as pd
 
@@ -557,19 +489,11 @@ def _missing(value: Any) -> bool:
 
 
 _LATEST_KEYS = ("experiment", "rank", "profile", "started_at", "status", "simulated_world_size", *LATE_MARKS)
-"""The columns that choose the latest runs: ``latest_runs`` works on these and takes only the chosen rows whole."""
 
 
 def latest_runs(df, *, profile: str | None = None, order: Sequence[str] | None = None):
-    """The latest record per (experiment, rank), sorted by the lab's experiment order (then rank).
-
-    "Latest" is the last in the order of records (``record_order``: the position in the file, never a clock), so a
-    rerun of an experiment replaces the earlier run in every table and plot while the file keeps both, and a
-    ``started_at`` ahead of its time (``odd_started_at``) hides nothing.
-    ``order`` defaults to the order of configs/experiments/*.yaml; experiments not in it follow, as recorded.
-    The choice is made on the few columns that decide it (``_LATEST_KEYS``); the chosen rows are then taken whole
-    (a copy of every column of 100,000 records, on each of a comparison's tables and plots, was most of its time).
-    """
+    """The latest by position in the file, never a clock: a rerun replaces the earlier run in every table while the
+    file keeps both. Chosen on ``_LATEST_KEYS`` alone, as copying every column took most of a comparison's time."""
     import numpy as np
     import pandas as pd
 
@@ -603,13 +527,11 @@ def latest_runs(df, *, profile: str | None = None, order: Sequence[str] | None =
 
 
 def simulated_label(experiment: str, world_size: int) -> str:
-    """How every table and plot names a simulated rank's run (``simulated_world_size``): its memory is real, its
-    time has no communication in it, and it must never pass for a real N-GPU run."""
+    """Its memory is real, its time has no communication in it: it must never pass for a real N-GPU run."""
     return f"{experiment} (simulated rank 0 of {world_size}, no communication)"
 
 
 def _marked_simulated(frame):
-    """The experiment column with simulated ranks' runs renamed by ``simulated_label``."""
     import numpy as np
     import pandas as pd
 

@@ -1,30 +1,8 @@
-"""Where a run's time goes: how busy its GPU was during the training loop, and what limits it (``bound``).
-
-Why: on the H100 the small runs kept the GPU 5-25 % busy, and nothing in a record said so: a student read "bf16
-is slower than fp32" where the GPU was simply waiting on Python. The bound is judged from the device's side, over
-the timed loop only (start-up, checkpoint load and teardown would dilute it):
-
-* ``gpu_busy_pct``: NVML's utilisation (the share of each sample period in which at least one kernel ran)
-  averaged over the timeline samples inside the loop, with its noise ``gpu_busy_spread_pct`` from those samples
-  (a short loop has few 100-200 ms samples, and one stall moves their mean). It says whether the GPU had work,
-  not how well the work used it (MFU says that).
-* a ``--profile-steps`` profile (``torch_profile_summary``), where there is one: the device-idle share of its
-  steps, exact but of other micro-batches than the timed ones, and kernels per step (many short kernels: the
-  host's launches set the pace). Its collective-kernel share alone can say ``communication``.
-
-``host_core_pct`` (the training process's CPU time over the loop, 100 = one core) is recorded but is no evidence:
-it is 97-100 % in every GPU record, GPU-bound ones included, since a thread waiting in a CUDA synchronisation
+"""Where a run's time goes: how busy its GPU was in the timed loop, and what limits it (``bound``). On the H100 the
+small runs kept the GPU 5-25 % busy and nothing said so: a student read "bf16 is slower" where the GPU waited on
+Python. Judged from the device's side: NVML's utilisation says whether the GPU had work, not how well it used it.
+``host_core_pct`` is no evidence: it is 97-100 % in every GPU record, as a thread waiting in a CUDA synchronisation
 spins its core.
-
-The rule (``classify``): ``gpu`` at >= GPU_BOUND_BUSY_PCT busy, ``host`` at <= HOST_BOUND_BUSY_PCT, ``both`` between
-(neither the host nor the GPU alone sets the pace: the GPU idles a share of the loop, and works most of it). Runs of
-one experiment on one GPU whose busy figures agree within their noise share one label (``agree_within_noise``);
-where they differ beyond it, each row's reason names the figure and by how much. The label is derived: readers
-re-derive it for old records (``records.conformed``), so the shipped references follow the rule.
-
-The record layer (``run_record``) calls ``where_time_goes`` with the timeline the sampler wrote
-(``sampler.TIMELINE_COLUMNS``) and the loop's window the child reported (``loop_monotonic_s``), shifted to the
-timeline's clock.
 """
 
 from __future__ import annotations
@@ -41,20 +19,15 @@ from lab_helpers.config.iteration_times import bootstrap_spread_pct, finite_numb
 from lab_helpers.config.paths import regular_file_inside
 
 GPU_BOUND_BUSY_PCT = 90.0
-"""At or above this busy share the GPU had work nearly all the loop (idle at most a tenth of it): its own work
-sets the pace, and a faster host could gain at most that tenth: ``gpu``."""
+"""Idle at most a tenth of the loop: its own work sets the pace, and a faster host gains at most that tenth."""
 
 HOST_BOUND_BUSY_PCT = 50.0
-"""At or below this busy share the GPU idled at least half the loop, waiting on the host side (Python, kernel
-launches, synchronisations, the data loader): ``host``. Between the two thresholds: ``both``."""
+"""Idle at least half the loop, waiting on the host (Python, launches, synchronisations, the data loader)."""
 
 COMMUNICATION_BOUND_PCT = 50.0
-"""At or above this share of the device's busy time in collective kernels (a ``--profile-steps`` trace,
-``step_profile.summarize``'s ``collective_pct``), a run of several ranks is ``communication`` bound. NVML alone
-never says so: it counts a collective kernel waiting on its peers as busy."""
+"""From a profile only: NVML counts a collective kernel waiting on its peers as busy."""
 
 MIN_BUSY_SAMPLES = 3
-"""Fewer NVML samples inside the loop than this give no noise estimate (``gpu_busy_spread_pct`` None)."""
 
 BAND_WORDS = {
     "gpu": f">= {GPU_BOUND_BUSY_PCT:.0f} %: the GPU had work nearly all the loop, its own work sets the pace",
@@ -76,7 +49,6 @@ def loop_window(loop_monotonic_s: Any, timeline_t0_monotonic_s: float | None) ->
 
 
 def read_gpu_utilisation(path: Path) -> list[tuple[float, int, float]]:
-    """(t_s, NVML GPU index, util_pct) of every GPU row of a timeline CSV; [] where there is none."""
     rows: list[tuple[float, int, float]] = []
     try:
         with open(path, newline="") as fh:
@@ -93,7 +65,6 @@ def read_gpu_utilisation(path: Path) -> list[tuple[float, int, float]]:
 
 
 def loop_samples(samples: Iterable[tuple[float, int, float]], window: tuple[float, float]) -> dict[int, list[float]]:
-    """The NVML utilisation samples per GPU index taken inside ``window`` (timeline seconds)."""
     start, end = window
     inside: dict[int, list[float]] = {}
     for t_s, gpu, util in samples:
@@ -103,14 +74,11 @@ def loop_samples(samples: Iterable[tuple[float, int, float]], window: tuple[floa
 
 
 def gpu_busy_pct_per_gpu(samples: Iterable[tuple[float, int, float]], window: tuple[float, float]) -> dict[int, float]:
-    """Mean NVML utilisation per GPU index over the samples taken inside ``window`` (timeline seconds)."""
     return {gpu: statistics.fmean(values) for gpu, values in loop_samples(samples, window).items()}
 
 
 def busy_spread(values: Sequence[float]) -> float | None:
-    """The noise of the samples' mean busy share, in points: half its 95 % bootstrap interval (the same resampling
-    as a steady time's spread). A short loop has few samples and one stall moves their mean: the spread says how
-    far. None under MIN_BUSY_SAMPLES samples."""
+    """A short loop has few 100-200 ms samples and one stall moves their mean: the spread says how far."""
     if len(values) < MIN_BUSY_SAMPLES:
         return None
     mean = statistics.fmean(values)
@@ -119,7 +87,6 @@ def busy_spread(values: Sequence[float]) -> float | None:
 
 
 def band(busy_pct: float) -> str:
-    """``gpu``, ``both`` or ``host`` for a busy share (module docstring)."""
     return "gpu" if busy_pct >= GPU_BOUND_BUSY_PCT else "host" if busy_pct <= HOST_BOUND_BUSY_PCT else "both"
 
 
@@ -133,8 +100,7 @@ def busy_words(busy_pct: float, spread: float | None, samples: int | None) -> st
 
 
 def profile_words(profile: Mapping[str, Any]) -> str:
-    """A profile's device figures: its device-idle share and kernels per step, with the device time of a mean
-    kernel (a few us each: many short kernels, whose launches the host pays one by one); '' without them."""
+    """A few us per kernel means many short kernels, whose launches the host pays one by one."""
     idle = finite_number(profile.get("device_idle_pct"))
     if idle is None:
         return ""
@@ -156,11 +122,8 @@ def classify(
     profile: Mapping[str, Any] | None = None,
     samples: int | None = None,
 ) -> tuple[str | None, str]:
-    """(bound, why) from the device's side: ``communication`` only from a profile (several ranks whose collective
-    kernels took at least COMMUNICATION_BOUND_PCT of the device's busy time); else the band of the GPU's busy
-    share over the timed loop (``band``; a profile's 100 - device_idle_pct where NVML has no sample inside the
-    loop). ``why`` gives the figures with their noise and says where a threshold lies inside it. None where there
-    is no device figure."""
+    """``communication`` only from a profile, else the band of the busy share over the timed loop; ``why`` says where
+    a threshold lies inside the noise."""
     profile = profile if isinstance(profile, Mapping) else {}
     idle, collective = finite_number(profile.get("device_idle_pct")), finite_number(profile.get("collective_pct"))
     if gpu_busy_pct is not None:
@@ -196,10 +159,7 @@ def where_time_goes(
     gpu_index: int | None,
     world_size: int,
 ) -> dict[str, Any]:
-    """The record's ``gpu_busy_pct`` with its ``gpu_busy_spread_pct`` and ``gpu_busy_sample_count``,
-    ``gpu_busy_pct_per_gpu``, ``gpu_busy_reason``, ``bound`` and ``bound_reason`` for one rank, and
-    ``loop_window_s``: the timed loop on the timeline's clock, on a CPU too (the timeline figure marks load, loop
-    and teardown with it). ``gpu_index``: the NVML index of this rank's GPU (None: unknown, or a CPU run)."""
+    """``loop_window_s`` on a CPU too: the timeline figure marks load, loop and teardown with it."""
     window = loop_window(report.get("loop_monotonic_s"), timeline_t0_monotonic_s)
     loop = None if window is None else [round(window[0], 3), round(window[1], 3)]
     none = {"gpu_busy_pct": None, "gpu_busy_spread_pct": None, "gpu_busy_sample_count": None,
@@ -237,9 +197,7 @@ def where_time_goes(
 
 
 def stored_loop_samples(record: Mapping[str, Any], folders: Sequence[Path]) -> list[float]:
-    """The NVML samples behind a stored record's ``gpu_busy_pct``, from its timeline (``timeline_path`` inside one
-    of ``folders``, ``loop_window_s``): a record written before ``gpu_busy_spread_pct`` holds what its noise is
-    derived from. [] where the file is not there, or its samples do not give the record's own figure."""
+    """What an older record's noise is derived from; [] where they do not give the record's own figure."""
     busy, window = finite_number(record.get("gpu_busy_pct")), record.get("loop_window_s")
     raw, per_gpu = record.get("timeline_path"), record.get("gpu_busy_pct_per_gpu")
     if busy is None or not isinstance(raw, str) or not isinstance(per_gpu, Mapping):
@@ -260,10 +218,7 @@ def stored_loop_samples(record: Mapping[str, Any], folders: Sequence[Path]) -> l
 
 
 def rederived(record: Mapping[str, Any], folders: Sequence[Path]) -> dict[str, Any]:
-    """``bound`` and ``bound_reason`` of a stored record by today's rule, from what it holds (its busy figure, its
-    noise, a profile), and the noise itself (``gpu_busy_spread_pct``, ``gpu_busy_sample_count``) where an older
-    record lacks it and its timeline is there (``stored_loop_samples``). {} where it holds no device figure (a CPU
-    run, a record without a loop window): what it stored stays."""
+    """By today's rule, so the shipped references follow it; {} where the record holds no device figure."""
     busy = finite_number(record.get("gpu_busy_pct"))
     profile = record.get("torch_profile_summary")
     profile = profile if isinstance(profile, Mapping) else {}
@@ -282,13 +237,11 @@ def rederived(record: Mapping[str, Any], folders: Sequence[Path]) -> dict[str, A
 
 
 RUN_LENGTH_OVERRIDES = ("train.max_steps", "train.lr_warmup_steps")
-"""Overrides that set only how long a run is (quick mode's, a profile's extra steps: ``quick_mode.quick_overrides``):
-they change no kernel, so two runs that differ in them alone are runs of one experiment."""
+"""They change no kernel, so runs that differ in them alone are runs of one experiment."""
 
 
 def _same_experiment(record: Mapping[str, Any]) -> str:
-    """What makes two records runs of one experiment on one GPU: the same experiment and overrides (but for the run's
-    length), GPU model, rank and ranks (a simulated rank 0 of 4 is not one of 8)."""
+    """Overrides but for the run's length; a simulated rank 0 of 4 is not one of 8."""
     overrides = record.get("overrides") if isinstance(record.get("overrides"), Mapping) else {}
     shaping = {key: value for key, value in overrides.items() if key not in RUN_LENGTH_OVERRIDES}
     keys = ("experiment", "device_name", "profile", "rank", "world_size", "simulated_world_size")
@@ -312,7 +265,6 @@ def _figure(record: Mapping[str, Any]) -> str:
 
 
 def _differs(run: Mapping[str, Any], other: Mapping[str, Any], other_label: str) -> str:
-    """What sets ``run`` apart from ``other``, a run of its experiment on its GPU with another label."""
     apart, noise = _apart(run, other)
     if math.isinf(noise):
         beyond = "one has no noise estimate"
@@ -326,12 +278,8 @@ def _differs(run: Mapping[str, Any], other: Mapping[str, Any], other_label: str)
 
 
 def agree_within_noise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``records`` (conformed) with one ``bound`` for the runs of one experiment on one GPU whose busy figures agree
-    within their joint noise: the band of their pooled figure (the mean of all their samples). A run whose figure
-    differs beyond the noise from another's keeps its own label, and where the two labels differ its reason names
-    the other run, the figure and by how much it differs beyond the noise (the first NAMED_OTHERS such runs; more
-    are counted). Why: a label read off one threshold flipped between two quick runs of ``small-batch`` on one
-    H200 (76 and 97 % busy, the same time per micro-batch)."""
+    """One label for runs whose busy figures agree within their joint noise: a label read off one threshold flipped
+    between two quick runs of ``small-batch`` on one H200 (76 and 97 % busy, the same time per micro-batch)."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for record in records:
         if pooled_candidate(record):
@@ -351,13 +299,10 @@ AGREEMENT_FIELDS = (
     "experiment", "overrides", "device_name", "profile", "rank", "world_size", "simulated_world_size", "status",
     "bound", "bound_reason", "gpu_busy_pct", "gpu_busy_spread_pct", "gpu_busy_sample_count", "run_id",
 )  # fmt: skip
-"""What ``agree_within_noise`` reads of a record (it changes ``bound`` and ``bound_reason``): a reader of 100,000
-records may give it these alone."""
+"""A reader of 100,000 records may give ``agree_within_noise`` these alone."""
 
 
 def pooled_candidate(record: Mapping[str, Any]) -> bool:
-    """Whether ``agree_within_noise`` pools ``record`` with its experiment's other runs: a finished run with a busy
-    figure and a band."""
     return (
         record.get("status") == "ok"
         and record.get("bound") in BAND_WORDS
@@ -366,14 +311,11 @@ def pooled_candidate(record: Mapping[str, Any]) -> bool:
 
 
 NAMED_OTHERS = 3
-"""The runs of its experiment on its GPU with another label that a run's reason names, in the order of records;
-more are counted, not named (a class's term holds thousands of runs of one experiment: a reason naming each of
-the others was a quadratic text)."""
+"""More are counted, not named: a term holds thousands of runs of one experiment, and naming each is quadratic."""
 
 
 def _name_the_others(runs: list[dict[str, Any]], labels: list[str]) -> None:
-    """Each run's reason names the first NAMED_OTHERS runs of its group labelled otherwise (``_differs``), and
-    counts the rest. The runs labelled otherwise than a label are the same for every run of that label."""
+    """The runs labelled otherwise than a label are the same for every run of that label."""
     for label in set(labels):
         others = [j for j, other_label in enumerate(labels) if other_label != label]
         if not others:
@@ -388,14 +330,8 @@ def _name_the_others(runs: list[dict[str, Any]], labels: list[str]) -> None:
 
 
 def _pooled_labels(runs: list[dict[str, Any]]) -> list[tuple[str, float, int]]:
-    """(label, pooled figure, how many others agree) for each run of one group: the runs whose busy figures agree
-    with its own within their joint noise (``_apart``), pooled by their sample counts; the band of the pooled
-    figure where any other agrees, else its own label.
-
-    Every pair of a group is compared (a group of 5,000 runs is 25 million pairs), so at numpy's speed and in
-    blocks of rows. The figures are those of the loop over pairs, bit for bit: the same subtraction; ``math.hypot``
-    itself for any pair whose figures lie within 1e-12 of the joint noise (numpy's hypot may round otherwise); the
-    pooled sums accumulated left to right in the group's order (``cumsum``, as Python 3.11's ``sum`` adds floats)."""
+    """Every pair is compared (5,000 runs: 25 million pairs), so with numpy in blocks, giving the loop's figures bit
+    for bit: ``math.hypot`` within 1e-12 of the joint noise, where numpy's may round otherwise; sums in group order."""
     import numpy as np
 
     count = len(runs)
