@@ -5,6 +5,7 @@ benchmarks/wheelhouse_check.py, with its output committed."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -381,3 +382,80 @@ def test_a_node_package_in_another_version_stays_when_every_requirement_accepts_
     assert "pandas" in {r.name for r in wheel_plan.left_to_collect(more, have_more, [], target=TARGET)}
     # without the target, as before: every differing version is carried
     assert {r.name for r in wheel_plan.left_to_collect(resolved, have, [])} == kept | {"numpy", "hjson"}
+
+
+# ------------------------------------------------------------- issue 54: refused before anything is downloaded
+
+
+def _no_pip(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(command, what, **kwargs):
+        raise AssertionError(f"pip ran ({what}): the input should have been refused first")
+
+    monkeypatch.setattr(wh, "_run", refused)
+
+
+_CLI_WITHOUT_PIP = """
+import sys
+from lab_helpers.assets import wheelhouse
+from lab_helpers.cli import main
+def refused(command, what, **kwargs):
+    raise SystemExit(f"pip ran ({what}): the input should have been refused first")
+wheelhouse._run = refused
+sys.exit(main(sys.argv[1:]))
+"""
+"""The CLI's main in a process of its own (a hang is a timeout, not a stuck test), pip never run: nothing is
+downloaded when a refusal is missed."""
+
+
+@pytest.mark.parametrize("node_has", ["a FIFO", "/dev/zero", "a link", "100 MB"])
+def test_a_node_list_that_is_no_regular_file_is_one_line_at_once(tmp_path: Path, node_has: str) -> None:
+    """`--node-has /dev/zero` filled 24 GB until the kernel killed it; a FIFO hung. The real CLI now refuses each in
+    one line before pip runs (a 60 s timeout stands for the hang)."""
+    listing = tmp_path / "node.txt"
+    if node_has == "a FIFO":
+        os.mkfifo(listing)
+    elif node_has == "a link":
+        (tmp_path / "real.txt").write_text("numpy==2.4.6\n")
+        listing.symlink_to(tmp_path / "real.txt")
+    elif node_has == "100 MB":
+        with open(listing, "wb") as fh:
+            fh.truncate(100 * 2**20)  # sparse: no disk spent
+    else:
+        listing = Path(node_has)
+    args = ["wheelhouse", "--python", "3.12", "--dest", str(tmp_path / "w"), "--node-has", str(listing)]
+    proc = subprocess.run([sys.executable, "-c", _CLI_WITHOUT_PIP, *args], capture_output=True, text=True, timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: --node-has {listing}: "), lines
+    why = {"a FIFO": "(a FIFO)", "/dev/zero": "(a device)", "a link": "symbolic link", "100 MB": "more than"}
+    assert why[node_has] in lines[0]
+    assert not (tmp_path / "w").exists()
+
+
+def test_a_dest_that_is_no_folder_is_one_line_before_pip(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`wheelhouse --dest /proc/x` or an existing file was a traceback."""
+    _no_pip(monkeypatch)
+    (tmp_path / "a-file").write_text("mine\n")
+    for dest, why in (("/proc/x", "special file system"), (str(tmp_path / "a-file"), "not a folder")):
+        assert main(["wheelhouse", "--python", "3.12", "--dest", dest]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: --dest {dest}: ") and why in err and "\n" not in err, err
+    assert (tmp_path / "a-file").read_text() == "mine\n"
+
+
+def test_a_cuda_bitsandbytes_has_no_library_for_is_refused_before_pip(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--cuda 99.9` was refused only after 39 s and 200 MB of downloads (when the wheel was trimmed)."""
+    _no_pip(monkeypatch)
+    args = ["wheelhouse", "--python", "3.12", "--dest", str(tmp_path / "w"), "--with", "qlora", "--cuda", "99.9"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --cuda 99.9: bitsandbytes 0.49.2 has no library for it") and "13.0" in err
+    assert not (tmp_path / "w").exists()
+
+
+def test_the_cuda_list_is_the_pinned_bitsandbytes_ones() -> None:
+    """BITSANDBYTES_CUDA was read from the pinned wheel: a new pin needs the list read again from its wheel."""
+    assert wh.BITSANDBYTES_CUDA[0] == wheel_plan.pinned_version(wheel_plan.read_constraints(), "bitsandbytes")

@@ -20,6 +20,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from lab_helpers.config.experiments import LabConfigError
+from lab_helpers.config.paths import read_lab_file
 
 REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = REPO / "pyproject.toml"
@@ -292,9 +293,12 @@ def _name(requirement: str) -> str:
     return canonicalize_name(Requirement(requirement).name)
 
 
+NODE_LIST_MAX_BYTES = 4 * 2**20  # `pip list --format=freeze` of a well-stocked image (~1,000 packages) is ~30 kB
+
+
 def read_node_packages(path: Path) -> dict[str, str | None]:
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (an editor's or PowerShell's) is no name
+    try:  # the lab's rule for a file it reads: /dev/zero filled 24 GB, a FIFO hung
+        text = read_lab_file(path, max_bytes=NODE_LIST_MAX_BYTES).decode("utf-8-sig")  # a byte-order mark is no name
     except OSError as err:
         raise WheelhouseError(f"--node-has {path}: cannot read it ({err.strerror})") from err
     except UnicodeDecodeError as err:

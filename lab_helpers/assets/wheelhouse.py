@@ -45,7 +45,7 @@ from lab_helpers.assets.wheel_plan import (
     read_pyproject,
     resolve_command,
 )
-from lab_helpers.config.paths import write_lab_file
+from lab_helpers.config.paths import describe_os_error, lab_folder, write_lab_file
 
 LEFT_OUT = {"notebooks": ("debugpy",)}
 """Packages a group's resolution holds that the node does without: ipykernel imports its debugger only if present."""
@@ -93,6 +93,11 @@ def pip_error(lines: Sequence[str]) -> str:
             causes.append(line.strip())
         reason += " (" + "; ".join(causes) + ")"
     return reason
+
+
+BITSANDBYTES_CUDA = ("0.49.2", ("11.8", "12.0", "12.1", "12.2", "12.3", "12.4", "12.5", "12.6", "12.8", "12.9", "13.0"))
+"""The CUDA releases whose library the pinned bitsandbytes' manylinux x86_64 wheel holds (read from that wheel):
+another ``--cuda`` was refused only after 39 s and 200 MB of downloads."""
 
 
 def bitsandbytes_library(cuda: str) -> str:
@@ -145,12 +150,17 @@ def build_wheelhouse(
     echo: Callable[[str], None] = print,
 ) -> dict:
     """Collect the wheels into ``dest`` and write its extras and manifest files; returns the manifest."""
-    if cuda is not None:
-        bitsandbytes_library(cuda)  # checked before anything is downloaded
+    _dest_folder(dest, create=False)  # before anything is downloaded
+    all_pins = read_constraints(drop=())
+    if cuda is not None:  # checked before anything is downloaded
+        bitsandbytes_library(cuda)
+        bitsandbytes, shipped = pinned_version(all_pins, "bitsandbytes"), BITSANDBYTES_CUDA[1]
+        if bitsandbytes == BITSANDBYTES_CUDA[0] and cuda not in shipped:
+            raise WheelhouseError(f"--cuda {cuda}: bitsandbytes {bitsandbytes} has no library for it (it has CUDA "
+                                  f"{', '.join(shipped)}); give the node's torch.version.cuda")  # fmt: skip
     pyproject = read_pyproject()
     extras = lab_extras(pyproject, with_groups=with_groups)
     requirements = lab_requirements(pyproject, extras) + node_imported_requirements(node_has)
-    all_pins = read_constraints(drop=())
     constraints = read_constraints()
     node_torch = torch_version or pinned_version(all_pins, NODE_PROVIDES)
     deepspeed = pinned_version(constraints, "deepspeed")
@@ -158,7 +168,7 @@ def build_wheelhouse(
         req = Requirement(text)
         if canonicalize_name(req.name) == NODE_PROVIDES and not req.specifier.contains(node_torch, prereleases=True):
             raise WheelhouseError(f"--torch {node_torch}: the lab needs {req}; upgrade the node's torch")
-    dest.mkdir(parents=True, exist_ok=True)
+    _dest_folder(dest, create=True)
     stale = [p.name for p in dest.glob("*.whl")]
     if stale:
         raise WheelhouseError(f"{dest} already holds {len(stale)} wheels; give an empty or new --dest")
@@ -254,6 +264,14 @@ def build_wheelhouse(
     echo(f"wheelhouse: {len(wheels)} wheels, {size_mib:.0f} MiB in {dest}")
     echo(f"wheelhouse: on the node, in the checkout: LAB_WHEELHOUSE={dest} bash scripts/run-lab.sh")
     return manifest
+
+
+def _dest_folder(dest: Path, *, create: bool) -> None:
+    """The rule of every folder the lab writes (``paths.lab_folder``): /proc/x or a file there was a traceback."""
+    try:
+        lab_folder(dest, create=create)
+    except OSError as exc:
+        raise WheelhouseError(f"--dest {dest}: {describe_os_error(exc)}; give an empty or new folder") from None
 
 
 def _wheel_name(filename: str) -> str:
