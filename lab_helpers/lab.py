@@ -27,7 +27,7 @@ from lab_helpers.record.fallback import store_records
 from lab_helpers.record.records import append_record
 from lab_helpers.record.records import results_path as results_file
 from lab_helpers.record.recovery import holding_run, recover_orphans, write_launch
-from lab_helpers.record.results_folder import check_results_folder, remove_if_empty
+from lab_helpers.record.results_folder import check_results_folder, make_run_folder, remove_if_empty
 from lab_helpers.record.run_record import base_record, one_line, records_from, relative_to_results
 from lab_helpers.training.quick_mode import QUICK_ENV, quick_from_env, quick_overrides
 
@@ -110,8 +110,7 @@ def run_experiment(
     base["time_limit_s"] = limit_s
     check_run_files(run)
     with one_run_at_a_time(exp_id, results_dir()):  # a run beside another would share its GPUs: refused
-        run_dir = results_dir() / "runs" / base["run_id"]
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = make_run_folder(base["run_id"])  # runs/ a real folder, never a link to elsewhere
         command = launcher.command(run, run_dir)
         ranks = launcher.ranks(run)
         with InterruptShield() as shield, holding_run(run_dir):  # the lock: no recovery takes a live run

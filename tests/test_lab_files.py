@@ -102,6 +102,61 @@ def test_compare_out_empty_is_one_line_and_writes_nothing(results, tmp_path):
     assert list(here.iterdir()) == []
 
 
+# ------------------------------------------------------------------------- issue 54: the rule of every read
+
+
+def test_read_lab_file_reads_only_a_regular_file_inside_its_folder_and_capped(tmp_path):
+    """The readers' rule, one function (paths.read_lab_file): a FIFO, /dev/zero, a link (at the file or on the way),
+    a file outside its folder and one past the cap are refused at once, in words; a regular file is read."""
+    from lab_helpers.config.paths import read_lab_file
+
+    run = tmp_path / "run"
+    (run / "reports").mkdir(parents=True)
+    (run / "reports" / "rank0.json").write_text("{}")
+    os.mkfifo(run / "fifo.json")
+    (tmp_path / "secret").write_text("peak 99")
+    (run / "link.json").symlink_to(tmp_path / "secret")
+    (run / "linked").symlink_to(run / "reports")
+    assert read_lab_file(run / "reports" / "rank0.json", max_bytes=2, folder=run) == b"{}"
+    refused = {
+        run / "fifo.json": "not a regular file (a FIFO)",
+        Path("/dev/zero"): "not a regular file (a device)",
+        run / "link.json": "a symbolic link, which the lab does not read through",
+        run / "linked" / "rank0.json": "linked on its way is a symbolic link",
+        tmp_path / "secret": "not inside",
+        run / "reports": "not a regular file (a directory)",
+    }
+    for path, words in refused.items():
+        with pytest.raises(OSError) as caught:
+            read_lab_file(path, max_bytes=100, folder=None if path == Path("/dev/zero") else run)
+        assert words in caught.value.strerror, path
+    with pytest.raises(OSError, match="2 bytes, more than the 1"):
+        read_lab_file(run / "reports" / "rank0.json", max_bytes=1, folder=run)
+    with pytest.raises(FileNotFoundError):  # nothing there stays what it is: most readers take it as "none yet"
+        read_lab_file(run / "none.json", max_bytes=1, folder=run)
+
+
+@pytest.mark.parametrize("linked", ["runs", "figures"])
+def test_a_linked_runs_or_figures_folder_is_one_line_and_nothing_is_written_through(results, tmp_path, linked):
+    """`$LAB_RESULTS/runs` or `$LAB_RESULTS/figures` a symbolic link: the run folder, or compare's CSV and figures,
+    went into the link's target, exit 0, no word. The real CLI now refuses in one line, exit 2."""
+    from lab_helpers.record.records import append_record
+
+    target = tmp_path / "target"
+    target.mkdir()
+    results.mkdir()
+    (results / linked).symlink_to(target)
+    if linked == "runs":
+        proc = _cli("run", "grad-accum", "--set", "train.max_steps=2", env={"LAB_PROFILE": "ci"})
+    else:
+        append_record({"experiment": "baseline", "status": "ok", "profile": "ci", "run_id": "r1", "train_s": 1.0})
+        proc = _cli("compare")
+    line = _one_line(proc)
+    assert f"{results}/{linked} is a symbolic link" in line and "real folder" in line
+    assert list(target.iterdir()) == [] and (results / linked).is_symlink()
+    assert linked == "figures" or not (results / "runs.jsonl").exists()
+
+
 # ------------------------------------------------------------------------------ the lab's folders, up front
 
 

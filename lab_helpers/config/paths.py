@@ -117,7 +117,9 @@ PATH_MAX = 4095
 
 def describe_os_error(exc: OSError) -> str:
     """An OSError in words a student can act on."""
-    if exc.errno == errno.ELOOP:
+    if exc.errno == errno.ELOOP:  # the lab's own words (which link) where it gave them
+        if exc.strerror and exc.strerror != os.strerror(errno.ELOOP):
+            return exc.strerror
         return "it is a symbolic link, and the lab does not write through one (remove the link)"
     if exc.errno == errno.EISDIR:
         return "it is a directory"
@@ -147,8 +149,9 @@ def path_problem(path: Path) -> str | None:
     return None
 
 
-def lab_folder(folder: Path, *, create: bool = True) -> Path:
-    """A link the user made to a bigger disk is fine; /proc, /sys and /dev are not storage."""
+def lab_folder(folder: Path, *, create: bool = True, inside: Path | None = None) -> Path:
+    """A link the user made to a bigger disk is fine; /proc, /sys and /dev are not storage. Below ``inside`` (the
+    results folder's ``runs/``, ``figures/``) every folder is a real one: a link there sent writes to its target."""
     if (problem := path_problem(folder)) is not None:
         raise _refused(errno.EINVAL, problem, folder)
     if os.path.islink(folder) and not os.path.exists(folder):
@@ -160,12 +163,25 @@ def lab_folder(folder: Path, *, create: bool = True) -> Path:
             raise _refused(errno.ENOTDIR, f"{above} is not a folder (a file is there)", folder)
         if os.path.isdir(above):
             break
+    _no_link_below(inside, folder)
     if create:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise _refused(exc.errno or errno.EIO, describe_os_error(exc), folder) from None
+        _no_link_below(inside, folder)  # again: a link planted between the check and the mkdir
     return folder
+
+
+def _no_link_below(inside: Path | None, folder: Path) -> None:
+    if inside is None:
+        return
+    below = Path(os.path.abspath(inside))
+    for part in Path(os.path.abspath(folder)).relative_to(below).parts:
+        below = below / part
+        if os.path.islink(below):
+            raise _refused(errno.ELOOP, f"{shown_path(below)} is a symbolic link, and the lab keeps its files there "
+                           "only in a real folder (remove the link)", folder)  # fmt: skip
 
 
 def open_regular(path: Path, flags: int, mode: int = 0o644) -> int:
@@ -194,7 +210,8 @@ def write_lab_file(path: Path, data: bytes | Callable[[BinaryIO], None]) -> Path
         info = None
     if info is not None and not stat.S_ISREG(info.st_mode):
         number = errno.ELOOP if stat.S_ISLNK(info.st_mode) else errno.EISDIR if stat.S_ISDIR(info.st_mode) else 0
-        raise _refused(number or errno.EINVAL, describe_os_error(OSError(number, "not a regular file")), path)
+        words = describe_os_error(OSError(number, os.strerror(number) if number else "not a regular file"))
+        raise _refused(number or errno.EINVAL, words, path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:

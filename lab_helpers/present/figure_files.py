@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,10 @@ def made_figures_dir(out_dir: Path | str | None) -> Path:
         raise LabConfigError("figures folder: an empty name (an unset variable?); give a folder, or leave --out out "
                              "for results/figures")  # fmt: skip
     folder = Path(out_dir) if out_dir is not None else results_dir() / "figures"
+    results = results_dir()  # in it, figures/ is a real folder: a link there sent the CSV and figures elsewhere
+    inside = results if Path(os.path.abspath(folder)).is_relative_to(os.path.abspath(results)) else None
     try:
-        return lab_folder(folder)
+        return lab_folder(folder, inside=inside)
     except OSError as exc:
         raise LabConfigError(f"figures folder {shown_path(folder)}: {describe_os_error(exc)}") from None
 

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from lab_helpers.config.config_error import LabConfigError
-from lab_helpers.config.paths import describe_os_error, path_problem
+from lab_helpers.config.paths import describe_os_error, lab_folder, path_problem, results_dir, shown_path
 from lab_helpers.record.records import open_results_file
 
 MIN_FREE_BYTES = 64 * 2**20  # a run writes its log, timeline and reports: a few MB on the ci profile
@@ -45,11 +45,25 @@ def check_results_folder(results_file: Path, *, create: bool = True) -> None:
             f"results folder {folder} is full ({free / 2**20:.0f} MiB free, a run needs {MIN_FREE_BYTES // 2**20} MiB); "
             f"free some space or {_FIX}"
         )
+    try:  # where make_run_folder will make the run's folder: a real folder, or nothing yet
+        lab_folder(results_dir() / "runs", create=False, inside=results_dir())
+    except OSError as exc:
+        raise LabConfigError(f"runs folder {shown_path(results_dir() / 'runs')}: {describe_os_error(exc)}") from None
     if os.path.lexists(results_file):
         try:
             os.close(open_results_file(results_file))
         except OSError as exc:
             raise LabConfigError(f"results file {results_file} cannot be written: {describe_os_error(exc)}") from None
+
+
+def make_run_folder(run_id: str) -> Path:
+    """``runs/<run_id>`` by the rule of every lab folder, ``runs`` a real folder: a link there sent a run's files
+    (its log, its checkpoints) into the link's target, with no word."""
+    run_dir = results_dir() / "runs" / run_id
+    try:
+        return lab_folder(run_dir, inside=results_dir())
+    except OSError as exc:
+        raise LabConfigError(f"run folder {shown_path(run_dir)}: {describe_os_error(exc)}") from None
 
 
 def _probe_write(folder: Path) -> None:
