@@ -17,7 +17,9 @@ error that quotes it. Issue 45's failing results disk is real: a 100 MB tmpfs in
 own (tests/disk_fault.py; those rows say "skipped" where user namespaces are off), filled up or covered read-only.
 Issue 45's round three adds: a record dated 2099 before a newer run, links planted where compare --out writes,
 export-reference into another kind's file or under no file name, SIGRTMIN+1 and SIGTRAP, lab folders that are no
-folders (and a byte that is not UTF-8), a closed or full stdout.
+folders (and a byte that is not UTF-8), a closed or full stdout. Issue 54 adds files planted where the lab reads:
+the planner's cache (a FIFO, a link, an edited peak, another litgpt), bandwidth.json, an orphaned run's files, the
+wheelhouse's inputs, and $LAB_RESULTS/runs or figures as links.
 
 Usage: python benchmarks/faults.py   (under 10 minutes on 2 cores; one row per fault, then a summary line). The
 unit tests (tests/test_faults.py) cover each fault separately, including a single Ctrl-C during training.
@@ -1063,6 +1065,196 @@ def recipe_rewritten_in_place(root: Path) -> Row:
     return _finish(row, fault, expect_records=0, ok=ok, observed=observed)
 
 
+# ------------------------------------------------------- issue 54: caches and readers by the lab's rule
+
+
+def _bounded(fault: Fault, *args: str, timeout_s: float = 90, env: dict | None = None) -> tuple[int | str, str, str]:
+    """Fault.run, with a hang (a read blocked on a FIFO) killed at ``timeout_s`` and reported as "hung"."""
+    saved = fault.env
+    fault.env = env or fault.env
+    try:
+        proc = fault.start(*args)
+    finally:
+        fault.env = saved
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return "hung", out, err
+    return proc.returncode, out, err
+
+
+def _plan_entry(cache: Path) -> Path | None:
+    """The memory plan's cache entry (the one JSON file with a peak_alloc_gib), or None."""
+    for path in sorted(cache.glob("*.json")):
+        try:
+            if "peak_alloc_gib" in json.loads(path.read_text()):
+                return path
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _same_plan(one: dict, other: dict) -> bool:
+    """Two plans of one spec: every field but the seconds the trace took."""
+    return {**one, "trace_seconds": 0} == {**other, "trace_seconds": 0}
+
+
+def trace_cache_lies(root: Path) -> list[Row]:
+    """The planner's cache (LAB_TRACE_CACHE) as a fault or another hand left it: a FIFO or a link to /dev/zero at
+    a plan's key, an edited peak (7.5 GiB for a 0.035 GiB run), NaN; and another litgpt (its dist-info 0.5.99), whose
+    plans must not be the old litgpt's. `plan` answers as a fresh trace, within 90 s, and the entry is replaced."""
+    fault = Fault(root, "trace-cache")
+    cache = fault.dir / "cache"
+    fault.env["LAB_TRACE_CACHE"] = str(cache)
+    recipe = "configs/ci/ci-llama-xs/full.yaml"
+    code, fresh, _ = _bounded(fault, "plan", recipe)
+    entry = _plan_entry(cache)
+    if code != 0 or entry is None:
+        raise RuntimeError(f"plan without a cache entry failed (exit {code})")
+    kept = json.loads(entry.read_text())
+    cases = [("a FIFO at a plan's cache key", lambda: os.mkfifo(entry)),
+             ("a link to /dev/zero at a plan's cache key", lambda: entry.symlink_to("/dev/zero")),
+             ("peak_alloc_gib 7.5 in a plan's cache entry", lambda: entry.write_text(json.dumps({**kept, "peak_alloc_gib": 7.5}))),
+             ("peak_alloc_gib NaN in a plan's cache entry", lambda: entry.write_text(json.dumps({**kept, "peak_alloc_gib": float("nan")})))]  # fmt: skip
+    rows = []
+    for what, plant in cases:
+        entry.unlink()
+        plant()
+        code, out, err = _bounded(fault, "plan", recipe)
+        replaced = entry.is_file() and not entry.is_symlink() and _same_plan(json.loads(entry.read_text()), kept)
+        said = [line for line in err.splitlines() if line.startswith("warning: trace cache ")]
+        ok = code == 0 and out == fresh and replaced and len(said) == 1 and "Traceback" not in err
+        row = Row(what, "the fresh plan, entry replaced, one line")
+        rows.append(_finish(row, fault, expect_records=0, ok=ok,
+                            observed=f"exit {code}, same plan {out == fresh}, replaced {replaced}: {said[0][9:] if said else err[-40:]}"))  # fmt: skip
+    site = fault.dir / "litgpt-0.5.99"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(textwrap.dedent("""
+        import importlib.metadata as metadata
+        _version = metadata.version
+        metadata.version = lambda name: "0.5.99" if name == "litgpt" else _version(name)
+    """))  # fmt: skip
+    env = {**fault.env, "PYTHONPATH": f"{site}{os.pathsep}{fault.env.get('PYTHONPATH', '')}"}
+    before = sorted(p.name for p in cache.glob("*.json"))
+    code, out, err = _bounded(fault, "plan", recipe, env=env)
+    after = sorted(p.name for p in cache.glob("*.json"))
+    ok = code == 0 and out == fresh and len(after) == len(before) + 1 and set(before) <= set(after)
+    row = Row("litgpt's dist-info says 0.5.99 (another litgpt)", "traced again, under a key of its own")
+    rows.append(_finish(row, fault, expect_records=0, ok=ok,
+                        observed=f"exit {code}, cache entries {len(before)} -> {len(after)}"))  # fmt: skip
+    return rows
+
+
+def _orphan_run(results: Path, run_id: str, report: dict) -> Path:
+    """A run folder as a launcher killed with -9 after its training ended leaves it: launch.json, a report."""
+    from lab_helpers.record.recovery import write_launch
+
+    run_dir = results / "runs" / run_id
+    (run_dir / "reports").mkdir(parents=True)
+    write_launch(run_dir, {"run_id": run_id, "experiment": "grad-accum", "profile": "ci", "overrides": {},
+                           "rank": None, "world_size": 1, "mode": "full"}, [None])  # fmt: skip
+    (run_dir / "reports" / "rank0.json").write_text(json.dumps({"rank": None, **report}))
+    (run_dir / "output.log").write_text("iter 1 ...\n")
+    return run_dir
+
+
+def read_by_the_rule(root: Path) -> list[Row]:
+    """Files the lab reads that anyone may plant: bandwidth.json (a FIFO, 1e-300 GB/s, a field missing) under
+    plan --time on 2 ranks, and an orphaned run folder's launch.json or rank0.json (a FIFO, a link outside with
+    peak 99 GiB and train_s 12345) under `results`. Each: no hang, no traceback, no figure read through a link."""
+    import platform
+
+    rows = []
+    entry = {"host": platform.node(), "device_name": "cpu", "backend": "gloo", "world_size": 2, "size_bytes": 2**24,
+             "all_reduce_busbw_gbs": 2.0, "all_gather_busbw_gbs": 1.0, "measured_at": "2026-01-01T00:00:00+0000"}  # fmt: skip
+    bandwidth = [("a FIFO", "not a regular file (a FIFO)", None),
+                 ("all-gather 1e-300 GB/s", "outside", {**entry, "all_gather_busbw_gbs": 1e-300}),
+                 ("all_reduce_busbw_gbs missing", "not numbers", {k: v for k, v in entry.items() if k != "all_reduce_busbw_gbs"}),
+                 ("all_gather_busbw_gbs 'fast'", "not numbers", {**entry, "all_gather_busbw_gbs": "fast"})]  # fmt: skip
+    for what, piece, planted in bandwidth:
+        fault = Fault(root, f"bandwidth-{len(rows)}")
+        path = fault.results / "bandwidth.json"
+        if planted is None:
+            os.mkfifo(path)
+        else:
+            path.write_text(json.dumps({f"{entry['host']}|cpu": planted}))
+        code, out, err = _bounded(fault, "plan", "ddp", "--profile", "ci", "--time")
+        lines = err.strip().splitlines()
+        ok = code == 0 and len(lines) == 1 and lines[0].startswith("warning: ") and piece in lines[0]
+        ok = ok and "no link bandwidth" in out and "e+2" not in out
+        row = Row(f"bandwidth.json: {what}; plan ddp --time", "planned unmeasured, one line")
+        shown = lines[0][9:] if lines else ""
+        rows.append(_finish(row, fault, expect_records=0, ok=ok, observed=f"exit {code}: {shown}"))
+    ok_report = {"status": "ok", "train_s": 1.5, "iterations": 4, "tokens": 400, "tokens_padded": 512,
+                 "device_name": "cpu"}  # fmt: skip
+    runs = [("launch.json a FIFO", True, "launch.json not read"),
+            ("reports/rank0.json a FIFO", False, "is not a regular file"),
+            ("rank0.json linked outside (peak 99, train_s 12345)", False, "is not a regular file")]  # fmt: skip
+    for what, recovered, piece in runs:
+        fault = Fault(root, f"orphan-read-{len(rows)}")
+        run_dir = _orphan_run(fault.results, "20261126-080000-grad-accum-aaaaaa", ok_report)
+        planted = run_dir / ("launch.json" if what.startswith("launch") else "reports/rank0.json")
+        planted.unlink()
+        if "FIFO" in what:
+            os.mkfifo(planted)
+        else:
+            outside = fault.dir / "outside.json"
+            outside.write_text(json.dumps({"rank": None, **ok_report, "peak_alloc_gib": 99.0, "train_s": 12345.0}))
+            planted.symlink_to(outside)
+        code, _, err = _bounded(fault, "results")
+        new = fault.new_records()
+        said = [line for line in err.splitlines() if piece in line]
+        ok = code == 0 and len(new) == int(recovered) and all(r.get("train_s") == 1.5 for r in new) and len(said) == 1
+        row = Row(f"orphaned run, {what}; results", "recovered" if recovered else "not recovered, one line")
+        rows.append(_finish(row, fault, expect_records=int(recovered), ok=ok,
+                            observed=f"exit {code}, records {_statuses(new)}: {said[0][5:] if said else ''}"))  # fmt: skip
+    return rows
+
+
+def wheelhouse_inputs(root: Path) -> list[Row]:
+    """wheelhouse's inputs that are no file or folder it can use: each one line, exit 2, before pip runs (the
+    wheelhouse folder stays empty: nothing was downloaded)."""
+    fault = Fault(root, "wheelhouse-inputs")
+    os.mkfifo(fault.dir / "node-list.fifo")
+    (fault.dir / "a-file").write_text("mine\n")
+    dest = str(fault.dir / "wh")
+    cases = [("wheelhouse --node-has /dev/zero", ["--dest", dest, "--node-has", "/dev/zero"]),
+             ("wheelhouse --node-has <a FIFO>", ["--dest", dest, "--node-has", str(fault.dir / "node-list.fifo")]),
+             ("wheelhouse --dest /proc/x", ["--dest", "/proc/x"]),
+             ("wheelhouse --dest <an existing file>", ["--dest", str(fault.dir / "a-file")]),
+             ("wheelhouse --with qlora --cuda 99.9", ["--dest", dest, "--with", "qlora", "--cuda", "99.9"])]  # fmt: skip
+    rows = []
+    for what, args in cases:
+        started = time.monotonic()
+        code, _, err = _bounded(fault, "wheelhouse", "--python", "3.12", *args, timeout_s=60)
+        seconds = time.monotonic() - started
+        ok, shown = _one_line(code, err)
+        ok = ok and not os.path.exists(dest) and (fault.dir / "a-file").read_text() == "mine\n"
+        row = Row(what, "exit 2, one line, nothing downloaded")
+        observed = f"exit {code} in {seconds:.0f} s: {shown[7:]}"
+        rows.append(_finish(row, fault, expect_records=0, ok=ok, observed=observed))
+    return rows
+
+
+def linked_subfolders(root: Path) -> list[Row]:
+    """$LAB_RESULTS/runs or $LAB_RESULTS/figures a symbolic link: the run folder, or compare's CSV and figures,
+    went into the link's target, exit 0. Now one line, exit 2, nothing written through the link."""
+    rows = []
+    for linked, args in (("runs", ["run", "grad-accum", "--set", "train.max_steps=2"]), ("figures", ["compare"])):
+        fault = Fault(root, f"linked-{linked}")
+        target = fault.dir / "target"
+        target.mkdir()
+        (fault.results / linked).symlink_to(target)
+        code, _, err = _bounded(fault, *args, timeout_s=300)
+        ok, shown = _one_line(code, err)
+        ok = ok and list(target.iterdir()) == [] and "symbolic link" in shown
+        row = Row(f"$LAB_RESULTS/{linked} a link; {' '.join(args[:2])}", "exit 2, one line, nothing written through")
+        rows.append(_finish(row, fault, expect_records=0, ok=ok, observed=f"exit {code}: {shown[7:]}"))
+    return rows
+
+
 def main() -> int:
     from lab_helpers.assets import prepare_ci
 
@@ -1116,6 +1308,10 @@ def main() -> int:
         lambda: refused_before_starting(root),
         lambda: notebook_arguments(root),
         lambda: recipe_rewritten_in_place(root),
+        lambda: trace_cache_lies(root),
+        lambda: read_by_the_rule(root),
+        lambda: wheelhouse_inputs(root),
+        lambda: linked_subfolders(root),
     ]
     print(f"{'fault':<52} | {'expected':<56} | {'observed':<60} | result")
     for step in plan:
