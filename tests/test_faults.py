@@ -826,10 +826,11 @@ def _plant(run_dir: Path, what: str, outside: Path) -> None:
     if what == "a FIFO at launch.json":
         (run_dir / "launch.json").unlink()
         os.mkfifo(run_dir / "launch.json")
-    elif what in ("a FIFO at reports/rank0.json", "a FIFO at timeline.csv", "a FIFO at output.log"):
-        name = what.split(" at ")[1]
-        (run_dir / name).unlink(missing_ok=True)
-        os.mkfifo(run_dir / name)
+    elif what.startswith("a FIFO at "):
+        path = run_dir / what.removeprefix("a FIFO at ")
+        path.unlink(missing_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(path)
     elif what == "reports/rank0.json linked outside":
         outside.write_text(json.dumps({"rank": None, **OK_REPORT, "peak_alloc_gib": 99.0, "train_s": 12345.0}))
         (run_dir / "reports" / "rank0.json").unlink()
@@ -847,6 +848,7 @@ def _plant(run_dir: Path, what: str, outside: Path) -> None:
     ("what", "recovered", "said"),
     [("a FIFO at launch.json", True, "launch.json not read (not a regular file (a FIFO))"),
      ("a FIFO at timeline.csv", True, None), ("a FIFO at output.log", True, None),
+     ("a FIFO at out/logs/version_0/metrics.csv", True, "not read (not a regular file (a FIFO)): its iterations left"),
      ("a FIFO at reports/rank0.json", False, "reports/rank0.json is not a regular file"),
      ("reports/rank0.json linked outside", False, "reports/rank0.json is not a regular file"),
      ("reports linked outside", False, "reports is a symbolic link")],

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import io
 import math
 import signal
 import uuid
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from lab_helpers.config.experiments import ResolvedRun, resolve_path
 from lab_helpers.config.iteration_times import length_split, steady_timing
-from lab_helpers.config.paths import lab_home, results_dir
+from lab_helpers.config.paths import lab_home, open_lab_file, results_dir, shown_path
 from lab_helpers.config.secrets import for_terminal, redact_mapping
 from lab_helpers.launch.runner import ProcessOutcome
 from lab_helpers.launch.time_limit import TIME_LIMIT_ENV
@@ -226,10 +228,22 @@ def _mfu_inputs(run: ResolvedRun, report: Mapping[str, Any], iterations: int | N
     return {"flops_per_step": flops, "gpu_peak_flops": peak, "mfu_error": None}
 
 
+METRICS_MAX_BYTES = 256 * 2**20  # a row an iteration (~100 bytes): 100,000 iterations are ~10 MB
+
+
 def per_iteration_rows(run_dir: Path) -> list[dict[str, float | None]]:
+    """Each metrics file read as a regular file inside the run folder (``paths.open_lab_file``), else skipped: a
+    FIFO there hung the recovery of an orphaned run."""
     rows: list[dict[str, float | None]] = []
     for path in sorted(run_dir.glob(METRICS_GLOB)):
-        with open(path, newline="") as fh:
+        try:
+            binary = open_lab_file(path, max_bytes=METRICS_MAX_BYTES, folder=run_dir)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            warnings.warn(f"{shown_path(path)}: not read ({exc.strerror}): its iterations left out", stacklevel=2)
+            continue
+        with io.TextIOWrapper(binary, newline="") as fh:
             for row in csv.DictReader(fh):
                 if not row.get("iter"):
                     continue
