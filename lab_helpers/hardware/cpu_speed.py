@@ -9,13 +9,15 @@ import math
 import os
 import platform
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from lab_helpers.config.paths import write_lab_file
+from lab_helpers.config.paths import read_lab_file, shown_path, write_lab_file
 
 CACHE_ENV = "LAB_CPU_SPEED_CACHE"
+CACHE_MAX_BYTES = 2**20  # an entry per host, CPU count, threads and torch: ~100 bytes each
 
 
 @dataclass(frozen=True)
@@ -31,28 +33,49 @@ def measure_cpu_rates(*, refresh: bool = False) -> CpuRates:
 
     key = f"{platform.node()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}"
     path = _cache_path()
-    cache: dict = {}
-    if path.is_file():
-        try:
-            cache = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            cache = {}
-    cached = cache.get(key) if isinstance(cache, dict) else None
-    names = {"matmul_flops_per_s", "adam_params_per_s"}
-    if not refresh and isinstance(cached, dict) and names <= set(cached):
-        return CpuRates(float(cached["matmul_flops_per_s"]), float(cached["adam_params_per_s"]))
+    cache = _read_cache(path)
+    cached = _rates(cache.get(key))
+    if not refresh and cached is not None:
+        return cached
     measured = {"matmul_flops_per_s": _measure_matmul(), "adam_params_per_s": _measure_adam()}
-    if isinstance(cached, dict):  # a refresh keeps the best rate seen: other work only slows a timing down
-        measured = {k: max(v, float(cached.get(k) or 0.0)) for k, v in measured.items()}
+    if cached is not None:  # a refresh keeps the best rate seen: other work only slows a timing down
+        measured = {k: max(v, getattr(cached, k)) for k, v in measured.items()}
     rates = CpuRates(**measured)
-    if not isinstance(cache, dict):
-        cache = {}
     cache[key] = asdict(rates)
     try:
         write_lab_file(path, json.dumps(cache, indent=1).encode())  # atomic, never through a link
     except OSError:
         pass  # a read-only home: measure again next time
     return rates
+
+
+def _read_cache(path: Path) -> dict:
+    """By the readers' rule (``paths.read_lab_file``: a regular file, no link, capped); a FIFO would hang `plan`."""
+    try:
+        cache = json.loads(read_lab_file(path, max_bytes=CACHE_MAX_BYTES))
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:  # a link, a FIFO, too large: measured again (and not kept: the writer refuses it too)
+        warnings.warn(f"{shown_path(path)}: not read ({exc.strerror}): the CPU is measured again", stacklevel=3)
+        return {}
+    except (ValueError, RecursionError):  # damaged: measured again and replaced
+        return {}
+    return cache if isinstance(cache, dict) else {}
+
+
+PLAUSIBLE = {"matmul_flops_per_s": (1e6, 1e18), "adam_params_per_s": (1e3, 1e15)}
+"""Rates a CPU can measure: outside, a kept entry is an edit or damage (1e-300 would make each step ages)."""
+
+
+def _rates(entry: object) -> CpuRates | None:
+    """A kept entry whose two rates are numbers within ``PLAUSIBLE``, else None: measured again."""
+    if not isinstance(entry, dict):
+        return None
+    values = [entry.get(name) for name in PLAUSIBLE]
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and low <= v <= high
+               for v, (low, high) in zip(values, PLAUSIBLE.values(), strict=True)):  # fmt: skip
+        return None
+    return CpuRates(float(values[0]), float(values[1]))
 
 
 def _cache_path() -> Path:
