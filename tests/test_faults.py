@@ -876,7 +876,9 @@ def test_a_linked_runs_folder_is_read_through_by_no_recovery(results, tmp_path):
     (results / "runs").symlink_to(elsewhere / "runs")
     shown = subprocess.run(cli("results"), capture_output=True, text=True, timeout=60, cwd=REPO)
     assert shown.returncode == 0 and json.loads(shown.stdout) == []
-    said = f"lab: {results}/runs is a symbolic link: no run folder is read through it (remove the link)"
+    from lab_helpers.config.paths import shown_path  # a long temporary path is shown cut, as every message cuts it
+
+    said = f"lab: {shown_path(results / 'runs')} is a symbolic link: no run folder is read through it (remove the link)"
     assert shown.stderr.strip() == said
 
 
