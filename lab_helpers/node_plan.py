@@ -14,7 +14,7 @@ from lab_helpers.planning.decision import FP16_ROUTE, LAB_GPU_GIB, LOSS_SCALING,
 from lab_helpers.planning.node_limits import bf16_native, gpu_words, reference_hint
 
 __all__ = [
-    "Step", "decide", "notebook_minutes", "minutes_words", "lease_table", "overview", "section_note", "offload_words"
+    "Step", "decide", "minutes_words", "lease_table", "overview", "section_note", "offload_words"
 ]
 
 
@@ -46,36 +46,19 @@ def decide(exp_id: str, node: Mapping[str, Any], *, path: str | None = None, **h
     return Step(**asdict(decision.decide(exp_id, node, **how)))
 
 
-def notebook_minutes(notebook: str, node: Mapping[str, Any], *, profile: str, path: str | None = None):
-    from lab_helpers.present.lease import notebook_minutes as minutes
-
-    return minutes(notebook, node, profile=profile, path=path)
-
-
 def lease_table(node: Mapping[str, Any], *, profile: str, path: str | None = None):
     """00's table, and ``python -m lab_helpers minutes``."""
     from lab_helpers.present import lease
 
-    return lease.path_table({nb: notebook_minutes(nb, node, profile=profile, path=path) for nb in lease.NOTEBOOKS})
+    minutes = {nb: lease.notebook_minutes(nb, node, profile=profile, path=path) for nb in lease.NOTEBOOKS}
+    return lease.path_table(minutes)
 
 
 def minutes_words(notebook: str, node: Mapping[str, Any], *, profile: str, path: str | None = None) -> str:
+    from lab_helpers.present.lease import notebook_minutes
+
     where = f"{gpu_words(node)}, {profile} profile" if node.get("gpus") else f"this machine's CPU, {profile} profile"
     return notebook_minutes(notebook, node, profile=profile, path=path).words_line(where)
-
-
-def _full_mode_s(step: Step, node: Mapping[str, Any], resolve: Any) -> float:
-    """0 where the run trains by epochs or the time model cannot time it: the quick-mode cost alone then counts."""
-    from lab_helpers.present.plan_command import experiment_time
-
-    iterations = resolve(step.exp_id, step.profile, step.overrides, check_files=False).total_iterations
-    gpus = node.get("gpus") or []
-    sets = [f"{key}={value}" for key, value in step.overrides.items()]
-    try:
-        plan, _, _ = experiment_time(step.exp_id, profile=step.profile, sets=sets, gpu_name=gpus[0]["name"] if gpus else None)
-    except Exception:  # noqa: BLE001 -- a prediction the model cannot make leaves the measured cost
-        return 0.0
-    return float(iterations * plan.micro_batch_s) if plan is not None and iterations else 0.0
 
 
 # ----------------------------------------------------------------------------------------------- overviews

@@ -61,7 +61,7 @@ def test_minutes_add_the_measured_cost_of_each_run_and_the_reading():
     """On a CPU node: every run at its ci row of the cost table (60 s without one), a skip at nothing, the reading
     at the notebook's Markdown words; the core path leaves out exactly the optional runs."""
     here = node("none")
-    minutes = node_plan.notebook_minutes("01_single_gpu", here, profile="ci", path="all")
+    minutes = lease.notebook_minutes("01_single_gpu", here, profile="ci", path="all")
     costs = lease.run_costs_s("ci")
     assert not minutes.full_mode
     for exp_id, seconds in minutes.run_s.items():
