@@ -391,6 +391,8 @@ def screenshot(page, path: Path) -> None:
 
 
 def check_04(page, shots: Path) -> None:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     nb = "04_what_if"
     menu(page, "Run", "Run All Cells")
     wait_for_runs(page, nb, RUN_ALL_S[nb], expect_numbered=len(code_cells(nb)))
@@ -411,13 +413,14 @@ def check_04(page, shots: Path) -> None:
     run = interact.locator("button", has_text=re.compile(r"^\s*Run\s*$"))
     output = interact.locator(".widget-output")
     answer_js = "(el) => el.innerText.includes('predicted peak') ? el.innerText : ''"
+    # the answer's text is drawn before its figure: wait for both (a check right after the text raced the <img>)
+    answered = "(el) => el.innerText.includes('predicted peak') && el.querySelector('img') !== null"
     run.click()
-    page.wait_for_function(
-        "(el) => el.innerText.includes('predicted peak')", arg=output.element_handle(), timeout=ANSWER_S * 1000
-    )
+    with suppress(PlaywrightTimeout):  # a missing figure is reported by the check below, not as a timeout
+        page.wait_for_function(answered, arg=output.element_handle(), timeout=ANSWER_S * 1000)
     first = output.evaluate(answer_js)
     check(
-        output.locator("img").count() >= 1,
+        bool(first) and output.locator("img").count() >= 1,
         "04: Run answers with the defaults (text and figure):\n        "
         + "\n        ".join(first.strip().splitlines()[:2]),
     )
@@ -432,11 +435,13 @@ def check_04(page, shots: Path) -> None:
     box.fill(str(after))
     box.press("Tab")  # the value goes to the kernel on change (Enter or leaving the box), as a student's typing does
     run.click()
-    page.wait_for_function(
-        "([el, old]) => el.innerText.includes('predicted peak') && el.innerText !== old",
-        arg=[output.element_handle(), first],
-        timeout=ANSWER_S * 1000,
-    )
+    with suppress(PlaywrightTimeout):
+        page.wait_for_function(
+            "([el, old]) => el.innerText.includes('predicted peak') && el.innerText !== old"
+            " && el.querySelector('img') !== null",
+            arg=[output.element_handle(), first],
+            timeout=ANSWER_S * 1000,
+        )
     second = output.evaluate(answer_js)
     check(
         second != first and output.locator("img").count() >= 1,
