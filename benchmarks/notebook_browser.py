@@ -454,10 +454,18 @@ def check_04(page, shots: Path) -> None:
 
 
 def check_03(page, shots: Path) -> None:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     nb = "03_compare"
     menu(page, "Run", "Run All Cells")
     wait_for_runs(page, nb, RUN_ALL_S[nb], expect_numbered=len(code_cells(nb)))
     images = page.locator(f"{ACTIVE} .jp-OutputArea-output img")
+    with suppress(PlaywrightTimeout):  # an <img> decodes after its cell ends; one never loaded fails the check below
+        page.wait_for_function(
+            "(els) => els.length > 0 && els.every(e => e.complete && e.naturalWidth > 0)",
+            arg=images.element_handles(),
+            timeout=PAGE_S * 1000,
+        )
     sizes = images.evaluate_all("els => els.map(e => [e.naturalWidth, e.naturalHeight])")
     loaded = [s for s in sizes if s[0] > 100 and s[1] > 100]
     check(
