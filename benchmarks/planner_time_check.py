@@ -14,7 +14,7 @@ On a GPU the model is the traced one: per micro-batch the larger of host time (k
 trace, x a per-launch host cost) and device time (the roofline of the traced ops), each micro-batch at its own
 padded length where the record holds them, plus the optimizer step once per step. Three figures are fitted, and only these: the per-launch cost (to the host-bound records of the same
 GPU, the node's figure) and the matmul and bandwidth efficiencies (to the device busy time of the records'
-``--profile-steps`` summaries; the H100 records have none, so ``--calibration`` gives the H200's). Each row says
+``--trace-steps`` summaries; the H100 records have none, so ``--calibration`` gives the H200's). Each row says
 what its figures were fitted on.
 
 What a row is compared with (``calibration.measured_step``): where a record holds each micro-batch's padded length

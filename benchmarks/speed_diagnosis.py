@@ -7,7 +7,7 @@ micro-batches paid for a sequence length the run had not seen before.
 Why: the H100 and H200 quick runs showed bf16 slower than fp32 and LoRA slower than full fine-tuning per
 micro-batch, with the GPU mostly idle. Two causes are read off the records here, none typed:
 
-1. *The host floor.* From a ``--profile-steps`` summary: kernels and aten ops launched per micro-batch, host time
+1. *The host floor.* From a ``--trace-steps`` summary: kernels and aten ops launched per micro-batch, host time
    inside PyTorch ops against device busy time. When the host's share is larger, halving the device's work (bf16)
    or skipping weight gradients (LoRA) cannot shorten the micro-batch.
 2. *New sequence lengths.* litgpt pads each micro-batch to its longest sample, so lengths vary. The trace shows the
@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lab_helpers.config.iteration_times import timed_iterations  # noqa: E402
-from lab_helpers.training.step_profile import DEVICE_CATEGORIES  # noqa: E402
+from lab_helpers.training.torch_trace import DEVICE_CATEGORIES  # noqa: E402
 
 ATTENTION_OPS = ("aten::_cudnn_attention_forward", "aten::_cudnn_attention_backward",
                  "aten::_efficient_attention_forward", "aten::_efficient_attention_backward",
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {len(records)} single-GPU records on {', '.join(sorted(gpu))}; times are litgpt's iter_time of the timed "
           "micro-batches (warm-up and profiled ones left out)")  # fmt: skip
 
-    print("\n## 1. Host against device, per micro-batch, from the --profile-steps summaries")
+    print("\n## 1. Host against device, per micro-batch, from the --trace-steps summaries")
     print(f"{'run':<13}{'mb':>4}{'kernels':>9}{'aten ops':>10}{'host ops ms':>13}{'device ms':>11}{'wall ms':>9}"
           f"{'device idle':>13}")  # fmt: skip
     for r in records:

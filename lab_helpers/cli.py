@@ -177,13 +177,14 @@ def _add_run_command(sub) -> None:
         help="end the run as `timeout` after this many seconds (0: no limit; default: from the recipe, or $LAB_TIME_LIMIT_S)",
     )
     run.add_argument(
-        "--profile-steps",
+        "--trace-steps",
         type=int,
         default=None,
         metavar="N",
         help="a torch.profiler trace of N optimizer steps after warm-up, with a summary (off by default; the run "
         "gets N + 1 more steps)",
     )
+    run.add_argument("--profile-steps", type=int, default=None, dest="old_profile_steps", help=argparse.SUPPRESS)
 
 
 def _experiment_list(width: int = 100) -> str:
@@ -224,6 +225,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from lab_helpers.launch.time_limit import parse_time_limit
 
     limit_s = None if args.time_limit is None else parse_time_limit(args.time_limit)
+    renamed = {} if args.old_profile_steps is None else {"profile_steps": args.old_profile_steps}
     records = run_experiment(
         args.experiment,
         profile=args.profile,
@@ -232,7 +234,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         quick=True if args.quick else None,
         time_limit_s=limit_s,
         simulate_world=args.simulate_world,
-        profile_steps=args.profile_steps,
+        trace_steps=args.trace_steps,
+        **renamed,  # --profile-steps: the old name of --trace-steps, said once
     )
     return 0 if all(r["status"] in ("ok", "skipped", "oom") for r in records) else 1
 

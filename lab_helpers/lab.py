@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable, Mapping
 from math import inf
 from numbers import Real
@@ -69,17 +70,19 @@ def run_experiment(
     quick: bool | None = None,
     time_limit_s: float | None = None,
     simulate_world: int | None = None,
-    profile_steps: int | None = None,
+    trace_steps: int | None = None,
+    **renamed: Any,
 ) -> list[dict[str, Any]]:
     """``simulate_world=N``: rank 0 of a world of N alone on this device, its memory measured, its time without
     communication. ``quick`` (default ``$LAB_QUICK``) runs until the peak memory and a steady step time are measured.
-    ``profile_steps=N`` traces N optimizer steps after warm-up (``step_profile``).
+    ``trace_steps=N`` traces N optimizer steps after warm-up (``torch_trace``).
 
     A failed or OOM run is a result, not an exception; KeyboardInterrupt comes only once the run is recorded."""
     from lab_helpers.hardware.node import describe_node
     from lab_helpers.launch.interrupts import InterruptShield
     from lab_helpers.launch.time_limit import time_limit_s as run_time_limit_s
 
+    trace_steps = _renamed_trace_steps(trace_steps, renamed)
     # first, creating nothing: a full disk must be one line before resolve() imports what needs a temporary folder
     check_locations()  # LAB_RESULTS, LAB_CHECKPOINTS, LAB_DATA: a file, /proc, a byte litgpt cannot read
     check_results_folder(results_file(results_path), create=False)
@@ -94,8 +97,8 @@ def run_experiment(
     check_results_folder(results_file(results_path))  # read-only, full, special: one line, nothing created
     launcher = launcher_for(asked)
     quick = (quick_from_env() if quick is None else quick) and launcher.supports_quick
-    profile_steps = _profile_steps(profile_steps, launcher)
-    settled, why = settled_overrides(asked, quick=quick, profile_steps=profile_steps)
+    trace_steps = _trace_steps(trace_steps, launcher)
+    settled, why = settled_overrides(asked, quick=quick, trace_steps=trace_steps)
     if why and (echo or summary):
         print(why, flush=True)
     run = asked  # what runs: what was asked with every setting the lab adds, resolved once more where it adds one
@@ -124,7 +127,7 @@ def run_experiment(
                         QUICK_ENV: "1" if quick else "0",
                         WARM_START_ENV: warm_start_setting(profile),
                         **absolute_locations(),
-                        **_profile_env(profile_steps, run_dir),
+                        **_trace_env(trace_steps, run_dir),
                     },
                     cwd=lab_home(),
                     total_iters=run.total_iterations,
@@ -158,25 +161,38 @@ def run_experiment(
     return records
 
 
-def _profile_steps(steps: Any, launcher) -> int | None:
+RENAMED = {"profile_steps": "trace_steps"}
+"""Old keyword -> new: ``profile`` names the hardware profile only; a torch.profiler trace is ``trace``."""
+
+
+def _renamed_trace_steps(trace_steps: Any, renamed: Mapping[str, Any]) -> Any:
+    for old, value in renamed.items():
+        if old not in RENAMED:
+            raise TypeError(f"run_experiment() got an unexpected keyword argument {old!r}")
+        say(f"lab: {old}= is now {RENAMED[old]}= (profile= is the hardware profile)", file=sys.stderr)
+        trace_steps = value if trace_steps is None else trace_steps
+    return trace_steps
+
+
+def _trace_steps(steps: Any, launcher) -> int | None:
     """The single-GPU launcher only: the Lightning ranks do not profile."""
-    from lab_helpers.training.step_profile import check_steps
+    from lab_helpers.training.torch_trace import check_steps
 
     try:
         steps = check_steps(steps)
     except ValueError as exc:
         raise LabConfigError(str(exc)) from None
     if steps and launcher.name != "litgpt-cli":
-        raise LabConfigError(f"--profile-steps profiles the single-GPU section's runs; this experiment runs "
+        raise LabConfigError(f"--trace-steps profiles the single-GPU section's runs; this experiment runs "
                              f"with {launcher.name}")  # fmt: skip
     return steps
 
 
 def settled_overrides(
-    asked: ResolvedRun, *, quick: bool = False, profile_steps: int | None = None
+    asked: ResolvedRun, *, quick: bool = False, trace_steps: int | None = None
 ) -> tuple[dict[str, Any], str | None]:
     """What was asked plus what the lab adds, each read from the ``train`` section the one before leaves: fill-gpu's
-    micro batch, quick mode's shorter run, and ``profile_steps`` + 1 more steps for a profiled run, as the profiled
+    micro batch, quick mode's shorter run, and ``trace_steps`` + 1 more steps for a profiled run, as the profiled
     steps and the one that stops the profiler are not timed."""
     settled, why = _filled(asked, dict(asked.overrides))
     train = asked.train_with(settled)
@@ -184,8 +200,8 @@ def settled_overrides(
         short = quick_overrides(train, asked.world_size, stopping_rule=not asked.experiment.distributed)
         settled = {**settled, **short}
         train = asked.train_with(settled)
-    if profile_steps and train.get("max_steps"):
-        settled["train.max_steps"] = train["max_steps"] + profile_steps + 1
+    if trace_steps and train.get("max_steps"):
+        settled["train.max_steps"] = train["max_steps"] + trace_steps + 1
     return settled, why
 
 
@@ -199,8 +215,8 @@ def _filled(run: ResolvedRun, given: dict[str, Any]) -> tuple[dict[str, Any], st
     return {**given, **fill}, why
 
 
-def _profile_env(steps: int | None, run_dir: Path) -> dict[str, str]:
-    from lab_helpers.training.step_profile import DIR_ENV, STEPS_ENV
+def _trace_env(steps: int | None, run_dir: Path) -> dict[str, str]:
+    from lab_helpers.training.torch_trace import DIR_ENV, STEPS_ENV
 
     return {STEPS_ENV: str(steps), DIR_ENV: str(run_dir / "profile")} if steps else {STEPS_ENV: ""}
 
@@ -316,7 +332,7 @@ _NOTEBOOK_API = {
     "sections_runnable": "lab_helpers.planning.sections.sections_runnable",
     "show_commands": "lab_helpers.present.commands.show_commands",
     "show_prediction": "lab_helpers.present.multi_gpu.show_prediction",
-    "summary_lines": "lab_helpers.training.step_profile.summary_lines",
+    "summary_lines": "lab_helpers.training.torch_trace.summary_lines",
 }
 
 

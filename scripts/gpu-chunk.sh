@@ -73,7 +73,7 @@ cd "$repo" || exit 1
 models="" steps=() if_time=()
 case "$chunk" in
     speed) models=1b
-        steps=("run lora-1b --profile-steps 2" "run bf16-true --profile-steps 2" "run small-batch --profile-steps 2"
+        steps=("run lora-1b --trace-steps 2" "run bf16-true --trace-steps 2" "run small-batch --trace-steps 2"
                "run grad-accum" "run bf16-mixed" "run fill-gpu" "overhead lora-1b 3") ;;
     ranks) models=7b
         steps=("run fsdp --simulate-world 4" "run ddp --simulate-world 4" "run fsdp-grad-op --simulate-world 4"
@@ -94,7 +94,7 @@ case "$chunk" in
     levers) models=1b  # issues 52 and 57: each lever beside its pair, a pair that another step runs run once
         # (compile-static's is compile; fused-adamw's is small-batch), compile and its pair profiled, the cost of
         # measuring in 3 tries; then, if time is left, the repeats that the speed-verdict rule needs
-        steps=("run compile --profile-steps 2" "run lora-1b --profile-steps 2" "run pad-64" "run small-batch"
+        steps=("run compile --trace-steps 2" "run lora-1b --trace-steps 2" "run pad-64" "run small-batch"
                "run compile-static" "run fused-adamw" "run attention-flash" "run bf16-true" "overhead lora-1b 3")
         if_time=("run small-batch" "run bf16-true" "run lora-1b") ;;
     "") echo "gpu-chunk: name a chunk: speed, ranks, single-7b, 13b, offload, notebooks, padding or levers (see --help)" >&2; exit 2 ;;
@@ -114,7 +114,7 @@ costs="${LAB_CHUNK_COSTS:-configs/gpu-chunk-costs.tsv}"  # another table: the te
 row_for() {  # the step's row in the cost table on this profile: SECONDS<tab>WHERE, nothing when none
     local kind id key
     read -r kind id _ <<<"$1"
-    key="$id"; [[ $1 == *--profile-steps* ]] && key="$id+profile"; [[ $kind == overhead ]] && key="overhead-$id"
+    key="$id"; [[ $1 == *--trace-steps* ]] && key="$id+trace"; [[ $kind == overhead ]] && key="overhead-$id"
     [[ $kind == notebook ]] && key="notebook-$id"
     awk -v id="$key" -v p="$profile" -F'\t' '$1 == id && $2 == p {print $3 "\t" $4; exit}' "$costs"
 }

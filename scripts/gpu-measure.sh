@@ -16,7 +16,7 @@
 #   --set KEY=VALUE   a recipe override for every experiment of this call (repeatable), e.g. the model that the
 #                     host-RAM gate names for deepspeed-offload: --set checkpoint_dir=checkpoints/openlm-research/open_llama_7b
 #   --simulate-world N  run each (multi-GPU) experiment as rank 0 of a world of N on this one GPU (run --simulate-world)
-#   --profile-steps N   capture a torch.profiler trace of N steady steps of each run (run --profile-steps)
+#   --trace-steps N     capture a torch.profiler trace of N steady steps of each run (run --trace-steps)
 #   EXPERIMENT...     ids of configs/experiments/*.yaml, run in this order on the gpu profile
 #
 # Results go to $LAB_RESULTS (default: results-gpu/ in the checkout). Unpack the tarballs of several calls into
@@ -39,7 +39,7 @@ while (($#)); do
         --full) quick=0; shift ;;
         --set) [[ ${2:-} == *=* ]] || { echo "gpu-measure: --set ${2:-}: give KEY=VALUE" >&2; exit 2; }
                sets+=(--set "$2"); shift 2 ;;
-        --simulate-world|--profile-steps)
+        --simulate-world|--trace-steps)
                [[ ${2:-} =~ ^[0-9]+$ ]] || { echo "gpu-measure: $1 ${2:-}: give a whole number" >&2; exit 2; }
                passed+=("$1" "$2"); shift 2 ;;
         -h|--help) sed -n '2,25p' "$0"; exit 0 ;;

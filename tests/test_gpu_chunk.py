@@ -309,7 +309,7 @@ def test_the_levers_chunk_runs_each_lever_beside_its_pair_once_and_every_step_ha
 
     steps = _listed(tmp_path, "levers", *(["--dry-run"] if profile == "ci" else []))
     assert [s for s, *_ in steps] == [
-        "run compile --profile-steps 2", "run lora-1b --profile-steps 2", "run pad-64", "run small-batch",
+        "run compile --trace-steps 2", "run lora-1b --trace-steps 2", "run pad-64", "run small-batch",
         "run compile-static", "run fused-adamw", "run attention-flash", "run bf16-true", "overhead lora-1b 3",
         "run small-batch", "run bf16-true", "run lora-1b",
     ]  # fmt: skip
@@ -320,7 +320,7 @@ def test_the_levers_chunk_runs_each_lever_beside_its_pair_once_and_every_step_ha
     experiments = yaml.safe_load((REPO / "configs" / "experiments" / "single.yaml").read_text())
     for lever in LEVERS:
         assert lever in required and experiments[lever]["pair"] in required, (lever, experiments[lever]["pair"])
-    assert all(s.endswith("--profile-steps 2") for s, *_ in steps[:2])  # compile and its pair
+    assert all(s.endswith("--trace-steps 2") for s, *_ in steps[:2])  # compile and its pair
     compiled = [(s, seconds, where) for s, seconds, _, where in steps if s.split()[1].startswith("compile")]
     if profile == "gpu":  # never timed on a GPU: the row says its allowance
         assert all("ALLOWANCE" in where for *_, where in compiled), compiled
@@ -330,7 +330,7 @@ def test_the_levers_chunk_runs_each_lever_beside_its_pair_once_and_every_step_ha
 def test_list_is_every_chunks_steps_and_needs_no_output_folder(tmp_path: Path) -> None:
     speed = _listed(tmp_path, "speed", "--steps", "2")
     assert [(s, seconds) for s, seconds, *_ in speed] == [
-        ("run lora-1b --profile-steps 2", 90), ("run bf16-true --profile-steps 2", 70)
+        ("run lora-1b --trace-steps 2", 90), ("run bf16-true --trace-steps 2", 70)
     ]  # fmt: skip
     assert not any(if_time for _, _, if_time, _ in speed)
 
@@ -357,8 +357,8 @@ def test_a_step_run_only_if_time_is_left_is_said_apart_from_those_the_deadline_c
     rows = {}  # each step's key as the script makes it (its row_for)
     for step, *_ in steps:
         kind, exp_id = step.split()[:2]
-        key = f"overhead-{exp_id}" if kind == "overhead" else exp_id + ("+profile" if "--profile-steps" in step else "")
-        rows[key] = 20 if key == "compile+profile" else 9999
+        key = f"overhead-{exp_id}" if kind == "overhead" else exp_id + ("+trace" if "--trace-steps" in step else "")
+        rows[key] = 20 if key == "compile+trace" else 9999
     costs.write_text("".join(f"{key}\tci\t{seconds}\ttest\n" for key, seconds in rows.items()))
     out_dir = tmp_path / "out"
     env = {**_env(tmp_path), "LAB_CHUNK_COSTS": str(costs)}
@@ -369,7 +369,7 @@ def test_a_step_run_only_if_time_is_left_is_said_apart_from_those_the_deadline_c
         stragglers = _end_ours(tmp_path, timeout_s=30)
     assert out.returncode == 1 and not stragglers, out.stdout[-3000:] + out.stderr[-2000:]
     log = (out_dir / "chunk.log").read_text()
-    assert "not run (deadline): run compile --profile-steps 2 run lora-1b --profile-steps 2 run pad-64" in log, log
+    assert "not run (deadline): run compile --trace-steps 2 run lora-1b --trace-steps 2 run pad-64" in log, log
     assert "not run (if time is left; none was): run small-batch run bf16-true run lora-1b\n" in log, log
     assert "not started (if time is left): run lora-1b (needs ~9999 s" in log, log
     assert _records(out_dir) == []

@@ -91,16 +91,16 @@ def test_the_profiler_exercise_reads_a_gpus_profile_from_the_shipped_records():
     its figures the record's own, and the regime by the lab's bound rule on the profile's device-idle share."""
     from lab_helpers.record.time_bound import band
 
-    name, record = tables.reference_profile("small-batch", node("none"))
+    name, record = tables.reference_trace("small-batch", node("none"))
     assert name == "h200-141gb" and record["experiment"] == "small-batch"  # ci-cpu, a CPU's file, has none
     summary = record["torch_profile_summary"]
-    words = tables.profile_words(record, where=name)
+    words = tables.trace_words(record, where=name)
     busy, idle, kernels = (summary[k] for k in ("device_busy_ms_per_step", "device_idle_pct", "kernels_per_step"))
     assert f"device busy {busy:.1f} ms: idle {idle:.0f} % of the step" in words
     assert f"{kernels:,.0f} kernels launched, {1e3 * busy / kernels:.0f} us" in words
-    table = tables.profile_table(record)
+    table = tables.trace_table(record)
     assert list(table.columns) == ["op", "kind", "calls_per_step", "self_device_ms_per_step"]
     assert table.iloc[0]["op"] == "aten::mm" and set(table["kind"]) == {"op", "kernel", "range"}
-    bound, regime = tables.profile_regime(record)
+    bound, regime = tables.trace_regime(record)
     assert bound == band(100 - idle) and regime.startswith(tables.REGIME_WORDS[bound])
-    assert tables.profile_words(None) == "this node: no profiled run"
+    assert tables.trace_words(None) == "this node: no profiled run"

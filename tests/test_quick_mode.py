@@ -201,7 +201,7 @@ def test_a_run_settles_its_overrides_before_it_is_resolved_once():
 
     asked = resolve("fill-gpu", "ci", {"train.max_steps": 1000}, check_files=False)
     fill, _ = fill_gpu_for(asked)
-    settled, why = settled_overrides(asked, quick=True, profile_steps=2)
+    settled, why = settled_overrides(asked, quick=True, trace_steps=2)
     assert why and settled["train.micro_batch_size"] == fill["train.micro_batch_size"]
     filled = resolve("fill-gpu", "ci", {"train.max_steps": 1000, **fill}, check_files=False)
     short = quick_overrides(filled.recipe["train"], 1, stopping_rule=True)

@@ -1,5 +1,5 @@
 """Where a run's time goes and how its time figures are derived (issue 25): steady statistics, one token count
-for tokens/s and MFU, the GPU-busy share and ``bound``, and the ``--profile-steps`` summary.
+for tokens/s and MFU, the GPU-busy share and ``bound``, and the ``--trace-steps`` summary.
 
 No GPU here: the NVML timeline and the CUDA kernels of a trace are FIXTURES shaped as the sampler and torch's
 Chrome trace write them; what a CPU can produce (a record, a real trace) is tested for real, in the slow tier.
@@ -17,7 +17,7 @@ import pytest
 from lab_helpers.config import iteration_times, record_schema
 from lab_helpers.record import time_bound
 from lab_helpers.record.records import load_results
-from lab_helpers.training import step_profile
+from lab_helpers.training import torch_trace
 
 REPO = Path(__file__).resolve().parent.parent
 H100 = REPO / "reference_results" / "h100-80gb.jsonl"
@@ -116,13 +116,13 @@ def test_bound_follows_the_stated_thresholds():
     assert labels == ["gpu", "both", "both", "host"]  # a middle band, named, between two stated lines
     # several ranks: NVML counts collective kernels as busy, so only a profile's collective share says communication
     assert time_bound.classify(40.0, world_size=4)[0] == "host"  # no kernel ran, not even a collective one
-    assert time_bound.classify(95.0, world_size=4, profile={"collective_pct": 70.0})[0] == "communication"
-    assert time_bound.classify(95.0, world_size=4, profile={"collective_pct": 10.0})[0] == "gpu"
+    assert time_bound.classify(95.0, world_size=4, trace={"collective_pct": 70.0})[0] == "communication"
+    assert time_bound.classify(95.0, world_size=4, trace={"collective_pct": 10.0})[0] == "gpu"
     assert "may be communication" in time_bound.classify(95.0, world_size=4)[1]
     assert "may be communication" in time_bound.classify(70.0, world_size=4)[1]
     assert time_bound.classify(95.0, 8.0, world_size=1)[1].endswith("(the 90 % line is inside its noise)")
     # a profile stands in where NVML has no sample inside the loop: its device-idle share
-    assert time_bound.classify(None, world_size=1, profile={"device_idle_pct": 16.0, "steps": 2})[0] == "both"
+    assert time_bound.classify(None, world_size=1, trace={"device_idle_pct": 16.0, "steps": 2})[0] == "both"
     assert time_bound.classify(None, world_size=1)[0] is None
 
 
@@ -149,14 +149,14 @@ def test_the_profile_summary_of_a_gpu_trace(tmp_path):
         {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 6000, "dur": 1000},
         {"ph": "i", "cat": "kernel", "name": "instant, not complete", "ts": 0},
     ]
-    summary = step_profile.summarize(events, wall_s=0.010, steps=2, top_ops=[])
+    summary = torch_trace.summarize(events, wall_s=0.010, steps=2, top_ops=[])
     assert summary["wall_ms_per_step"] == pytest.approx(5.0)
     assert summary["host_op_ms_per_step"] == pytest.approx(2.0)
     assert summary["device_busy_ms_per_step"] == pytest.approx(2.0)  # (3 + 1) ms over 2 steps
     assert summary["device_idle_pct"] == pytest.approx(60.0)
     assert summary["kernels_per_step"] == 1.0 and summary["aten_ops_per_step"] == 1.0
     assert summary["top_ops_by"] == "device time"
-    assert any("device idle 60 %" in line for line in step_profile.summary_lines(summary))
+    assert any("device idle 60 %" in line for line in torch_trace.summary_lines(summary))
     assert summary["collective_ms_per_step"] == 0.0 and summary["collective_pct"] == 0.0
 
 
@@ -167,24 +167,24 @@ def test_the_profile_summary_counts_collective_kernels_apart():
         {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
          "ts": 1000, "dur": 3000},
     ]  # fmt: skip
-    summary = step_profile.summarize(events, wall_s=0.004, steps=1, top_ops=[])
+    summary = torch_trace.summarize(events, wall_s=0.004, steps=1, top_ops=[])
     assert summary["collective_ms_per_step"] == pytest.approx(3.0) and summary["collective_pct"] == pytest.approx(75.0)
     report = {"device_name": "NVIDIA H100 80GB HBM3", "torch_profile_summary": summary}
-    assert time_bound.classify(99.0, world_size=4, profile=summary)[0] == "communication"
+    assert time_bound.classify(99.0, world_size=4, trace=summary)[0] == "communication"
     assert report["torch_profile_summary"]["collective_pct"] >= time_bound.COMMUNICATION_BOUND_PCT
 
 
 def test_profile_steps_is_checked_in_one_line():
-    assert step_profile.check_steps(None) is None and step_profile.check_steps(0) is None
-    assert step_profile.check_steps(3) == 3
+    assert torch_trace.check_steps(None) is None and torch_trace.check_steps(0) is None
+    assert torch_trace.check_steps(3) == 3
     for bad in (-1, 2.5, True, "3"):
-        with pytest.raises(ValueError, match="profile_steps must be a positive whole number"):
-            step_profile.check_steps(bad)
+        with pytest.raises(ValueError, match="trace_steps must be a positive whole number"):
+            torch_trace.check_steps(bad)
     # 10**18 was accepted and recorded: a trace's size grows with each step, and the run gets N + 1 more steps
-    assert step_profile.check_steps(step_profile.MAX_PROFILE_STEPS) == step_profile.MAX_PROFILE_STEPS
-    for bad in (step_profile.MAX_PROFILE_STEPS + 1, 10**18):
-        with pytest.raises(ValueError, match=rf"profile_steps is at most {step_profile.MAX_PROFILE_STEPS} "):
-            step_profile.check_steps(bad)
+    assert torch_trace.check_steps(torch_trace.MAX_TRACE_STEPS) == torch_trace.MAX_TRACE_STEPS
+    for bad in (torch_trace.MAX_TRACE_STEPS + 1, 10**18):
+        with pytest.raises(ValueError, match=rf"trace_steps is at most {torch_trace.MAX_TRACE_STEPS} "):
+            torch_trace.check_steps(bad)
 
 
 @pytest.mark.slow
@@ -195,7 +195,7 @@ def test_a_profiled_cpu_run_writes_a_trace_and_a_summary_and_says_so(ci_assets, 
     from lab_helpers.present import tables
 
     [record] = run_experiment("small-batch", profile="ci", overrides={"train.max_steps": 3}, echo=False,
-                              profile_steps=2)  # fmt: skip
+                              trace_steps=2)  # fmt: skip
     assert record["status"] == "ok" and record["torch_profile_steps"] == 2
     assert record["config"]["train"]["max_steps"] == 6  # 2 profiled + 1 that stops the profiler, added
     trace = results / record["torch_profile_trace_path"]
@@ -203,19 +203,19 @@ def test_a_profiled_cpu_run_writes_a_trace_and_a_summary_and_says_so(ci_assets, 
     summary = record["torch_profile_summary"]
     assert summary["device_idle_pct"] is None and summary["kernels_per_step"] is None  # a CPU: no device figures
     assert summary["top_ops_by"].startswith("CPU time") and any(op["name"] == "aten::mm" for op in summary["top_ops"])
-    assert json.loads((trace.parent / step_profile.SUMMARY_FILENAME).read_text()) == summary
+    assert json.loads((trace.parent / torch_trace.SUMMARY_FILENAME).read_text()) == summary
     # micro-batch 1 is warm-up, 2 and 3 profiled (a step each), 4 stopped the profiler: the time figures are of 5, 6
     assert record["torch_profile_iters"] == [2, 4] and record["iter_count"] == 2 and summary["steps"] == 2
     assert record["gpu_busy_pct"] is None and record["gpu_busy_reason"] == time_bound.NO_GPU_REASON
     assert record["bound"] is None and record["host_core_pct"] > 0
-    words = tables.profile_words(record)
+    words = tables.trace_words(record)
     assert f"wall {summary['wall_ms_per_step']:.1f} ms" in words and "a CPU run has no device" in words
     assert "device busy" not in words and "matrix multiplies and attention" in words
-    table = tables.profile_table(record)
+    table = tables.trace_table(record)
     assert list(table.columns) == ["op", "kind", "calls_per_step", "self_cpu_ms_per_step"]
     for shown, op in zip(table["op"], summary["top_ops"], strict=True):  # a long name is cut, marked with …
         assert shown == op["name"] or (shown.endswith("…") and op["name"].startswith(shown[:-1]))
-    assert tables.profile_regime(record)[0] is None  # no device: no regime from the device's side
+    assert tables.trace_regime(record)[0] is None  # no device: no regime from the device's side
 
 
 @pytest.mark.slow
@@ -227,7 +227,7 @@ def test_a_profiled_quick_run_times_what_an_unprofiled_one_times_then_profiles(c
     from lab_helpers.config.iteration_times import timed_iterations
     from lab_helpers.lab import run_experiment
 
-    [record] = run_experiment("grad-accum", profile="ci", echo=False, quick=True, profile_steps=1)
+    [record] = run_experiment("grad-accum", profile="ci", echo=False, quick=True, trace_steps=1)
     assert record["status"] == "ok" and record["quick_stop"] is not None
     timed = [iteration for iteration, _ in timed_iterations(record)]
     warmup = record["warmup_iterations"]
@@ -249,3 +249,20 @@ def test_a_simulated_rank_is_classified_as_the_one_process_it_is():
     assert run.world_size == 4 and run.ranks_run == 1
     assert time_bound.classify(70.0, world_size=run.ranks_run) == time_bound.classify(70.0, world_size=1)
     assert "may be communication" in time_bound.classify(70.0, world_size=run.world_size)[1]
+
+
+def test_the_old_names_of_the_trace_still_work_and_say_the_new_ones(capsys):
+    """``profile`` is the hardware profile only: the torch.profiler names moved to ``trace``, the old ones kept."""
+    from lab_helpers import lab
+    from lab_helpers.present import tables
+
+    assert lab._renamed_trace_steps(None, {"profile_steps": 2}) == 2
+    assert "profile_steps= is now trace_steps=" in capsys.readouterr().err
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        lab._renamed_trace_steps(None, {"bogus": 1})
+    assert tables.profile_words is tables.trace_words
+    assert "tables.profile_words is now tables.trace_words" in capsys.readouterr().err
+    from lab_helpers.cli import build_parser
+
+    args = build_parser().parse_args(["run", "small-batch", "--profile-steps", "3"])
+    assert args.old_profile_steps == 3 and args.trace_steps is None  # _cmd_run hands it on as profile_steps=

@@ -87,11 +87,11 @@ REPORT_FIELDS: tuple[Field, ...] = _fields(
      "no evidence of a host bound (a thread waiting in a CUDA synchronisation spins its core)"),
     ("loop_monotonic_s", None, "[start, end] seconds of the timed loop on the host's monotonic clock (time.monotonic): "
      "where in the NVML timeline gpu_busy_pct averages"),
-    ("torch_profile_steps", "optimizer steps", "--profile-steps N: optimizer steps a torch.profiler trace covered "
+    ("torch_profile_steps", "optimizer steps", "--trace-steps N: optimizer steps a torch.profiler trace covered "
      "(None: profiling was off, the default)"),
     ("torch_profile_iters", None, "[first, last] iteration the trace covered: left out of every time figure"),
     ("torch_profile_trace_path", None, "the Chrome trace (chrome://tracing, ui.perfetto.dev), relative to the results"),
-    ("torch_profile_summary", None, "the trace in short (lab_helpers.training.step_profile.summarize): wall, host-op and "
+    ("torch_profile_summary", None, "the trace in short (lab_helpers.training.torch_trace.summarize): wall, host-op and "
      "device time per step, device-idle share, ops and kernels per step, top 10 ops"),
     ("quick_stop", None, "what ended a quick run's timing (quick_mode.stop_reason): stable (enough timed, the "
      "medians of the two halves agree within quick_mode.STABLE_HALVES_PCT) | iteration_cap | time_cap | run_end (the "

@@ -2,7 +2,7 @@
 ``lightning-strategy`` (the Lightning Trainer, one process per rank, section 02).
 
 The runner starts and watches either argv the same way; ``lab.run_experiment`` looks at the launcher's name only
-to refuse ``profile_steps`` where the Lightning ranks do not profile.
+to refuse ``trace_steps`` where the Lightning ranks do not profile.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def run_costs_s(profile: str) -> dict[str, float]:
         if not line.strip() or line.startswith("#"):
             continue
         step, row_profile, seconds, *_ = line.split("\t")
-        if row_profile == profile and "+" not in step:  # "lora-1b+profile": a profiled run, not the plain one
+        if row_profile == profile and "+" not in step:  # "lora-1b+trace": a profiled run, not the plain one
             costs[step] = float(seconds)
     return costs
 

@@ -5,6 +5,7 @@ from the shipped references. Missing values stay NaN: an OOM'd run has no traini
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -575,7 +576,7 @@ MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
 """With attention, the ops whose time is arithmetic; the rest (elementwise, copies) mostly move memory."""
 
 
-def profiled_run(records: Sequence[Mapping[str, Any]], experiment: str | None = None) -> dict[str, Any] | None:
+def traced_run(records: Sequence[Mapping[str, Any]], experiment: str | None = None) -> dict[str, Any] | None:
     profiled = sorted(
         (r for r in records if _number(r.get("rank")) in (None, 0) and r.get("status") == "ok"
          and isinstance(r.get("torch_profile_summary"), Mapping)),
@@ -584,11 +585,11 @@ def profiled_run(records: Sequence[Mapping[str, Any]], experiment: str | None = 
     return ([r for r in profiled if r.get("experiment") == experiment] or profiled or [None])[-1]
 
 
-def reference_profile(experiment: str, node: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any] | None]:
+def reference_trace(experiment: str, node: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any] | None]:
     """This node's GPU's reference first, else the first shipped file that holds a profile."""
     first = reference_for(node)
     for name, frame in sorted(shipped_frames(), key=lambda nf: nf[0] != first):
-        if (record := profiled_run(frame.to_dict("records"), experiment)) is not None:
+        if (record := traced_run(frame.to_dict("records"), experiment)) is not None:
             return name, record
     return "no shipped reference", None
 
@@ -613,7 +614,7 @@ def _matmul_pct(rows: Sequence[tuple[str, str, float, float]]) -> float | None:
     return 100 * matmul / total if total else None
 
 
-def profile_table(record: Mapping[str, Any] | None) -> pd.DataFrame:
+def trace_table(record: Mapping[str, Any] | None) -> pd.DataFrame:
     summary = as_mapping(as_mapping(record).get("torch_profile_summary"))
     device, rows = _top_ops(summary)
     column = "self_device_ms_per_step" if device else "self_cpu_ms_per_step"
@@ -621,8 +622,8 @@ def profile_table(record: Mapping[str, Any] | None) -> pd.DataFrame:
     return pd.DataFrame(shown, columns=["op", "kind", "calls_per_step", column]).round({"calls_per_step": 1, column: 2})
 
 
-def profile_words(record: Mapping[str, Any] | None, where: str = "this node") -> str:
-    """The figures 03's regime question reads; the verdict is ``profile_regime``'s."""
+def trace_words(record: Mapping[str, Any] | None, where: str = "this node") -> str:
+    """The figures 03's regime question reads; the verdict is ``trace_regime``'s."""
     summary = as_mapping(as_mapping(record).get("torch_profile_summary"))
     if not summary:
         why = f": {record.get('status')}, {record.get('reason') or 'no trace'}" if record else ""
@@ -647,14 +648,14 @@ def profile_words(record: Mapping[str, Any] | None, where: str = "this node") ->
     return "\n  ".join(lines)
 
 
-def profile_regime(record: Mapping[str, Any]) -> tuple[str | None, str]:
+def trace_regime(record: Mapping[str, Any]) -> tuple[str | None, str]:
     """By the lab's bound rule on the device-idle share and, where the device worked, on what: matrix multiplies
     and attention (compute) or the rest (bandwidth)."""
     from lab_helpers.record.time_bound import BAND_WORDS, classify
 
     summary = as_mapping(record.get("torch_profile_summary"))
     world = int(_number(record.get("world_size")) or 1)
-    bound, _ = classify(None, world_size=world, profile=summary)
+    bound, _ = classify(None, world_size=world, trace=summary)
     if bound is None:
         return None, "a CPU run has no device-idle share: no regime from the device's side"
     if bound == "communication":
@@ -744,3 +745,15 @@ def steps_and_samples(df: pd.DataFrame, experiments: Sequence[str], *, profile: 
     return pd.DataFrame(
         rows, columns=["experiment", "mode", "micro_batches", "accumulation", "optimizer_steps", "samples"]
     )
+
+
+RENAMED = {"profile_words": "trace_words", "profile_table": "trace_table", "reference_profile": "reference_trace",
+           "profile_regime": "trace_regime"}  # fmt: skip
+"""Old name -> new: ``profile`` names the hardware profile only; a torch.profiler trace is ``trace``."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in RENAMED:
+        print(f"lab: tables.{name} is now tables.{RENAMED[name]}", file=sys.stderr, flush=True)
+        return globals()[RENAMED[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,7 +25,7 @@ HOST_BOUND_BUSY_PCT = 50.0
 """Idle at least half the loop, waiting on the host (Python, launches, synchronisations, the data loader)."""
 
 COMMUNICATION_BOUND_PCT = 50.0
-"""From a profile only: NVML counts a collective kernel waiting on its peers as busy."""
+"""From a trace only: NVML counts a collective kernel waiting on its peers as busy."""
 
 MIN_BUSY_SAMPLES = 3
 
@@ -99,15 +99,15 @@ def busy_words(busy_pct: float, spread: float | None, samples: int | None) -> st
     return f"GPU busy {busy_pct:.0f}{noise} % ({samples} NVML samples in the loop{few})"
 
 
-def profile_words(profile: Mapping[str, Any]) -> str:
+def trace_words(trace: Mapping[str, Any]) -> str:
     """A few us per kernel means many short kernels, whose launches the host pays one by one."""
-    idle = finite_number(profile.get("device_idle_pct"))
+    idle = finite_number(trace.get("device_idle_pct"))
     if idle is None:
         return ""
-    words = f"profile: device idle {idle:.0f} % of its {profile.get('steps')} steps"
+    words = f"trace: device idle {idle:.0f} % of its {trace.get('steps')} steps"
     kernels, busy_ms = (
-        finite_number(profile.get("kernels_per_step")),
-        finite_number(profile.get("device_busy_ms_per_step")),
+        finite_number(trace.get("kernels_per_step")),
+        finite_number(trace.get("device_busy_ms_per_step")),
     )
     if kernels and busy_ms:
         words += f", {kernels:,.0f} kernels per step of {1e3 * busy_ms / kernels:.0f} us device time each"
@@ -119,26 +119,26 @@ def classify(
     spread: float | None = None,
     *,
     world_size: int,
-    profile: Mapping[str, Any] | None = None,
+    trace: Mapping[str, Any] | None = None,
     samples: int | None = None,
 ) -> tuple[str | None, str]:
-    """``communication`` only from a profile, else the band of the busy share over the timed loop; ``why`` says where
+    """``communication`` only from a trace, else the band of the busy share over the timed loop; ``why`` says where
     a threshold lies inside the noise."""
-    profile = profile if isinstance(profile, Mapping) else {}
-    idle, collective = finite_number(profile.get("device_idle_pct")), finite_number(profile.get("collective_pct"))
+    trace = trace if isinstance(trace, Mapping) else {}
+    idle, collective = finite_number(trace.get("device_idle_pct")), finite_number(trace.get("collective_pct"))
     if gpu_busy_pct is not None:
         figures = busy_words(gpu_busy_pct, spread, samples)
-        if words := profile_words(profile):
+        if words := trace_words(trace):
             figures += f"; {words}"
         busy = gpu_busy_pct
     elif idle is not None:
-        figures = f"no NVML sample inside the loop; device busy {100 - idle:.0f} % of the profiled steps"
+        figures = f"no NVML sample inside the loop; device busy {100 - idle:.0f} % of the traced steps"
         busy, spread = 100 - idle, None
     else:
-        return None, "no GPU utilisation inside the training loop, and no profile"
+        return None, "no GPU utilisation inside the training loop, and no trace"
     several = world_size > 1
     if several and collective is not None:
-        figures += f"; collectives {collective:.0f} % of the device's busy time (profile)"
+        figures += f"; collectives {collective:.0f} % of the device's busy time (trace)"
         if collective >= COMMUNICATION_BOUND_PCT:
             return "communication", f"{figures}: collectives >= {COMMUNICATION_BOUND_PCT:.0f} %"
     bound = band(busy)
@@ -147,7 +147,7 @@ def classify(
     if near:
         why += f" (the {near[0]:.0f} % line is inside its noise)"
     if several and collective is None and bound != "host":
-        why += "; NVML counts collective kernels as busy, so part of it may be communication (a profile tells)"
+        why += "; NVML counts collective kernels as busy, so part of it may be communication (a trace tells)"
     return bound, why
 
 
@@ -179,7 +179,7 @@ def where_time_goes(
             "no NVML utilisation sample of this rank's GPU inside the training loop (a loop shorter than a sample?)"
         )
     spread = busy_spread(mine)
-    bound, why = classify(busy, spread, world_size=world_size, profile=report.get("torch_profile_summary"),
+    bound, why = classify(busy, spread, world_size=world_size, trace=report.get("torch_profile_summary"),
                           samples=len(mine) or None)  # fmt: skip
     return {
         **none,
@@ -220,9 +220,9 @@ def stored_loop_samples(record: Mapping[str, Any], folders: Sequence[Path]) -> l
 def rederived(record: Mapping[str, Any], folders: Sequence[Path]) -> dict[str, Any]:
     """By today's rule, so the shipped references follow it; {} where the record holds no device figure."""
     busy = finite_number(record.get("gpu_busy_pct"))
-    profile = record.get("torch_profile_summary")
-    profile = profile if isinstance(profile, Mapping) else {}
-    if busy is None and finite_number(profile.get("device_idle_pct")) is None:
+    trace = record.get("torch_profile_summary")
+    trace = trace if isinstance(trace, Mapping) else {}
+    if busy is None and finite_number(trace.get("device_idle_pct")) is None:
         return {}
     out: dict[str, Any] = {}
     spread, count = finite_number(record.get("gpu_busy_spread_pct")), finite_number(record.get("gpu_busy_sample_count"))
@@ -231,7 +231,7 @@ def rederived(record: Mapping[str, Any], folders: Sequence[Path]) -> dict[str, A
         out.update(gpu_busy_spread_pct=spread, gpu_busy_sample_count=count)
     world = int(finite_number(record.get("world_size")) or 1)
     bound, why = classify(
-        busy, spread, world_size=world, profile=profile, samples=None if count is None else int(count)
+        busy, spread, world_size=world, trace=trace, samples=None if count is None else int(count)
     )
     return {**out, "bound": bound, "bound_reason": why}
 

@@ -30,7 +30,6 @@ from lab_helpers.training.child_report import (
 )
 from lab_helpers.training.loop_clock import LoopClock
 from lab_helpers.training.orphan_guard import start_orphan_guard
-from lab_helpers.training.profile_hook import ProfileHook
 from lab_helpers.training.quick_mode import (
     BATCH_ORDER_FLAG,
     put_longest_batch_in_second_step,
@@ -38,8 +37,9 @@ from lab_helpers.training.quick_mode import (
     warmup_steps,
 )
 from lab_helpers.training.quick_stop import QuickStop
-from lab_helpers.training.step_profile import steps_from_env
 from lab_helpers.training.tensor_peak import LiveTensorPeak, PeakPhase
+from lab_helpers.training.torch_trace import steps_from_env
+from lab_helpers.training.trace_hook import TraceHook
 
 COMMANDS = {"finetune_full": "litgpt.finetune.full", "finetune_lora": "litgpt.finetune.lora"}
 TENSOR_PEAK_ENV = "LAB_TENSOR_PEAK"
@@ -47,10 +47,10 @@ SAVE_ENV = "LAB_SAVE_CHECKPOINT"  # "1" keeps litgpt's final checkpoint; the lab
 
 
 class _Training:
-    def __init__(self, *, profile_steps: int | None = None) -> None:
+    def __init__(self, *, trace_steps: int | None = None) -> None:
         self.clock = LoopClock()
-        self.profile = ProfileHook(profile_steps)
-        self.quick_stop = QuickStop(self.clock, self.profile)
+        self.trace = TraceHook(trace_steps)
+        self.quick_stop = QuickStop(self.clock, self.trace)
 
     def watch_batches(
         self, dataloader, *, accumulation: int, epochs: int | None, warmup_steps: int = 1, quick: bool = False,
@@ -61,13 +61,13 @@ class _Training:
         self.quick_stop.start_loop(
             quick=quick, accumulation=accumulation, train_args=train_args, judge_stable=judge_stable
         )
-        self.profile.start_loop(accumulation=accumulation, warmup_iterations=warmup_iterations, quick=quick)
+        self.trace.start_loop(accumulation=accumulation, warmup_iterations=warmup_iterations, quick=quick)
         return _WatchedBatches(dataloader, self, epochs=epochs, train_args=train_args)
 
     def saw_batch(self, batch: Mapping[str, Any]) -> None:
         """The clock's start time first, so that starting the profiler is not the batch's time."""
         iteration = self.clock.start_batch()
-        self.profile.at_batch(iteration)
+        self.trace.at_batch(iteration)
         self.clock.count_untimed_tokens(batch)
 
     def report_fields(self) -> dict[str, Any]:
@@ -75,7 +75,7 @@ class _Training:
             **loop_clock.timings(self.clock),
             **loop_clock.host_fields(self.clock),
             **self.quick_stop.fields(),
-            **self.profile.fields,
+            **self.trace.fields,
         }
 
 
@@ -117,7 +117,7 @@ class _FitWrapper:
                 if self.whole_run_tensors is not None and model is not None:
                     self.tensor_peak_bytes = self.whole_run_tensors.peak_bytes
             self.training.clock.end_fit(result)
-            self.training.profile.finish()  # after the clock stopped: writing the trace is not training time
+            self.training.trace.finish()  # after the clock stopped: writing the trace is not training time
             return result
 
         return timed_fit
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_interrupt)  # the runner's SIGTERM still produces a report
     start_orphan_guard()
     module = importlib.import_module(COMMANDS[argv[0]])
-    training = _Training(profile_steps=steps_from_env())
+    training = _Training(trace_steps=steps_from_env())
     checkpoint_blocks = activation_checkpointing.FLAG in argv
     if checkpoint_blocks:  # the lab's switch, not litgpt's: litgpt's CLI never sees it
         argv.remove(activation_checkpointing.FLAG)

@@ -26,7 +26,7 @@ class LoopClock:
         self.cpu_s: dict[str, float] = {}  # process_time at each mark
         self.monotonic_s: dict[str, float] = {}  # time.monotonic at each mark
         self.token_counts: dict[str, Any] = {}  # what litgpt's fit returned
-        # quick mode with --profile-steps: (perf_counter, process_time) when the timing ended and the profiled steps
+        # quick mode with --trace-steps: (perf_counter, process_time) when the timing ended and the profiled steps
         # began, and the tokens and padded tokens of those steps (left out of the timed part like warm-up's)
         self.timing_ended: tuple[float, float] | None = None
         self.after_timing_tokens = [0, 0]

@@ -1,5 +1,5 @@
 """Quick mode's stop inside litgpt's loop: asks ``quick_mode.stop_reason`` at each optimizer step's end, and lets
-the profiled steps (``--profile-steps``) run after the timing before the loop ends.
+the profiled steps (``--trace-steps``) run after the timing before the loop ends.
 """
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import time
 from typing import Any
 
 from lab_helpers.training.loop_clock import LoopClock
-from lab_helpers.training.profile_hook import ProfileHook
 from lab_helpers.training.quick_mode import stable_halves_pct, stop_reason
+from lab_helpers.training.trace_hook import TraceHook
 
 
 class QuickStop:
-    def __init__(self, clock: LoopClock, profile: ProfileHook) -> None:
-        self.clock, self.profile = clock, profile
+    def __init__(self, clock: LoopClock, trace: TraceHook) -> None:
+        self.clock, self.trace = clock, trace
         self.quick = False
         self.accumulation = 1
         self.train_args: Any = None  # litgpt's TrainArgs: its max_steps says where the recipe's own steps end
@@ -32,30 +32,30 @@ class QuickStop:
         if not self.quick or done <= 0 or done % self.accumulation:
             return False
         if self.reason is not None:  # only profiled steps run after the timing: end after their window
-            if self.clock.timing_ended is None or drawn < self.profile.last_iter:
+            if self.clock.timing_ended is None or drawn < self.trace.last_iter:
                 return False
-            self.profile.stop_after_window()
+            self.trace.stop_after_window()
             self.clock.exclude_since_timing_end()
             return True
-        times = self.clock.rule_times_s(time.perf_counter(), left_out=self.profile.profiled_iters())
+        times = self.clock.rule_times_s(time.perf_counter(), left_out=self.trace.profiled_iters())
         reason = stop_reason(times, stable_pct=self._stable_pct()) or ("run_end" if self._own_steps_done() else None)
         if reason is None:
             return False
         self._say_stop(reason, times)
-        if not self.profile.waits_for_timing_end:
+        if not self.trace.waits_for_timing_end:
             return True
         self.clock.end_timing()  # the loop window (host_core_pct, gpu_busy_pct) ends with the timing
-        self.profile.begin_at(drawn + 1)
+        self.trace.begin_at(drawn + 1)
         return False
 
     def _own_steps_done(self) -> bool:
         """So that the steps the launcher added for the profile (``lab.settled_overrides``: N + 1) are profiled now."""
-        if not self.profile.waits_for_timing_end or self.train_args is None:
+        if not self.trace.waits_for_timing_end or self.train_args is None:
             return False
         max_steps = getattr(self.train_args, "max_steps", None)
         if not max_steps:
             return False  # a run by epochs ends with its data: no room was made for the profile
-        return len(self.clock.batch_starts) >= (max_steps - self.profile.steps - 1) * self.accumulation
+        return len(self.clock.batch_starts) >= (max_steps - self.trace.steps - 1) * self.accumulation
 
     def _stable_pct(self) -> float | None:
         return stable_halves_pct() if self.judge_stable else None
@@ -75,6 +75,6 @@ class QuickStop:
             return {"quick_stop": None, "quick_stop_halves_pct": None}
         if self.reason is None:
             clock = self.clock
-            times = clock.rule_times_s(clock.fit_end, left_out=self.profile.profiled_iters()) if clock.steady else []
+            times = clock.rule_times_s(clock.fit_end, left_out=self.trace.profiled_iters()) if clock.steady else []
             self._say_stop(stop_reason(times, stable_pct=self._stable_pct()) or "run_end", times)
         return {"quick_stop": self.reason, "quick_stop_halves_pct": self.halves_pct}

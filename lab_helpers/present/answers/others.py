@@ -225,15 +225,15 @@ def _compare_parameter(name: str) -> str:
 
 
 @answer("03", "one-profiler-trace-which-regime")
-def _profile_regime(f: Facts) -> Answer:
-    from lab_helpers.present.tables import profile_regime, profiled_run
+def _trace_regime(f: Facts) -> Answer:
+    from lab_helpers.present.tables import trace_regime, traced_run
 
     def regime() -> str:
-        record = profiled_run(f.records, _compare_parameter("PROFILED_EXPERIMENT"))
+        record = traced_run(f.records, _compare_parameter("PROFILED_EXPERIMENT"))
         if record is None:
             cpu = "" if f.gpu else "; a CPU run would have no device-idle share"
-            raise Cannot(f"{f.name} has no profiled run (`profile_steps`){cpu}")
-        bound, words = profile_regime(record)
+            raise Cannot(f"{f.name} has no profiled run (`trace_steps`){cpu}")
+        bound, words = trace_regime(record)
         if bound is None:
             raise Cannot(f"{f.name}'s `{record['experiment']}`: {words}")
         return f"`{record['experiment']}`'s profile in {f.name}: {words}."

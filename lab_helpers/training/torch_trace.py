@@ -1,4 +1,4 @@
-"""``--profile-steps N``: a torch.profiler trace of N steady optimizer steps, and what it says in short.
+"""``--trace-steps N``: a torch.profiler trace of N steady optimizer steps, and what it says in short.
 
 On the H100 the small runs kept the GPU 5-25 % busy; only a trace tells whether the host was launching kernels one by
 one, synchronising, or waiting on data. The profiler slows what it watches, so its iterations are left out of every
@@ -16,8 +16,8 @@ from typing import Any
 
 from lab_helpers.config.paths import write_lab_file
 
-STEPS_ENV = "LAB_PROFILE_STEPS"
-DIR_ENV = "LAB_PROFILE_DIR"
+STEPS_ENV = "LAB_TRACE_STEPS"
+DIR_ENV = "LAB_TRACE_DIR"
 
 TRACE_FILENAME = "trace.json"
 SUMMARY_FILENAME = "summary.json"
@@ -34,7 +34,7 @@ def steps_from_env() -> int | None:
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
-MAX_PROFILE_STEPS = 20
+MAX_TRACE_STEPS = 20
 """A step's trace is tens of MB on a GPU and the summary is per step: more steps add size and time, not knowledge."""
 
 
@@ -43,10 +43,10 @@ def check_steps(steps: Any) -> int | None:
     if steps is None or steps == 0:
         return None
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"profile_steps must be a positive whole number of optimizer steps; got {steps!r}")
-    if steps > MAX_PROFILE_STEPS:
-        raise ValueError(f"profile_steps is at most {MAX_PROFILE_STEPS} (each adds a step and tens of MB of trace); "
-                         f"got {steps}, e.g. --profile-steps 3")  # fmt: skip
+        raise ValueError(f"trace_steps must be a positive whole number of optimizer steps; got {steps!r}")
+    if steps > MAX_TRACE_STEPS:
+        raise ValueError(f"trace_steps is at most {MAX_TRACE_STEPS} (each adds a step and tens of MB of trace); "
+                         f"got {steps}, e.g. --trace-steps 3")  # fmt: skip
     return steps
 
 
@@ -142,7 +142,7 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-class StepProfiler:
+class StepTracer:
     """The micro-batch that stops the profiler pays for stopping it, so it is reported as profiled too. Writing the
     trace waits for ``finish``, after the loop's clock has stopped."""
 
@@ -200,7 +200,7 @@ class StepProfiler:
         fields: dict[str, Any] = {"torch_profile_steps": self.steps}
         if self._profiler is None:
             where = "its timing did" if self.first_iter is None else f"micro-batch {self.first_iter}"
-            print(f"lab: --profile-steps {self.steps}: the loop ended before {where}; no trace", flush=True)
+            print(f"lab: --trace-steps {self.steps}: the loop ended before {where}; no trace", flush=True)
             return fields
         self._stop(None)
         captured_steps = max(1, (min(self._stopped_at, self._last_iter + 1) - self.first_iter) // self.accumulation)

@@ -1,4 +1,4 @@
-"""``--profile-steps N`` inside litgpt's loop: where the ``StepProfiler``'s window sits.
+"""``--trace-steps N`` inside litgpt's loop: where the ``StepTracer``'s window sits.
 
 Quick mode profiles the steps after its timing ends, so that a profiled quick run times the same micro-batches as an
 unprofiled one.
@@ -10,13 +10,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lab_helpers.training.step_profile import DIR_ENV, StepProfiler
+from lab_helpers.training.torch_trace import DIR_ENV, StepTracer
 
 
-class ProfileHook:
+class TraceHook:
     def __init__(self, steps: int | None) -> None:
-        self.steps = steps  # --profile-steps N (step_profile.steps_from_env), None: off
-        self.profiler: StepProfiler | None = None
+        self.steps = steps  # --trace-steps N (torch_trace.steps_from_env), None: off
+        self.profiler: StepTracer | None = None
         self.fields: dict[str, Any] = {}  # filled by ``finish``
 
     def start_loop(self, *, accumulation: int, warmup_iterations: int, quick: bool) -> None:
@@ -24,7 +24,7 @@ class ProfileHook:
             return
         out_dir = Path(os.environ.get(DIR_ENV) or "profile")
         first_iter = None if quick else warmup_iterations + 1
-        self.profiler = StepProfiler(self.steps, accumulation=accumulation, first_iter=first_iter, out_dir=out_dir)
+        self.profiler = StepTracer(self.steps, accumulation=accumulation, first_iter=first_iter, out_dir=out_dir)
 
     def at_batch(self, iteration: int) -> None:
         if self.profiler is not None:
