@@ -444,7 +444,7 @@ def hang_up(root: Path) -> Row:
 
 
 def results_file_breaks(root: Path) -> Row:
-    row = Row("runs.jsonl turned into a directory mid-run", "record in a fallback file, said in one line")
+    row = Row("runs.jsonl turned into a directory mid-run", "in its run folder, 1 line; next command adds it")
     fault = Fault(root, "fallback")
     proc = fault.start("run", "grad-accum", "--set", "train.max_steps=6", "--quiet")
     fault.wait_for_training(proc)
@@ -453,14 +453,14 @@ def results_file_breaks(root: Path) -> Row:
     _, err = proc.communicate(timeout=300)
     from lab_helpers.record.records import read_records
 
-    fallback = [r for path in fault.results.glob("runs/*/record.jsonl") for r in read_records(path)]
-    said = [line for line in err.splitlines() if "merge-records" in line]
-    ok = _statuses(fallback) == "ok" and len(said) == 1 and "Traceback" not in err
-    row.lost = 0 if fallback else 1
-    row.strays = fault.strays()
-    row.ok = ok and row.strays == 0
-    row.observed = f"exit {proc.returncode}, fallback {_statuses(fallback)}, lines {len(said)}"
-    return row
+    kept = [r for path in fault.results.glob("runs/*/record.jsonl") for r in read_records(path)]
+    said = [line for line in err.splitlines() if "the next lab command adds it" in line]
+    (fault.results / "runs.jsonl").rmdir()
+    (fault.results / "seeds.jsonl").rename(fault.results / "runs.jsonl")
+    code, _, later = fault.run("results")
+    ok = _statuses(kept) == "ok" and len(said) == 1 and code == 0 and "Traceback" not in err + later
+    observed = f"exit {proc.returncode}, kept {_statuses(kept)}, lines {len(said)}; results: exit {code}"
+    return _finish(row, fault, expect_records=1, ok=ok, observed=observed)
 
 
 def refused_up_front(root: Path) -> list[Row]:
@@ -559,47 +559,21 @@ def hostile_lines(root: Path) -> Row:
 # ------------------------------------------------------------------ issue 45: round three
 
 
-def merge_refused(root: Path) -> list[Row]:
-    """merge-records of what is not a fallback file: one line, exit 2, the file untouched (it used to be deleted)."""
-    rows = []
-    fault = Fault(root, "merge-refused")
-    big = fault.results / "runs.big.jsonl"
-    with open(big, "wb") as fh:
-        fh.truncate((1 << 30) + 1)  # sparse: a fallback too large to read
-    shipped = []  # copies, by the same names: a regression must not delete the checkout's own files
-    for relative in ("reference_results/h100-80gb.jsonl", "notebooks/01_single_gpu.ipynb"):
-        (fault.dir / relative).parent.mkdir(parents=True, exist_ok=True)
-        shipped.append(Path(shutil.copyfile(ROOT / relative, fault.dir / relative)))
-    cases = [
-        ("merge-records results/runs.jsonl (the target)", fault.results / "runs.jsonl"),
-        ("merge-records reference_results/h100-80gb.jsonl", shipped[0]),
-        ("merge-records notebooks/01_single_gpu.ipynb", shipped[1]),
-        ("merge-records of a fallback too large to read", big),
-    ]
-    for name, source in cases:
-        before = source.read_bytes() if source.stat().st_size < 1 << 30 else source.stat().st_size
-        code, out, err = fault.run("merge-records", str(source))
-        after = source.read_bytes() if source.stat().st_size < 1 << 30 else source.stat().st_size
-        lines = (out + err).strip().splitlines()
-        ok = code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and before == after
-        row = Row(name, "exit 2, one line, the file untouched")
-        rows.append(_finish(row, fault, expect_records=0, ok=ok, observed=f"exit {code}, untouched {before == after}"))
-    return rows
-
-
-def merge_twice_at_once(root: Path) -> Row:
-    row = Row("two merge-records of one fallback at once", "each record once, fallback removed, no traceback")
-    fault = Fault(root, "merge-twice")
-    fallback = fault.results / "runs.r45.jsonl"
-    with open(fallback, "w") as fh:
+def indexed_three_at_once(root: Path) -> Row:
+    """A run folder's record that runs.jsonl lacks, and three commands starting at once: each adds what it lacks."""
+    row = Row("3 commands at once, runs.jsonl lacking a record", "each record added once, no traceback")
+    fault = Fault(root, "index-three")
+    kept = fault.results / "runs" / "r45" / "record.jsonl"
+    kept.parent.mkdir(parents=True)
+    with open(kept, "w") as fh:
         for rank in range(64):
             fh.write(json.dumps({"experiment": "x", "status": "ok", "run_id": "r45", "rank": rank}) + "\n")
-    procs = [fault.start("merge-records", str(fallback)) for _ in range(2)]
+    procs = [fault.start("results") for _ in range(3)]
     said = [(proc.wait(timeout=120), *proc.communicate()) for proc in procs]
     new = fault.new_records()
     keys = {(r["run_id"], r["rank"]) for r in new}
-    clean = all("Traceback" not in out + err and len((out + err).strip().splitlines()) == 1 for _, out, err in said)
-    ok = clean and len(new) == len(keys) == 64 and not fallback.exists() and 0 in {code for code, _, _ in said}
+    clean = all(code == 0 and "Traceback" not in err for code, _, err in said)
+    ok = clean and len(new) == len(keys) == 64 and sum("added the record of run r45" in err for *_, err in said) == 1
     codes = ",".join(str(code) for code, _, _ in said)
     return _finish(row, fault, expect_records=64, ok=ok, observed=f"exits {codes}, {len(new)} lines, {len(keys)} runs")
 
@@ -715,7 +689,7 @@ def disk_fails_during_run(root: Path, fault: str) -> Row:
     """A real 100 MB tmpfs as LAB_RESULTS (tests/disk_fault.py: a mount namespace of its own) that fills up, or that
     every later open finds read-only, while the run trains."""
     what = {"fill": "fills up", "readonly": "turns read-only"}[fault]
-    row = Row(f"results disk (100 MB tmpfs) {what} mid-run", "result printed; record off the disk, merged back")
+    row = Row(f"results disk (100 MB tmpfs) {what} mid-run", "result printed; record off the disk, then added back")
     if not namespaces_work():
         return Row(row.fault, row.expected, observed="skipped: no user namespaces here", ok=True)
     where = Fault(root, f"disk-{fault}")
@@ -723,7 +697,7 @@ def disk_fails_during_run(root: Path, fault: str) -> Row:
                                  where.env)  # fmt: skip
     said = seen["stderr"].strip().splitlines()
     empty = [name for name, size in seen["files"].items() if size == 0 and name.endswith(".jsonl")]
-    merged = seen.get("merge", {}).get("returncode") == 0 and len(seen.get("records_after_merge", [])) == 1
+    merged = seen.get("next_command", {}).get("returncode") == 0 and len(seen.get("records_after", [])) == 1
     printed = any(line.startswith("grad-accum: ") for line in seen["stdout"].splitlines())
     off_disk = seen.get("fallback", "").startswith(str(where.dir / "state"))
     row.lost = 0 if merged else 1
@@ -731,7 +705,7 @@ def disk_fails_during_run(root: Path, fault: str) -> Row:
     row.ok = (printed and off_disk and merged and not empty and len(said) == 1 and "Traceback" not in seen["stderr"]
               and row.strays == 0)  # fmt: skip
     row.observed = (f"exit {seen['returncode']}, printed {printed}, fallback off the disk {off_disk}, "
-                    f"merged {merged}, 0-byte {len(empty)}, lines {len(said)}")  # fmt: skip
+                    f"added back {merged}, 0-byte {len(empty)}, lines {len(said)}")  # fmt: skip
     return row
 
 
@@ -1291,8 +1265,7 @@ def main() -> int:
         lambda: relative_results(root),
         lambda: absurd_micro_batch(root),
         lambda: hostile_lines(root),
-        lambda: merge_refused(root),
-        lambda: merge_twice_at_once(root),
+        lambda: indexed_three_at_once(root),
         lambda: children_hold_output(root),
         lambda: secrets_by_shape(root),
         lambda: bounded_values(root),

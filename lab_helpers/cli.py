@@ -4,7 +4,6 @@ prepare  --profile ci|gpu [--random-weights]   build (ci) or download/check (gpu
 run      ID --profile P [--set key=value ...]    run one experiment and record it
 run-all  --section single|multi --profile P     every experiment of a section, then the comparison
 results  [--format json|csv]                    every record
-merge-records FILE                              append a fallback file's records to the results file
 plan     RECIPE.yaml|ID [--profile P] [...]     predict memory before a run (--time: step time)
 bandwidth [--ranks N]                           measure the bus bandwidth between GPUs (gloo on a CPU)
 launch-cost [--device cuda|cpu]                 measure the host's cost per kernel launch (plan --time)
@@ -66,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     results = sub.add_parser("results", help="print every record")
     results.add_argument("--format", choices=("json", "csv"), default="json")
 
-    merge = sub.add_parser("merge-records", help="append the records a run had to store elsewhere to the results file")
-    merge.add_argument("file", help="the fallback file the run named (runs.<run_id>.jsonl or runs/<run_id>/record.jsonl)")
+    merge = sub.add_parser("merge-records")  # no help: unlisted, the old name of what every command does now
+    merge.add_argument("file", nargs="?", help=argparse.SUPPRESS)
 
     export = sub.add_parser("export-reference", help="add records to the reference results, one file per GPU")
     export.add_argument(
@@ -302,11 +301,11 @@ def _cmd_results(args: argparse.Namespace) -> int:
 
 def _cmd_merge_records(args: argparse.Namespace) -> int:
     from lab_helpers.launch.runner import say
-    from lab_helpers.record.fallback import merge_records
+    from lab_helpers.record.store import INDEX_COMMAND
 
-    result = merge_records(args.file)
-    say(result.line())
-    return 1 if result.kept_because is not None else 0
+    say(f"lab: merge-records is now `{INDEX_COMMAND}`: every lab command adds to runs.jsonl what it lacks, from the "
+        "run folders and their copies off a failed disk (done above, if anything was missing)", file=sys.stderr)  # fmt: skip
+    return 0
 
 
 def _compare_price(args: argparse.Namespace) -> float | None:
@@ -444,8 +443,8 @@ COMMANDS = {
 }
 
 
-RECOVERING = ("results", "compare", "export-reference", "run-all")
-"""The commands that first record orphaned runs (``recovery``); ``run`` does so in ``lab.run_experiment``."""
+RECOVERING = ("results", "compare", "export-reference", "run-all", "merge-records")
+"""The commands that first add to the index what it lacks (``recovery``); ``run`` does so in ``lab.run_experiment``."""
 
 LOCATIONS = {
     "prepare": ("LAB_CHECKPOINTS", "LAB_DATA"),

@@ -24,12 +24,12 @@ from lab_helpers.planning import predict
 from lab_helpers.planning.decision import blocked, section_decisions
 from lab_helpers.planning.predict import OOM_DEMO_MARGIN
 from lab_helpers.planning.profile_choice import default_profile_here, profile_problem
-from lab_helpers.record.fallback import store_records
 from lab_helpers.record.records import append_record
 from lab_helpers.record.records import results_path as results_file
 from lab_helpers.record.recovery import holding_run, recover_orphans, write_launch
 from lab_helpers.record.results_folder import check_results_folder, make_run_folder, remove_if_empty
 from lab_helpers.record.run_record import base_record, one_line, records_from, relative_to_results
+from lab_helpers.record.store import store_records
 from lab_helpers.training.quick_mode import QUICK_ENV, quick_from_env, quick_overrides
 
 __all__ = [  # the module's own names, then the notebooks' names from the layers below (_NOTEBOOK_API)
@@ -148,8 +148,8 @@ def run_experiment(
                             "returncode": outcome.returncode, "wall_s": outcome.wall_s,
                             "log_path": relative_to_results(outcome.log_path)}]  # fmt: skip
             try:
-                # the results file, else the run folder, else off the failed file system; one line says where
-                store_records(records, path=results_path, run_dir=run_dir)
+                recover_orphans(results_path, once=False)  # what the index lacks goes in first: it ran before
+                store_records(records, path=results_path, run_dir=run_dir)  # the run folder, then the index
             finally:  # stored or not, the result was measured: show it (stdout may be gone, `| head`)
                 if summary:
                     for record in records:

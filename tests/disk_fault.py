@@ -3,7 +3,7 @@
 A CPU test cannot fill the machine's disk or remount it read-only, but ``unshare -r -m`` gives an unprivileged
 process a private mount table where it may mount a tmpfs of a chosen size, fill it, and remount it read-only, with
 nothing outside seeing it. The whole scenario runs inside (the CLI, the fault, what is read back afterwards, the
-merge), and one JSON file outside the tmpfs tells the caller what happened. Used by tests/test_faults.py and
+next command that adds the record back), and one JSON file outside the tmpfs tells the caller what happened. Used by tests/test_faults.py and
 benchmarks/faults.py.
 
     from disk_fault import namespaces_work, run_on_a_failing_disk
@@ -75,7 +75,7 @@ def run_on_a_failing_disk(
 ) -> dict:
     """Run ``python -m lab_helpers ARGS`` with ``where/results`` a ``size_mib`` tmpfs and ``fault`` applied once the
     training runs; return what ``_inside`` saw (exit code, output, files left there, records, the launcher's peak
-    memory, the merge of the fallback it named). ``where`` must not be inside another test's tmpfs."""
+    memory, the next command that adds back the record it kept). ``where`` must not be inside another test's tmpfs."""
     assert fault in FAULTS, fault
     results = where / "results"
     results.mkdir(parents=True, exist_ok=True)
@@ -125,14 +125,14 @@ def _inside(spec: dict) -> dict:
     }
     seen["records"] = _records(results / "runs.jsonl")
     _undo(spec["fault"], results)
-    named = re.findall(r"merge-records (\S+?)`", seen["stderr"])
-    if named:
-        merged = subprocess.run([sys.executable, "-m", "lab_helpers", "merge-records", named[-1]], cwd=REPO,
-                                capture_output=True, text=True, timeout=120)  # fmt: skip
+    named = re.findall(r"the record is kept in (\S+?): the next lab command adds it", seen["stderr"])
+    if named:  # the disk mended, the next command adds the record to runs.jsonl
+        added = subprocess.run([sys.executable, "-m", "lab_helpers", "results"], cwd=REPO, capture_output=True,
+                               text=True, timeout=120)  # fmt: skip
         seen["fallback"] = named[-1]
-        seen["merge"] = {"returncode": merged.returncode, "said": (merged.stdout + merged.stderr).strip(),
-                         "fallback_left": os.path.exists(named[-1])}  # fmt: skip
-        seen["records_after_merge"] = _records(results / "runs.jsonl")
+        seen["next_command"] = {"returncode": added.returncode, "said": added.stderr.strip(),
+                                "fallback_left": os.path.exists(named[-1])}  # fmt: skip
+        seen["records_after"] = _records(results / "runs.jsonl")
     return seen
 
 

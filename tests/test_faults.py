@@ -668,9 +668,9 @@ def test_a_hang_up_during_training_records_the_signal_and_leaves_nothing_running
 
 
 @pytest.mark.slow
-def test_an_unopenable_results_file_sends_the_record_to_a_fallback_that_merges_back(ci_assets, results, tmp_path):
-    """runs.jsonl becomes a directory while the run trains (as a slip or a `sudo` run leaves it): the record lands
-    in the run folder's record.jsonl, one line names that file and merge-records, and merge-records brings it back."""
+def test_an_unopenable_results_file_keeps_the_record_in_the_run_folder_for_the_next_command(ci_assets, results, tmp_path):
+    """runs.jsonl becomes a directory while the run trains (as a slip or a `sudo` run leaves it): the record is in
+    the run folder's record.jsonl, one line names it, and the next command adds it to runs.jsonl."""
     err_path = tmp_path / "stderr.txt"
     with open(err_path, "wb") as err:
         proc = subprocess.Popen(
@@ -682,16 +682,16 @@ def test_an_unopenable_results_file_sends_the_record_to_a_fallback_that_merges_b
         (results / "runs.jsonl").mkdir()
         proc.wait(timeout=300)
     said = err_path.read_text(errors="replace")
-    fallback = run_dir / "record.jsonl"
+    kept = run_dir / "record.jsonl"
     assert proc.returncode == 0 and "Traceback" not in said, said[-2000:]
-    [line] = [line for line in said.splitlines() if "merge-records" in line]
-    assert str(fallback) in line and "directory" in line, line
-    [record] = read_records(fallback)
+    [line] = [line for line in said.splitlines() if "the next lab command adds it" in line]
+    assert str(kept) in line and "directory" in line, line
+    [record] = read_records(kept)
     assert record["status"] == "ok" and record["run_id"] == run_dir.name
     (results / "runs.jsonl").rmdir()
-    merged = subprocess.run(cli("merge-records", str(fallback)), capture_output=True, text=True, timeout=120)
-    assert merged.returncode == 0, merged.stderr
-    assert [r["run_id"] for r in read_records(results / "runs.jsonl")] == [run_dir.name] and not fallback.exists()
+    listed = subprocess.run(cli("results"), capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0 and f"added the record of run {run_dir.name}" in listed.stderr, listed.stderr
+    assert read_records(results / "runs.jsonl") == [record] and kept.exists()
 
 
 def _address_space_cap(gib: int):
@@ -807,12 +807,10 @@ def test_an_orphaned_report_is_recorded_once_marked_recovered(results, capsys):
     assert recover_orphans(once=False) == [] and len(read_records(results / "runs.jsonl")) == 3
 
 
-def test_a_live_run_or_one_in_a_fallback_is_no_orphan(results):
+def test_a_live_run_is_no_orphan(results):
     from lab_helpers.record.recovery import holding_run, orphaned_runs, recover_orphans
 
     live = _orphan(results, "20261126-080000-grad-accum-live00", {"status": "ok"})
-    fallback = _orphan(results, "20261126-080001-grad-accum-fall00", {"status": "ok"})
-    (fallback / "record.jsonl").write_text("")
     with holding_run(live):  # its launcher is between the report and the record
         assert orphaned_runs() == [] and recover_orphans(once=False) == []
     assert orphaned_runs() == [live]
@@ -909,13 +907,14 @@ def test_a_results_disk_that_fails_during_the_run_keeps_the_record_off_it_and_pr
     seen = run_on_a_failing_disk(tmp_path, fault, args, _disk_fault_env(tmp_path))
     said = seen["stderr"].strip().splitlines()
     assert seen["faulted"] and seen["returncode"] in (0, 1), seen
-    assert len(said) == 1 and "merge-records" in said[0] and "Traceback" not in seen["stderr"], seen["stderr"]
+    assert len(said) == 1 and "the next lab command adds it" in said[0], seen["stderr"]
+    assert "Traceback" not in seen["stderr"], seen["stderr"]
     assert seen["fallback"].startswith(str(tmp_path / "state" / "lab")), said  # off the failed file system
     assert re.search(r"^grad-accum: \w+ \|", seen["stdout"], re.M), seen["stdout"]  # the result line
     empty = [name for name, size in seen["files"].items() if size == 0 and name.endswith(".jsonl")]
     assert not empty and not seen["records"], seen["files"]
-    assert seen["merge"]["returncode"] == 0 and not seen["merge"]["fallback_left"], seen["merge"]
-    [record] = seen["records_after_merge"]
+    assert seen["next_command"]["returncode"] == 0 and not seen["next_command"]["fallback_left"], seen
+    [record] = seen["records_after"]
     assert record["experiment"] == "grad-accum" and seen["strays"] == 0
 
 

@@ -1,7 +1,7 @@
 """Issue 45: one ordering of records. A ``started_at`` ahead of its time (a clock ahead, an edited record) hid every
 newer run in the tables; the order is now the position in the append-only file, and the odd time is named.
 
-The CLI runs for real (``python -m lab_helpers compare / results / merge-records``) on records appended as the lab
+The CLI runs for real (``python -m lab_helpers compare / results``) on records appended as the lab
 appends them; no training is needed, the fault is in what the file holds.
 """
 
@@ -15,7 +15,7 @@ import warnings
 from conftest import REPO, cli
 
 from lab_helpers.present import tables
-from lab_helpers.record.records import append_record, load_results, odd_started_at, read_records
+from lab_helpers.record.records import append_record, load_results, odd_started_at
 
 AHEAD = "2099-01-01T00:00:00+00:00"
 
@@ -54,23 +54,6 @@ def test_a_start_time_ahead_hides_no_newer_run_and_is_named(results, tmp_path):
     listed = subprocess.run(cli("results"), capture_output=True, text=True, timeout=120, cwd=REPO,
                             env={**os.environ, "LAB_RESULTS": str(results)})  # fmt: skip
     assert listed.returncode == 0 and AHEAD in listed.stdout  # every record, the odd one as it was stored
-
-
-def test_a_fallback_merged_late_hides_no_run_that_started_after_it(results, tmp_path):
-    """merge-records appends an old run's record after newer ones: it is marked ``merged_at`` and takes its place by
-    its start, so the newer run stays the one the tables show (and no odd time is reported for it)."""
-    path = results / "runs.jsonl"
-    append_record(_record("first", "2026-01-01T10:00:00+00:00", 11.0), path=path)
-    append_record(_record("rerun", "2026-01-03T10:00:00+00:00", 33.0), path=path)
-    fallback = tmp_path / "state" / "runs.old.jsonl"
-    append_record(_record("old", "2026-01-02T10:00:00+00:00", 22.0), path=fallback)
-    merged = subprocess.run(cli("merge-records", str(fallback)), capture_output=True, text=True, timeout=120,
-                            cwd=REPO, env={**os.environ, "LAB_RESULTS": str(results)})  # fmt: skip
-    assert merged.returncode == 0, merged.stderr
-    stored = read_records(path)
-    assert [r["run_id"] for r in stored] == ["first", "rerun", "old"] and stored[-1]["merged_at"]
-    out, rows = _compare(results, tmp_path)
-    assert [row["train_s"] for row in rows] == ["33.0"] and "warning" not in out.stderr, out.stderr
 
 
 def test_odd_start_times_name_the_fewer_rows():

@@ -15,14 +15,15 @@ import warnings
 
 import pytest
 
-from lab_helpers.config.config_error import LabConfigError
-from lab_helpers.record.fallback import merge_records, store_records
+from lab_helpers.record import recovery
 from lab_helpers.record.records import (
     RecordWriteError,
     append_record,
+    latest_runs,
     load_results,
     read_records,
 )
+from lab_helpers.record.store import store_records
 
 
 def _record(i: int, **extra) -> dict:
@@ -161,73 +162,121 @@ def test_a_results_file_that_is_a_directory_or_a_fifo_is_one_line_not_a_hang(tmp
         assert read_records(fifo) == []
 
 
-def test_a_record_that_cannot_reach_the_results_file_lands_in_the_run_folder_and_merges_back(tmp_path, capsys):
-    path = tmp_path / "runs.jsonl"
-    path.mkdir()  # what a `sudo` run or a slip leaves: runs.jsonl cannot be opened
-    run_dir = tmp_path / "runs" / "r1"
-    stored = store_records(
-        [_record(0, run_id="r1", rank=0), _record(0, run_id="r1", rank=1)], path=path, run_dir=run_dir
-    )
+@pytest.fixture
+def lab_results(tmp_path, monkeypatch):
+    """A results folder of the lab's (run folders under runs/), and a state folder of this test's."""
+    results = tmp_path / "results"
+    (results / "runs").mkdir(parents=True)
+    monkeypatch.setenv("LAB_RESULTS", str(results))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr(recovery, "_checked", set())
+    return results
+
+
+def _run_folder(results, run_id: str):
+    run_dir = results / "runs" / run_id
+    run_dir.mkdir()
+    return run_dir
+
+
+def test_a_record_goes_to_its_run_folder_first_then_to_the_index(lab_results, capsys):
+    run_dir = _run_folder(lab_results, "r0")
+    records = [_record(0, run_id="r0", rank=0), _record(0, run_id="r0", rank=1)]
+    assert store_records(records, path=None, run_dir=run_dir) == lab_results / "runs.jsonl"
+    assert read_records(run_dir / "record.jsonl") == read_records(lab_results / "runs.jsonl")
+    assert [r["rank"] for r in read_records(lab_results / "runs.jsonl")] == [0, 1]
+    assert capsys.readouterr().err == "" and recovery.recover_orphans(once=False) == []
+
+
+def test_a_record_the_index_cannot_take_stays_in_the_run_folder_and_the_next_command_adds_it(lab_results, capsys):
+    index = lab_results / "runs.jsonl"
+    index.mkdir()  # what a `sudo` run or a slip leaves: runs.jsonl cannot be opened
+    run_dir = _run_folder(lab_results, "r1")
+    stored = store_records([_record(0, run_id="r1", rank=0), _record(0, run_id="r1", rank=1)], path=None,
+                           run_dir=run_dir)  # fmt: skip
     assert stored == run_dir / "record.jsonl"
     said = capsys.readouterr().err.strip().splitlines()
-    assert len(said) == 1 and str(stored) in said[0] and "merge-records" in said[0] and "directory" in said[0]
-    assert [r["rank"] for r in read_records(stored)] == [0, 1]
-    path.rmdir()
-    assert merge_records(stored, path=path).merged == 2 and not stored.exists()
-    assert [r["rank"] for r in read_records(path)] == [0, 1]
+    assert len(said) == 1 and str(stored) in said[0] and "the next lab command adds it" in said[0], said
+    assert "directory" in said[0]
+    index.rmdir()
+    assert [r["rank"] for r in recovery.recover_orphans(once=False)] == [0, 1]
+    assert "added the record of run r1 (ok)" in capsys.readouterr().err
+    assert [r["rank"] for r in read_records(index)] == [0, 1] and read_records(stored) == read_records(index)
+    assert "recovered" not in read_records(index)[0]  # the launcher's own record, as it stored it
+    assert recovery.recover_orphans(once=False) == [] and len(read_records(index)) == 2
 
 
-def test_the_fallback_leaves_the_results_folder_when_it_takes_nothing(tmp_path, capsys, monkeypatch):
-    results = tmp_path / "results"
-    results.mkdir()
-    (results / "runs.jsonl").mkdir()
-    run_dir = results / "runs" / "r2"
-    (run_dir / "record.jsonl").mkdir(parents=True)  # the run folder's fallback is blocked too
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    stored = store_records([_record(0, run_id="r2")], path=results / "runs.jsonl", run_dir=run_dir)
-    assert stored == tmp_path / "state" / "lab" / "runs.r2.jsonl" and read_records(stored)[0]["run_id"] == "r2"
-    assert str(stored) in capsys.readouterr().err
+def test_a_run_added_to_the_index_late_comes_before_the_run_after_it(lab_results):
+    """No record is appended out of order: what the index lacks goes in before the next run's own records."""
+    index = lab_results / "runs.jsonl"
+    index.mkdir()
+    store_records(
+        [_record(0, run_id="20261128-100000-a")], path=None, run_dir=_run_folder(lab_results, "20261128-100000-a")
+    )
+    index.rmdir()
+    rerun = _run_folder(lab_results, "20261128-110000-a")
+    with recovery.holding_run(rerun):  # as lab.run_experiment stores: its own folder held, the index brought up first
+        recovery.recover_orphans(once=False)
+        store_records([_record(0, run_id="20261128-110000-a")], path=None, run_dir=rerun)
+    assert [r["run_id"] for r in read_records(index)] == ["20261128-100000-a", "20261128-110000-a"]
+    assert list(latest_runs(load_results(index))["run_id"]) == ["20261128-110000-a"]
 
 
 def _failing_disk(monkeypatch, tmp_path, failing, errno_=None):
     """The results folder's file system fails every write (ENOSPC: full; EROFS: remounted read-only), as the real
-    tmpfs of the slow tests does; every other folder stands on a file system of its own."""
+    tmpfs of the slow tests does; every other folder stands on a file system of its own. Returns the undo."""
     import errno as errnos
 
-    from lab_helpers.record import fallback, records
+    from lab_helpers.record import records, store
 
     errno_ = errno_ or errnos.ENOSPC
     append = records.append_locked
+    broken = [True]
 
     def append_or_fail(fd, target, data):
-        if target.is_relative_to(failing):
+        if broken[0] and target.is_relative_to(failing):
             raise RecordWriteError(errno_, f"could not store the record in {target}: {os.strerror(errno_)}")
         append(fd, target, data)
 
     monkeypatch.setattr(records, "append_locked", append_or_fail)
-    monkeypatch.setattr(fallback, "_device_of", lambda path: 1 if path.is_relative_to(failing) else hash(path.parts[:5]))
+    monkeypatch.setattr(store, "_device_of", lambda path: 1 if path.is_relative_to(failing) else hash(path.parts[:5]))
+    return lambda: broken.clear() or broken.append(False)
 
 
-def test_a_full_results_disk_sends_the_record_off_it_and_leaves_no_empty_file_there(tmp_path, capsys, monkeypatch):
-    results = tmp_path / "results"
-    run_dir = results / "runs" / "r3"
-    run_dir.mkdir(parents=True)
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    _failing_disk(monkeypatch, tmp_path, results)
-    stored = store_records([_record(0, run_id="r3", rank=0), _record(0, run_id="r3", rank=1)],
-                           path=results / "runs.jsonl", run_dir=run_dir)  # fmt: skip
+def test_a_full_results_disk_sends_the_record_off_it_and_the_next_command_brings_it_back(
+    lab_results, tmp_path, capsys, monkeypatch
+):
+    run_dir = _run_folder(lab_results, "r3")
+    mended = _failing_disk(monkeypatch, tmp_path, lab_results)
+    stored = store_records([_record(0, run_id="r3", rank=0), _record(0, run_id="r3", rank=1)], path=None,
+                           run_dir=run_dir)  # fmt: skip
     assert stored == tmp_path / "state" / "lab" / "runs.r3.jsonl"
     assert [r["rank"] for r in read_records(stored)] == [0, 1]
     [line] = capsys.readouterr().err.strip().splitlines()
-    assert "No space left on device" in line and f"merge-records {stored}" in line
-    assert [p.name for p in results.rglob("*") if p.is_file()] == []  # no 0-byte runs.jsonl or record.jsonl
+    assert "No space left on device" in line and f"kept in {stored}" in line
+    assert [p.name for p in lab_results.rglob("*") if p.is_file()] == []  # no 0-byte runs.jsonl or record.jsonl
+    recovery.recover_orphans(once=False)  # still full: nothing moves, nothing is lost
+    assert read_records(stored) and not (lab_results / "runs.jsonl").exists()
+    mended()
+    assert len(recovery.recover_orphans(once=False)) == 2
+    assert [r["rank"] for r in read_records(lab_results / "runs.jsonl")] == [0, 1]
+    assert [r["rank"] for r in read_records(run_dir / "record.jsonl")] == [0, 1] and not stored.exists()
+
+
+def test_a_run_folder_that_takes_nothing_sends_the_record_off_the_results_folder(lab_results, tmp_path, capsys):
+    (lab_results / "runs.jsonl").mkdir()
+    run_dir = _run_folder(lab_results, "r2")
+    (run_dir / "record.jsonl").mkdir()  # the run folder's file is blocked too
+    stored = store_records([_record(0, run_id="r2")], path=None, run_dir=run_dir)
+    assert stored == tmp_path / "state" / "lab" / "runs.r2.jsonl" and read_records(stored)[0]["run_id"] == "r2"
+    assert str(stored) in capsys.readouterr().err
 
 
 def test_a_record_no_place_takes_is_one_error_naming_every_place(tmp_path, monkeypatch):
-    from lab_helpers.record import fallback
+    from lab_helpers.record import store
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setattr(fallback, "temp_fallback_dir", lambda: tmp_path / "tmp" / "lab-0")
+    monkeypatch.setattr(store, "temp_fallback_dir", lambda: tmp_path / "tmp" / "lab-0")
     _failing_disk(monkeypatch, tmp_path, tmp_path, errno.EROFS)
     with pytest.raises(RecordWriteError) as info:
         store_records([_record(0, run_id="r4")], path=tmp_path / "results" / "runs.jsonl", run_dir=tmp_path / "run")
@@ -280,105 +329,7 @@ def test_every_shipped_reference_record_passes_the_readers_checks():
             assert read_records(path), path
 
 
-# ------------------------------------------------------------------ issue 45: one safe merge
-
-
-def _lines(path, records) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        for record in records:
-            fh.write(json.dumps(record, sort_keys=True) + "\n")
-
-
-def _run_records(run_id: str, ranks=(0, 1)) -> list[dict]:
-    return [_record(0, run_id=run_id, rank=rank) for rank in ranks]
-
-
-def test_merge_refuses_the_results_file_itself_and_every_file_that_is_not_a_fallback(tmp_path):
-    """The results file by any name (itself, a link, a hard link named like a fallback), a notebook, a reference
-    file, a backup of many runs, a fallback whose records are another run's, an empty one: refused, untouched."""
-    results = tmp_path / "results" / "runs.jsonl"
-    _lines(results, _run_records("a") + _run_records("b"))
-    notebook = tmp_path / "01_single_gpu.ipynb"
-    notebook.write_text('{"cells": []}\n')
-    reference = tmp_path / "h100-80gb.jsonl"
-    _lines(reference, _run_records("gpu-1"))
-    backup = tmp_path / "runs.backup.jsonl"
-    _lines(backup, _run_records("a") + _run_records("b"))
-    other_run = tmp_path / "runs" / "r9" / "record.jsonl"
-    _lines(other_run, _run_records("r8"))
-    empty = tmp_path / "runs.r7.jsonl"
-    empty.write_text("")
-    (tmp_path / "link").mkdir()
-    link = tmp_path / "link" / "runs.a.jsonl"
-    link.symlink_to(results)
-    hard = tmp_path / "runs.c.jsonl"
-    single = tmp_path / "single" / "runs.jsonl"
-    _lines(single, _run_records("c"))
-    os.link(single, hard)
-    cases = [
-        (results, results, "not the name of a fallback"),
-        (results.parent / "." / ".." / "results" / "runs.jsonl", results, "not the name of a fallback"),
-        (notebook, results, "not the name of a fallback"),
-        (reference, results, "not the name of a fallback"),
-        (backup, results, "line 1 is a record of run 'a', not of run backup"),
-        (other_run, results, "of run 'r8', not of run r9"),
-        (empty, results, "no record in it"),
-        (link, results, "a symbolic link"),
-        (hard, single, "the results file itself"),
-    ]
-    every = [results, notebook, reference, backup, other_run, empty, single]
-    before = {path: path.read_bytes() for path in every}
-    for source, target, why in cases:
-        with pytest.raises(LabConfigError, match="merge-records takes only a fallback file") as info:
-            merge_records(source, path=target)
-        assert why in str(info.value) and "nothing was changed" in str(info.value), str(info.value)
-        assert "\n" not in str(info.value)
-    assert {path: path.read_bytes() for path in every} == before and link.is_symlink() and hard.exists()
-
-
-def test_merge_is_idempotent_by_run_id_and_rank_and_removes_only_what_is_all_in(tmp_path):
-    results = tmp_path / "runs.jsonl"
-    _lines(results, _run_records("r1", ranks=(0,)))  # rank 0 of the run made it; rank 1 went to the fallback
-    fallback = tmp_path / "runs.r1.jsonl"
-    _lines(fallback, _run_records("r1"))
-    _lines(fallback, _run_records("r1", ranks=(1,)))  # the same rank twice: appended once
-    result = merge_records(fallback, path=results)
-    assert (result.merged, result.already_there, result.removed) == (1, 2, True) and not fallback.exists()
-    assert [(r["run_id"], r["rank"]) for r in read_records(results)] == [("r1", 0), ("r1", 1)]
-    assert "merged 1 record(s) of run r1" in result.line() and "(2 already there); removed" in result.line()
-
-
-def test_merge_keeps_a_fallback_with_a_line_that_is_not_a_record_and_says_why(tmp_path):
-    results = tmp_path / "runs.jsonl"
-    fallback = tmp_path / "runs" / "r2" / "record.jsonl"
-    _lines(fallback, _run_records("r2"))
-    with open(fallback, "ab") as fh:
-        fh.write(b'{"experiment": "exp-0", "sta')  # a kill in the middle of a rank's write
-    for _ in range(2):  # and again: nothing appended twice, still kept
-        result = merge_records(fallback, path=results)
-        assert not result.removed and fallback.exists()
-        assert "kept" in result.line() and "trailing line is not a record" in result.line()
-    assert [(r["run_id"], r["rank"]) for r in read_records(results)] == [("r2", 0), ("r2", 1)]
-
-
-def test_a_rank_appending_to_a_fallback_a_merge_is_taking_writes_to_a_new_one(tmp_path):
-    """The merge unlinks the fallback under its lock; a rank waiting for that lock must not append to the
-    unlinked file (its record would be gone): it opens the path again."""
-    import fcntl
-    import threading
-
-    fallback = tmp_path / "runs.r3.jsonl"
-    _lines(fallback, _run_records("r3", ranks=(0,)))
-    fd = os.open(fallback, os.O_RDONLY)
-    fcntl.flock(fd, fcntl.LOCK_EX)  # what merge_records holds while it merges
-    late = threading.Thread(target=append_record, args=(_record(0, run_id="r3", rank=1),), kwargs={"path": fallback})
-    late.start()
-    time.sleep(0.3)
-    fallback.unlink()
-    os.close(fd)
-    late.join(10)
-    assert [(r["run_id"], r["rank"]) for r in read_records(fallback)] == [("r3", 1)]
+# ------------------------------------------------------------------ adding what the index lacks, once
 
 
 def _cli(*args, env=None, **kw):
@@ -388,36 +339,25 @@ def _cli(*args, env=None, **kw):
     )  # fmt: skip
 
 
-def test_merge_records_cli_refuses_the_results_file_and_a_reference_in_one_line(tmp_path):
-    """The issue's repros through the real CLI: `merge-records results/runs.jsonl` deleted every record."""
-    env = {**os.environ, "LAB_RESULTS": str(tmp_path / "results")}
-    results = tmp_path / "results" / "runs.jsonl"
-    _lines(results, _run_records("a") + _run_records("b"))
-    reference = tmp_path / "h100-80gb.jsonl"
-    _lines(reference, _run_records("gpu-1"))
-    big = tmp_path / "runs.big.jsonl"
-    with open(big, "wb") as fh:  # sparse: a fallback too large to read
-        fh.truncate((1 << 30) + 1)
-    before = {path: path.stat() for path in (results, reference, big)}
-    for source in (results, reference, big):
-        out, err = _cli("merge-records", str(source), env=env).communicate(timeout=60)
-        lines = err.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: ") and "nothing was changed" in lines[0], err
-        assert out == ""
-    assert {path: path.stat() for path in before} == before
-    assert len(read_records(results)) == 4
+def test_three_commands_at_once_add_a_run_folders_record_to_the_index_once(tmp_path):
+    env = {**os.environ, "LAB_RESULTS": str(tmp_path / "results"), "XDG_STATE_HOME": str(tmp_path / "state")}
+    index = tmp_path / "results" / "runs.jsonl"
+    append_record(_record(0, run_id="seed"), path=index)
+    kept = tmp_path / "results" / "runs" / "r4" / "record.jsonl"
+    for rank in range(64):
+        append_record(_record(0, run_id="r4", rank=rank), path=kept)
+    procs = [_cli("results", env=env) for _ in range(3)]
+    said = [(proc.wait(timeout=120), *proc.communicate()) for proc in procs]
+    assert all(code == 0 and "Traceback" not in err for code, _, err in said), said
+    assert sum("added the record of run r4" in err for _, _, err in said) == 1, said
+    keys = [(r["run_id"], r["rank"]) for r in read_records(index)]
+    assert len(keys) == 65 and len(set(keys)) == 65 and len(read_records(kept)) == 64
 
 
-def test_two_merges_of_one_fallback_at_once_append_it_once(tmp_path):
-    env = {**os.environ, "LAB_RESULTS": str(tmp_path / "results")}
-    results = tmp_path / "results" / "runs.jsonl"
-    _lines(results, _run_records("seed"))
-    fallback = tmp_path / "results" / "runs.r4.jsonl"
-    _lines(fallback, _run_records("r4", ranks=range(64)))
-    procs = [_cli("merge-records", str(fallback), env=env) for _ in range(3)]
-    said = [(proc.wait(timeout=60), *proc.communicate()) for proc in procs]
-    assert all("Traceback" not in err and len((out + err).strip().splitlines()) == 1 for _, out, err in said), said
-    assert sorted(code for code, _, _ in said)[0] == 0 and {code for code, _, _ in said} <= {0, 2}, said
-    assert sum("merged 64 record(s)" in out for _, out, _ in said) == 1, said
-    keys = [(r["run_id"], r["rank"]) for r in read_records(results)]
-    assert len(keys) == 66 and len(set(keys)) == 66 and not fallback.exists()
+def test_merge_records_is_the_old_name_of_what_every_command_does(tmp_path):
+    env = {**os.environ, "LAB_RESULTS": str(tmp_path / "results"), "XDG_STATE_HOME": str(tmp_path / "state")}
+    kept = tmp_path / "results" / "runs" / "r5" / "record.jsonl"
+    append_record(_record(0, run_id="r5"), path=kept)
+    out, err = _cli("merge-records", str(kept), env=env).communicate(timeout=120)
+    assert "merge-records is now `python -m lab_helpers results`" in err and "Traceback" not in err, err
+    assert [r["run_id"] for r in read_records(tmp_path / "results" / "runs.jsonl")] == ["r5"] and kept.exists()

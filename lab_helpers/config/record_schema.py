@@ -163,8 +163,6 @@ RECORD_FIELDS: tuple[Field, ...] = _reported(
     ("log_error", None, "why the log or the timeline is incomplete (e.g. the disk filled up)"),
     ("recovered", None, "how the record was rebuilt from its run folder after the launcher ended before storing it "
      "(lab_helpers.record.recovery: exit code unknown, wall_s from the timeline); None: stored by the launcher"),
-    ("merged_at", None, "ISO time, UTC, when merge-records brought the record back from a fallback file; readers "
-     "place it by its start, not at the end of the file (records.record_order). None: stored by the launcher"),
     # memory
     ("gpu_used_peak_gib", "GiB", "NVML 'memory used' peak of this rank's GPU during the run"),
     ("gpu_used_peak_gib_per_gpu", "GiB", "NVML 'memory used' peak per GPU index"),

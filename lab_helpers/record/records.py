@@ -78,8 +78,8 @@ def record_line(record: Mapping[str, Any]) -> bytes:
 
 
 def open_locked(target: Path) -> int:
-    """The one lock every writer of a records file takes. A file unlinked while this waited (a fallback a merge
-    took) is opened again, so nothing is appended to a file no one can read."""
+    """The one lock every writer of a records file takes. A file unlinked while this waited (a copy off a failed
+    disk, once indexed) is opened again, so nothing is appended to a file no one can read."""
     while True:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -119,7 +119,7 @@ def open_results_file(target: Path) -> int:
 
 def append_records(records: Sequence[Mapping[str, Any]], *, path: Path | str | None = None) -> Path:
     """All stored or none; a file this call created is removed if the write fails, so that a full disk is not left
-    with an empty fallback file that looks like a stored record."""
+    with an empty record file that looks like a stored record."""
     data = record_lines(records)
     target = results_path(path)
     existed = os.path.lexists(target)
@@ -354,43 +354,10 @@ def load_results(path: Path | str | None = None):
 
 # ------------------------------------------------------------------------------------------------ selecting
 
-LATE_MARKS = ("recovered", "merged_at")
-"""A record the lab appends late (recovered, merged) takes its place by when it started."""
-
 CLOCK_SLACK_S = 300.0
 """Two machines' clocks, or one adjusted by NTP, differ by seconds, not by minutes."""
 
-
-def record_order(frame) -> list[float]:
-    """The position in the file (a later line is a later run, whatever a clock said); a row the lab appended late
-    goes just before the first ordinary row that started after it. Integer ticks: a Timestamp per row cost a second."""
-    import numpy as np
-
-    rows = len(frame)
-    started = _start_ticks(frame)
-    late = np.asarray(_late(frame), dtype=bool)
-    ordinary = np.flatnonzero(~late)
-    # the latest start among ordinary rows so far; NaT is the smallest tick, so it counts as none
-    peaks = np.maximum.accumulate(started[ordinary]) if len(ordinary) else started[:0]
-    order = [float(i) for i in range(rows)]
-    for i in np.flatnonzero(late & (started != _NAT_TICKS)).tolist():
-        j = int(np.searchsorted(peaks, started[i], side="right"))  # the first ordinary row that started after it
-        if j < len(ordinary) and (first_after := int(ordinary[j])) < i:
-            order[i] = first_after - 0.5 + i / (2.0 * rows + 1)  # before it; late rows keep their own order
-    return order
-
-
 _NAT_TICKS = -(2**63)
-
-
-def _start_ticks(frame):
-    import numpy as np
-    import pandas as pd
-
-    if "started_at" not in frame:
-        return np.full(len(frame), _NAT_TICKS, dtype=np.int64)
-    times = pd.to_datetime(frame["started_at"], errors="coerce", utc=True, format="ISO8601")
-    return np.asarray(times.array.asi8, dtype=np.int64)
 
 
 def odd_started_at(frame) -> list[tuple[int, str]]:
@@ -403,10 +370,10 @@ def odd_started_at(frame) -> list[tuple[int, str]]:
     now = pd.Timestamp(dt.datetime.now(dt.UTC))
     if (found := _odd_in_ticks(frame, now)) is not None:
         return found
-    started, late = _started(frame), _late(frame)  # a start nanoseconds cannot hold (before 1677): Timestamps
+    started = _started(frame)  # a start nanoseconds cannot hold (before 1677): Timestamps
     wall = list(pd.to_numeric(frame["wall_s"], errors="coerce")) if "wall_s" in frame else [None] * len(frame)
     slack = pd.Timedelta(seconds=CLOCK_SLACK_S)
-    rows = [i for i in range(len(frame)) if not late[i] and not pd.isna(started[i])]
+    rows = [i for i in range(len(frame)) if not pd.isna(started[i])]
     odd = {i: "in the future" for i in rows if started[i] > now + slack}
     rows = [i for i in rows if i not in odd]  # a start in the future says nothing of the others
     ends = {i: started[i] + pd.Timedelta(seconds=float(wall[i]) if _duration(wall[i]) else 0.0) for i in rows}
@@ -440,10 +407,9 @@ def _odd_in_ticks(frame, now) -> list[tuple[int, str]] | None:
             return None
     else:
         started = np.full(len(frame), _NAT_TICKS, dtype=np.int64)
-    late = np.asarray(_late(frame), dtype=bool)
     wall = pd.to_numeric(frame["wall_s"], errors="coerce").tolist() if "wall_s" in frame else [None] * len(frame)
     slack = pd.Timedelta(seconds=CLOCK_SLACK_S).value
-    valid = ~late & (started != _NAT_TICKS)
+    valid = started != _NAT_TICKS
     future = valid & (started > now.as_unit("ns").value + slack)
     odd = {i: "in the future" for i in np.flatnonzero(future).tolist()}
     rows = np.flatnonzero(valid & ~future)  # a start in the future says nothing of the others
@@ -476,19 +442,7 @@ def _started(frame) -> list:
     return list(pd.to_datetime(frame["started_at"], errors="coerce", utc=True, format="ISO8601"))
 
 
-def _late(frame) -> list[bool]:
-    late = [False] * len(frame)
-    for mark in LATE_MARKS:
-        if mark in frame:
-            late = [was or not _missing(value) for was, value in zip(late, frame[mark], strict=True)]
-    return late
-
-
-def _missing(value: Any) -> bool:
-    return value is None or value is False or (isinstance(value, float) and value != value)
-
-
-_LATEST_KEYS = ("experiment", "rank", "profile", "started_at", "status", "simulated_world_size", *LATE_MARKS)
+_LATEST_KEYS = ("experiment", "rank", "profile", "started_at", "status", "simulated_world_size")
 
 
 def latest_runs(df, *, profile: str | None = None, order: Sequence[str] | None = None):
@@ -504,7 +458,6 @@ def latest_runs(df, *, profile: str | None = None, order: Sequence[str] | None =
     for column in missing:
         frame[column] = None
     frame["_row"] = np.arange(len(df))
-    frame["_position"] = record_order(frame.reset_index(drop=True))
     if profile is not None:
         frame = frame[frame["profile"] == profile]
     frame = frame[frame["experiment"].notna()]
@@ -512,7 +465,6 @@ def latest_runs(df, *, profile: str | None = None, order: Sequence[str] | None =
         return empty_runs_frame()
     frame["experiment"] = _marked_simulated(frame)  # never the same row, bar or point as a real N-GPU run
     frame["_rank"] = pd.to_numeric(frame["rank"], errors="coerce").fillna(0).astype(int)
-    frame = frame.sort_values("_position", kind="stable")
     frame = frame.groupby(["experiment", "_rank"], sort=False, dropna=False).tail(1)
     rank_of = _order_index(frame["experiment"], order)
     frame["_order"] = frame["experiment"].map(rank_of)

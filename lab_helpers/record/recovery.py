@@ -1,8 +1,9 @@
-"""A launcher killed after its training ended (a ``kill -9``, a kernel restart, a lost SSH session) leaves a report
-and no record. The next start finds each such run folder (a report, no launcher holding its lock, no record of its
-``run_id``) and records it as the launcher would have, marked recovered, with what only the launcher knew unknown.
-A run folder is data anyone may have edited: its files are read only when regular files inside it
-(``paths.open_lab_file``), or the run is skipped in one line.
+"""What ``runs.jsonl``, the index, lacks is taken from the run folders, at every command's start and before every
+store: a run's own ``record.jsonl`` (the index could not take it then), its copy off a failed disk, or, where the
+launcher was killed after its training ended (a ``kill -9``, a kernel restart, a lost SSH session), its record
+rebuilt from its reports, marked recovered, with what only the launcher knew unknown. A run folder is data anyone
+may have edited: its files are read only when regular files inside it (``paths.open_lab_file``), or the run is
+skipped in one line.
 """
 
 from __future__ import annotations
@@ -24,12 +25,11 @@ from lab_helpers.config.paths import open_lab_file, read_lab_file, results_dir, 
 from lab_helpers.config.secrets import redact_mapping
 from lab_helpers.launch.runner import ProcessOutcome, say
 from lab_helpers.launch.sampler import TimelineSummary
-from lab_helpers.record.fallback import fallback_places, store_records
-from lab_helpers.record.records import MAX_RESULTS_BYTES, _json_safe, results_path
+from lab_helpers.record.records import MAX_RESULTS_BYTES, _json_safe, append_records, results_path, scan_lines
+from lab_helpers.record.store import INDEX_COMMAND, RECORD_FILENAME, off_disk_places
 from lab_helpers.training.child_report import read_reports
 
 LAUNCH_FILENAME = "launch.json"
-RECOVER_COMMAND = "python -m lab_helpers results"
 _TAIL_BYTES = 64 * 1024
 LAUNCH_MAX_BYTES = 4 * 2**20  # the fields known before the run and its ranks: a few kB
 TIMELINE_MAX_BYTES = 256 * 2**20  # a sample a second of 8 GPUs for a day is ~70 MB
@@ -69,7 +69,8 @@ def orphaned_runs(results_file: Path | None = None) -> list[Path]:
 
 
 def _unrecorded(results_file: Path | None, only: Path | None = None) -> list[Path]:
-    """None where ``runs`` is a link or the results file cannot be read (what is recorded is then unknown)."""
+    """Run folders with something to index and no line in the index; by name, which is by start. None where
+    ``runs`` is a link or the results file cannot be read (what is recorded is then unknown)."""
     runs = results_dir() / "runs"
     if os.path.islink(runs):
         _said(f"lab: {shown_path(runs)} is a symbolic link: no run folder is read through it (remove the link)")
@@ -79,21 +80,23 @@ def _unrecorded(results_file: Path | None, only: Path | None = None) -> list[Pat
                                                     if entry.is_dir(follow_symlinks=False)]  # fmt: skip
     except OSError:
         return []
-    candidates = [folder for folder in folders if _has_report(folder)]
+    candidates = [folder for folder in folders if _has_a_record(folder) or _has_report(folder)]
     if not candidates:
         return []
     results = _bytes_of(results_path(results_file))
     if results is None:
         return []
     stored = set(_RUN_ID.findall(results))  # one pass, however many runs
-    return [
-        run_dir for run_dir in sorted(candidates)
-        if run_dir.name.encode() not in stored and not _in_a_fallback(run_dir)
-    ]  # fmt: skip
+    return [run_dir for run_dir in sorted(candidates) if run_dir.name.encode() not in stored]
 
 
 _RUN_ID = re.compile(rb'"run_id": "([^"\\]*)"')
 """A record's run_id as ``records`` writes every line (json.dumps, sorted keys): no line needs parsing."""
+
+
+def _has_a_record(run_dir: Path) -> bool:
+    places = [run_dir / RECORD_FILENAME, *off_disk_places(run_dir.name)]
+    return any(os.path.lexists(place) for place in places)
 
 
 def _has_report(run_dir: Path) -> bool:
@@ -134,14 +137,9 @@ def _said(line: str) -> None:
         say(line, file=sys.stderr)
 
 
-def _in_a_fallback(run_dir: Path) -> bool:
-    run_id = run_dir.name
-    places = [*fallback_places(run_id, run_dir), results_dir() / f"runs.{run_id}.jsonl"]  # the last: older labs'
-    return any(os.path.lexists(place) for place in places)
-
-
 def recover_orphans(results_file: Path | None = None, *, once: bool = True) -> list[dict[str, Any]]:
-    """Never raises for an earlier run: a start must not fail for it. ``once``: each results file once per process."""
+    """Adds to the index what it lacks, oldest run first. Never raises for an earlier run: a start must not fail for
+    it. ``once``: each results file once per process (a store passes False: its records come after these)."""
     key = results_path(results_file).absolute()
     if once and key in _checked:
         return []
@@ -153,20 +151,60 @@ def recover_orphans(results_file: Path | None = None, *, once: bool = True) -> l
             with holding_run(run_dir, wait=False) as held:
                 if not held or not _unrecorded(results_file, only=run_dir):  # live, or recorded meanwhile
                     continue
-                records = recovered_records(run_dir)
-                where = store_records(records, path=results_file, run_dir=run_dir)
+                records, source = _kept_records(run_dir)
+                if source is None and not _has_report(run_dir):
+                    continue  # an empty record.jsonl (a kill mid-write) and no report: nothing to record
+                if source is not None and source.parent != run_dir:  # off a failed disk: back in its run folder
+                    with contextlib.suppress(OSError):
+                        append_records(records, path=run_dir / RECORD_FILENAME)
+                elif source is None:
+                    records = recovered_records(run_dir)
+                    with contextlib.suppress(OSError):  # first the run folder, as the launcher would have
+                        append_records(records, path=run_dir / RECORD_FILENAME)
+                where = append_records(records, path=results_file)
+                if source is not None and source.parent != run_dir:
+                    with contextlib.suppress(OSError):
+                        source.unlink()
         except Exception as exc:  # noqa: BLE001 -- a full disk (RecordWriteError), a bug: named, never raised
             left.append(f"{run_dir.name} ({getattr(exc, 'strerror', None) or exc})")
             continue
         recovered.extend(records)
         statuses = ", ".join(sorted({str(r["status"]) for r in records}))
-        say(f"lab: recovered the record of run {run_dir.name} ({statuses}) from its run folder, marked recovered: "
-            f"its launcher ended before storing it; now in {where}", file=sys.stderr)  # fmt: skip
+        if source is None:
+            said = (f"recovered the record of run {run_dir.name} ({statuses}) from its run folder, marked recovered: "
+                    f"its launcher ended before storing it; now in {where}")  # fmt: skip
+        else:
+            said = f"added the record of run {run_dir.name} ({statuses}) from {shown_path(source)} to {where}"
+        say(f"lab: {said}", file=sys.stderr)
     if left:
-        say(f"lab: {len(left)} finished run(s) have no record yet: {'; '.join(left[:3])}"
-            f"{'; ...' if len(left) > 3 else ''}; `{RECOVER_COMMAND}` records them once that is fixed",
+        say(f"lab: {len(left)} finished run(s) have no record in the index yet: {'; '.join(left[:3])}"
+            f"{'; ...' if len(left) > 3 else ''}; `{INDEX_COMMAND}` adds them once that is fixed",
             file=sys.stderr)  # fmt: skip
     return recovered
+
+
+def _kept_records(run_dir: Path) -> tuple[list[dict[str, Any]], Path | None]:
+    """The run's own records, from its folder or from its copy off a failed disk; ([], None) where neither holds
+    one (the launcher died before storing it). A damaged line (a kill mid-write) is left out in one line."""
+    for place in (run_dir / RECORD_FILENAME, *off_disk_places(run_dir.name)):
+        folder = run_dir if place.parent == run_dir else place.parent
+        try:
+            data = read_lab_file(place, max_bytes=MAX_RESULTS_BYTES, folder=folder)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            _said(f"lab: run {run_dir.name}: {shown_path(place)} not read ({exc.strerror})")
+            continue
+        records = []
+        for where, record, problem in scan_lines(data):
+            if problem is None and record.get("run_id") == run_dir.name:
+                records.append(record)
+            else:
+                _said(f"lab: run {run_dir.name}: {shown_path(place)} {where} left out "
+                      f"({problem or 'a record of another run'})")  # fmt: skip
+        if records:
+            return records, place
+    return [], None
 
 
 def recovered_records(run_dir: Path) -> list[dict[str, Any]]:
