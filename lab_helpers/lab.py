@@ -12,10 +12,10 @@ from numbers import Real
 from pathlib import Path
 from typing import Any
 
+from lab_helpers import launch
 from lab_helpers.config.experiments import LabConfigError, ResolvedRun, check_run_files, parse_set_args, resolve
 from lab_helpers.config.lazy_exports import attach
 from lab_helpers.config.paths import absolute_locations, check_locations, lab_home, results_dir
-from lab_helpers.launch import launcher_for
 from lab_helpers.launch.node_lock import one_run_at_a_time
 from lab_helpers.launch.runner import run_command, say
 from lab_helpers.launch.warm_start import WARM_START_ENV
@@ -95,9 +95,8 @@ def run_experiment(
         raise LabConfigError(problem)
     asked = resolve(exp_id, profile, overrides, check_files=False, simulate_world=simulate_world)  # files: below
     check_results_folder(results_file(results_path))  # read-only, full, special: one line, nothing created
-    launcher = launcher_for(asked)
-    quick = (quick_from_env() if quick is None else quick) and launcher.supports_quick
-    trace_steps = _trace_steps(trace_steps, launcher)
+    quick = quick_from_env() if quick is None else quick
+    trace_steps = _trace_steps(trace_steps, asked)
     settled, why = settled_overrides(asked, quick=quick, trace_steps=trace_steps)
     if why and (echo or summary):
         print(why, flush=True)
@@ -114,8 +113,8 @@ def run_experiment(
     check_run_files(run)
     with one_run_at_a_time(exp_id, results_dir()):  # a run beside another would share its GPUs: refused
         run_dir = make_run_folder(base["run_id"])  # runs/ a real folder, never a link to elsewhere
-        command = launcher.command(run, run_dir)
-        ranks = launcher.ranks(run)
+        command = launch.command(run, run_dir)
+        ranks = launch.ranks(run)
         with InterruptShield() as shield, holding_run(run_dir):  # the lock: no recovery takes a live run
             try:
                 write_launch(run_dir, base, ranks)  # what a recovery needs, should this launcher die before recording
@@ -174,17 +173,16 @@ def _renamed_trace_steps(trace_steps: Any, renamed: Mapping[str, Any]) -> Any:
     return trace_steps
 
 
-def _trace_steps(steps: Any, launcher) -> int | None:
-    """The single-GPU launcher only: the Lightning ranks do not profile."""
+def _trace_steps(steps: Any, run: ResolvedRun) -> int | None:
     from lab_helpers.training.torch_trace import check_steps
 
     try:
         steps = check_steps(steps)
     except ValueError as exc:
         raise LabConfigError(str(exc)) from None
-    if steps and launcher.name != "litgpt-cli":
-        raise LabConfigError(f"--trace-steps profiles the single-GPU section's runs; this experiment runs "
-                             f"with {launcher.name}")  # fmt: skip
+    if steps and not launch.traces(run):
+        raise LabConfigError(f"--trace-steps traces the single-GPU section's runs; {run.experiment.id} runs one "
+                             "process per rank under Lightning")  # fmt: skip
     return steps
 
 

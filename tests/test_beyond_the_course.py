@@ -13,12 +13,11 @@ import pytest
 import torch
 from node_fixtures import node
 
-from lab_helpers import node_plan
+from lab_helpers import launch, node_plan
 from lab_helpers.config import recipe_defaults
 from lab_helpers.config.experiments import load_experiments, resolve
 from lab_helpers.config.record_schema import GIB
 from lab_helpers.lab import predict_experiment
-from lab_helpers.launch import launcher_for
 from lab_helpers.planning import arithmetic
 from lab_helpers.planning.planner.errors import PlanError
 from lab_helpers.planning.planner.optim8bit import AdamW8bitStandIn, bytes_per_param, state_bytes
@@ -79,8 +78,8 @@ def test_act_ckpt_is_full_7b_with_checkpointing_and_its_run_asks_for_it(tmp_path
     assert {k: v for k, v in asked.items() if k != "activation_checkpointing"} == {
         k: v for k, v in plain_asked.items() if k != "activation_checkpointing"
     }
-    assert launcher_for(ckpt).command(ckpt, tmp_path)[-1] == "--activation-checkpointing"
-    assert "--activation-checkpointing" not in launcher_for(plain).command(plain, tmp_path / "plain")
+    assert launch.command(ckpt, tmp_path)[-1] == "--activation-checkpointing"
+    assert "--activation-checkpointing" not in launch.command(plain, tmp_path / "plain")
 
 
 @pytest.mark.slow

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lab_helpers import launch
 from lab_helpers.config.experiments import LabConfigError, resolve
 from lab_helpers.config.record_schema import GIB, record_problems
-from lab_helpers.launch import launcher_for
 from lab_helpers.planning import arithmetic
 from lab_helpers.record.run_record import base_record
 
@@ -26,9 +26,9 @@ def test_a_simulated_run_plays_the_world_in_one_process(ci_assets, tmp_path):
     assert (run.world_size, run.ranks_run, run.simulated_world_size) == (4, 1, 4)
     micro, global_ = run.recipe["train"]["micro_batch_size"], run.recipe["train"]["global_batch_size"]
     assert run.gradient_accumulation == global_ // (micro * 4)  # the world's accumulation, not one process's
-    argv = launcher_for(run).command(run, tmp_path)
+    argv = launch.command(run, tmp_path)
     assert argv[argv.index("--devices") + 1] == "1" and argv[argv.index("--simulate-world") + 1] == "4"
-    assert launcher_for(run).ranks(run) == [0]  # one record: rank 0
+    assert launch.ranks(run) == [0]  # one record: rank 0
     record = base_record(run)
     assert (record["world_size"], record["simulated_world_size"]) == (1, 4)
     assert record_problems({**record, "status": "ok"}) == []
@@ -68,11 +68,11 @@ def test_the_course_settings_reach_the_command_and_the_planner(ci_assets, tmp_pa
     from lab_helpers.planning.predict import planner_inputs
 
     course, lab = (resolve(e, "ci", check_files=False) for e in ("ddp-course", "ddp"))
-    assert "--no-bucket-view" in launcher_for(course).command(course, tmp_path / "c")
-    assert "--no-bucket-view" not in launcher_for(lab).command(lab, tmp_path / "l")
+    assert "--no-bucket-view" in launch.command(course, tmp_path / "c")
+    assert "--no-bucket-view" not in launch.command(lab, tmp_path / "l")
     assert planner_inputs(course, None, device="cpu")["ddp_gradient_as_bucket_view"] is False
     fsdp_course = resolve("fsdp-course", "ci", check_files=False)
-    argv = launcher_for(fsdp_course).command(fsdp_course, tmp_path / "f")
+    argv = launch.command(fsdp_course, tmp_path / "f")
     assert argv[argv.index("--wrap") + 1] == "none"
     assert planner_inputs(fsdp_course, None, device="cpu")["fsdp_wrap_blocks"] is False
 

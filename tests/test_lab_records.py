@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
+from lab_helpers import launch
 from lab_helpers.config.experiments import resolve
-from lab_helpers.launch import launcher_for
 from lab_helpers.launch.runner import ProcessOutcome
 from lab_helpers.launch.sampler import TimelineSummary
 from lab_helpers.record.run_record import base_record as _base_record
@@ -16,7 +16,7 @@ from lab_helpers.record.run_record import records_from
 
 def _records_from(run, base, outcome, run_dir):
     """The records the lab builds for ``run``: one per rank its launcher starts."""
-    return records_from(run, base, outcome, run_dir, launcher_for(run).ranks(run))
+    return records_from(run, base, outcome, run_dir, launch.ranks(run))
 
 
 def _outcome(tmp_path: Path, *, returncode: int, reports: dict, tail: list[str] = ()) -> ProcessOutcome:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from lab_helpers import launch
 from lab_helpers.config.experiments import LabConfigError, resolve
 from lab_helpers.config.iteration_times import steady_timing
-from lab_helpers.launch import launcher_for
 from lab_helpers.present.padding import padding_words
 from lab_helpers.training.data_lengths import batch_padding
 from lab_helpers.training.quick_mode import (
@@ -119,9 +119,9 @@ def test_length_grouped_is_small_batch_in_another_order(ci_assets, tmp_path):
         grouped, pair = (resolve(e, profile, check_files=False) for e in ("length-grouped", "small-batch"))
         assert grouped.recipe == pair.recipe and grouped.recipe_path == pair.recipe_path
         assert (grouped.options["batch_order"], pair.options["batch_order"]) == ("length-grouped", "shuffle")
-    argv = launcher_for(grouped).command(grouped, tmp_path / "grouped")
+    argv = launch.command(grouped, tmp_path / "grouped")
     assert argv[-2:] == ["--batch-order", "length-grouped"]
-    assert "--batch-order" not in launcher_for(pair).command(pair, tmp_path / "pair")
+    assert "--batch-order" not in launch.command(pair, tmp_path / "pair")
 
 
 def test_the_lightning_path_refuses_a_grouped_order(monkeypatch):

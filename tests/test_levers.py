@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from lab_helpers import launch
 from lab_helpers.config.experiments import LabConfigError, resolve, runnable_recipe
 from lab_helpers.config.recipe_defaults import launch_options, padded_length
-from lab_helpers.launch import launcher_for
 from lab_helpers.training.attention_backend import any_backend, only_backend
 from lab_helpers.training.child_litgpt import Levers, take_levers
 from lab_helpers.training.compile_blocks import CompileWatch, effective_mode
@@ -84,7 +84,7 @@ def test_each_lever_reaches_the_child_and_litgpt_never_sees_it(ci_assets, tmp_pa
     out is what the experiment asked for, and what is left is litgpt's own command line."""
     for exp_id in LEVERS:
         run = resolve(exp_id, "ci", check_files=False)
-        argv = launcher_for(run).command(run, tmp_path / exp_id)[3:]  # after `python -m lab_helpers.training...`
+        argv = launch.command(run, tmp_path / exp_id)[3:]  # after `python -m lab_helpers.training...`
         options = run.options
         assert take_levers(argv) == Levers(
             compile_target=options["compile"], compile_mode=options["compile_mode"], pad=options["pad_multiple"],

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lab_helpers import launch
 from lab_helpers.config import record_schema
 from lab_helpers.config.experiments import load_experiments, resolve
 from lab_helpers.config.recipe_defaults import lora_settings, resolve_fsdp_impl
-from lab_helpers.launch import launcher_for
 from lab_helpers.launch.runner import ProcessOutcome
 from lab_helpers.launch.sampler import TimelineSummary
 from lab_helpers.planning.planner.spec import spec_from_recipe
@@ -36,7 +36,7 @@ def _arg(argv: list[str], flag: str) -> str | None:
 
 def _check_same_settings(run, run_dir: Path) -> None:
     spec = _spec(run)
-    argv = launcher_for(run).command(run, run_dir)
+    argv = launch.command(run, run_dir)
     assert spec.devices == run.world_size
     assert spec.gradient_accumulation_iters == run.gradient_accumulation
     assert spec.strategy == run.experiment.strategy
@@ -109,7 +109,7 @@ def test_a_single_gpu_and_a_distributed_record_have_the_same_fields_and_units(tm
     shapes = {}
     for exp_id in ("small-batch", "one-gpu"):
         run = resolve(exp_id, "ci", check_files=False)
-        ranks = launcher_for(run).ranks(run)
+        ranks = launch.ranks(run)
         outcome = ProcessOutcome(returncode=0, interrupted=False, wall_s=3.0, log_path=tmp_path / "output.log",
                                  timeline=TimelineSummary(path=tmp_path / "timeline.csv"),
                                  reports={0: report}, tail=[])  # fmt: skip

@@ -266,3 +266,12 @@ def test_the_old_names_of_the_trace_still_work_and_say_the_new_ones(capsys):
 
     args = build_parser().parse_args(["run", "small-batch", "--profile-steps", "3"])
     assert args.old_profile_steps == 3 and args.trace_steps is None  # _cmd_run hands it on as profile_steps=
+
+
+def test_a_trace_of_the_lightning_ranks_is_refused_in_one_line():
+    from lab_helpers import lab
+    from lab_helpers.config.experiments import LabConfigError, resolve
+
+    with pytest.raises(LabConfigError, match="--trace-steps traces the single-GPU section's runs; ddp runs one"):
+        lab._trace_steps(2, resolve("ddp", "ci", check_files=False))
+    assert lab._trace_steps(2, resolve("small-batch", "ci", check_files=False)) == 2

@@ -1,37 +1,31 @@
-"""How an experiment's training process is started: ``litgpt-cli`` (litgpt's CLI in one process, section 01) or
-``lightning-strategy`` (the Lightning Trainer, one process per rank, section 02).
-
-The runner starts and watches either argv the same way; ``lab.run_experiment`` looks at the launcher's name only
-to refuse ``trace_steps`` where the Lightning ranks do not profile.
+"""How an experiment's training process starts: litgpt's CLI in one process (section 01), or the Lightning Trainer,
+one process per rank (``experiment.distributed``, section 02). The runner starts and watches either argv alike.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
 
 from lab_helpers.config.experiments import ResolvedRun
 
 
-class Launcher(Protocol):
-    name: str
-    supports_quick: bool
+def command(run: ResolvedRun, run_dir: Path) -> list[str]:
+    """Write what the training process needs into ``run_dir`` and return the argv that starts it."""
+    if run.experiment.distributed:
+        from lab_helpers.training.distributed.command import build_command
 
-    def command(self, run: ResolvedRun, run_dir: Path) -> list[str]:
-        """Write what the training process needs into ``run_dir`` and return the argv that starts it."""
-        ...
+        return build_command(run, run_dir)
+    from lab_helpers.launch.litgpt_cli import litgpt_command
 
-    def ranks(self, run: ResolvedRun) -> list[int | None]:
-        """One record per rank (None for a single process), so that a rank killed before it reported still gets one."""
-        ...
+    return litgpt_command(run, run_dir)
 
 
-def launcher_for(run: ResolvedRun) -> Launcher:
-    from lab_helpers.launch.lightning_strategy import LightningStrategyLauncher
-    from lab_helpers.launch.litgpt_cli import LitgptCliLauncher
+def ranks(run: ResolvedRun) -> list[int | None]:
+    """One record per rank (None for a single process), so that a rank killed before it reported still gets one;
+    a simulated rank is rank 0 alone."""
+    return list(range(run.ranks_run)) if run.experiment.distributed else [None]
 
-    launchers: dict[str, Launcher] = {
-        LitgptCliLauncher.name: LitgptCliLauncher(),
-        LightningStrategyLauncher.name: LightningStrategyLauncher(),
-    }
-    return launchers[run.experiment.launcher]
+
+def traces(run: ResolvedRun) -> bool:
+    """Only litgpt's loop carries the trace hook (``training.trace_hook``); the Lightning ranks do not trace."""
+    return not run.experiment.distributed

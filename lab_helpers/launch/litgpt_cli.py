@@ -13,28 +13,22 @@ from lab_helpers.config.paths import write_lab_file
 RECIPE_FILENAME = "recipe.yaml"
 
 
-class LitgptCliLauncher:
-    name = "litgpt-cli"
-    supports_quick = True
+def litgpt_command(run: ResolvedRun, run_dir: Path) -> list[str]:
+    """litgpt's own CLI in the lab's child (``training.child_litgpt``), with the recipe written into the run folder."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    recipe_file = run_dir / RECIPE_FILENAME
+    recipe = runnable_recipe(run.recipe, out_dir=run_dir / "out")
+    write_lab_file(recipe_file, yaml.safe_dump(recipe, sort_keys=False).encode())  # never through a link
+    argv = [sys.executable, "-m", "lab_helpers.training.child_litgpt", run.litgpt_command, "--config", str(recipe_file)]
+    if run.options["activation_checkpointing"]:  # litgpt has no such flag on one device: the child applies it
+        from lab_helpers.training.activation_checkpointing import FLAG
 
-    def command(self, run: ResolvedRun, run_dir: Path) -> list[str]:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        recipe_file = run_dir / RECIPE_FILENAME
-        recipe = runnable_recipe(run.recipe, out_dir=run_dir / "out")
-        write_lab_file(recipe_file, yaml.safe_dump(recipe, sort_keys=False).encode())  # never through a link
-        argv = [sys.executable, "-m", "lab_helpers.training.child_litgpt", run.litgpt_command, "--config", str(recipe_file)]
-        if run.options["activation_checkpointing"]:  # litgpt has no such flag on one device: the child applies it
-            from lab_helpers.training.activation_checkpointing import FLAG
+        argv.append(FLAG)
+    if run.options["batch_order"] != "shuffle":  # litgpt has no such setting: the child orders the batches
+        from lab_helpers.training.quick_mode import BATCH_ORDER_FLAG
 
-            argv.append(FLAG)
-        if run.options["batch_order"] != "shuffle":  # litgpt has no such setting: the child orders the batches
-            from lab_helpers.training.quick_mode import BATCH_ORDER_FLAG
-
-            argv += [BATCH_ORDER_FLAG, run.options["batch_order"]]
-        return argv + lever_flags(run.options)
-
-    def ranks(self, run: ResolvedRun) -> list[int | None]:
-        return [None]
+        argv += [BATCH_ORDER_FLAG, run.options["batch_order"]]
+    return argv + lever_flags(run.options)
 
 
 def lever_flags(options: Mapping[str, Any]) -> list[str]:
