@@ -255,7 +255,7 @@ def test_an_interrupt_in_the_middle_of_a_record_write_cuts_the_file_back(tmp_pat
         os.write(fd, data[: len(data) // 2])
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(records, "_write_all", half_then_interrupt)
+    monkeypatch.setattr(records, "write_all", half_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
         append_record(_record(1, payload="x" * 5000), path=path)
     monkeypatch.undo()

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from lab_helpers.config.paths import fsync_dir
+
 _HOST = socket.gethostname().replace("-", "_").replace(".", "_") or "host"
 
 
@@ -156,9 +158,5 @@ def _fsync_tree(root: Path) -> None:
 
 
 def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    with contextlib.suppress(OSError):  # a folder that cannot be synced (some network file systems) fails no asset
+        fsync_dir(path)

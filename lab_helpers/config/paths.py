@@ -230,6 +230,22 @@ def write_lab_file(path: Path, data: bytes | Callable[[BinaryIO], None]) -> Path
     return path
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` may take part of a buffer (a signal, a pipe, a disk's last blocks): the rest goes after it."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def fsync_dir(folder: Path) -> None:
+    """A new or renamed file is durable only once its folder is synced too."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 # ------------------------------------------------------------------------------------------------ reading
 
 

@@ -287,27 +287,27 @@ def record_unfit(record: Any, *, text_is_unicode: bool = False) -> str | None:
         return "not a JSON object"
     experiment = record.get("experiment")
     if not isinstance(experiment, str) or not experiment.strip():
-        return f"experiment is not a name: {_short(experiment)}"
+        return f"experiment is not a name: {short_repr(experiment)}"
     if record.get("status") not in STATUSES:
-        return f"status {_short(record.get('status'))} is not one of {', '.join(STATUSES)}"
+        return f"status {short_repr(record.get('status'))} is not one of {', '.join(STATUSES)}"
     rank = record.get("rank")
     if rank is not None and (not _whole(rank) or not 0 <= rank <= MAX_RANK):
-        return f"rank is not a whole number in 0..{MAX_RANK}: {_short(rank)}"
+        return f"rank is not a whole number in 0..{MAX_RANK}: {short_repr(rank)}"
     for key, unit in _NUMERIC_FIELDS:
         value = record.get(key)
         if value is None:
             continue
         if isinstance(value, Mapping | list):  # per GPU, per iteration: the numbers in it are checked
             if (bad := _insane_in(value.values() if isinstance(value, Mapping) else value)) is not None:
-                return f"{key} ({unit}) is not a finite number within +-{SANE_MAGNITUDE:g}: {_short(bad[0])}"
+                return f"{key} ({unit}) is not a finite number within +-{SANE_MAGNITUDE:g}: {short_repr(bad[0])}"
         elif not _sane_number(value):
-            return f"{key} ({unit}) is not a finite number within +-{SANE_MAGNITUDE:g}: {_short(value)}"
+            return f"{key} ({unit}) is not a finite number within +-{SANE_MAGNITUDE:g}: {short_repr(value)}"
     for key in ("run_id", "profile", "section", "mode", "started_at", "method", "strategy", "reason"):
         if record.get(key) is not None and not isinstance(record.get(key), str):
-            return f"{key} is not text: {_short(record.get(key))}"
+            return f"{key} is not text: {short_repr(record.get(key))}"
     for key in _MAPPING_FIELDS:
         if record.get(key) is not None and not isinstance(record.get(key), Mapping):
-            return f"{key} is not a mapping: {_short(record.get(key))}"
+            return f"{key} is not a mapping: {short_repr(record.get(key))}"
     if record.get("per_iteration") is not None and not isinstance(record.get("per_iteration"), list):
         return "per_iteration is not a list"
     for key in _RECORD_PATH_FIELDS:
@@ -323,10 +323,10 @@ def run_file_problem(value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        return f"is not a path: {_short(value)}"
+        return f"is not a path: {short_repr(value)}"
     parts = value.split("/")
     if value.startswith("/") or ".." in parts or "\\" in value or "\0" in value:
-        return f"is not a relative path inside the results folder: {_short(value)}"
+        return f"is not a relative path inside the results folder: {short_repr(value)}"
     return None
 
 
@@ -380,6 +380,7 @@ def _bad_text(value: Any, where: str = "the record") -> str | None:
     return None
 
 
-def _short(value: Any) -> str:
+def short_repr(value: Any, limit: int = 60) -> str:
+    """A value as a message names it: a hostile record's 1 MB string must not become a 1 MB message."""
     text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."

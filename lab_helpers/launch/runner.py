@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab_helpers.config.paths import open_regular
+from lab_helpers.config.paths import open_regular, write_all
 from lab_helpers.config.secrets import LineRedactor
 from lab_helpers.launch.interrupts import InterruptShield, SignalInterrupt
 from lab_helpers.launch.sampler import TimelineSampler, TimelineSummary
@@ -304,7 +304,7 @@ class _Log:
         try:
             if self._head_end is None and self._size + len(data) > self._head_cap:
                 self._head_end = self._tail_start = self._size
-            _write_all(self._fd, data)
+            write_all(self._fd, data)
             self._size += len(data)
             if self._head_end is not None and self._size - self._tail_start > 2 * self._tail_cap:
                 self._compact()
@@ -350,12 +350,6 @@ class _Log:
                 os.close(fd)
             except OSError as exc:
                 self.error = self.error or f"the log could not be completed: {exc.strerror or exc}"
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def run_command(

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from lab_helpers.config.iteration_times import length_split, steady_timing, timed_iterations
-from lab_helpers.config.paths import describe_os_error, open_regular, reference_dir, results_dir
-from lab_helpers.config.record_schema import STATUSES, conform, record_unfit
+from lab_helpers.config.paths import describe_os_error, open_regular, reference_dir, results_dir, write_all
+from lab_helpers.config.record_schema import STATUSES, conform, record_unfit, short_repr
 from lab_helpers.config.secrets import redact_mapping
 from lab_helpers.record.time_bound import AGREEMENT_FIELDS, agree_within_noise, pooled_candidate, rederived
 
@@ -104,7 +104,7 @@ def append_locked(fd: int, target: Path, data: bytes) -> None:
     try:
         if size_before and _last_byte(target, size_before) != b"\n":
             data = b"\n" + data  # fence off a damaged tail left by an earlier crash
-        _write_all(fd, data)
+        write_all(fd, data)
         os.fsync(fd)
     except BaseException as exc:  # an interrupt half-way too: a half-written record is worse than none
         os.ftruncate(fd, size_before)
@@ -142,22 +142,10 @@ def _run_of(frame, row: int) -> str:
     return f", run {short_repr(run_id)}" if isinstance(run_id, str) else ""
 
 
-def short_repr(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def _last_byte(path: Path, size: int) -> bytes:
     with open(path, "rb") as fh:
         fh.seek(size - 1)
         return fh.read(1)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
 
 
 MAX_RESULTS_BYTES = 1 << 30  # a results file holds thousands of runs in a few MB; more is not a results file

@@ -22,6 +22,7 @@ from typing import Any
 from lab_helpers.config.experiments import LabConfigError
 from lab_helpers.config.paths import (
     describe_os_error,
+    fsync_dir,
     lab_folder,
     reference_dir,
     regular_file_inside,
@@ -182,7 +183,7 @@ def _add_to(
         # the old bytes, then the new lines (redacted: records.record_lines), written by the lab's one rule for a
         # file (paths.write_lab_file: a new file renamed into place, never through a link): never half a file
         _write(target, old + fence + record_lines(rows))
-        _fsync_dir(folder)
+        fsync_dir(folder)
     return Exported(target, added=len(new), already_there=len(records) - len(new), gpu=gpu)
 
 
@@ -254,14 +255,6 @@ def _folder_lock(folder: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _key(record: Mapping[str, Any]) -> tuple[Any, int | None]:
