@@ -78,7 +78,6 @@ class ResolvedRun:
     recipe_path: Path
     recipe: dict[str, Any]
     overrides: dict[str, Any]
-    litgpt_command: str  # finetune_full | finetune_lora
     devices: int  # processes (GPUs) per node
     # rank 0 of this world played alone on one device with torch's fake process group (lab_helpers.training.distributed.
     # simulated): ``devices`` is then the world it plays, and one process runs (``ranks_run``)
@@ -87,6 +86,10 @@ class ResolvedRun:
     @property
     def world_size(self) -> int:
         return self.devices * self.experiment.num_nodes
+
+    @property
+    def litgpt_command(self) -> str:
+        return litgpt_command_for(self.experiment.method)
 
     @property
     def ranks_run(self) -> int:
@@ -112,6 +115,10 @@ class ResolvedRun:
     @property
     def options(self) -> dict[str, Any]:
         return launch_options(self.experiment.strategy, self.experiment.options)
+
+
+def litgpt_command_for(method: str) -> str:
+    return "finetune_lora" if method in ("lora", "qlora") else "finetune_full"
 
 
 def gradient_accumulation_steps(recipe: Mapping[str, Any], *, world_size: int) -> int:
@@ -412,14 +419,13 @@ def resolve(
     merged = {**experiment.set, **(experiment.set_by_profile.get(profile) or {}), **(overrides or {})}
     base_recipe = _read_yaml(recipe_path)
     recipe = apply_overrides(base_recipe, merged)
-    command = "finetune_lora" if experiment.method in ("lora", "qlora") else "finetune_full"
     devices = simulate_world or count_devices(experiment.devices)
     recipe = _batch_for_world(experiment, recipe, overrides or {}, devices)
     from lab_helpers.config.recipe_check import check_devices, check_recipe  # litgpt's signatures: only here
 
     check_recipe(
         recipe,
-        command,
+        litgpt_command_for(experiment.method),
         devices=devices,
         num_nodes=experiment.num_nodes,
         examples=base_recipe,
@@ -428,7 +434,7 @@ def resolve(
     check_devices(recipe, experiment=exp_id, distributed=experiment.distributed, devices=devices,
                   num_nodes=experiment.num_nodes, given=merged, devices_as_written=experiment.devices)  # fmt: skip
     recipe = _generated_data_for_random_weights(recipe)
-    run = ResolvedRun(experiment, profile, recipe_path, recipe, dict(overrides or {}), command, devices, simulate_world)
+    run = ResolvedRun(experiment, profile, recipe_path, recipe, dict(overrides or {}), devices, simulate_world)
     if (
         check_files
     ):  # what this node cannot run at all is the decision's (lab_helpers.planning.decision.blocked), not here

@@ -15,9 +15,9 @@ def command(run: ResolvedRun, run_dir: Path) -> list[str]:
         from lab_helpers.training.distributed.command import build_command
 
         return build_command(run, run_dir)
-    from lab_helpers.launch.litgpt_cli import litgpt_command
+    from lab_helpers.launch import litgpt_cli
 
-    return litgpt_command(run, run_dir)
+    return litgpt_cli.command(run, run_dir)
 
 
 def ranks(run: ResolvedRun) -> list[int | None]:

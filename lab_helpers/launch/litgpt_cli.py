@@ -13,7 +13,7 @@ from lab_helpers.config.paths import write_lab_file
 RECIPE_FILENAME = "recipe.yaml"
 
 
-def litgpt_command(run: ResolvedRun, run_dir: Path) -> list[str]:
+def command(run: ResolvedRun, run_dir: Path) -> list[str]:
     """litgpt's own CLI in the lab's child (``training.child_litgpt``), with the recipe written into the run folder."""
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe_file = run_dir / RECIPE_FILENAME

@@ -29,7 +29,6 @@ class MemoryPlan:
     peak_alloc_gib: float
     breakdown_gib: dict[str, float]
     host_gib: float
-    fits: bool | None
     gpu_memory_gib: float | None
     gpu_used_gib: float = 0.0
     peak_phase: str = ""
@@ -53,7 +52,13 @@ class MemoryPlan:
     optimizer_step: str | None = None
 
     def to_dict(self) -> dict:
-        return json.loads(json.dumps(asdict(self)))
+        """The fields and ``fits``, JSON-clean: what a record's ``predicted`` and ``plan --json`` hold."""
+        return json.loads(json.dumps({**asdict(self), "fits": self.fits}))
+
+    @property
+    def fits(self) -> bool | None:
+        """None where the GPU's size is unknown."""
+        return None if self.gpu_memory_gib is None else self.worst_gpu_used_gib <= self.gpu_memory_gib
 
     @property
     def worst_gpu_used_gib(self) -> float:
@@ -104,7 +109,7 @@ def _kept_on_disk(key: str, spec: TrainingSpec) -> MemoryPlan:
         ops_cache.refused(on_disk, plan)
     plan = _predict(spec)
     try:
-        data = plan.to_dict()
+        data = json.loads(json.dumps(asdict(plan)))  # the fields: ``fits`` is derived again from them
     except (TypeError, ValueError):  # a value JSON cannot hold (numpy's bool, from a GPU size given as numpy): not kept
         return plan
     ops_cache.store_json(on_disk, data)
@@ -122,7 +127,7 @@ _ROUNDING_GIB = 1e-4  # breakdown_gib and peaks_by_phase_gib are rounded to 4 pl
 
 def kept_plan(data: Any, spec: TrainingSpec) -> MemoryPlan | str:
     """Only a plan ``_predict(spec)`` could have made (types, the spec's own values, finite sizes summing to the peak,
-    ``fits`` as the sizes say), else why not: an edited entry must not print NaN, or 7.5 GiB for a 0.035 GiB run."""
+    no more and no fewer fields), else why not: an edited entry must not print NaN, or 7.5 GiB for a 0.035 GiB run."""
     if not isinstance(data, dict) or set(data) != {f.name for f in dataclasses.fields(MemoryPlan)}:
         return "not MemoryPlan's fields"
     expected = {name: getattr(spec, name) for name in _ECHOED} | {"model_name": str(spec.model_config.name)}
@@ -151,9 +156,6 @@ def kept_plan(data: Any, spec: TrainingSpec) -> MemoryPlan | str:
         return f"a whole-run peak {whole:.4g} GiB that is not its phases' largest"
     if data["gpu_used_gib"] < peak - _ROUNDING_GIB or data["trainable_params"] > data["total_params"]:
         return "GPU memory used below the peak, or more trainable parameters than parameters"
-    worst = max(data["gpu_used_gib"], data["whole_run_gpu_used_gib"])
-    if data["fits"] != (None if spec.gpu_memory_gib is None else worst <= spec.gpu_memory_gib):
-        return f"fits {data['fits']!r}, where the sizes say otherwise"
     return MemoryPlan(**data)
 
 
@@ -188,7 +190,6 @@ def _predict(spec: TrainingSpec) -> MemoryPlan:
         {"all": whole["bytes"]}, whole["phase"], outside_allocator_bytes=breakdown.outside_allocator_bytes
     )
     whole_used_gib = analytic.gpu_used_bytes(whole_breakdown, spec.device) / GIB
-    fits = None if spec.gpu_memory_gib is None else max(used_gib, whole_used_gib) <= spec.gpu_memory_gib  # = worst_gpu_used_gib
     notes = [*result.notes, *breakdown.notes]
     if whole["bytes"] > breakdown.allocated_bytes:
         notes.append(f"the whole run peaks outside the training loop, in {whole['phase']}")
@@ -196,7 +197,6 @@ def _predict(spec: TrainingSpec) -> MemoryPlan:
         peak_alloc_gib=breakdown.allocated_bytes / GIB,
         breakdown_gib={k: round(v, 4) for k, v in parts.items()},
         host_gib=breakdown.host_bytes / GIB,
-        fits=fits,
         gpu_memory_gib=spec.gpu_memory_gib,
         gpu_used_gib=used_gib,
         peak_phase=breakdown.phase,
