@@ -387,7 +387,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_bandwidth(args: argparse.Namespace) -> int:
     from lab_helpers.config.paths import results_dir
     from lab_helpers.hardware.bandwidth import measure, save
-    from lab_helpers.launch.node_lock import one_run_at_a_time
+    from lab_helpers.launch.run_lock import one_run_at_a_time
 
     size = None if args.size_mib is None else int(args.size_mib * 2**20)
     try:
@@ -403,7 +403,7 @@ def _cmd_bandwidth(args: argparse.Namespace) -> int:
 
 def _cmd_launch_cost(args: argparse.Namespace) -> int:
     from lab_helpers.config.paths import results_dir
-    from lab_helpers.launch.node_lock import one_run_at_a_time
+    from lab_helpers.launch.run_lock import one_run_at_a_time
     from lab_helpers.planning.launch_cost import measure, save
 
     with one_run_at_a_time("launch-cost", results_dir()):  # a run beside it would share the host's cores

@@ -16,7 +16,7 @@ from lab_helpers import launch
 from lab_helpers.config.experiments import LabConfigError, ResolvedRun, check_run_files, parse_set_args, resolve
 from lab_helpers.config.lazy_exports import attach
 from lab_helpers.config.paths import absolute_locations, check_locations, lab_home, results_dir
-from lab_helpers.launch.node_lock import one_run_at_a_time
+from lab_helpers.launch.run_lock import one_run_at_a_time
 from lab_helpers.launch.runner import run_command, say
 from lab_helpers.launch.warm_start import WARM_START_ENV
 from lab_helpers.launch.warm_start import setting_for as warm_start_setting

@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-# One training run at a time per node (lab_helpers.launch.node_lock): each pytest-xdist worker, and the notebook
+# One training run at a time per node (lab_helpers.launch.run_lock): each pytest-xdist worker, and the notebook
 # kernels it starts, is a node of its own, so that the two workers' runs do not refuse each other. A test of the
 # lock sets its own file.
 RUN_LOCK = Path(tempfile.gettempdir()) / f"lab_helpers-runs-test-{os.getpid()}.lock"

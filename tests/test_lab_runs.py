@@ -166,9 +166,9 @@ def _wait_for_training(results: Path, timeout_s: float = 60) -> Path:
 
 def test_ctrl_c_ends_the_whole_process_tree_and_records_interrupted(ci_assets, results):
     """Also, while it runs: a second run from another terminal or notebook is refused in one line naming this one,
-    before it starts anything (lab_helpers.launch.node_lock: two runs at once would share the node's GPUs and
+    before it starts anything (lab_helpers.launch.run_lock: two runs at once would share the node's GPUs and
     cores, each record's time and memory the pair's); once this one has ended, the node is free again."""
-    from lab_helpers.launch.node_lock import one_run_at_a_time
+    from lab_helpers.launch.run_lock import one_run_at_a_time
 
     proc = _start_cli_run(results, "--set", "train.epochs=1000")  # in flight until interrupted
     run_dir = _wait_for_training(results)

@@ -1,4 +1,4 @@
-"""One run at a time on a node (lab_helpers.launch.node_lock): the lock is let go of however its holder ends, and a
+"""One run at a time on a node (lab_helpers.launch.run_lock): the lock is let go of however its holder ends, and a
 lock file that cannot be used never stops a run. The refusal of a real second run: tests/test_lab_runs.py."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import time
 import pytest
 
 from lab_helpers.config.config_error import LabConfigError
-from lab_helpers.launch.node_lock import LOCK_ENV, one_run_at_a_time
+from lab_helpers.launch.run_lock import LOCK_ENV, one_run_at_a_time
 
 HOLD = """
 import sys, time
 from pathlib import Path
-from lab_helpers.launch.node_lock import one_run_at_a_time
+from lab_helpers.launch.run_lock import one_run_at_a_time
 with one_run_at_a_time("lora-1b", Path("/somewhere/results")):
     print("held", flush=True)
     time.sleep(120)
