@@ -146,3 +146,25 @@ def test_plan_fit_cli_on_a_config_hub_recipe(capsys):
     assert code == 0, text
     assert "largest micro batch: 8" in text and "as written (micro batch 8, 512 tokens)" in text
     assert "longest sequence at micro batch 8" in text
+
+
+def test_the_one_micro_batch_search_takes_the_largest_candidate_that_fits():
+    """fit, fill-gpu, the decision's shrinking and the OOM demo's raising all ask this one search."""
+    from lab_helpers.planning.planner.fit import keeping_global_batch, largest_micro_batch
+
+    asked: list[int] = []
+
+    def used(b: int) -> float:
+        asked.append(b)
+        return 10.0 + 2.0 * b
+
+    assert largest_micro_batch(used, 30.0, candidates=range(1, 33)) == 10
+    assert keeping_global_batch(24, 8) == [1, 2, 3, 4, 6, 8] and keeping_global_batch(32) == [1, 2, 4, 8, 16, 32]
+    assert largest_micro_batch(used, 30.0, candidates=keeping_global_batch(32)) == 8  # 10 does not divide 32
+    asked.clear()
+    assert largest_micro_batch(used, 24.0, candidates=keeping_global_batch(24, 8), start=8) == 6
+    assert asked[0] == 8 and len(asked) <= 4  # the recipe's first, then a few more
+    assert largest_micro_batch(used, 11.0, candidates=[2, 4]) is None
+    assert largest_micro_batch(used, 1e9, candidates=[2, 4, 8]) == 8
+    with pytest.raises(PlanError, match="whole numbers >= 1"):
+        largest_micro_batch(used, 1.0, candidates=[0, 1])

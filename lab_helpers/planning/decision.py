@@ -23,7 +23,7 @@ from typing import Any
 
 from lab_helpers.hardware.node import NodeFacts, bitsandbytes_install_command, gpu_memory_gib
 from lab_helpers.planning.decision_types import Decision, OomOverrides, PlanLike, Predict
-from lab_helpers.planning.micro_batch import largest_micro_batch, lesson_substitute, named_elsewhere
+from lab_helpers.planning.micro_batch import fitted_micro_batch, lesson_substitute, named_elsewhere
 from lab_helpers.planning.node_limits import (
     bf16_native,
     node_ranks,
@@ -389,7 +389,7 @@ def _fit(
     memory = gpu_memory_gib(node)
     if memory is None:
         return Decision(exp_id, profile, True, overrides, "ok", _join(notes, "GPU memory unknown: runs as defined"))
-    fitted, why_not = largest_micro_batch(exp_id, experiment, profile, node, overrides, predict)
+    fitted, why_not = fitted_micro_batch(exp_id, experiment, profile, node, overrides, predict)
     if fitted is not None:
         return Decision(exp_id, profile, True, fitted, "ok", _join(notes, why_not))
     substitute = lesson_substitute(exp_id, experiment, recipe, profile, node, overrides, predict)

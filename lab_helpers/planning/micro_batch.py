@@ -19,7 +19,7 @@ SMALLER_MODEL_SUBSTITUTES = ("act-ckpt", "adamw-8bit", "full-13b-sgd")
 does not fit, the same technique on the largest model that does keeps the lesson."""
 
 
-def largest_micro_batch(
+def fitted_micro_batch(
     exp_id: str,
     experiment: Any,
     profile: str,
@@ -27,11 +27,12 @@ def largest_micro_batch(
     overrides: dict[str, Any],
     predict: Predict,
 ) -> tuple[dict[str, Any] | None, str]:
-    """Halving from the recipe's. An experiment defined without accumulation (small-batch), or whose global batch
-    follows its ranks (``accumulation: 1``), shrinks both and still teaches a small batch; one with accumulation keeps
-    its global batch."""
+    """The largest micro batch up to the recipe's that fits (``fit.largest_micro_batch``). An experiment defined
+    without accumulation (small-batch), or whose global batch follows its ranks (``accumulation: 1``), shrinks both
+    and still teaches a small batch; one with accumulation keeps its global batch (a divisor of its per-rank share)."""
     from lab_helpers.config.experiments import resolve
     from lab_helpers.planning.arithmetic import model_states
+    from lab_helpers.planning.planner.fit import keeping_global_batch, largest_micro_batch
 
     memory = gpu_memory_gib(node)
     where = f"this {gpu_words(node)}"
@@ -39,21 +40,27 @@ def largest_micro_batch(
         states = model_states(exp_id, profile=profile, overrides=overrides)
         if states.gib > memory:
             return None, f"its model states alone are {states.gib:.1f} GiB, more than {where} holds"
-    train = dict(resolve(exp_id, profile, overrides, check_files=False).recipe.get("train") or {})
-    micro = first = int(train.get("micro_batch_size") or 1)
+    run = resolve(exp_id, profile, overrides, check_files=False)
+    train = dict(run.recipe.get("train") or {})
+    first = int(train.get("micro_batch_size") or 1)
     per_rank = experiment.accumulation == 1  # the course's rows: the global batch follows micro batch x ranks
     no_accumulation = per_rank or int(train.get("global_batch_size") or first) == first
-    while True:
+
+    def trial_for(micro: int) -> dict[str, Any]:
         shrink = {"train.micro_batch_size": micro} if micro != first else {}
         if shrink and no_accumulation and not per_rank:
             shrink["train.global_batch_size"] = micro
-        trial = {**overrides, **shrink}
-        plan = predict(exp_id, trial)
-        if plan.gpu_used_gib <= memory:
-            break
-        if micro == 1:
-            return None, f"does not fit {where} even at micro batch 1 (predicted {plan.gpu_used_gib:.1f} GiB used)"
-        micro //= 2
+        return {**overrides, **shrink}
+
+    share = max(1, int(train.get("global_batch_size") or first) // run.world_size)
+    candidates = range(1, first + 1) if no_accumulation else {*keeping_global_batch(share, first), first}
+    micro = largest_micro_batch(lambda b: predict(exp_id, trial_for(b)).gpu_used_gib, memory,
+                                candidates=candidates, start=first)  # fmt: skip
+    if micro is None:
+        plan = predict(exp_id, trial_for(1))
+        return None, f"does not fit {where} even at micro batch 1 (predicted {plan.gpu_used_gib:.1f} GiB used)"
+    trial = trial_for(micro)
+    plan = predict(exp_id, trial)
     used = f"predicted {plan.gpu_used_gib:.1f} GiB used"
     if micro == first:
         return trial, f"fits {where} as defined: {used}"
@@ -90,7 +97,7 @@ def lesson_substitute(
             smaller = {**overrides, "checkpoint_dir": smaller_model_checkpoint(profile, model)}
             candidates.append((smaller, f"{exp_id} on the {model.upper()} model, the largest that fits"))
     for trial, what in candidates:
-        fitted, how = largest_micro_batch(exp_id, experiment, profile, node, trial, predict)
+        fitted, how = fitted_micro_batch(exp_id, experiment, profile, node, trial, predict)
         if fitted is not None:
             return fitted, what, how
     return None

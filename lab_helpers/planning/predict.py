@@ -4,6 +4,7 @@ translation from a ``ResolvedRun`` to the planner's arguments. The planner memoi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -164,31 +165,35 @@ def _states_substitute(exp_id: str, profile: str, gpu_gib: float, fits: str) -> 
 
 
 def _raised_batch(exp_id, profile, gpu_gib, max_doublings, ask, fits) -> tuple[dict[str, Any], str]:
-    train = dict(resolve(exp_id, profile, check_files=False).recipe["train"])
+    """The smallest doubling of the recipe's micro batch predicted ``OOM_DEMO_MARGIN`` over: the one above the largest
+    that stays under, by the one micro-batch search (``fit.largest_micro_batch``)."""
+    from lab_helpers.planning.planner.fit import largest_micro_batch
+
+    train = resolve(exp_id, profile, check_files=False).recipe["train"]
+    doublings = [train["micro_batch_size"] * 2**k for k in range(1, max_doublings + 1)]
+
+    def overrides(micro: int) -> dict[str, int]:
+        return {"train.micro_batch_size": micro, "train.global_batch_size": max(train["global_batch_size"], micro)}
+
     needed_gib = gpu_gib * (1 + OOM_DEMO_MARGIN)
-    for _ in range(max_doublings):
-        train["micro_batch_size"] *= 2
-        train["global_batch_size"] = max(train["global_batch_size"], train["micro_batch_size"])
-        overrides = {
-            "train.micro_batch_size": train["micro_batch_size"],
-            "train.global_batch_size": train["global_batch_size"],
-        }
-        plan = ask(overrides)
-        if plan.gpu_used_gib >= needed_gib:
-            return overrides, (
-                f"{fits}: micro batch raised to {train['micro_batch_size']} so that it will not fit "
-                f"(at least {OOM_DEMO_MARGIN:.0%} over this GPU, beyond the planner's error): {plan.summary()}"
-            )
-    return {}, f"{fits}; the planner predicts it fits even at micro batch {train['micro_batch_size']}: runs as defined"
+    under = largest_micro_batch(lambda b: ask(overrides(b)).gpu_used_gib, math.nextafter(needed_gib, 0.0),
+                                candidates=doublings)  # fmt: skip
+    if under == doublings[-1]:
+        return {}, f"{fits}; the planner predicts it fits even at micro batch {under}: runs as defined"
+    micro = doublings[0] if under is None else doublings[doublings.index(under) + 1]
+    return overrides(micro), (
+        f"{fits}: micro batch raised to {micro} so that it will not fit (at least {OOM_DEMO_MARGIN:.0%} over this "
+        f"GPU, beyond the planner's error): {ask(overrides(micro)).summary()}"
+    )
 
 
 def fill_gpu_for(
     run: ResolvedRun, *, gpu_memory_gib: float | None = None, device: str | None = None
 ) -> tuple[dict[str, Any], str]:
     """A run whose GPU waits on the host (the H100 records' lora-1b was 5-25 % busy) pays that host time per
-    micro-batch, so fewer, larger micro-batches spend it less often at the same global batch. The micro batch is the
-    largest divisor of the per-device global batch within ``planner.fit.fit``'s limit, so accumulation x micro batch
-    is the global batch exactly. Without a GPU the budget is the host's available RAM, against live tensor bytes."""
+    micro-batch, so fewer, larger micro-batches spend it less often at the same global batch: the largest divisor of
+    the per-device global batch that fits (``fit``'s ``keep_global_batch``). Without a GPU the budget is the host's
+    available RAM, against live tensor bytes."""
     from lab_helpers.planning.planner.fit import fit
     from lab_helpers.planning.planner.spec import spec_from_recipe
 
@@ -208,12 +213,13 @@ def fill_gpu_for(
     inputs = planner_inputs(run, memory, device=device)
     spec = spec_from_recipe(inputs.pop("recipe"), **inputs)
     per_device = spec.micro_batch_size * spec.gradient_accumulation_iters
-    found = fit(spec, gpu_memory_gib=memory, sequence=False, alternatives=False, max_micro_batch_size=per_device)
-    if found.max_micro_batch_size is None:
+    found = fit(spec, gpu_memory_gib=memory, sequence=False, alternatives=False, keep_global_batch=True)
+    micro = found.max_micro_batch_size
+    if micro is None:
         return {}, f"{exp_id}: not even micro batch 1 fits this {memory:.3g} GiB {where}; runs as defined"
-    micro = max(b for b in range(1, found.max_micro_batch_size + 1) if per_device % b == 0)
     return {"train.micro_batch_size": micro}, (
-        f"{exp_id}: plan --fit says micro batch up to {found.max_micro_batch_size} fits this {memory:.3g} GiB "
-        f"{where} (margin {found.margin:.0%}); micro batch {micro} x {per_device // micro} accumulated keeps the "
-        f"global batch of {per_device} per device (was {spec.micro_batch_size} x {spec.gradient_accumulation_iters})"
+        f"{exp_id}: micro batch {micro} is the largest divisor of the per-device global batch that the planner says "
+        f"fits this {memory:.3g} GiB {where} (margin {found.margin:.0%}); micro batch {micro} x {per_device // micro} "
+        f"accumulated keeps the global batch of {per_device} per device (was {spec.micro_batch_size} x "
+        f"{spec.gradient_accumulation_iters})"
     )

@@ -7,8 +7,9 @@ GPU's memory less ``margin`` (5 %: the planner's error on litgpt's published LoR
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .errors import PlanError, PlannerUnavailable
@@ -179,6 +180,30 @@ def largest(
     raise PlanError("the search did not converge: is memory monotonic in this value?")
 
 
+def largest_micro_batch(
+    used: Callable[[int], float], budget: float, *, candidates: Sequence[int], start: int | None = None
+) -> int | None:
+    """The lab's one search for the largest micro batch that fits: the largest of ``candidates`` whose ``used`` is
+    within ``budget``, None where not even the smallest is; ``keeping_global_batch`` gives the candidates that keep a
+    global batch. Contiguous candidates are searched by value (the secant's proportional guess holds), others by
+    position; ``used`` must grow with the micro batch."""
+    ordered = sorted(set(candidates))
+    if not ordered or ordered[0] < 1:
+        raise PlanError(f"micro batches are whole numbers >= 1; got {list(candidates)[:5]}")
+    if ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return largest(used, budget, start=start or ordered[0], low=ordered[0], high=ordered[-1])
+    at = max(0, bisect.bisect_right(ordered, start) - 1) if start is not None else 0
+    index = largest(lambda i: used(ordered[i]), budget, start=at, low=0, high=len(ordered) - 1)
+    return None if index is None else ordered[index]
+
+
+def keeping_global_batch(per_device_batch: int, limit: int | None = None) -> list[int]:
+    """The micro batches (up to ``limit``) that divide the per-device global batch: accumulation x micro batch is
+    that batch exactly, so the optimizer step is the same."""
+    top = per_device_batch if limit is None else min(limit, per_device_batch)
+    return [b for b in range(1, top + 1) if per_device_batch % b == 0]
+
+
 def _proportional(value: int, used: float, budget: float) -> float:
     """Memory is ``c + a v`` with c > 0 (the weights), so ``v (budget / used)`` never overshoots the crossing
     ``(budget - c) / a``: the guess fits and gives the secant its second point."""
@@ -215,9 +240,11 @@ def fit(
     seq_multiple: int = 8,
     sequence: bool = True,
     alternatives: bool = True,
+    keep_global_batch: bool = False,
 ) -> FitResult:
-    """``max_micro_batch_size`` defaults to the per-device global batch (the global batch is kept); the sequence goes
-    in multiples of ``seq_multiple`` up to the block size; alternatives only where micro batch 1 does not fit."""
+    """``max_micro_batch_size`` defaults to the per-device global batch; ``keep_global_batch`` asks only its divisors,
+    so accumulation x micro batch stays that batch exactly (else accumulation rounds down); the sequence goes in
+    multiples of ``seq_multiple`` up to the block size; alternatives only where micro batch 1 does not fit."""
     gpu_gib = gpu_memory_gib if gpu_memory_gib is not None else spec.gpu_memory_gib
     if gpu_gib is None:
         raise PlanError("no GPU memory to fit into: pass --gpu-memory-gib G (no GPU found on this machine)")
@@ -236,12 +263,11 @@ def fit(
         raise PlanError(f"max_micro_batch_size must be >= 1, got {batch_limit}")
 
     recipe_plan = judge.plan(spec)
-    best_batch = largest(
+    best_batch = largest_micro_batch(
         lambda b: judge.plan(_with_micro_batch(spec, b, per_device_batch)).worst_gpu_used_gib,
         judge.budget_gib,
+        candidates=keeping_global_batch(per_device_batch, batch_limit) if keep_global_batch else range(1, batch_limit + 1),
         start=min(spec.micro_batch_size, batch_limit),
-        low=1,
-        high=batch_limit,
     )
     seq_limit = int(spec.model_config.block_size)
     best_seq = None
