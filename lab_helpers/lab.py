@@ -4,11 +4,8 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterable, Mapping
-from math import inf
-from numbers import Real
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +19,8 @@ from lab_helpers.launch.warm_start import WARM_START_ENV
 from lab_helpers.launch.warm_start import setting_for as warm_start_setting
 from lab_helpers.planning import predict
 from lab_helpers.planning.decision import blocked, section_decisions
-from lab_helpers.planning.predict import OOM_DEMO_MARGIN
-from lab_helpers.planning.profile_choice import default_profile_here, profile_problem
+from lab_helpers.planning.predict import OOM_DEMO_MARGIN, predict_experiment
+from lab_helpers.planning.profile_choice import default_profile, profile_problem
 from lab_helpers.record.records import append_record
 from lab_helpers.record.records import results_path as results_file
 from lab_helpers.record.recovery import holding_run, recover_orphans, write_launch
@@ -43,18 +40,6 @@ __all__ = [  # the module's own names, then the notebooks' names from the layers
     "LabConfigError",
     "results_dir",
 ]
-
-PROFILE_ENV = "LAB_PROFILE"
-
-
-def default_profile(node: Mapping[str, Any] | None = None) -> str:
-    """``$LAB_PROFILE``, else what this node runs; ``node``: ``describe_node()`` where the caller has it already."""
-    if value := os.environ.get(PROFILE_ENV):
-        return value
-    from lab_helpers.hardware.node import describe_node
-
-    return default_profile_here(describe_node() if node is None else node)
-
 
 # ----------------------------------------------------------------------------------------------- running
 
@@ -270,28 +255,6 @@ def _skip(base: dict[str, Any], reason: str, results_path: Path | None, summary:
 
 
 # ----------------------------------------------------------------------------------------------- predicting
-
-
-def predict_experiment(
-    exp_id: str,
-    *,
-    profile: str | None = None,
-    overrides: Mapping[str, Any] | list[str] | None = None,
-    gpu_memory_gib: float | None = None,
-):
-    """The planner's MemoryPlan as the run would be here; ``.summary()`` prints the verdict."""
-    if isinstance(overrides, list):
-        overrides = parse_set_args(overrides)
-    if gpu_memory_gib is not None and not (
-        isinstance(gpu_memory_gib, Real) and not isinstance(gpu_memory_gib, bool) and 0 < gpu_memory_gib < inf
-    ):  # numpy's numbers too (a table's cell)
-        raise LabConfigError(f"gpu_memory_gib is a GPU's size in GiB above 0 (e.g. 80); got {gpu_memory_gib!r}")
-    return predict.predict_experiment(
-        exp_id,
-        profile=profile or default_profile(),
-        overrides=overrides,
-        gpu_memory_gib=None if gpu_memory_gib is None else float(gpu_memory_gib),
-    )
 
 
 def filled_overrides(

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from numbers import Real
 from typing import Any
 
-from lab_helpers.config.experiments import ResolvedRun, resolve, runnable_recipe
+from lab_helpers.config.experiments import LabConfigError, ResolvedRun, parse_set_args, resolve, runnable_recipe
 from lab_helpers.config.recipe_defaults import resolve_fsdp_impl
 
 OOM_DEMO_MARGIN = 0.2
@@ -59,16 +60,26 @@ def plan_for(run: ResolvedRun, gpu_memory_gib: float | None, *, device: str | No
 def predict_experiment(
     exp_id: str,
     *,
-    profile: str,
-    overrides: Mapping[str, Any] | None = None,
+    profile: str | None = None,
+    overrides: Mapping[str, Any] | list[str] | None = None,
     gpu_memory_gib: float | None = None,
     device: str | None = None,
     simulate_world: int | None = None,
 ):
-    """``device`` "cuda" asks about a GPU from a machine without one (a node fixture); ``simulate_world`` about rank 0
-    of that many ranks."""
-    run = resolve(exp_id, profile, overrides, check_files=False, simulate_world=simulate_world)
-    return plan_for(run, gpu_memory_gib if gpu_memory_gib is not None else _gpu_gib(), device=device)
+    """The planner's MemoryPlan as the run would be here (``.summary()`` prints the verdict); the notebooks call it as
+    ``lab.predict_experiment``. ``device`` "cuda" asks about a GPU from a machine without one (a node fixture);
+    ``simulate_world`` about rank 0 of that many ranks."""
+    from lab_helpers.planning.profile_choice import default_profile
+
+    if isinstance(overrides, list):
+        overrides = parse_set_args(overrides)
+    if gpu_memory_gib is not None and not (
+        isinstance(gpu_memory_gib, Real) and not isinstance(gpu_memory_gib, bool) and 0 < gpu_memory_gib < math.inf
+    ):  # numpy's numbers too (a table's cell)
+        raise LabConfigError(f"gpu_memory_gib is a GPU's size in GiB above 0 (e.g. 80); got {gpu_memory_gib!r}")
+    run = resolve(exp_id, profile or default_profile(), overrides, check_files=False, simulate_world=simulate_world)
+    gpu_gib = float(gpu_memory_gib) if gpu_memory_gib is not None else _gpu_gib()
+    return plan_for(run, gpu_gib, device=device)
 
 
 def _gpu_gib() -> float | None:

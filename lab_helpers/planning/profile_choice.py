@@ -1,5 +1,5 @@
 """Which profile this node runs, and why a profile or its GPUs cannot run here: the first of ``decision``'s
-questions, asked by ``lab.default_profile``, the doctor and ``decision.decide``.
+questions, asked by ``default_profile`` (the notebooks' ``lab.default_profile``), the doctor and ``decision.decide``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,17 @@ def models_here(profile: str) -> frozenset[str] | None:
 
 
 # -------------------------------------------------------------------------------------------- the profile
+
+PROFILE_ENV = "LAB_PROFILE"
+
+
+def default_profile(node: Mapping[str, Any] | None = None) -> str:
+    """``$LAB_PROFILE``, else what this node runs; ``node``: ``describe_node()`` where the caller has it already."""
+    if value := os.environ.get(PROFILE_ENV):
+        return value
+    from lab_helpers.hardware.node import describe_node
+
+    return default_profile_here(describe_node() if node is None else node)
 
 
 def default_profile_here(node: Mapping[str, Any]) -> str:
