@@ -243,14 +243,15 @@ def test_the_oom_demonstrations_batch_is_raised_only_where_the_course_batch_woul
     only 10 % over the GPU it runs as defined (the margin never decides whether); where it would fit with 10 %
     to spare, the batch is raised until the prediction is at least 20 % over."""
     from lab_helpers import lab
+    from lab_helpers.hardware import node
     from lab_helpers.planning import predict
 
     plan = lab.predict_experiment("baseline", profile="ci", gpu_memory_gib=100.0)
-    monkeypatch.setattr(predict, "_gpu_gib", lambda: plan.gpu_used_gib / 1.1)
+    monkeypatch.setattr(node, "this_gpu_memory_gib", lambda: plan.gpu_used_gib / 1.1)
     overrides, why = predict.oom_demo_overrides("baseline", profile="ci")
     assert overrides == {} and "runs as the course defines it" in why
     gpu_gib = plan.gpu_used_gib * 1.1
-    monkeypatch.setattr(predict, "_gpu_gib", lambda: gpu_gib)
+    monkeypatch.setattr(node, "this_gpu_memory_gib", lambda: gpu_gib)
     overrides, why = predict.oom_demo_overrides("baseline", profile="ci")
     assert overrides["train.micro_batch_size"] > 32 and "at least 20% over" in why
     raised = lab.predict_experiment("baseline", profile="ci", overrides=overrides, gpu_memory_gib=gpu_gib)

@@ -11,6 +11,7 @@ from typing import Any
 
 from lab_helpers.config.experiments import LabConfigError, ResolvedRun, parse_set_args, resolve, runnable_recipe
 from lab_helpers.config.recipe_defaults import resolve_fsdp_impl
+from lab_helpers.hardware import node
 
 OOM_DEMO_MARGIN = 0.2
 """How far over the GPU's memory a raised OOM demonstration is predicted: the planner can be off by ~10 %, and a
@@ -78,21 +79,14 @@ def predict_experiment(
     ):  # numpy's numbers too (a table's cell)
         raise LabConfigError(f"gpu_memory_gib is a GPU's size in GiB above 0 (e.g. 80); got {gpu_memory_gib!r}")
     run = resolve(exp_id, profile or default_profile(), overrides, check_files=False, simulate_world=simulate_world)
-    gpu_gib = float(gpu_memory_gib) if gpu_memory_gib is not None else _gpu_gib()
+    gpu_gib = float(gpu_memory_gib) if gpu_memory_gib is not None else node.this_gpu_memory_gib()
     return plan_for(run, gpu_gib, device=device)
-
-
-def _gpu_gib() -> float | None:
-    """One name, so that a test can stand in a GPU's size on a CPU."""
-    from lab_helpers.hardware.node import this_gpu_memory_gib
-
-    return this_gpu_memory_gib()
 
 
 def prediction_fields(run: ResolvedRun) -> dict[str, Any]:
     """Stored with the run so plots show predicted beside measured."""
     try:
-        plan = plan_for(run, _gpu_gib())
+        plan = plan_for(run, node.this_gpu_memory_gib())
     except Exception as exc:  # a prediction is advice: never let it stop a paid-for run
         return {"predicted_peak_alloc_gib": None, "predicted": None, "prediction_error": f"{type(exc).__name__}: {exc}"}
     return {
@@ -130,7 +124,7 @@ def oom_demo_overrides(
     fits does the lab change it, keeping the course's lesson: an activations lesson (baseline) doubles the micro batch
     until ``OOM_DEMO_MARGIN`` over; a model-states lesson (full-13b on a GPU that holds 13B's states) would become an
     activations OOM with a bigger batch, so a precision whose states alone exceed the GPU runs instead."""
-    gpu_gib = gpu_memory_gib if gpu_memory_gib is not None else _gpu_gib()
+    gpu_gib = gpu_memory_gib if gpu_memory_gib is not None else node.this_gpu_memory_gib()
     if gpu_gib is None:
         return {}, "no GPU here: the experiment runs as defined (an OOM needs a GPU)"
 
@@ -213,12 +207,10 @@ def fill_gpu_for(
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    memory = gpu_memory_gib if gpu_memory_gib is not None else _gpu_gib() if device == "cuda" else None
+    memory = gpu_memory_gib if gpu_memory_gib is not None else node.this_gpu_memory_gib() if device == "cuda" else None
     where = "GPU" if device == "cuda" else "memory budget"
     if memory is None and device == "cpu":
-        from lab_helpers.hardware.node import describe_node
-
-        memory, where = (describe_node().get("host") or {}).get("ram_available_gib"), "host's available RAM"
+        memory, where = (node.describe_node().get("host") or {}).get("ram_available_gib"), "host's available RAM"
     if not memory:
         return {}, f"{exp_id}: no memory size to fill here; runs as defined"
     inputs = planner_inputs(run, memory, device=device)
