@@ -1,5 +1,5 @@
 """What compiling a transformer block does to its kernel launches, measured on this CPU, and what the time model
-makes of it for the ``compile`` lever (issue 52): the factor ``plan --time`` applies, measured here fresh (not from
+makes of it for the ``compile`` lever: the factor ``plan --time`` applies, measured here fresh (not from
 the cache), and the H200's profiled kernels beside the traced ones it is applied to.
 
     python benchmarks/compile_launches.py > benchmarks/compile_launches.out.txt

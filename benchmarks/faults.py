@@ -13,11 +13,11 @@ in a results folder of its own, seeded with two earlier records, and checks afte
 Fixtures where a CPU cannot produce the fault on demand, as in tests/test_faults.py: a training process that
 ignores SIGTERM stands for a rank stuck in a collective; a data loader that sleeps for a hung file system; a
 SIGSTOPped rank for a hung rank; RLIMIT_FSIZE for a disk that fills up; a RuntimeError carrying the token for an
-error that quotes it. Issue 45's failing results disk is real: a 100 MB tmpfs in a mount namespace of the fault's
+error that quotes it. The failing results disk is real: a 100 MB tmpfs in a mount namespace of the fault's
 own (tests/disk_fault.py; those rows say "skipped" where user namespaces are off), filled up or covered read-only.
-Issue 45's round three adds: a record dated 2099 before a newer run, links planted where compare --out writes,
+Round three adds: a record dated 2099 before a newer run, links planted where compare --out writes,
 export-reference into another kind's file or under no file name, SIGRTMIN+1 and SIGTRAP, lab folders that are no
-folders (and a byte that is not UTF-8), a closed or full stdout. Issue 54 adds files planted where the lab reads:
+folders (and a byte that is not UTF-8), a closed or full stdout. Round four adds files planted where the lab reads:
 the planner's cache (a FIFO, a link, an edited peak, another litgpt), bandwidth.json, an orphaned run's files, the
 wheelhouse's inputs, and $LAB_RESULTS/runs or figures as links.
 
@@ -414,7 +414,7 @@ def token_in_error(root: Path) -> Row:
     )
 
 
-# ------------------------------------------------------------------ issue 31: round two
+# ------------------------------------------------------------------ round two
 
 
 def closed_output(root: Path) -> Row:
@@ -556,7 +556,7 @@ def hostile_lines(root: Path) -> Row:
     return row
 
 
-# ------------------------------------------------------------------ issue 45: round three
+# ------------------------------------------------------------------ round three
 
 
 def indexed_three_at_once(root: Path) -> Row:
@@ -748,7 +748,7 @@ def launcher_killed_after_training(root: Path) -> Row:
                    observed=f"before {before}, after {_statuses(new)} (recovered), lines {len(said)}")  # fmt: skip
 
 
-# ------------------------------------------------------------------ issue 45, round three: the rest
+# ------------------------------------------------------------------ round three: the rest
 
 
 def odd_start_time(root: Path) -> Row:
@@ -909,7 +909,7 @@ def closed_or_full_stdout(root: Path) -> list[Row]:
     return rows
 
 
-# ------------------------------------------------------------------ issue 54: refused before starting
+# ------------------------------------------------------------------ refused before starting
 
 
 REFUSED_BEFORE_STARTING = [  # (what, CLI arguments, a piece the one line must hold); {lengths}: a one-length file
@@ -1039,7 +1039,7 @@ def recipe_rewritten_in_place(root: Path) -> Row:
     return _finish(row, fault, expect_records=0, ok=ok, observed=observed)
 
 
-# ------------------------------------------------------- issue 54: caches and readers by the lab's rule
+# ------------------------------------------------------- caches and readers by the lab's rule
 
 
 def _bounded(fault: Fault, *args: str, timeout_s: float = 90, env: dict | None = None) -> tuple[int | str, str, str]:

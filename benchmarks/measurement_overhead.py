@@ -5,7 +5,7 @@ the lab.
         > benchmarks/measurement_overhead.out.txt
 
 Why: the lab wraps litgpt (``child_litgpt``: a clock on the batches, peak-memory readings, an NVML sampler in the
-parent), and a student must be able to trust that the wrapping does not change what it measures (issue 10's
+parent), and a student must be able to trust that the wrapping does not change what it measures (the
 target: within 1 %). Both runs get the same resolved recipe, file for file (same checkpoint, data, seed, so the
 same batches in the same order); the lab runs in full mode (quick mode reorders batches, plain litgpt would not).
 Compared is litgpt's own ``iter_time`` from its CSV log (``out/logs/**/metrics.csv``), median over the

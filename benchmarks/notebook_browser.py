@@ -1,6 +1,6 @@
 """The student's path in a real browser: JupyterLab from scripts/start-notebooks.sh, driven in Debian's chromium.
 
-Why (issue 54 item 7): the what-if explorer of notebook 04 had never been seen working. The shipped screenshots
+Why: the what-if explorer of notebook 04 had never been seen working. The shipped screenshots
 were of saved notebooks opened without a kernel, so 04's widgets showed as their text form
 (``interactive(children=(Dropdown(...``) and the kernel as "Connecting". Here a live kernel runs each notebook
 the way a student does it, through JupyterLab's own menus, and the page is read back:

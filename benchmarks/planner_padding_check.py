@@ -4,7 +4,7 @@ builds of the H200's bf16 runs: measured beside predicted, every figure computed
 
     python benchmarks/planner_padding_check.py > benchmarks/planner_padding_check_h200.out.txt
 
-Why: issue 51 found the chunk's own words (its ``words.txt``, quoted first) predicting nearly the same time a
+Why: a review found the chunk's own words (its ``words.txt``, quoted first) predicting nearly the same time a
 micro-batch for both orders where the runs measured a clear drop. Section 1 says why from the records; section 2
 checks the model as it is now against the targets (each run within 20 %, the lever within 10 points); section 3 checks the plan-build term on
 the bf16 runs, whose first-seen lengths the fp32 pair does not pay for.

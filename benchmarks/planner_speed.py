@@ -5,7 +5,7 @@ Each case runs in a fresh process so its peak resident memory (ru_maxrss) is its
 model, traces, bookkeeping), a batch-size search -- the same model at micro-batch 1..10 -- after that first
 prediction, and, in a second fresh process, what ``plan --fit --gpu-memory-gib 80`` does (``planner.fit``: the
 largest micro batch, the longest sequence, and the alternatives when nothing fits), imports not counted. Wall
-seconds and CPU seconds (user+sys: unaffected by other jobs sharing the machine). Targets (issue 14) on a 2-core
+seconds and CPU seconds (user+sys: unaffected by other jobs sharing the machine). Targets on a 2-core
 CPU: one prediction < 10 s, a ``--fit`` search < 30 s.
 
 Usage: python benchmarks/planner_speed.py [--only SUBSTRING]

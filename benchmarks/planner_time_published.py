@@ -153,7 +153,7 @@ def main() -> int:
     print(
         f"compared {len(errors)}: median |error| {median:.0f}%, worst {worst[1]:+.0f}% ({worst[2].model}, "
         f"{worst[2].quantize or 'no quantize'}, micro batch {worst[2].micro_batch_size}); "
-        f"within 25%: {sum(e <= 25 for e, _, _ in errors)}; target (issue 42) median within 25%: "
+        f"within 25%: {sum(e <= 25 for e, _, _ in errors)}; target median within 25%: "
         f"{'met' if median <= 25 else 'MISSED'}"
     )
     implied_by_model: dict[str, list[str]] = {}

@@ -1,10 +1,9 @@
-"""How long reading records takes, and how much memory (issue 45: `results` under 4 s of CPU for 5,000 records,
-linear; issue 54 item 8: 100,000 records through `results` and `compare` within 2 GB, time linear). CPU time and
+"""How long reading records takes, and how much memory. CPU time and
 peak RSS of each child (os.wait4: that process alone), so a busy machine moves the wall time, not these.
 
     .venv/bin/python benchmarks/records_reading.py > benchmarks/records_reading.out.txt
 
-Two kinds of records: the shipped ci-cpu records repeated (as issue 54 measured: 100,000 took `results` 45.8 s and
+Two kinds of records: the shipped ci-cpu records repeated (as a review measured: 100,000 took `results` 45.8 s and
 5.8 GB, `compare` 35.5 s and 3.0 GB, a reference 67.6 s and 5.0 GB), and GPU-shaped ones: the shipped H200 and
 H100 records, 8-44 timed iterations each, every record's iteration times and busy figure jittered so that no two
 are alike (a class's term: each run's steady spread is bootstrapped on every read, and runs of one experiment on

@@ -86,7 +86,7 @@ case "$chunk" in
         steps=("run full-13b-sgd" "run lora-13b" "run full-13b") ;;
     notebooks) models=1b  # the student's path: 00, 04, then 01 on the 1.1B models (LAB_MODELS), quick mode
         steps=("notebook 00_check_node" "notebook 04_what_if" "notebook 01_single_gpu") ;;
-    padding) models=1b  # issue 43: small-batch and its length-grouped order, the same samples
+    padding) models=1b  # small-batch and its length-grouped order, the same samples
         steps=("run small-batch" "run length-grouped") ;;
     offload) models=7b
         steps=("run deepspeed-zero2-offload --set checkpoint_dir=checkpoints/openlm-research/open_llama_7b"

@@ -1,4 +1,4 @@
-"""Issue 45's failing disks for real: a small tmpfs as LAB_RESULTS, in a mount namespace of its own.
+"""The failing disks for real: a small tmpfs as LAB_RESULTS, in a mount namespace of its own.
 
 A CPU test cannot fill the machine's disk or remount it read-only, but ``unshare -r -m`` gives an unprivileged
 process a private mount table where it may mount a tmpfs of a chosen size, fill it, and remount it read-only, with

@@ -45,8 +45,7 @@ json.dump(done, sys.__stdout__)
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory, ci_assets) -> dict[str, tuple[int, str, str]]:
     """Each reference's key, made once for the module by the CLI's ``main`` (``answers --reference NAME``), the
-    three in one child process: torch, litgpt and the planner's memo are paid for once, not three times (issue 44:
-    three ``python -m lab_helpers answers`` took about 25 s of a busy 2-core machine, 75 s at worst);
+    three in one child process: torch, litgpt and the planner's memo are paid for once, not three times;
     ``test_unknown_reference_is_one_line_and_exit_2`` runs the module entry point itself. The ci stand-ins'
     configs are built (``ci_assets``): the arithmetic of ci-cpu's answers counts them."""
     import os

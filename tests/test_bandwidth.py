@@ -77,7 +77,7 @@ def test_plan_time_takes_this_nodes_measured_figure(tmp_path, monkeypatch):
     assert seen["link_gbs"] == 20.0 and "measured" in seen["link_gbs_source"]
 
 
-# --------------------------------------------------------- issue 54: the file read by the lab's rule
+# --------------------------------------------------------- the file read by the lab's rule
 
 
 def test_a_fifo_at_bandwidth_json_is_skipped_in_one_line_by_plan_and_refused_by_save(tmp_path):

@@ -1,4 +1,4 @@
-"""The bound from the device's side (issue 51, item 4): two runs of one experiment on one GPU get one label unless
+"""The bound from the device's side: two runs of one experiment on one GPU get one label unless
 their busy figures differ beyond their noise, and then each row says which figure differs and by how much.
 
 Records built for it: each run's NVML samples written as the sampler writes a timeline, its fields computed by the
@@ -87,7 +87,7 @@ def test_an_older_record_gets_its_noise_from_its_timeline_on_read(results):
 
 
 def test_the_shipped_h200_small_batch_runs_agree_or_say_why():
-    """Issue 51's done-when on the shipped records: the same label, or the row names the figure that differs and
+    """The verdict rule on the shipped records: the same label, or the row names the figure that differs and
     by how much beyond its noise."""
     frame = load_results(reference_dir() / "h200-141gb.jsonl")
     runs = [r for r in frame.to_dict("records") if r["experiment"] == "small-batch" and r["status"] == "ok"]

@@ -1,4 +1,4 @@
-"""Issue 45's values: one bounded reader (``lab_helpers/config/yaml_values.py``) for ``--set`` and recipe files. An alias
+"""The values: one bounded reader (``lab_helpers/config/yaml_values.py``) for ``--set`` and recipe files. An alias
 bomb cost ``plan`` 63 s and 4.5 GB; a 5000-digit integer, nesting 5000 deep and ``--gpu-memory-gib 1e308`` were
 tracebacks. Each is now one line and exit 2, at once, on the real CLI."""
 

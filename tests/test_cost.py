@@ -1,4 +1,4 @@
-"""Issue 53 item 6, cost: ``plan --time --usd-per-gpu-hour`` prices the predicted run, ``compare --usd-per-gpu-hour``
+"""Cost: ``plan --time --usd-per-gpu-hour`` prices the predicted run, ``compare --usd-per-gpu-hour``
 adds the measured cost column, 04 prices the notebook path; one formula (``planning.cost.cost_usd``), no price
 of the lab's own."""
 

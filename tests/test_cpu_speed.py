@@ -18,7 +18,7 @@ def test_measures_once_then_reads_the_cache(tmp_path, monkeypatch):
 
 
 def test_an_edited_or_linked_cache_entry_is_measured_again(tmp_path, monkeypatch):
-    """Issue 54: the cache is data anyone may edit. A rate of 1e-300, NaN or text (float('fast') was a traceback),
+    """The cache is data anyone may edit. A rate of 1e-300, NaN or text (float('fast') was a traceback),
     or the file a link to another (read through before), is measured again and the entry replaced."""
     import json
     import os

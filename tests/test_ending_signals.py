@@ -1,4 +1,4 @@
-"""Issue 45: every signal that ends the CLI is recorded. Real-time signals (SIGRTMIN+1) and SIGTRAP ended a run with
+"""Every signal that ends the CLI is recorded. Real-time signals (SIGRTMIN+1) and SIGTRAP ended a run with
 no record: the CLI's list of ending signals was a list of names. It is now one rule (``interrupts._ending_signals``):
 every signal whose default action ends the process, bar those that cannot or need not be caught."""
 

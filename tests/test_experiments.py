@@ -15,9 +15,9 @@ SHARED_LAB_SINGLE = [
     "baseline", "small-batch", "grad-accum", "bf16-true", "bf16-mixed", "full-3b", "full-7b", "full-13b",
     "full-13b-sgd", "lora-1b", "lora-3b", "lora-7b", "lora-13b", "qlora-7b",
     "act-ckpt", "adamw-8bit",  # LAB.md's "Beyond the course", after the course's own matrix
-    "fill-gpu",  # the lab's own speed experiment (issue 25): lora-1b at the largest micro batch that fits
-    "length-grouped",  # issue 43's padding experiment: small-batch in micro-batches of samples of similar length
-    "compile", "pad-64", "compile-static", "fused-adamw", "attention-flash",  # issue 52: the levers of a host bound
+    "fill-gpu",  # the lab's own speed experiment: lora-1b at the largest micro batch that fits
+    "length-grouped",  # padding experiment: small-batch in micro-batches of samples of similar length
+    "compile", "pad-64", "compile-static", "fused-adamw", "attention-flash",  # the levers of a host bound
 ]  # fmt: skip
 
 
@@ -155,7 +155,7 @@ def test_the_old_kind_key_still_reads_as_its_launcher(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("exp_id", ["ddp-course", "fsdp-course"])
 def test_the_course_rows_run_their_batch_per_gpu_without_accumulation(exp_id):
-    """The course ran batch 4 per GPU with no accumulation (issue 43): global = micro x world, whatever the world;
+    """The course ran batch 4 per GPU with no accumulation: global = micro x world, whatever the world;
     a run's own global batch (planner_multi_check's) still wins."""
     for profile, micro in (("gpu", 4), ("ci", 2)):
         for world in (None, 2, 4, 8):
@@ -168,7 +168,7 @@ def test_the_course_rows_run_their_batch_per_gpu_without_accumulation(exp_id):
 
 
 def test_every_pair_is_data_and_each_expect_names_its_pair():
-    """Issue 43: the pairs the notebooks compare are ``pair:`` keys, not words in ``expect``: each names another
+    """The pairs the notebooks compare are ``pair:`` keys, not words in ``expect``: each names another
     experiment of its section on the same model, every "(its pair)" has one, and its expect names the pair."""
     experiments = load_experiments()
     pairs = {e: x.pair for e, x in experiments.items() if x.pair}
@@ -248,7 +248,7 @@ def test_predict_experiment_takes_overrides_as_run_experiment_does_and_refuses_a
             lab.predict_experiment("baseline", profile="ci", gpu_memory_gib=size)
 
 
-# ------------------------------------------------- issue 54: a notebook's wrong argument is one line, not difflib's
+# ------------------------------------------------- a notebook's wrong argument is one line, not difflib's
 
 
 def _refused(call) -> str:

@@ -1,4 +1,4 @@
-"""Issue 12's faults, one test each: nothing lost, nothing left running, nothing leaked, one clear line for bad input.
+"""The faults, one test each: nothing lost, nothing left running, nothing leaked, one clear line for bad input.
 
 Real processes throughout (the CLI, the runner, litgpt and Lightning training processes on the ci models). Where a
 CPU cannot produce the fault on demand, a fixture says so: a training process made to ignore SIGTERM stands for a
@@ -329,7 +329,7 @@ def test_a_hung_process_is_ended_at_the_time_limit_and_recorded_as_timeout(tmp_p
 
 @pytest.mark.parametrize("own_session", [False, True], ids=["in-its-group", "escaped-with-setsid"])
 def test_a_process_that_exits_while_a_child_holds_its_output_ends_within_the_grace(tmp_path, own_session):
-    """Issue 45: a process that leaves a child holding its stdout hung the read loop until that child ended."""
+    """A process that leaves a child holding its stdout hung the read loop until that child ended."""
     from lab_helpers.launch.runner import EXIT_GRACE_S
 
     script = (
@@ -411,7 +411,7 @@ LEAVES_CHILDREN_ON_STDOUT = """
 
 @pytest.mark.slow
 def test_a_run_whose_children_hold_its_output_ends_in_its_time_limit_and_is_recorded(ci_assets, results, tmp_path):
-    """Issue 45's repro: `run grad-accum --set train.max_steps=6 --time-limit 60` ran 660 s."""
+    """The repro: `run grad-accum --set train.max_steps=6 --time-limit 60` ran 660 s."""
     env = _site(tmp_path, LEAVES_CHILDREN_ON_STDOUT)
     started = time.monotonic()
     out = subprocess.run(
@@ -481,7 +481,7 @@ def test_export_reference_sets_aside_records_with_paths_outside_the_results(tmp_
     assert sorted(p.name for p in (home / "reference_results").iterdir()) == ["ci-test.jsonl"]
 
 
-# --------------------------------------------------------------------------------- issue 31: round two
+# --------------------------------------------------------------------------------- round two
 
 
 @pytest.mark.parametrize("text", ["1e10", "1e300", "inf", "-1"])
@@ -615,7 +615,7 @@ def test_a_run_whose_warm_server_died_is_an_error_with_the_cause(tmp_path, monke
     assert status == "error" and "warm server" in reason
 
 
-# ----------------------------------------------------- issue 31, "Done when": the reproductions end to end
+# ----------------------------------------------------- the reproductions end to end
 
 
 @pytest.mark.slow
@@ -732,7 +732,7 @@ def test_a_relative_lab_results_started_elsewhere_records_ok_in_that_folder(ci_a
     assert not (REPO / "rel").exists()
 
 
-# ----------------------------------------------------- issue 45: the disk fails at the end; orphaned reports
+# ----------------------------------------------------- the disk fails at the end; orphaned reports
 
 
 def test_the_log_keeps_its_head_and_tail_within_its_cap_and_counts_what_it_left_out(tmp_path, monkeypatch):
@@ -753,7 +753,7 @@ def test_the_log_keeps_its_head_and_tail_within_its_cap_and_counts_what_it_left_
 
 
 def test_a_300_mb_line_costs_the_launcher_one_capped_line(tmp_path):
-    """Issue 45: one 300 MB line cost the launcher 1.6 GB. The launcher here is its own process (ru_maxrss)."""
+    """One 300 MB line cost the launcher 1.6 GB. The launcher here is its own process (ru_maxrss)."""
     script = textwrap.dedent(
         f"""
         import resource, sys
@@ -820,7 +820,7 @@ OK_REPORT = {"status": "ok", "train_s": 1.5, "iterations": 4, "tokens": 400, "to
 
 
 def _plant(run_dir: Path, what: str, outside: Path) -> None:
-    """Issue 54: what another user (or a fault) may leave in an orphaned run folder."""
+    """What another user (or a fault) may leave in an orphaned run folder."""
     if what == "a FIFO at launch.json":
         (run_dir / "launch.json").unlink()
         os.mkfifo(run_dir / "launch.json")
@@ -897,7 +897,7 @@ def _namespaces_or_skip() -> None:
 def test_a_results_disk_that_fails_during_the_run_keeps_the_record_off_it_and_prints_the_result(
     ci_assets, tmp_path, fault
 ):
-    """Issue 45's repro on a real 100 MB tmpfs as LAB_RESULTS: it fills up, or turns read-only, while the run trains.
+    """The repro on a real 100 MB tmpfs as LAB_RESULTS: it fills up, or turns read-only, while the run trains.
     It used to say 'could not store the record', print a 20-line thread traceback, leave 0-byte fallbacks there
     and never print the result."""
     _namespaces_or_skip()
@@ -936,7 +936,7 @@ def test_a_run_whose_output_is_larger_than_the_results_disk_is_recorded_with_a_c
 
 @pytest.mark.slow
 def test_a_launcher_killed_after_its_training_ended_is_recorded_at_the_next_start(ci_assets, results, tmp_path):
-    """Issue 45: `kill -9` of the launcher after the training process ended left a complete rank0.json and no record,
+    """`kill -9` of the launcher after the training process ended left a complete rank0.json and no record,
     and nothing said so. The next `results` records it, marked recovered, and says so in one line; once."""
     from disk_fault import LINGERS_AFTER_ITS_REPORT
 

@@ -1,4 +1,4 @@
-"""Figures say what they show (issue 30): the source and mode in every title, like-with-like time panels, the
+"""Figures say what they show: the source and mode in every title, like-with-like time panels, the
 GPU's capacity line with the legend in stack order, and timelines with their phases, the OOM moment and a fixed
 0-100 % axis. Drawn from the shipped reference records (real H100 and CPU stand-in data) and small synthetic ones."""
 

@@ -1,6 +1,5 @@
 """The FSDP sentences (02's prose, multi.yaml's `teaches:` lines, the answer key on the shipped h200 reference)
-against ``arithmetic``'s counts, so that they cannot drift from what the lab runs again (issue 53: 02 taught
-"3Ψ per micro-batch" and "8/N bytes/param" while Lightning runs FSDP1's accumulation under ``no_sync``).
+against ``arithmetic``'s counts, so that they cannot drift from what the lab runs again.
 
 The counts themselves are pinned, and checked against torch's real collectives, in tests/test_communication.py."""
 
@@ -17,7 +16,7 @@ from lab_helpers.planning import arithmetic
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "02_multi_gpu.ipynb"
 
-# what 02 and the answer key said before issue 53, each wrong for the FSDP the lab runs
+# what 02 and the answer key said before, each wrong for the FSDP the lab runs
 WRONG = ("3Ψ per micro-batch", "2Ψ instead of 3Ψ", "6Ψ", "4Ψ", "4 against 6", "do not change (8/N",
          "3 model-sized", "in every micro-batch**: 3Ψ")  # fmt: skip
 

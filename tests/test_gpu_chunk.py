@@ -282,7 +282,7 @@ def test_the_notebooks_chunk_ships_each_executed_notebook_with_every_cell_run(tm
     assert "code cells ran" in (out_dir / "chunk.log").read_text()  # each step's line says how many of its cells ran
 
 
-LEVERS = ["compile", "pad-64", "compile-static", "fused-adamw", "attention-flash"]  # issue 52's experiments
+LEVERS = ["compile", "pad-64", "compile-static", "fused-adamw", "attention-flash"]  # the levers
 
 
 def _listed(tmp_path: Path, *args: str) -> list[tuple[str, int, bool, str]]:
@@ -301,7 +301,7 @@ def _listed(tmp_path: Path, *args: str) -> list[tuple[str, int, bool, str]]:
 def test_the_levers_chunk_runs_each_lever_beside_its_pair_once_and_every_step_has_a_cost_row(
     tmp_path: Path, profile: str
 ) -> None:
-    """Issues 52 and 57: the five levers and their pairs on 1.1B (a pair that another step runs, once), compile
+    """The five levers and their pairs on 1.1B (a pair that another step runs, once), compile
     and its pair profiled, the cost of measuring in 3 tries, then the repeats the speed-verdict rule needs, each
     only if time is left (last, so that the deadline drops them first). Every step has its row in
     configs/gpu-chunk-costs.tsv on both profiles (a step without one starts with 60 s left, whatever it costs)."""

@@ -76,7 +76,7 @@ def test_every_script_of_scripts_is_shellcheck_clean() -> None:
 
 @pytest.mark.slow  # the doctor's report alone takes ~15 s on 2 shared cores
 def test_a_secret_given_with_set_is_masked_in_the_log_and_the_pack(tmp_path: Path) -> None:
-    """Issue 45: ``--set access_token=...`` was logged verbatim and packed; every logged line now goes through the
+    """``--set access_token=...`` was logged verbatim and packed; every logged line now goes through the
     lab's redaction (lab_helpers/config/secrets.py). The token is fake; the experiment unknown, so nothing trains."""
     fake = "hf_" + "FakeHuggingFaceTok0123456789abcdefgh"
     out = _measure(tmp_path, "--set", f"access_token={fake}", "--set", "note=ghp_" + "Fake0123456789" * 3,

@@ -40,7 +40,7 @@ def test_plan_for_a_named_gpu_knows_its_size_and_the_flag_by_its_name(capsys):
     out = capsys.readouterr().out
     assert "of 80.0 GiB): fits" in out and "GPU size unknown" not in out
     assert "per device on NVIDIA A100-SXM4-80GB" in out and "no GPU records yet" not in out
-    assert "MFU" in out and "-bound" in out  # the traced time model names what bounds the step (issue 42)
+    assert "MFU" in out and "-bound" in out  # the traced time model names what bounds the step
 
     assert main([*args[:-1], "NVIDIA B300"]) == 2
     err = capsys.readouterr().err.strip()

@@ -1,4 +1,4 @@
-"""Issue 45: one rule for every file and folder the lab writes, and one line with exit 2 where a traceback was.
+"""One rule for every file and folder the lab writes, and one line with exit 2 where a traceback was.
 
 * ``paths.write_lab_file``: a regular file in its folder, never written through a link nor into a file another name
   shares; ``compare --out`` (its CSV and figures), exports, reports and recipes all write by it, as runs.jsonl's
@@ -102,7 +102,7 @@ def test_compare_out_empty_is_one_line_and_writes_nothing(results, tmp_path):
     assert list(here.iterdir()) == []
 
 
-# ------------------------------------------------------------------------- issue 54: the rule of every read
+# ------------------------------------------------------------------------- the rule of every read
 
 
 def test_read_lab_file_reads_only_a_regular_file_inside_its_folder_and_capped(tmp_path):

@@ -1,4 +1,4 @@
-"""A lab that fits a lease (issue 53 item 3): each notebook's predicted minutes, and 01's core path."""
+"""A lab that fits a lease: each notebook's predicted minutes, and 01's core path."""
 
 from __future__ import annotations
 

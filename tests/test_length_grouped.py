@@ -1,4 +1,4 @@
-"""The length-grouped experiment (issue 43, "Padding"): small-batch's samples in micro-batches of similar length.
+"""The length-grouped experiment: small-batch's samples in micro-batches of similar length.
 
 The sampler is tested on its own (seeded, every sample once a pass, the longest batch opening the second step,
 less padding than the shuffle); the prediction reads the sampler's batches, so a real quick run's token counts are

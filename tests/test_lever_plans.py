@@ -1,4 +1,4 @@
-"""Each lever predicted before it runs (issue 52, item 2): ``plan`` takes an experiment id and plans it as it runs;
+"""Each lever predicted before it runs: ``plan`` takes an experiment id and plans it as it runs;
 the time model takes the levers' launches and plan builds off (``planner.levers``), the sampler's micro-batches are
 padded as the run pads them, and each part of a prediction names where it comes from.
 

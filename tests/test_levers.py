@@ -1,4 +1,4 @@
-"""The levers of an overhead-bound loop (issue 52, item 1): compile, pad-64, compile-static, fused-adamw and
+"""The levers of an overhead-bound loop: compile, pad-64, compile-static, fused-adamw and
 attention-flash, each an experiment of single.yaml whose switch the litgpt child applies.
 
 Fast: the padding collate on litgpt's own collate and data module, the options from the experiment to the child's

@@ -1,6 +1,6 @@
 """02's sentences other than FSDP's (tests/test_fsdp_sentences.py) against the lab's code, configs and shipped
-records (issue 53 item 2): the sampling interval it names, the batches it no longer types, what it says no shipped
-record measured, the offload's wait as a prediction, and the "Named, not run" section (issue 53 item 5)."""
+records: the sampling interval it names, the batches it no longer types, what it says no shipped
+record measured, the offload's wait as a prediction, and the "Named, not run" section."""
 
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ def test_no_gpu_runs_everything_on_ci_stand_ins_except_what_needs_cuda():
     assert {e for e, s in steps.items() if s.expected_status != "ok"} == needs_cuda
     assert steps["qlora-7b"].expected_status == "skipped" and "CUDA" in steps["qlora-7b"].sentence
     assert "ci-llama-xs" in steps["baseline"].sentence and "rank 0 of 4" in steps["ddp"].sentence
-    # issue 27: no GPU, so every one-node multi-GPU experiment runs as rank 0 of 4, simulated; the two loopback
+    # no GPU, so every one-node multi-GPU experiment runs as rank 0 of 4, simulated; the two loopback
     # nodes stay real, one-gpu stays one process
     simulated = {e for e, s in steps.items() if s.simulate_world}
     assert simulated == set(MULTI) - {"one-gpu", "multi-node"} and steps["ddp"].simulate_world == 4
@@ -118,7 +118,7 @@ def test_reference_hint_names_only_shipped_files():
 
 
 def test_one_gpu_runs_one_gpu_and_offload_and_simulates_what_needs_two():
-    """Issue 27: DDP and FSDP run as rank 0 of 4 alone on the one GPU (memory real, no communication); only the
+    """DDP and FSDP run as rank 0 of 4 alone on the one GPU (memory real, no communication); only the
     two-node run, which needs 2 GPUs however it is played, is skipped."""
     steps, _ = decide_all("H100-80GB", MULTI)
     for exp_id in ("ddp", "ddp-course", "fsdp", "fsdp-course", "fsdp-bs8", "fsdp-grad-op"):
@@ -291,7 +291,7 @@ AGREEMENT_NODES = ("none", "H100-80GB", "H200-141GB", "A10G-24GB", "V100-32GB", 
 
 @pytest.mark.parametrize("name", AGREEMENT_NODES)
 def test_run_all_and_the_notebooks_make_the_same_decision_for_every_experiment(name, monkeypatch):
-    """Issue 29: ``run-all`` (scripts/run-lab.sh) and the notebooks' cells used to decide apart (a V100 skipped
+    """``run-all`` (scripts/run-lab.sh) and the notebooks' cells used to decide apart (a V100 skipped
     bf16 in run-all and ran it in 16-mixed in 01; a 24 GB GPU shrank micro batches only in 01). The real
     ``lab.run_all`` runs here on a recorded node (node fixtures: this CPU cannot be an H100 or a V100), with the
     planner's "does it fit" answered by the fixture planner above and the training itself stood in for: what it
@@ -330,7 +330,7 @@ def test_run_all_and_the_notebooks_make_the_same_decision_for_every_experiment(n
         run = resolve(exp_id, profile, step.overrides, check_files=False, simulate_world=step.simulate_world)
         gate = decision.blocked(run, the_node)
         assert gate is None, (name, exp_id, step.overrides, gate)
-    if name == "V100-32GB":  # the disagreement issue 29 found, now one answer
+    if name == "V100-32GB":  # the disagreement a review found, now one answer
         assert ran["bf16-mixed"][0] and ran["bf16-mixed"][1]["precision"] == "16-mixed" and not ran["bf16-true"][0]
     if name == "A10G-24GB":
         assert ran["grad-accum"][:2] == (True, {"train.micro_batch_size": 2})
@@ -353,7 +353,7 @@ def test_lab_models_skips_every_other_size_and_the_final_check_expects_it(monkey
         node_plan.decide("small-batch", node("none"), profile="ci")
 
 
-# ----------------------------------------------------------------------------------------------- pairs (issue 43)
+# ----------------------------------------------------------------------------------------------- pairs
 
 PAIRED = {e: x.pair for e, x in load_experiments().items() if x.pair}
 PAIR_NODES = ("A10G-24GB", "L40S-48GB", "A100-40GB", "H100-80GB", "H200-141GB", "V100-32GB", "4xA100-80GB", "none")
@@ -367,7 +367,7 @@ def _runs_at(step) -> tuple[str, int, int]:
 
 @pytest.mark.parametrize("name", PAIR_NODES)
 def test_every_pair_runs_at_the_same_settings_or_the_step_says_why(name):
-    """Issue 43: compared experiments run at the same settings on a node (the same model and micro batch), or the
+    """Compared experiments run at the same settings on a node (the same model and micro batch), or the
     sentence of the one that names its pair says why not, and what to compare instead."""
     paired = sorted({*PAIRED, *PAIRED.values()})
     steps, _ = decide_all(name, paired, profile="ci" if name == "none" else "gpu")

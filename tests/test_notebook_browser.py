@@ -1,4 +1,4 @@
-"""The student's path in a real browser (issue 54 item 7): benchmarks/notebook_browser.py, checked here.
+"""The student's path in a real browser: benchmarks/notebook_browser.py, checked here.
 
 JupyterLab from scripts/start-notebooks.sh, Debian's chromium driven by Playwright, a live kernel: 04 run through
 Run All Cells, its what-if explorer drawn as widgets, the micro batch changed and Run pressed, the answer changed;

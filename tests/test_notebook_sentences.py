@@ -1,4 +1,4 @@
-"""The numbers issue 43 took out of the notebooks' prose, computed from the data instead: which reference a node
+"""The numbers a review took out of the notebooks' prose, computed from the data instead: which reference a node
 reads, what MFU to expect, what small-batch and grad-accum timed, an offload's one host figure, and whether
 activations scale with the batch."""
 
@@ -34,7 +34,7 @@ def test_expected_mfu_is_the_time_models_assumption_beside_what_the_references_m
 
 
 def test_steps_and_samples_of_the_h100_quick_runs():
-    """Issue 43: in the H100's quick-mode records grad-accum took 2 steps and 64 samples, small-batch 6 and 48."""
+    """In the H100's quick-mode records grad-accum took 2 steps and 64 samples, small-batch 6 and 48."""
     table = tables.steps_and_samples(tables.load_reference("h100-80gb"), ["small-batch", "grad-accum"])
     rows = table.set_index("experiment")
     assert (rows.loc["grad-accum", "optimizer_steps"], rows.loc["grad-accum", "samples"]) == (2, 64)

@@ -1,4 +1,4 @@
-"""``predict.oom_demo_overrides`` keeps the course's batch on the course's GPU (issue 43): a prediction within the
+"""``predict.oom_demo_overrides`` keeps the course's batch on the course's GPU: a prediction within the
 planner's error of the GPU's size is no "fits", so baseline stays at micro batch 32 on any 79-80 GiB GPU."""
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def test_a_plan_json_cannot_hold_is_answered_and_not_kept(spec, tmp_path, monkey
     assert planned.fits and not list(tmp_path.glob("*.json"))
 
 
-# ----------------------------------------------------------------- issue 54: caches that cannot lie
+# ----------------------------------------------------------------- caches that cannot lie
 
 
 def test_another_litgpt_or_torch_is_another_key(spec, monkeypatch):

@@ -1,4 +1,4 @@
-"""Issue 43, "activation checkpointing is oversold": with every block checkpointed the peak moves to the optimizer
+"""With every block checkpointed the peak moves to the optimizer
 step, where AdamW's foreach update (CUDA's default) holds a parameter-sized temporary. The lever --
 ``optimizer.foreach=false`` or ``optimizer.fused=true`` -- reaches litgpt's optimizer as the run builds it, the
 planner is asked with the same setting, and on the ci profile the measured peak and its phase follow the

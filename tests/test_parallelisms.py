@@ -1,4 +1,4 @@
-"""02's "Named, not run" table (``lab_helpers.planning.parallelisms``, issue 53 item 5): each parallelism's model
+"""02's "Named, not run" table (``lab_helpers.planning.parallelisms``): each parallelism's model
 states per GPU for the 7B, checked against the parameter counts by part and the bytes per parameter, and
 docs/parallelisms.md's generated table current."""
 

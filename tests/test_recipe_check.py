@@ -84,7 +84,7 @@ def test_the_command_a_recipe_file_is_for():
         check_recipe({}, "finetune_qlora", devices=1)
 
 
-# ----------------------------------------- issue 54: what the node can know, one line before any process starts
+# ----------------------------------------- what the node can know, one line before any process starts
 
 
 def _line(exp_id: str, overrides: dict) -> str:

@@ -1,4 +1,4 @@
-"""Issue 45: one ordering of records. A ``started_at`` ahead of its time (a clock ahead, an edited record) hid every
+"""One ordering of records. A ``started_at`` ahead of its time (a clock ahead, an edited record) hid every
 newer run in the tables; the order is now the position in the append-only file, and the odd time is named.
 
 The CLI runs for real (``python -m lab_helpers compare / results``) on records appended as the lab

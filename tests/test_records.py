@@ -134,7 +134,7 @@ def test_killed_writer_never_damages_earlier_records(tmp_path):
     assert records[0]["experiment"] == "exp-0" and all(r["experiment"] == "loop" for r in records[1:])
 
 
-# ------------------------------------------------------------------ issue 31: nothing lost, round two
+# ------------------------------------------------------------------ nothing lost, round two
 
 
 def test_a_symlinked_results_file_is_refused_and_its_target_untouched(tmp_path):

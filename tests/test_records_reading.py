@@ -1,4 +1,4 @@
-"""Reading records at scale (issue 54 item 8): the same records, set-aside lines and derived figures as the
+"""Reading records at scale: the same records, set-aside lines and derived figures as the
 whole-file reader gave, read a line at a time with keys shared, and the bootstrap at numpy's speed drawing the
 very resamples ``random.Random(0).choices`` drew. The figures at 100,000 records: benchmarks/records_reading.py."""
 

@@ -1,4 +1,4 @@
-"""Issue 45's secrets by shape: one redaction (``lab_helpers/config/secrets.py``) for records, logs, CSVs, exports, printed
+"""The secrets by shape: one redaction (``lab_helpers/config/secrets.py``) for records, logs, CSVs, exports, printed
 commands and the GPU scripts; what is shown is masked, never what is used.
 
 Every token here is fake, built from a pattern at import (never a real one), in the shapes real tokens have.

@@ -94,7 +94,7 @@ def test_exported_reference_can_be_analysed(lab_home, results):
     assert list(table["experiment"]) == ["ddp"] and list(table["train_s"]) == [2.0]
 
 
-# --------------------------------------------------------------------- issue 35 item 4: an export that only adds
+# --------------------------------------------------------------------- item 4: an export that only adds
 
 H100_SHIPPED = REPO / "reference_results" / "h100-80gb.jsonl"
 H200_CHUNK = REPO / "reference_results" / "gpu-chunks" / "h200-20261126-speed" / "runs.jsonl"
@@ -249,7 +249,7 @@ def test_records_without_a_gpu_go_to_ci_cpu_on_the_ci_profile_else_need_a_name(l
     assert code == 0 and out.endswith("ci-cpu.jsonl: 0 added, 1 already there")
 
 
-# -------------------------------------------------------- issue 45: an export never lands in another kind's file
+# -------------------------------------------------------- an export never lands in another kind's file
 
 
 def _cli_export(*args: str) -> subprocess.CompletedProcess:

@@ -1,5 +1,5 @@
 """reference_results/README.md is for a student (what was measured, how to read it); the measuring route is in
-docs/measuring-on-a-gpu.md (issue 30). Both hold, and every file they name exists."""
+docs/measuring-on-a-gpu.md. Both hold, and every file they name exists."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_every_script_benchmark_and_doc_the_two_files_name_exists():
 
 
 def test_the_readme_is_one_a_newcomer_reads():
-    """At most 2,000 words (issue 53): what the lab is, the quick start, the student's and the instructor's path,
+    """At most 2,000 words: what the lab is, the quick start, the student's and the instructor's path,
     tests, layout; the rest lives in docs/ pages that it links, and each of those exists."""
     text = (ROOT / "README.md").read_text()
     assert len(text.split()) <= 2000, len(text.split())

@@ -1,4 +1,4 @@
-"""``run --help`` lists the experiment ids by section (issue 30): a user finds them without opening a YAML file."""
+"""``run --help`` lists the experiment ids by section: a user finds them without opening a YAML file."""
 
 from __future__ import annotations
 

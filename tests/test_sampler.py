@@ -110,7 +110,7 @@ def test_tree_memory_reads_pss_once_a_second_and_sees_growth_between(tmp_path, m
 
 @pytest.mark.parametrize("where", ["/dev/full", "missing-folder-in-a-file"])
 def test_a_timeline_file_that_fails_ends_the_file_quietly_and_keeps_sampling(tmp_path, where):
-    """Issue 45: a disk that filled up (/dev/full: every write is ENOSPC) or a folder that cannot be made printed a
+    """A disk that filled up (/dev/full: every write is ENOSPC) or a folder that cannot be made printed a
     20-line 'Exception in thread lab-timeline' traceback; the peaks are still sampled and the error said once."""
     import os
     import threading
@@ -131,7 +131,7 @@ def test_a_timeline_file_that_fails_ends_the_file_quietly_and_keeps_sampling(tmp
 
 
 def test_the_timeline_is_never_written_through_a_planted_link(tmp_path):
-    """Issue 45's one rule for every file the lab writes (paths.open_regular): a timeline.csv planted as a link to
+    """The one rule for every file the lab writes (paths.open_regular): a timeline.csv planted as a link to
     another file is refused, the other file stays as it was, and sampling goes on with the error said once."""
     import os
 

@@ -1,4 +1,4 @@
-"""Where a run's time goes and how its time figures are derived (issue 25): steady statistics, one token count
+"""Where a run's time goes and how its time figures are derived: steady statistics, one token count
 for tokens/s and MFU, the GPU-busy share and ``bound``, and the ``--trace-steps`` summary.
 
 No GPU here: the NVML timeline and the CUDA kernels of a trace are FIXTURES shaped as the sampler and torch's
@@ -76,7 +76,7 @@ def test_the_schema_documents_the_bound_thresholds_the_code_uses():
     doc = {f.name: f.doc for f in record_schema.RECORD_FIELDS}["bound"]
     assert f"gpu_busy_pct >= {time_bound.GPU_BOUND_BUSY_PCT:.0f}" in doc
     assert f"gpu_busy_pct <= {time_bound.HOST_BOUND_BUSY_PCT:.0f}" in doc and "both between" in doc
-    assert "host_core_pct is no evidence" in doc  # issue 51: 97-100 % of a core in every GPU record
+    assert "host_core_pct is no evidence" in doc  # 97-100 % of a core in every GPU record
     for name in iteration_times.STEADY_TIMING_FIELDS:
         assert name in record_schema.UNITS
 
@@ -107,7 +107,7 @@ def test_gpu_busy_pct_averages_nvml_over_the_training_loop_only(tmp_path):
     assert fields["gpu_busy_pct_per_gpu"] == {"0": pytest.approx(20.0), "1": 0.0}
     assert fields["gpu_busy_sample_count"] == 21 and fields["gpu_busy_spread_pct"] == 0.0  # every sample 20 %
     assert fields["bound"] == "host" and "GPU busy 20 ± 0 % (21 NVML samples" in fields["bound_reason"]
-    assert "97" not in fields["bound_reason"]  # the host's core is no evidence (issue 51)
+    assert "97" not in fields["bound_reason"]  # the host's core is no evidence
 
 
 def test_bound_follows_the_stated_thresholds():
@@ -241,7 +241,7 @@ def test_a_profiled_quick_run_times_what_an_unprofiled_one_times_then_profiles(c
 
 def test_a_simulated_rank_is_classified_as_the_one_process_it_is():
     """A simulated rank 0 of 4 runs alone with a fake process group: no collectives, so NVML's busy share is its
-    own, with no caveat that part of it may be communication (issue 43's communication rule applies to several real
+    own, with no caveat that part of it may be communication (the communication rule applies to several real
     ranks only)."""
     from lab_helpers.config.experiments import resolve
 

@@ -1,4 +1,4 @@
-"""Speed verdicts beyond the noise (issue 51): the steady time apart from first-seen lengths, the one rule of a
+"""Speed verdicts beyond the noise: the steady time apart from first-seen lengths, the one rule of a
 verdict, the lesson pairs, on records built for it and on the shipped H200 records."""
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def test_one_or_two_micro_batches_are_too_few_to_tell():
 
 def test_a_cpu_pair_timed_unalike_gets_no_verdict():
     """On a CPU a compiled run cannot count live tensors (TorchDispatchMode stops torch.compile), its eager pair
-    does, and the count slows a run: the lever's time difference is not a verdict (issue 52's ci compile)."""
+    does, and the count slows a run: the lever's time difference is not a verdict (the ci compile)."""
     cpu = "cpu (x86_64)"
     compiled = built("compile", jittered(0.05), device=cpu)
     eager = built("lora-1b", jittered(0.10, seed=2), device=cpu, run="b")

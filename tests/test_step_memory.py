@@ -1,4 +1,4 @@
-"""One step's memory over time (issue 28 item 4): the planner's timeline (planner.step_timeline), the same step
+"""One step's memory over time: the planner's timeline (planner.step_timeline), the same step
 measured on this CPU as live tensor bytes per op (step_memory_measure), and the figure (step_memory) -- on the ci
 stand-in of full-7b and its act-ckpt pair, with real litgpt code."""
 

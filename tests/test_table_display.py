@@ -80,7 +80,7 @@ def test_a_closed_pipe_ends_quietly(results):
 
 @pytest.mark.parametrize("name", ["h100-80gb", "h200-141gb", "ci-cpu"])
 def test_the_terminal_table_fits_120_columns_and_wide_shows_them_all(name):
-    """issue 43: `compare` printed 26 columns, 419 characters wide. The terminal view keeps what a person compares
+    """`compare` printed 26 columns, 419 characters wide. The terminal view keeps what a person compares
     (experiment, status, memory measured and predicted first), a cut reason where a run did not finish, and says how
     many columns --wide adds; the data keep every column."""
     from lab_helpers.present.table_display import terminal_table
@@ -100,7 +100,7 @@ def test_the_terminal_table_fits_120_columns_and_wide_shows_them_all(name):
 
 @pytest.mark.parametrize("name", ["h100-80gb", "h200-141gb", "ci-cpu"])
 def test_the_piped_table_fits_120_columns_counted_in_bytes_too(name):
-    """issue 54: piped (`compare | cat`, the width unknown), the H100 table's OOM row was 120 characters and 122
+    """Piped (`compare | cat`, the width unknown), the H100 table's OOM row was 120 characters and 122
     bytes (its reason ends in "…", three bytes in UTF-8): a tool that counts bytes (awk, `cut -c`) saw 122
     columns. The terminal table now fits 120 by any count."""
     from lab_helpers.present.table_display import terminal_table
@@ -128,7 +128,7 @@ def _records_with_escapes() -> pd.DataFrame:
 
 
 def test_a_records_escape_codes_are_shown_escaped_never_obeyed():
-    """issue 54 (low): `compare` printed a record's escape codes raw, so a record could recolour or rewrite the
+    """`compare` printed a record's escape codes raw, so a record could recolour or rewrite the
     reader's terminal. Every string a table shows from a record is written with its escapes (\\x1b, \\u202e)."""
     from lab_helpers.present.table_display import terminal_table
 

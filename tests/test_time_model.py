@@ -1,4 +1,4 @@
-"""The traced time model (issue 42): kernels, FLOPs and bytes read off traced ops (planner.op_costs), the roofline,
+"""The traced time model: kernels, FLOPs and bytes read off traced ops (planner.op_costs), the roofline,
 host = kernels x per-launch cost, a micro-batch = the larger of the two, and the per-launch measurement.
 
 Small fixtures, exact arithmetic: every hardware figure is given, nothing here depends on how busy the machine is.
@@ -155,7 +155,7 @@ def test_the_doctor_reports_the_launch_cost_or_says_it_was_not_measured(tmp_path
     assert "42.0 us" in "\n".join(doctor._launch_cost_lines([]))
 
 
-# ------------------------------------------------------------------------------------------------ padding (issue 51)
+# ------------------------------------------------------------------------------------------------ padding
 
 
 def _record(precision: str, seconds: list[float], lengths: list[int], *, warmup: int = 1, **extra) -> dict:
@@ -193,7 +193,7 @@ def test_a_records_steady_time_leaves_out_plan_builds_and_profiled_micro_batches
 def test_a_micro_batch_of_each_length_takes_the_larger_of_its_host_and_device(ci_assets):
     """A pass of short and long micro-batches: the short ones host-bound, the long ones device-bound. Its time is
     the mean of each one's own larger part, more than the larger part at the mean length (which hid the lever of
-    grouping by length: issue 51)."""
+    grouping by length)."""
     spec = spec_from_recipe(CI / "ci-llama-xs" / "lora.yaml", device="cuda")
     eff = DeviceEfficiency(0.5, 0.5, "given")
     kernels, device = length_costs(spec, H100, eff, [8, 64])

@@ -308,7 +308,7 @@ def _live_children(pid: int) -> list[psutil.Process]:
 
 
 def test_warm_starts_are_for_the_ci_profile_until_a_gpu_measures_them(monkeypatch, results):
-    """Issue 29: warm_start stays on where it was checked (CPUs); on a GPU it is off until a GPU session shows that
+    """Warm_start stays on where it was checked (CPUs); on a GPU it is off until a GPU session shows that
     warm and cold runs measure the same. The student's own LAB_WARM_START wins either way."""
     monkeypatch.delenv(warm_start.WARM_START_ENV, raising=False)
     assert (warm_start.setting_for("ci"), warm_start.setting_for("gpu")) == ("1", "0")

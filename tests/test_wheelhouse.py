@@ -384,7 +384,7 @@ def test_a_node_package_in_another_version_stays_when_every_requirement_accepts_
     assert {r.name for r in wheel_plan.left_to_collect(resolved, have, [])} == kept | {"numpy", "hjson"}
 
 
-# ------------------------------------------------------------- issue 54: refused before anything is downloaded
+# ------------------------------------------------------------- refused before anything is downloaded
 
 
 def _no_pip(monkeypatch: pytest.MonkeyPatch) -> None:
