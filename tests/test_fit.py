@@ -168,3 +168,24 @@ def test_the_one_micro_batch_search_takes_the_largest_candidate_that_fits():
     assert largest_micro_batch(used, 1e9, candidates=[2, 4, 8]) == 8
     with pytest.raises(PlanError, match="whole numbers >= 1"):
         largest_micro_batch(used, 1.0, candidates=[0, 1])
+
+
+def test_a_batch_without_accumulation_shrinks_to_a_divisor_of_its_own():
+    """small-batch (8, no accumulation) takes 4 where 7 would fit: grad-accum, its pair at a global batch of 32, can
+    then run at the same micro batch."""
+    from types import SimpleNamespace
+
+    from node_fixtures import node
+
+    from lab_helpers.config.experiments import get_experiment
+    from lab_helpers.planning.micro_batch import fitted_micro_batch
+
+    def predict(exp_id, overrides):  # 40 GiB fits micro batch 7 at most
+        return SimpleNamespace(gpu_used_gib=22.0 + 2.5 * overrides.get("train.micro_batch_size", 8))
+
+    the_node = node("A100-40GB")
+    fitted, why = fitted_micro_batch("small-batch", get_experiment("small-batch"), "gpu", the_node, {}, predict)
+    assert fitted == {"train.micro_batch_size": 4, "train.global_batch_size": 4}, why
+    assert "micro and global batch 8 -> 4" in why
+    fitted, why = fitted_micro_batch("grad-accum", get_experiment("grad-accum"), "gpu", the_node, {}, predict)
+    assert fitted == {"train.micro_batch_size": 4}, why

@@ -27,9 +27,9 @@ def fitted_micro_batch(
     overrides: dict[str, Any],
     predict: Predict,
 ) -> tuple[dict[str, Any] | None, str]:
-    """The largest micro batch up to the recipe's that fits (``fit.largest_micro_batch``). An experiment defined
-    without accumulation (small-batch), or whose global batch follows its ranks (``accumulation: 1``), shrinks both
-    and still teaches a small batch; one with accumulation keeps its global batch (a divisor of its per-rank share)."""
+    """The largest micro batch up to the recipe's that fits, a divisor of the per-rank global batch so that accumulation
+    keeps it; one defined without accumulation (small-batch, ``accumulation: 1``) shrinks both, to a divisor of its
+    own so that a pair keeping a global batch (grad-accum's 32) can follow."""
     from lab_helpers.config.experiments import resolve
     from lab_helpers.planning.arithmetic import model_states
     from lab_helpers.planning.planner.fit import keeping_global_batch, largest_micro_batch
@@ -52,8 +52,8 @@ def fitted_micro_batch(
             shrink["train.global_batch_size"] = micro
         return {**overrides, **shrink}
 
-    share = max(1, int(train.get("global_batch_size") or first) // run.world_size)
-    candidates = range(1, first + 1) if no_accumulation else {*keeping_global_batch(share, first), first}
+    share = first if no_accumulation else max(1, int(train.get("global_batch_size") or first) // run.world_size)
+    candidates = {*keeping_global_batch(share, first), first}
     micro = largest_micro_batch(lambda b: predict(exp_id, trial_for(b)).gpu_used_gib, memory,
                                 candidates=candidates, start=first)  # fmt: skip
     if micro is None:
