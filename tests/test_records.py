@@ -361,3 +361,11 @@ def test_merge_records_is_the_old_name_of_what_every_command_does(tmp_path):
     out, err = _cli("merge-records", str(kept), env=env).communicate(timeout=120)
     assert "merge-records is now `python -m lab_helpers results`" in err and "Traceback" not in err, err
     assert [r["run_id"] for r in read_records(tmp_path / "results" / "runs.jsonl")] == ["r5"] and kept.exists()
+
+
+def test_a_results_file_elsewhere_takes_no_run_of_the_labs_folder(lab_results, tmp_path):
+    kept = _run_folder(lab_results, "r6") / "record.jsonl"
+    append_record(_record(0, run_id="r6"), path=kept)
+    elsewhere = tmp_path / "elsewhere" / "runs.jsonl"
+    assert recovery.recover_orphans(elsewhere, once=False) == [] and not elsewhere.exists()
+    assert [r["run_id"] for r in recovery.recover_orphans(once=False)] == ["r6"]

@@ -70,8 +70,11 @@ def orphaned_runs(results_file: Path | None = None) -> list[Path]:
 
 def _unrecorded(results_file: Path | None, only: Path | None = None) -> list[Path]:
     """Run folders with something to index and no line in the index; by name, which is by start. None where
-    ``runs`` is a link or the results file cannot be read (what is recorded is then unknown)."""
+    ``runs`` is a link or the results file cannot be read (what is recorded is then unknown), or where the index is
+    not the one beside ``runs`` (a results file given elsewhere must not take every run of the lab's folder)."""
     runs = results_dir() / "runs"
+    if os.path.abspath(results_path(results_file).parent) != os.path.abspath(results_dir()):
+        return []
     if os.path.islink(runs):
         _said(f"lab: {shown_path(runs)} is a symbolic link: no run folder is read through it (remove the link)")
         return []
