@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -132,7 +133,8 @@ def run_experiment(
                             "returncode": outcome.returncode, "wall_s": outcome.wall_s,
                             "log_path": relative_to_results(outcome.log_path)}]  # fmt: skip
             try:
-                recover_orphans(results_path, once=False)  # what the index lacks goes in first: it ran before
+                with contextlib.suppress(Exception):  # an earlier run's trouble must not cost this one its record
+                    recover_orphans(results_path, once=False)  # what the index lacks goes in first: it ran before
                 store_records(records, path=results_path, run_dir=run_dir)  # the run folder, then the index
             finally:  # stored or not, the result was measured: show it (stdout may be gone, `| head`)
                 if summary:
