@@ -97,9 +97,13 @@ _RUN_ID = re.compile(rb'"run_id": "([^"\\]*)"')
 """A record's run_id as ``records`` writes every line (json.dumps, sorted keys): no line needs parsing."""
 
 
+def _record_places(run_dir: Path) -> list[Path]:
+    """Where a run's own record is kept: its folder, else its copy off a failed disk."""
+    return [run_dir / RECORD_FILENAME, *off_disk_places(run_dir.name)]
+
+
 def _has_a_record(run_dir: Path) -> bool:
-    places = [run_dir / RECORD_FILENAME, *off_disk_places(run_dir.name)]
-    return any(os.path.lexists(place) for place in places)
+    return any(os.path.lexists(place) for place in _record_places(run_dir))
 
 
 def _has_report(run_dir: Path) -> bool:
@@ -155,17 +159,16 @@ def recover_orphans(results_file: Path | None = None, *, once: bool = True) -> l
                 if not held or not _unrecorded(results_file, only=run_dir):  # live, or recorded meanwhile
                     continue
                 records, source = _kept_records(run_dir)
-                if source is None and not _has_report(run_dir):
-                    continue  # an empty record.jsonl (a kill mid-write) and no report: nothing to record
-                if source is not None and source.parent != run_dir:  # off a failed disk: back in its run folder
+                if source is None:
+                    if not _has_report(run_dir):
+                        continue  # an empty record.jsonl (a kill mid-write) and no report: nothing to record
+                    records = recovered_records(run_dir)
+                off_disk = source is not None and source.parent != run_dir
+                if source is None or off_disk:  # the run folder first, as the launcher would have
                     with contextlib.suppress(OSError):
                         append_records(records, path=run_dir / RECORD_FILENAME)
-                elif source is None:
-                    records = recovered_records(run_dir)
-                    with contextlib.suppress(OSError):  # first the run folder, as the launcher would have
-                        append_records(records, path=run_dir / RECORD_FILENAME)
                 where = append_records(records, path=results_file)
-                if source is not None and source.parent != run_dir:
+                if off_disk:  # now in its run folder and the index
                     with contextlib.suppress(OSError):
                         source.unlink()
         except Exception as exc:  # noqa: BLE001 -- a full disk (RecordWriteError), a bug: named, never raised
@@ -189,10 +192,9 @@ def recover_orphans(results_file: Path | None = None, *, once: bool = True) -> l
 def _kept_records(run_dir: Path) -> tuple[list[dict[str, Any]], Path | None]:
     """The run's own records, from its folder or from its copy off a failed disk; ([], None) where neither holds
     one (the launcher died before storing it). A damaged line (a kill mid-write) is left out in one line."""
-    for place in (run_dir / RECORD_FILENAME, *off_disk_places(run_dir.name)):
-        folder = run_dir if place.parent == run_dir else place.parent
+    for place in _record_places(run_dir):
         try:
-            data = read_lab_file(place, max_bytes=MAX_RESULTS_BYTES, folder=folder)
+            data = read_lab_file(place, max_bytes=MAX_RESULTS_BYTES, folder=place.parent)
         except FileNotFoundError:
             continue
         except OSError as exc:
