@@ -138,3 +138,20 @@ def test_02_named_not_run_compares_tensor_parallel_with_fsdps_sharded_bytes():
     rows = {r.name: r for r in parallelisms.rows(parallelisms.reference_setting())}
     assert rows["FSDP full shard (runs: `fsdp`)"].formula.startswith(sharded)
     assert rows["Tensor parallel"].formula.startswith(f"{sharded};")
+
+
+def test_01s_13b_answer_gives_fsdp_the_bytes_it_holds_while_accumulating():
+    """01's "make 13B fit" answer lists FSDP full shard at what a GPU holds while Lightning accumulates under
+    FSDP1's no_sync (the gradients whole), with the sharded figure between steps beside it."""
+    from lab_helpers.planning.decision import SIMULATED_WORLD
+    from lab_helpers.present import answers
+
+    key = " ".join(answers.report("h200-141gb", notebook="01").split())
+    full_13b = _answer(key, "full-13b")
+    per_param = {
+        k: v.replace("N", str(SIMULATED_WORLD)) for k, v in arithmetic.fsdp_bytes_per_param("full-13b").items()
+    }
+    assert f"while a step accumulates ({per_param['accumulating']}:" in full_13b
+    sharded = arithmetic.model_states("full-13b").trained.total / SIMULATED_WORLD  # 8/N at N = 4
+    assert per_param["sharded"] == f"{arithmetic.model_states('full-13b').trained.total:g}/{SIMULATED_WORLD}"
+    assert f"{sharded:.3g} B/param between steps" in full_13b

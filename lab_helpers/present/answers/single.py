@@ -239,14 +239,19 @@ def _full_13b(f: Facts) -> Answer:
             memory, where = f.gpu_memory(), f"this GPU's {gib(f.gpu_memory())}"
         except Cannot:
             memory, where = LAB_GPU_GIB, f"an 80 GB GPU ({gib(LAB_GPU_GIB)})"
+        trained, fsdp = states.trained, f"FSDP full shard over {SIMULATED_WORLD} GPUs"
         options = {
             "plain SGD (no optimizer state)": trainable_bytes(precision, "SGD").total,
             "8-bit AdamW": trainable_bytes(precision, "AdamW8bit").total,
-            f"FSDP full shard over {SIMULATED_WORLD} GPUs": states.trained.total / SIMULATED_WORLD,
-            "DeepSpeed optimizer offload (weights and gradients stay)": states.trained.weights
-            + states.trained.gradients,
+            # while Lightning accumulates under FSDP1's no_sync the gradients are whole on every GPU
+            fsdp: trained.gradients + (trained.weights + trained.optimizer_states) / SIMULATED_WORLD,
+            "DeepSpeed optimizer offload (weights and gradients stay)": trained.weights + trained.gradients,
         }
-        listed = "; ".join(f"{name}: {per:.3g} B/param = {gib(n * per / GIB)}" for name, per in options.items())
+        notes = {fsdp: f" while a step accumulates ({trained.gradients:g} + {trained.weights + trained.optimizer_states:g}"
+                       f"/{SIMULATED_WORLD}: FSDP1 under Lightning keeps the gradients whole until the step's "
+                       f"reduce-scatter; {trained.total / SIMULATED_WORLD:.3g} B/param between steps)"}  # fmt: skip
+        listed = "; ".join(f"{name}: {per:.3g} B/param = {gib(n * per / GIB)}{notes.get(name, '')}"
+                           for name, per in options.items())  # fmt: skip
         fit = [name for name, per in options.items() if n * per / GIB < memory]
         return (f"`full-13b`'s model states are {gib(states.gib)} ({states.trained.formula()}) against {where}. "
                 f"Without touching the batch: {listed}. Model states under {where}: {', '.join(fit) or 'none'} "
