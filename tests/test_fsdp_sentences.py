@@ -140,9 +140,9 @@ def test_02_named_not_run_compares_tensor_parallel_with_fsdps_sharded_bytes():
     assert rows["Tensor parallel"].formula.startswith(f"{sharded};")
 
 
-def test_01s_13b_answer_gives_fsdp_the_bytes_it_holds_while_accumulating():
-    """01's "make 13B fit" answer lists FSDP full shard at what a GPU holds while Lightning accumulates under
-    FSDP1's no_sync (the gradients whole), with the sharded figure between steps beside it."""
+def test_the_13b_answers_give_fsdp_the_bytes_it_holds_while_accumulating():
+    """01's "make 13B fit" answer and 04's routes list FSDP at what a GPU holds while Lightning accumulates under
+    FSDP1's no_sync (the gradients whole), 01's with the sharded figure between steps beside it."""
     from lab_helpers.planning.decision import SIMULATED_WORLD
     from lab_helpers.present import answers
 
@@ -155,3 +155,5 @@ def test_01s_13b_answer_gives_fsdp_the_bytes_it_holds_while_accumulating():
     sharded = arithmetic.model_states("full-13b").trained.total / SIMULATED_WORLD  # 8/N at N = 4
     assert per_param["sharded"] == f"{arithmetic.model_states('full-13b').trained.total:g}/{SIMULATED_WORLD}"
     assert f"{sharded:.3g} B/param between steps" in full_13b
+    routes = _answer(" ".join(answers.report("h200-141gb", notebook="04").split()), "things-to-try")
+    assert f"({per_param['accumulating']} B/param while a step accumulates)" in routes
