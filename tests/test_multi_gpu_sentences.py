@@ -39,13 +39,16 @@ def _shipped(exp_id: str) -> list[dict]:
     ]
 
 
-def test_the_sampling_interval_02_names_is_the_runners():
+def test_the_sampling_interval_02_and_03_name_is_the_runners():
     from lab_helpers.launch.runner import run_command
     from lab_helpers.launch.sampler import TimelineSampler
 
     interval = inspect.signature(run_command).parameters["sample_interval_s"].default
     assert interval == inspect.signature(TimelineSampler).parameters["interval_s"].default
     assert f"every {interval * 1000:g} ms (the runner's default `sample_interval_s`)" in _cell("# 02 · Multiple GPUs")
+    timeline = [c.source for c in nbformat.read(ROOT / "notebooks" / "03_compare.ipynb", as_version=4).cells
+                if c.cell_type == "markdown" and c.source.startswith("## The GPU timeline of one run")]  # fmt: skip
+    assert f"every {interval * 1000:g} ms (the runner's default `sample_interval_s`)" in " ".join(timeline[0].split())
     callers = [p for p in (ROOT / "lab_helpers").rglob("*.py") if "sample_interval_s=" in p.read_text(encoding="utf-8")]
     assert not callers, f"a run may sample at another interval than 02 says: {callers}"
 
