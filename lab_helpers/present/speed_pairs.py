@@ -28,7 +28,7 @@ LESSON_PAIRS: tuple[tuple[str, str, str], ...] = (
     ("bf16-mixed", "bf16-true", "mixed precision against pure bf16"),
     ("grad-accum", "small-batch", "accumulating 4 micro-batches against one"),
     ("lora-1b", "full-7b", "a 1.1B LoRA against a full 7B"),
-    ("fill-gpu", "lora-1b", "the largest micro batch that fits against 4"),
+    ("fill-gpu", "lora-1b", "the largest micro batch that fits and divides the global batch against 4"),
     ("length-grouped", "small-batch", "micro-batches of similar length against shuffled"),
     ("compile", "lora-1b", "each block compiled against eager"),
     ("pad-64", "small-batch", "padded to a multiple of 64 tokens against to the longest sample"),
