@@ -279,8 +279,7 @@ def _print_comparison(
         if note := tables.steady_notes(table):
             print(note)
         if usd_per_gpu_hour is not None and len(table):
-            print(f"cost USD: each run's wall_s (launch to exit, loading included) x the GPUs it held x "
-                  f"${usd_per_gpu_hour:g} per GPU-hour / 3,600 s (a CPU run: its CPU stands in for the GPU)")  # fmt: skip
+            print(tables.cost_note(usd_per_gpu_hour))
     paths = figures.save_all(frame, out_dir, profile=profile)
     if len(table) and paths:
         paths.insert(0, figure_files.save_table(table, out_dir))

@@ -174,7 +174,7 @@ def test_the_profile_summary_counts_collective_kernels_apart():
     assert report["torch_profile_summary"]["collective_pct"] >= time_bound.COMMUNICATION_BOUND_PCT
 
 
-def test_profile_steps_is_checked_in_one_line():
+def test_trace_steps_is_checked_in_one_line():
     assert torch_trace.check_steps(None) is None and torch_trace.check_steps(0) is None
     assert torch_trace.check_steps(3) == 3
     for bad in (-1, 2.5, True, "3"):

@@ -102,12 +102,14 @@ def test_the_terminal_table_fits_120_columns_and_wide_shows_them_all(name):
 def test_the_piped_table_fits_120_columns_counted_in_bytes_too(name):
     """Piped (`compare | cat`, the width unknown), the H100 table's OOM row was 120 characters and 122
     bytes (its reason ends in "…", three bytes in UTF-8): a tool that counts bytes (awk, `cut -c`) saw 122
-    columns. The terminal table now fits 120 by any count."""
+    columns. The terminal table now fits 120 by any count, and so do the notes under it (the steady note was 287)."""
     from lab_helpers.present.table_display import terminal_table
 
     table = tables.comparison_table(tables.load_reference(name))
     lines = terminal_table(table).splitlines()  # pytest's stdout is no terminal: the width is TERMINAL_WIDTH
     assert max(len(line.encode("utf-8")) for line in lines) <= 120, "\n".join(lines)
+    for note in (tables.steady_notes(table), tables.cost_note(2.5)):  # the lines compare prints under it
+        assert note and max(len(line.encode("utf-8")) for line in note.splitlines()) <= 120, note
 
 
 ESCAPE = "\x1b[31m"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import sys
+import textwrap
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -160,6 +161,9 @@ def comparison_table(
     return ComparisonTable(table.reset_index(drop=True))  # shown without empty columns (table_display)
 
 
+NOTE_WIDTH = 120  # the piped table's width: the notes under it wrap there too
+
+
 def steady_notes(table: pd.DataFrame) -> str:
     """The terminal table cuts the steady column, and a blank cell must not read as "not measured"."""
     if "steady_basis" not in table or not len(table):
@@ -171,7 +175,17 @@ def steady_notes(table: pd.DataFrame) -> str:
         f"{', '.join(rows['experiment'])}: {basis}" for basis, rows in blank.groupby("steady_basis", sort=False)
     )
     said = printable(said)  # a record's experiment or basis holding an escape code is shown, never obeyed
-    return f"steady ms/sample blank (ms/sample is the whole timed loop, first-seen lengths included): {said}"
+    note = f"steady ms/sample blank (ms/sample is the whole timed loop, first-seen lengths included): {said}"
+    return textwrap.fill(note, width=NOTE_WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+
+
+def cost_note(usd_per_gpu_hour: float) -> str:
+    """What the cost column multiplies, under the table, at the table's width."""
+    note = (
+        f"cost USD: each run's wall_s (launch to exit, loading included) x the GPUs it held x ${usd_per_gpu_hour:g} "
+        "per GPU-hour / 3,600 s (a CPU run: its CPU stands in for the GPU)"
+    )
+    return textwrap.fill(note, width=NOTE_WIDTH, subsequent_indent="  ", break_on_hyphens=False)
 
 
 def gpu_label(device_name: Any) -> str | None:
