@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One slice of GPU time is one command: bash scripts/gpu-chunk.sh CHUNK --out DIR [--wheels DIR] [--dry-run] [--steps N]
+# One slice of GPU time is one command: bash scripts/gpu-chunk.sh CHUNK --out DIR [--wheels DIR] [--dry-run] [--only IDS] [--steps N]
 #                                       bash scripts/gpu-chunk.sh CHUNK --list [--dry-run]   (the steps and their costs)
 #
 # Why: GPU time comes in slices of 15 minutes (machine start included), at most 10 minutes a command, the machine
@@ -23,7 +23,9 @@
 #                  row's seconds in configs/gpu-chunk-costs.tsv are left (60 s when it has none); S below the
 #                  first step's row is bad input
 #   --dry-run      the same chunk on the ci profile on a CPU: tiny models, same streaming and limits
-#   --steps N      run only the chunk's first N steps (CI's short dry runs: tests/test_gpu_chunk.py)
+#   --only IDS     run only the chunk's steps of these experiments or notebooks (comma-separated, e.g.
+#                  lora-7b,qlora-7b: what an earlier slice did not reach), in the chunk's order
+#   --steps N      run only the chunk's first N steps, after --only (CI's short dry runs: tests/test_gpu_chunk.py)
 #   --list         print the chunk's steps, each with its row's seconds on this profile (gpu; ci with --dry-run) and
 #                  where the figure comes from, then exit 0 having run nothing (no --out needed)
 # Python: LAB_PYTHON, else the lab's venv (LAB_VENV, as scripts/setup-env.sh: default .venv in the repository) where
@@ -41,16 +43,17 @@ set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 caller="$PWD"  # relative paths given to the script are read from here; it runs in the repository
 
-chunk="" out="${OUT:-}" wheels="" deadline_s="" dry=0 first_n="" list=0
+chunk="" out="${OUT:-}" wheels="" deadline_s="" dry=0 first_n="" only="" list=0
 while (($#)); do
     case "$1" in
-        --out|--wheels|--deadline-s|--steps)  # a value must follow (a bare `shift 2` at the end would loop forever)
+        --out|--wheels|--deadline-s|--steps|--only)  # a value must follow (a bare `shift 2` at the end would loop forever)
             (($# >= 2)) || { echo "gpu-chunk: $1 needs a value (see --help)" >&2; exit 2; } ;;&
         --out) out="${2:-}"; shift 2 ;;
         --wheels) wheels="${2:-}"; shift 2 ;;
         --deadline-s) deadline_s="${2:-}"; shift 2 ;;
         --dry-run) dry=1; shift ;;
         --steps) first_n="${2:-}"; shift 2 ;;
+        --only) only="${2:-}"; shift 2 ;;
         --list) list=1; shift ;;
         -h|--help) sed -n '2,/^set /p' "${BASH_SOURCE[0]}" | sed '$d'; exit 0 ;;
         -*) echo "gpu-chunk: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -91,7 +94,7 @@ case "$chunk" in
     offload) models=7b
         steps=("run deepspeed-zero2-offload --set checkpoint_dir=checkpoints/openlm-research/open_llama_7b"
                "run deepspeed-offload --set checkpoint_dir=checkpoints/openlm-research/open_llama_7b") ;;
-    levers) models=1b  # issues 52 and 57: each lever beside its pair, a pair that another step runs run once
+    levers) models=1b  # each lever beside its pair, a pair that another step runs run once
         # (compile-static's is compile; fused-adamw's is small-batch), compile and its pair profiled, the cost of
         # measuring in 3 tries; then, if time is left, the repeats that the speed-verdict rule needs
         steps=("run compile --trace-steps 2" "run lora-1b --trace-steps 2" "run pad-64" "run small-batch"
@@ -100,6 +103,20 @@ case "$chunk" in
     "") echo "gpu-chunk: name a chunk: speed, ranks, single-7b, 13b, offload, notebooks, padding or levers (see --help)" >&2; exit 2 ;;
     *) echo "gpu-chunk: unknown chunk '$chunk': speed, ranks, single-7b, 13b, offload, notebooks, padding or levers" >&2; exit 2 ;;
 esac
+step_id() { local kind id; read -r kind id _ <<<"$1"; echo "$id"; }  # run ID ..., overhead ID, notebook NAME
+if [[ -n $only ]]; then  # the chunk's steps of these ids, in the chunk's order; an id it lacks is bad input
+    ids=() kept=() kept_if_time=()
+    for step in "${steps[@]}" "${if_time[@]}"; do ids+=("$(step_id "$step")"); done
+    IFS=, read -ra wanted <<<"$only"
+    for id in "${wanted[@]}"; do
+        [[ " ${ids[*]} " == *" $id "* ]] ||
+            { echo "gpu-chunk: --only $only: $chunk has no step of '$id' (its steps: $(printf '%s\n' "${ids[@]}" | awk '!seen[$0]++' | paste -sd ' '))" >&2; exit 2; }
+    done
+    for step in "${steps[@]}"; do [[ ",$only," == *",$(step_id "$step"),"* ]] && kept+=("$step"); done
+    for step in "${if_time[@]}"; do [[ ",$only," == *",$(step_id "$step"),"* ]] && kept_if_time+=("$step"); done
+    steps=("${kept[@]}") if_time=("${kept_if_time[@]}")
+    ((${#steps[@]} + ${#if_time[@]})) || { echo "gpu-chunk: --only $only: give at least one id" >&2; exit 2; }
+fi
 required=${#steps[@]}  # the steps after these are if_time's
 steps+=("${if_time[@]}")
 deadline_s="${deadline_s:-$((dry ? 900 : 540))}"

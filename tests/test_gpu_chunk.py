@@ -101,6 +101,8 @@ def _within_the_limits(out: Path) -> None:
         (("speed", "--out", "{out}", "--wheels", "{tmp}"), "holds no wheels"),
         (("speed", "--out", "{out}", "--steps", "0"), "--steps 0: give a whole number from 1"),
         (("speed", "--out", "{out}", "--bogus"), "unknown option --bogus"),
+        (("single-7b", "--out", "{out}", "--only", "lora-7b,lora-13b"), "single-7b has no step of 'lora-13b'"),
+        (("speed", "--out", "{out}", "--only"), "--only needs a value"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_before_anything(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
@@ -325,6 +327,17 @@ def test_the_levers_chunk_runs_each_lever_beside_its_pair_once_and_every_step_ha
     if profile == "gpu":  # never timed on a GPU: the row says its allowance
         assert all("ALLOWANCE" in where for *_, where in compiled), compiled
     assert not list((tmp_path / "tmp").glob("gpu-chunk-*"))  # --list runs nothing
+
+
+def test_only_keeps_the_named_steps_in_the_chunks_order(tmp_path: Path) -> None:
+    """A slice that stopped part-way: the next one runs only what it did not reach (single-7b's act-ckpt and
+    full-7b are measured, its other 7B runs are not), in the chunk's order, if-time steps kept as such."""
+    steps = _listed(tmp_path, "single-7b", "--only", "qlora-7b,lora-7b,one-gpu,adamw-8bit")
+    assert [s for s, *_ in steps] == [
+        "run one-gpu", "run adamw-8bit", "run lora-7b", "run qlora-7b", "run qlora-7b --set train.micro_batch_size=1",
+    ]  # fmt: skip
+    steps = _listed(tmp_path, "levers", "--only", "bf16-true")
+    assert [(s, if_time) for s, _, if_time, _ in steps] == [("run bf16-true", False), ("run bf16-true", True)]
 
 
 def test_list_is_every_chunks_steps_and_needs_no_output_folder(tmp_path: Path) -> None:
