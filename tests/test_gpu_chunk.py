@@ -270,6 +270,18 @@ def test_a_sigterm_mid_step_ships_the_interrupted_runs_record_and_says_what_it_c
     _within_the_limits(out_dir)
 
 
+@pytest.mark.slow  # one DeepSpeed run on 2 CPU ranks: ~35 s on 2 cores
+def test_the_offload_chunks_dry_run_runs_deepspeed_on_the_ci_model(tmp_path: Path) -> None:
+    """The chunk names the gpu profile's 7B (`--set checkpoint_dir=...`): on a CPU that model's host RAM skipped
+    both runs, so the dry run exercised no DeepSpeed at all. The ci model stands in, as in the other chunks."""
+    out_dir = _dry_run_passes(tmp_path, "offload", steps=1)
+    records = _records(out_dir)
+    assert {r["experiment"] for r in records} == {"deepspeed-zero2-offload"}
+    assert all(r["status"] == "ok" and r["profile"] == "ci" for r in records), records
+    assert not [r for r in records if "open_llama_7b" in str(r.get("checkpoint_dir", ""))], records
+    _within_the_limits(out_dir)
+
+
 @pytest.mark.slow  # 00 executed on the ci profile (04 and 01 take the same path; they run under nbval in the suite)
 def test_the_notebooks_chunk_ships_each_executed_notebook_with_every_cell_run(tmp_path: Path) -> None:
     import nbformat
