@@ -46,6 +46,14 @@ class BytesPerParam:
         """``4 + 4 + 8 = 16 B/param`` (weights + gradients + optimizer states)."""
         return f"{self.weights:g} + {self.gradients:g} + {self.optimizer_states:g} = {self.total:g} B/param"
 
+    def fsdp_accumulating(self, world: int) -> float:
+        """Per GPU while Lightning accumulates under FSDP1's ``no_sync``: the gradients whole, the rest sharded."""
+        return self.gradients + (self.weights + self.optimizer_states) / world
+
+    def fsdp_accumulating_formula(self, world: int | str = "N") -> str:
+        """``2 + 6/N`` in bf16-true: :meth:`fsdp_accumulating` as the text shows it."""
+        return f"{self.gradients:g} + {self.weights + self.optimizer_states:g}/{world}"
+
 
 EIGHT_BIT_OPTIMIZERS = ("adamw8bit", "pagedadamw8bit")  # bitsandbytes.optim.AdamW8bit / PagedAdamW8bit
 
@@ -223,8 +231,7 @@ def fsdp_bytes_per_param(exp_id: str = "fsdp", *, profile: str = "gpu") -> dict[
     """Per-GPU model states as formulas in N: ``sharded`` between optimizer steps (``8/N`` in bf16-true);
     ``accumulating`` under FSDP1's ``no_sync``, the gradients whole on every GPU (``2 + 6/N``)."""
     bytes_per = model_states(exp_id, profile=profile).trained
-    rest = bytes_per.weights + bytes_per.optimizer_states
-    return {"sharded": f"{bytes_per.total:g}/N", "accumulating": f"{bytes_per.gradients:g} + {rest:g}/N"}
+    return {"sharded": f"{bytes_per.total:g}/N", "accumulating": bytes_per.fsdp_accumulating_formula()}
 
 
 def _optimizer(value: Any) -> tuple[str, dict[str, Any]]:

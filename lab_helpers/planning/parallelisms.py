@@ -148,7 +148,7 @@ def rows(
 
     fsdp = arithmetic.fsdp_bytes_per_param(exp_id="fsdp", profile=profile)
     sharded_fsdp = gib(parts.total) / n
-    accumulating = parts.total * (b.gradients + (w + b.optimizer_states) / n) / GIB
+    accumulating = gib(parts.total, b.fsdp_accumulating(n))
     tp_split = parts.block_linear + parts.embedding + parts.head
     tp = gib(tp_split) / n + gib(parts.total - tp_split)
     per_stage = math.ceil(parts.layers / n) * parts.block

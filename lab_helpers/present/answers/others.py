@@ -261,8 +261,8 @@ def _cheapest(f: Facts) -> Answer:
             "8-bit AdamW": trainable_bytes(states.precision, "AdamW8bit").total,
             "SGD": trainable_bytes(states.precision, "SGD").total,
             # FSDP1 under Lightning keeps the gradients whole while a step accumulates (no_sync): 8/N only between steps
-            f"FSDP over {SIMULATED_WORLD} GPUs ({b.gradients:g} + {b.weights + b.optimizer_states:g}/{SIMULATED_WORLD} "
-            "B/param while a step accumulates)": b.gradients + (b.weights + b.optimizer_states) / SIMULATED_WORLD,
+            f"FSDP over {SIMULATED_WORLD} GPUs ({b.fsdp_accumulating_formula(SIMULATED_WORLD)} "
+            "B/param while a step accumulates)": b.fsdp_accumulating(SIMULATED_WORLD),
             "ZeRO-3 with the optimizer offloaded, one GPU": b.weights + b.gradients,
         }
         fits = [name for name, per in options.items() if n * per / GIB < memory]

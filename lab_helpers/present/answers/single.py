@@ -244,11 +244,11 @@ def _full_13b(f: Facts) -> Answer:
             "plain SGD (no optimizer state)": trainable_bytes(precision, "SGD").total,
             "8-bit AdamW": trainable_bytes(precision, "AdamW8bit").total,
             # while Lightning accumulates under FSDP1's no_sync the gradients are whole on every GPU
-            fsdp: trained.gradients + (trained.weights + trained.optimizer_states) / SIMULATED_WORLD,
+            fsdp: trained.fsdp_accumulating(SIMULATED_WORLD),
             "DeepSpeed optimizer offload (weights and gradients stay)": trained.weights + trained.gradients,
         }
-        notes = {fsdp: f" while a step accumulates ({trained.gradients:g} + {trained.weights + trained.optimizer_states:g}"
-                       f"/{SIMULATED_WORLD}: FSDP1 under Lightning keeps the gradients whole until the step's "
+        notes = {fsdp: f" while a step accumulates ({trained.fsdp_accumulating_formula(SIMULATED_WORLD)}: "
+                       f"FSDP1 under Lightning keeps the gradients whole until the step's "
                        f"reduce-scatter; {trained.total / SIMULATED_WORLD:.3g} B/param between steps)"}  # fmt: skip
         listed = "; ".join(f"{name}: {per:.3g} B/param = {gib(n * per / GIB)}{notes.get(name, '')}"
                            for name, per in options.items())  # fmt: skip
