@@ -19,7 +19,7 @@ from lab_helpers.config.iteration_times import finite_number as _number
 from lab_helpers.config.iteration_times import one_off_excess_s, one_off_iterations
 from lab_helpers.config.paths import reference_dir
 from lab_helpers.planning.cost import cost_usd, usd_text
-from lab_helpers.present.table_display import ComparisonTable, printable
+from lab_helpers.present.table_display import TERMINAL_WIDTH, ComparisonTable, printable
 from lab_helpers.record.records import empty_runs_frame, latest_runs, load_results
 
 MEMORY_COLUMNS = ("peak_alloc_gib", "peak_tensor_gib", "peak_reserved_gib", "gpu_used_peak_gib", "host_rss_peak_gib")
@@ -161,7 +161,9 @@ def comparison_table(
     return ComparisonTable(table.reset_index(drop=True))  # shown without empty columns (table_display)
 
 
-NOTE_WIDTH = 120  # the piped table's width: the notes under it wrap there too
+def _note(text: str) -> str:
+    """A line printed under the table, wrapped at the piped table's width."""
+    return textwrap.fill(text, width=TERMINAL_WIDTH, subsequent_indent="  ", break_on_hyphens=False)
 
 
 def steady_notes(table: pd.DataFrame) -> str:
@@ -175,17 +177,15 @@ def steady_notes(table: pd.DataFrame) -> str:
         f"{', '.join(rows['experiment'])}: {basis}" for basis, rows in blank.groupby("steady_basis", sort=False)
     )
     said = printable(said)  # a record's experiment or basis holding an escape code is shown, never obeyed
-    note = f"steady ms/sample blank (ms/sample is the whole timed loop, first-seen lengths included): {said}"
-    return textwrap.fill(note, width=NOTE_WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+    return _note(f"steady ms/sample blank (ms/sample is the whole timed loop, first-seen lengths included): {said}")
 
 
 def cost_note(usd_per_gpu_hour: float) -> str:
     """What the cost column multiplies, under the table, at the table's width."""
-    note = (
+    return _note(
         f"cost USD: each run's wall_s (launch to exit, loading included) x the GPUs it held x ${usd_per_gpu_hour:g} "
         "per GPU-hour / 3,600 s (a CPU run: its CPU stands in for the GPU)"
     )
-    return textwrap.fill(note, width=NOTE_WIDTH, subsequent_indent="  ", break_on_hyphens=False)
 
 
 def gpu_label(device_name: Any) -> str | None:
